@@ -1,0 +1,29 @@
+"""Corpora, tokenizers and ensembles of document windows.
+
+The Tiny Shakespeare stand-in is bundled (see ``SOURCES.md`` beside this file); the
+Austen and Wikipedia files of the project's shared data are loaded from a path.
+"""
+
+from tl_spectral.data.corpora import (
+    bundled_text_path,
+    load_austen,
+    load_text,
+    load_wikipedia,
+    tiny_shakespeare,
+    train_val_split,
+)
+from tl_spectral.data.tokenizers import BPETokenizer, CharTokenizer
+from tl_spectral.data.windows import DocumentWindows, document_windows
+
+__all__ = [
+    "BPETokenizer",
+    "CharTokenizer",
+    "DocumentWindows",
+    "bundled_text_path",
+    "document_windows",
+    "load_austen",
+    "load_text",
+    "load_wikipedia",
+    "tiny_shakespeare",
+    "train_val_split",
+]

@@ -1,0 +1,48 @@
+"""Text corpora: the bundled Tiny Shakespeare stand-in and loaders for the shared files."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+
+def bundled_text_path() -> Path:
+    """Path of the bundled Tiny Shakespeare stand-in (1,033,444 ASCII characters)."""
+    return Path(str(resources.files("tl_spectral.data").joinpath("tiny_shakespeare.txt")))
+
+
+def tiny_shakespeare() -> str:
+    """The bundled Tiny Shakespeare stand-in as one string (provenance: data/SOURCES.md)."""
+    return bundled_text_path().read_text(encoding="utf-8")
+
+
+def load_text(path: str | Path, *, min_chars: int = 1) -> str:
+    """Read a UTF-8 text file, with a clear error when it is missing or too short."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"no text file at {p}; pass the path of a UTF-8 text file "
+            "(e.g. ../shared/data/austen.txt)"
+        )
+    text = p.read_text(encoding="utf-8", errors="strict")
+    if len(text) < min_chars:
+        raise ValueError(f"{p} holds {len(text)} characters; at least {min_chars} are needed")
+    return text
+
+
+def load_austen(path: str | Path) -> str:
+    """The six Austen novels (``austen.txt`` of the shared data), normalised line endings."""
+    return load_text(path, min_chars=1000).replace("\r\n", "\n")
+
+
+def load_wikipedia(path: str | Path) -> str:
+    """The Wikipedia excerpt (``wiki_excerpt.txt``): 96 articles, headings as ``= Title =``."""
+    return load_text(path, min_chars=1000).replace("\r\n", "\n")
+
+
+def train_val_split(text: str, val_fraction: float = 0.1) -> tuple[str, str]:
+    """Split a text into a leading train part and a trailing validation part (90/10 default)."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction}")
+    cut = int(len(text) * (1.0 - val_fraction))
+    return text[:cut], text[cut:]
