@@ -15,7 +15,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from safetensors import SafetensorsError
+try:
+    from safetensors import SafetensorError as SafetensorsError
+except ImportError:  # pragma: no cover
+    SafetensorsError = Exception  # type: ignore[misc,assignment]
 from safetensors.torch import load_file, save_file
 
 _REGISTRY: dict[str, type["Result"]] = {}

@@ -1,0 +1,25 @@
+"""Composable probes that run inside one TransformerLens forward pass.
+
+Adding a probe: one new module here and one line in ``PROBES`` below.
+"""
+
+from tl_spectral.probes.attention_stats import AttentionStats, AttentionStatsResult
+from tl_spectral.probes.base import LayerCapture, Probe, merge_tensor, reduce_state
+from tl_spectral.probes.runner import Corpus, as_corpus, run_probes
+
+PROBES: dict[str, type[Probe]] = {
+    "attention_stats": AttentionStats,
+}
+
+__all__ = [
+    "PROBES",
+    "AttentionStats",
+    "AttentionStatsResult",
+    "Corpus",
+    "LayerCapture",
+    "Probe",
+    "as_corpus",
+    "merge_tensor",
+    "reduce_state",
+    "run_probes",
+]

@@ -1,0 +1,301 @@
+"""ModelView: the one adapter between tl_spectral and TransformerLens.
+
+Supports ``TransformerBridge`` (TransformerLens 4.x, also present in 3.9) and
+``HookedTransformer`` / ``HookedEncoder`` (TransformerLens 3.9). Everything else in the
+library asks a ModelView for hook names, dimensions and weights, never the model itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+CAPTURE_KINDS = ("resid_pre", "attn_in", "v", "pattern")
+"""Tensors a probe can ask for, per layer, in the order the forward pass produces them.
+
+- ``resid_pre``: ``[batch, pos, d_model]`` residual stream entering block ``l``.
+- ``attn_in``: ``[batch, pos, d_model]`` the input of the attention (after ln1 when the
+  model is pre-LN; the residual stream for post-LN encoders such as BERT).
+- ``v``: ``[batch, pos, head, d_head]`` values, already repeated to the query heads for
+  grouped-query models.
+- ``pattern``: ``[batch, head, query, key]`` post-softmax attention pattern.
+"""
+
+
+class PatternsNotExposedError(RuntimeError):
+    """The model runs its attention fused (e.g. SDPA) and never exposes the pattern."""
+
+
+@dataclass
+class AttentionWeights:
+    """Weights of one attention layer in TransformerLens layout.
+
+    W_Q: [head, d_model, d_head]; W_K, W_V: [head, d_model, d_head] (key/value heads
+    repeated to the query heads); W_O: [head, d_head, d_model]; b_Q, b_K, b_V: [head, d_head];
+    b_O: [d_model]. ``folded`` says whether a preceding LayerNorm was folded in.
+    """
+
+    W_Q: Tensor
+    W_K: Tensor
+    W_V: Tensor
+    W_O: Tensor
+    b_Q: Tensor
+    b_K: Tensor
+    b_V: Tensor
+    b_O: Tensor
+    folded: bool = False
+
+
+def _tl_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("transformer-lens")
+    except Exception:  # pragma: no cover - metadata missing in odd installs
+        return "unknown"
+
+
+def _backend_of(model: Any) -> str:
+    cls_names = {c.__name__ for c in type(model).__mro__}
+    if "TransformerBridge" in cls_names:
+        return "bridge"
+    if "HookedEncoder" in cls_names:
+        return "hooked_encoder"
+    if "HookedTransformer" in cls_names:
+        return "hooked_transformer"
+    raise TypeError(
+        f"ModelView needs a TransformerLens model (TransformerBridge on TL 4.x, "
+        f"HookedTransformer or HookedEncoder on TL 3.9), got {type(model).__name__}. "
+        "Load one with tl_spectral.zoo.load(name), TransformerBridge.boot_transformers(path) "
+        "or tl_spectral.models.to_transformer_lens(model)."
+    )
+
+
+class ModelView:
+    """Read-only view of a TransformerLens model.
+
+    Attributes: ``n_layers``, ``n_heads``, ``n_kv_heads`` (key/value heads; equals n_heads
+    unless grouped-query), ``d_model``, ``d_head``, ``n_ctx``, ``d_vocab``, ``causal``
+    (False for bidirectional encoders), ``backend`` ("bridge" | "hooked_transformer" |
+    "hooked_encoder"), ``normalization`` (e.g. "LN" or None), ``pre_ln``.
+    """
+
+    def __init__(self, model: Any):
+        if isinstance(model, ModelView):
+            model = model.model
+        self.model = model
+        self.backend = _backend_of(model)
+        cfg = model.cfg
+        self.cfg = cfg
+        self.n_layers: int = int(cfg.n_layers)
+        self.n_heads: int = int(cfg.n_heads)
+        kv = getattr(cfg, "n_key_value_heads", None)
+        self.n_kv_heads: int = int(kv) if kv else self.n_heads
+        self.d_model: int = int(cfg.d_model)
+        self.d_head: int = int(cfg.d_head)
+        self.n_ctx: int = int(cfg.n_ctx)
+        self.d_vocab: int = int(getattr(cfg, "d_vocab", -1))
+        if self.backend == "hooked_encoder":
+            self.causal = False
+        else:
+            self.causal = getattr(cfg, "attention_dir", "causal") == "causal"
+        self.normalization: Optional[str] = getattr(cfg, "normalization_type", None)
+        arch = str(getattr(cfg, "architecture", "") or getattr(cfg, "original_architecture", ""))
+        # BERT-family encoders are post-LN: the attention reads the residual stream directly.
+        self.pre_ln = self.normalization is not None and not (
+            self.backend == "hooked_encoder" or "Bert" in arch or not self.causal
+        )
+        self._patterns_checked = False
+
+    # ------------------------------------------------------------------ naming
+    @property
+    def name(self) -> str:
+        return str(getattr(self.cfg, "model_name", type(self.model).__name__))
+
+    def hook_name(self, kind: str, layer: int) -> str:
+        """TransformerLens hook name of capture ``kind`` (see CAPTURE_KINDS) at ``layer``."""
+        self._check_layer(layer)
+        if kind == "pattern":
+            return f"blocks.{layer}.attn.hook_pattern"
+        if kind == "v":
+            return f"blocks.{layer}.attn.hook_v"
+        if kind == "resid_pre":
+            return f"blocks.{layer}.hook_resid_pre"
+        if kind == "attn_in":
+            if self.backend == "bridge":
+                return f"blocks.{layer}.attn.hook_in"
+            if self.pre_ln:
+                return f"blocks.{layer}.ln1.hook_normalized"
+            return f"blocks.{layer}.hook_resid_pre"
+        raise ValueError(f"unknown capture kind {kind!r}; pass one of {CAPTURE_KINDS}")
+
+    def hook_pattern(self, layer: int) -> str:
+        return self.hook_name("pattern", layer)
+
+    def hook_v(self, layer: int) -> str:
+        return self.hook_name("v", layer)
+
+    def hook_attn_in(self, layer: int) -> str:
+        return self.hook_name("attn_in", layer)
+
+    def hook_resid_pre(self, layer: int) -> str:
+        return self.hook_name("resid_pre", layer)
+
+    def _check_layer(self, layer: int) -> None:
+        if not 0 <= layer < self.n_layers:
+            raise IndexError(f"layer {layer} out of range: the model has {self.n_layers} layers")
+
+    # ------------------------------------------------------------------ weights
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _attn(self, layer: int):
+        self._check_layer(layer)
+        return self.model.blocks[layer].attn
+
+    def repeat_kv(self, t: Tensor, dim: int) -> Tensor:
+        """Repeat key/value heads to the query heads along ``dim`` (HF / Llama grouping)."""
+        if t.shape[dim] == self.n_heads:
+            return t
+        if t.shape[dim] != self.n_kv_heads:
+            raise ValueError(
+                f"expected {self.n_kv_heads} key/value heads or {self.n_heads} heads along "
+                f"dim {dim}, got shape {tuple(t.shape)}"
+            )
+        return t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=dim)
+
+    @torch.no_grad()
+    def weights(self, layer: int, *, fold_ln: bool = False) -> AttentionWeights:
+        """Attention weights of ``layer`` (detached float32 copies, TransformerLens layout).
+
+        ``fold_ln=True`` folds the pre-attention LayerNorm scale and bias into W_Q, W_K, W_V
+        and their biases and centres the weights over d_model (TransformerLens'
+        ``fold_ln`` + ``center`` for the input side): the folded weights act on the
+        normalized, unscaled input ``(x - mean) / std``. For post-LN encoders and models
+        without normalization there is nothing to fold and the weights are returned as
+        they are (``folded`` False).
+        """
+        attn = self._attn(layer)
+
+        def get(name: str, shape: tuple[int, ...]) -> Tensor:
+            t = getattr(attn, name, None)
+            if t is None and name.startswith(("W_K", "W_V", "b_K", "b_V")):
+                t = getattr(attn, "_" + name, None)
+            if t is None:
+                if name.startswith("b_"):
+                    return torch.zeros(shape)
+                raise PatternsNotExposedError(
+                    f"layer {layer}: the attention module exposes no {name}; "
+                    "its weights cannot be read"
+                )
+            return t.detach().to(torch.float32).cpu().clone()
+
+        H, dm, dh = self.n_heads, self.d_model, self.d_head
+        W_Q = get("W_Q", (H, dm, dh))
+        W_K = self.repeat_kv(get("W_K", (H, dm, dh)), 0)
+        W_V = self.repeat_kv(get("W_V", (H, dm, dh)), 0)
+        W_O = get("W_O", (H, dh, dm))
+        b_Q = get("b_Q", (H, dh))
+        b_K = self.repeat_kv(get("b_K", (H, dh)), 0)
+        b_V = self.repeat_kv(get("b_V", (H, dh)), 0)
+        b_O = get("b_O", (dm,))
+        folded = False
+        if fold_ln and self.pre_ln:
+            ln = self.model.blocks[layer].ln1
+            w = getattr(ln, "w", None)
+            b = getattr(ln, "b", None)
+            if w is None:
+                w = getattr(ln, "weight", None)
+                b = getattr(ln, "bias", None)
+            if w is not None:
+                w = w.detach().float().cpu()
+                b = torch.zeros_like(w) if b is None else b.detach().float().cpu()
+                new = {}
+                for Wn, bn in (("W_Q", b_Q), ("W_K", b_K), ("W_V", b_V)):
+                    W = {"W_Q": W_Q, "W_K": W_K, "W_V": W_V}[Wn]
+                    bias = bn + torch.einsum("m,hmd->hd", b, W)
+                    Wf = W * w[None, :, None]
+                    Wf = Wf - Wf.mean(dim=1, keepdim=True)
+                    new[Wn] = (Wf, bias)
+                (W_Q, b_Q), (W_K, b_K), (W_V, b_V) = new["W_Q"], new["W_K"], new["W_V"]
+                folded = True
+        return AttentionWeights(W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, folded=folded)
+
+    def stacked_weights(self, *, fold_ln: bool = False) -> dict[str, Tensor]:
+        """All layers' weights stacked: W_Q [layer, head, d_model, d_head], etc."""
+        per = [self.weights(layer, fold_ln=fold_ln) for layer in range(self.n_layers)]
+        names = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+        return {n: torch.stack([getattr(p, n) for p in per]) for n in names}
+
+    # ------------------------------------------------------------------ running
+    def run(
+        self,
+        tokens: Tensor,
+        attention_mask: Optional[Tensor] = None,
+        fwd_hooks: Optional[list[tuple[str, Callable]]] = None,
+        return_type: Optional[str] = "logits",
+    ) -> Any:
+        """One forward pass with ``fwd_hooks`` attached for its duration.
+
+        tokens: [batch, pos] int64; attention_mask: [batch, pos] (1 = real token).
+        """
+        kwargs: dict[str, Any] = {}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask.to(self.device)
+        tokens = tokens.to(self.device)
+        if self.backend == "hooked_encoder":
+            kwargs.pop("attention_mask", None)
+            if attention_mask is not None:
+                kwargs["one_zero_attention_mask"] = attention_mask.to(self.device)
+        if return_type is not None:
+            kwargs["return_type"] = return_type
+        with self.model.hooks(fwd_hooks=fwd_hooks or []):
+            return self.model(tokens, **kwargs)
+
+    def check_patterns(self) -> None:
+        """Raise :class:`PatternsNotExposedError` unless layer 0's pattern hook fires.
+
+        Fused attention kernels (SDPA, flash attention) never form the post-softmax
+        pattern, so no probe can see it.
+        """
+        if self._patterns_checked:
+            return
+        fired: list[Tensor] = []
+
+        def hook(t: Tensor, hook: Any) -> Tensor:
+            fired.append(t.detach())
+            return t
+
+        n = min(4, self.n_ctx)
+        tokens = torch.zeros(1, n, dtype=torch.long)
+        if self.d_vocab > 1:
+            tokens = torch.arange(n).remainder(self.d_vocab).unsqueeze(0)
+        try:
+            hook_name = self.hook_pattern(0)
+            if hook_name not in self.model.hook_dict:
+                raise KeyError(hook_name)
+            with torch.no_grad():
+                self.run(tokens, fwd_hooks=[(hook_name, hook)], return_type=None)
+        except KeyError:
+            fired.clear()
+        if not fired:
+            raise PatternsNotExposedError(
+                f"{self.name}: blocks.0.attn.hook_pattern never fired, so the post-softmax "
+                "attention patterns are not exposed (fused or SDPA attention). Load the model "
+                "with eager attention, e.g. TransformerBridge.boot_transformers(path, "
+                "hf_config_overrides={'attn_implementation': 'eager'}), or on TL 3.9 use "
+                "HookedTransformer (which always materialises patterns)."
+            )
+        self._patterns_checked = True
+
+    def __repr__(self) -> str:
+        kind = "causal" if self.causal else "bidirectional"
+        return (
+            f"ModelView({self.name}: {self.backend}, {self.n_layers} layers x {self.n_heads} "
+            f"heads (kv {self.n_kv_heads}), d_model {self.d_model}, d_head {self.d_head}, "
+            f"{kind}, norm {self.normalization})"
+        )

@@ -1,0 +1,290 @@
+"""Attention kinds of the tl_spectral GPT family, selected by name from a registry.
+
+Every kind is an ``nn.Module`` built as ``cls(d_model, n_heads, d_head, n_ctx, **options)``
+with ``forward(x, *, return_pattern=False)``:
+
+- ``x``: ``[batch, pos, d_model]`` (``pos <= n_ctx``), causal self-attention;
+- returns ``[batch, pos, d_model]``, or ``(out, pattern)`` with ``pattern``
+  ``[batch, head, query, key]`` (rows sum to 1 over keys) when ``return_pattern=True``.
+
+Kinds:
+
+- ``"softmax"``: standard causal multi-head attention; training uses
+  ``torch.nn.functional.scaled_dot_product_attention``; ``return_pattern=True`` takes the
+  explicit path (scores, mask, softmax) and returns the same output.
+- ``"sd"``: S–D attention (SPEC B.2): per head ``p = x W_P + b_P`` and
+  ``score_ij = p_i (S − D) p_jᵀ / sqrt(d_head)`` with ``S = Aᵀ − A`` (skew-symmetric) and
+  ``D = diag(softplus(δ))``; variants ``filtering = "diag" | "scalar" | "none"`` and
+  ``routing = "skew" | "none"``.
+- ``"linear"``: causal ELU+1 linear attention (SPEC B.5) on the same q/k/v/o parameters as
+  ``"softmax"`` (so a softmax layer's state dict loads into it unchanged):
+  ``α_ij ∝ φ(q_i)·φ(k_j)`` over ``j <= i`` with ``φ(x) = elu(x) + 1``.
+
+Register a new kind with :func:`register_attention`; its constructor must accept the four
+positional arguments above and keyword options only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ATTENTION_KINDS: dict[str, type[nn.Module]] = {}
+
+
+def register_attention(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
+    """Class decorator: register an attention kind under ``name``."""
+
+    def deco(cls: type[nn.Module]) -> type[nn.Module]:
+        if name in ATTENTION_KINDS:
+            raise ValueError(f"attention kind {name!r} is already registered")
+        cls.kind = name  # type: ignore[attr-defined]
+        ATTENTION_KINDS[name] = cls
+        return cls
+
+    return deco
+
+
+def make_attention(
+    kind: str, d_model: int, n_heads: int, d_head: int, n_ctx: int, **options
+) -> nn.Module:
+    """Build an attention module of the registered ``kind``."""
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(
+            f"unknown attention kind {kind!r}; known kinds: {sorted(ATTENTION_KINDS)}"
+        )
+    return ATTENTION_KINDS[kind](d_model, n_heads, d_head, n_ctx, **options)
+
+
+def _check_dims(d_model: int, n_heads: int, d_head: int, n_ctx: int) -> None:
+    for name, v in (("d_model", d_model), ("n_heads", n_heads), ("d_head", d_head),
+                    ("n_ctx", n_ctx)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+def _causal_mask(n: int, device: torch.device) -> torch.Tensor:
+    """``[n, n]`` bool, True above the diagonal (the future keys a query must not see)."""
+    return torch.triu(torch.ones(n, n, dtype=torch.bool, device=device), diagonal=1)
+
+
+def _check_input(x: torch.Tensor, d_model: int, n_ctx: int) -> None:
+    if x.dim() != 3 or x.shape[-1] != d_model:
+        raise ValueError(
+            f"attention input must be [batch, pos, d_model={d_model}], got {tuple(x.shape)}"
+        )
+    if x.shape[1] > n_ctx:
+        raise ValueError(f"sequence length {x.shape[1]} exceeds n_ctx={n_ctx}")
+
+
+class _QKVAttention(nn.Module):
+    """Shared parameters of softmax and linear attention.
+
+    ``qkv``: Linear(d_model -> 3·n_heads·d_head), columns ordered [q | k | v], each block
+    head-major (``[head, d_head]``); ``out``: Linear(n_heads·d_head -> d_model).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int, n_ctx: int):
+        super().__init__()
+        _check_dims(d_model, n_heads, d_head, n_ctx)
+        self.d_model, self.n_heads, self.d_head, self.n_ctx = d_model, n_heads, d_head, n_ctx
+        self.qkv = nn.Linear(d_model, 3 * n_heads * d_head, bias=True)
+        self.out = nn.Linear(n_heads * d_head, d_model, bias=True)
+
+    def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [b, p, d_model] -> q, k, v each [b, head, p, d_head]."""
+        b, p, _ = x.shape
+        qkv = self.qkv(x).view(b, p, 3, self.n_heads, self.d_head)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k, v
+
+    def _merge(self, z: torch.Tensor) -> torch.Tensor:
+        """z: [b, head, p, d_head] -> [b, p, d_model] through W_O."""
+        b, h, p, d = z.shape
+        return self.out(z.transpose(1, 2).reshape(b, p, h * d))
+
+    # TransformerLens-style per-head views (copies), used by the converter and analyses.
+    def weights(self) -> dict[str, torch.Tensor]:
+        """W_Q, W_K, W_V: [head, d_model, d_head]; b_Q, b_K, b_V: [head, d_head];
+        W_O: [head, d_head, d_model]; b_O: [d_model]."""
+        h, d, dm = self.n_heads, self.d_head, self.d_model
+        w = self.qkv.weight.detach().view(3, h, d, dm).transpose(-1, -2)
+        b = self.qkv.bias.detach().view(3, h, d)
+        w_o = self.out.weight.detach().view(dm, h, d).permute(1, 2, 0)
+        return {"W_Q": w[0], "W_K": w[1], "W_V": w[2], "b_Q": b[0], "b_K": b[1],
+                "b_V": b[2], "W_O": w_o, "b_O": self.out.bias.detach()}
+
+
+@register_attention("softmax")
+class SoftmaxAttention(_QKVAttention):
+    """Standard causal softmax attention, scale ``1/sqrt(d_head)``. No options."""
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int, n_ctx: int, **options):
+        if options:
+            raise ValueError(f"softmax attention takes no options, got {sorted(options)}")
+        super().__init__(d_model, n_heads, d_head, n_ctx)
+
+    def forward(self, x: torch.Tensor, *, return_pattern: bool = False):
+        """x: [batch, pos, d_model] -> [batch, pos, d_model] (and pattern [b, head, q, k])."""
+        _check_input(x, self.d_model, self.n_ctx)
+        q, k, v = self._split(x)
+        if not return_pattern:
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self._merge(z)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
+        scores = scores.masked_fill(_causal_mask(x.shape[1], x.device), float("-inf"))
+        pattern = scores.softmax(dim=-1)
+        return self._merge(pattern @ v), pattern
+
+
+@register_attention("linear")
+class LinearAttention(_QKVAttention):
+    """Causal ELU+1 linear attention (SPEC B.5), same parameters as ``"softmax"``.
+
+    ``o_i = Σ_{j<=i} (φ(q_i)·φ(k_j)) v_j / Σ_{j<=i} φ(q_i)·φ(k_j)``, ``φ = elu + 1``, then W_O.
+    Computed through the explicit ``[query, key]`` pattern (exact; O(pos²) memory).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int, n_ctx: int, **options):
+        if options:
+            raise ValueError(f"linear attention takes no options, got {sorted(options)}")
+        super().__init__(d_model, n_heads, d_head, n_ctx)
+
+    def forward(self, x: torch.Tensor, *, return_pattern: bool = False):
+        """x: [batch, pos, d_model] -> [batch, pos, d_model] (and pattern [b, head, q, k])."""
+        _check_input(x, self.d_model, self.n_ctx)
+        q, k, v = self._split(x)
+        fq, fk = F.elu(q) + 1.0, F.elu(k) + 1.0
+        w = (fq @ fk.transpose(-1, -2)).masked_fill(_causal_mask(x.shape[1], x.device), 0.0)
+        pattern = w / w.sum(dim=-1, keepdim=True)
+        out = self._merge(pattern @ v)
+        return (out, pattern) if return_pattern else out
+
+
+_FILTERING = ("diag", "scalar", "none")
+_ROUTING = ("skew", "none")
+
+
+@register_attention("sd")
+class SDAttention(nn.Module):
+    """S–D attention (SPEC B.2).
+
+    Parameters: ``proj`` (W_P, b_P: Linear d_model -> n_heads·d_head, head-major),
+    ``v`` (W_V, b_V), ``out`` (W_O, b_O), ``A`` ``[head, d_head, d_head]`` (routing
+    ``"skew"``), ``delta`` ``[head, d_head]`` (filtering ``"diag"``) or ``[head, 1]``
+    (``"scalar"``, D = softplus(δ)·I).
+
+    Options: ``filtering`` ("diag" | "scalar" | "none"), ``routing`` ("skew" | "none"),
+    ``a_init_std`` (std of A's entries, default ``1/sqrt(d_head)``), ``delta_init``
+    (initial δ, default 0.0 so D starts at softplus(0)·I = 0.693·I).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_head: int,
+        n_ctx: int,
+        *,
+        filtering: str = "diag",
+        routing: str = "skew",
+        a_init_std: float | None = None,
+        delta_init: float = 0.0,
+    ):
+        super().__init__()
+        _check_dims(d_model, n_heads, d_head, n_ctx)
+        if filtering not in _FILTERING:
+            raise ValueError(f"filtering must be one of {_FILTERING}, got {filtering!r}")
+        if routing not in _ROUTING:
+            raise ValueError(f"routing must be one of {_ROUTING}, got {routing!r}")
+        if filtering == "none" and routing == "none":
+            raise ValueError(
+                "filtering='none' with routing='none' makes every score zero; keep at least one"
+            )
+        self.d_model, self.n_heads, self.d_head, self.n_ctx = d_model, n_heads, d_head, n_ctx
+        self.filtering, self.routing = filtering, routing
+        self.a_init_std = float(a_init_std if a_init_std is not None else d_head**-0.5)
+        self.delta_init = float(delta_init)
+        self.proj = nn.Linear(d_model, n_heads * d_head, bias=True)
+        self.v = nn.Linear(d_model, n_heads * d_head, bias=True)
+        self.out = nn.Linear(n_heads * d_head, d_model, bias=True)
+        if routing == "skew":
+            self.A = nn.Parameter(torch.empty(n_heads, d_head, d_head))
+        if filtering != "none":
+            self.delta = nn.Parameter(
+                torch.empty(n_heads, d_head if filtering == "diag" else 1)
+            )
+        self.reset_sd_parameters()
+
+    def reset_sd_parameters(self) -> None:
+        """Initialise A ~ N(0, a_init_std²) and δ = delta_init."""
+        with torch.no_grad():
+            if self.routing == "skew":
+                self.A.normal_(0.0, self.a_init_std)
+            if self.filtering != "none":
+                self.delta.fill_(self.delta_init)
+
+    def S(self) -> torch.Tensor:
+        """Routing matrices ``S = Aᵀ − A``: [head, d_head, d_head] (zeros for routing='none')."""
+        if self.routing == "none":
+            return self.proj.weight.new_zeros(self.n_heads, self.d_head, self.d_head)
+        return self.A.transpose(-1, -2) - self.A
+
+    def D(self) -> torch.Tensor:
+        """Filtering matrices ``D = diag(softplus(δ))``: [head, d_head, d_head]."""
+        h, d = self.n_heads, self.d_head
+        if self.filtering == "none":
+            return self.proj.weight.new_zeros(h, d, d)
+        diag = F.softplus(self.delta).expand(h, d)
+        return torch.diag_embed(diag)
+
+    def kernel(self) -> torch.Tensor:
+        """``S − D``: [head, d_head, d_head]."""
+        return self.S() - self.D()
+
+    def forward(self, x: torch.Tensor, *, return_pattern: bool = False):
+        """x: [batch, pos, d_model] -> [batch, pos, d_model] (and pattern [b, head, q, k]).
+
+        ``q_i = p_i (S − D)``, ``k_j = p_j``, so ``q_i·k_j = p_i (S − D) p_jᵀ``.
+        """
+        _check_input(x, self.d_model, self.n_ctx)
+        b, p, _ = x.shape
+        h, d = self.n_heads, self.d_head
+        pp = self.proj(x).view(b, p, h, d).transpose(1, 2)  # [b, h, p, d]
+        v = self.v(x).view(b, p, h, d).transpose(1, 2)
+        q = torch.einsum("bhpd,hde->bhpe", pp, self.kernel())
+        if not return_pattern:
+            z = F.scaled_dot_product_attention(q, pp, v, is_causal=True)
+            pattern = None
+        else:
+            scores = q @ pp.transpose(-1, -2) / math.sqrt(d)
+            scores = scores.masked_fill(_causal_mask(p, x.device), float("-inf"))
+            pattern = scores.softmax(dim=-1)
+            z = pattern @ v
+        out = self.out(z.transpose(1, 2).reshape(b, p, h * d))
+        return (out, pattern) if return_pattern else out
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Equivalent standard-attention weights (SPEC B.7): W_Q = W_P (S − D), W_K = W_P,
+        b_Q = b_P (S − D), b_K = b_P. Shapes as :meth:`SoftmaxAttention.weights`."""
+        h, d, dm = self.n_heads, self.d_head, self.d_model
+        with torch.no_grad():
+            kern = self.kernel()
+            w_p = self.proj.weight.view(h, d, dm).transpose(-1, -2)  # [h, dm, d]
+            b_p = self.proj.bias.view(h, d)
+            w_v = self.v.weight.view(h, d, dm).transpose(-1, -2)
+            w_o = self.out.weight.view(dm, h, d).permute(1, 2, 0)
+            return {
+                "W_Q": w_p @ kern,
+                "W_K": w_p.clone(),
+                "W_V": w_v.clone(),
+                "b_Q": torch.einsum("hd,hde->he", b_p, kern),
+                "b_K": b_p.clone(),
+                "b_V": self.v.bias.view(h, d).clone(),
+                "W_O": w_o.clone(),
+                "b_O": self.out.bias.detach().clone(),
+            }

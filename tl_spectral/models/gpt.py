@@ -1,0 +1,363 @@
+"""The GPT family the project trains: a small decoder-only transformer.
+
+Token + learned position embeddings, ``n_layers`` pre-norm blocks
+(``x = x + attn(ln1(x)); x = x + mlp(ln2(x))``, LayerNorm or no normalization at all),
+a GELU MLP (exact erf GELU), a final norm and an unembedding (tied to the token
+embedding or not, no bias). The attention kind is a parameter (``"softmax"``, ``"sd"``,
+``"linear"``; per model or per layer) and the head dimension may differ per layer.
+
+Checkpoints are a directory with ``model.safetensors`` (weights) and ``config.json``
+(``GPTConfig.to_dict()`` plus optional tokenizer/metadata); :func:`load_model` validates
+names and shapes and raises ``ValueError`` for corrupted or foreign files. Nothing is
+ever unpickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tl_spectral.models.attention import ATTENTION_KINDS, make_attention
+
+CONFIG_FORMAT = "tl_spectral.gpt/1"
+_NORMALIZATIONS = ("ln", "none")
+
+
+@dataclass
+class GPTConfig:
+    """Configuration of a :class:`GPT`.
+
+    d_head: one int for all layers, a list with one int per layer, or None for
+    ``d_model // n_heads``. attention: one kind for all layers or a list per layer.
+    attention_options: keyword options of the attention kind (one dict for all layers, or a
+    list of dicts per layer). d_mlp: None means ``4 * d_model``.
+    """
+
+    vocab_size: int
+    n_layers: int = 6
+    n_heads: int = 8
+    d_model: int = 128
+    d_head: int | list[int] | None = None
+    n_ctx: int = 256
+    d_mlp: int | None = None
+    normalization: str = "ln"
+    tied_embeddings: bool = False
+    attention: str | list[str] = "softmax"
+    attention_options: dict[str, Any] | list[dict[str, Any]] = field(default_factory=dict)
+    ln_eps: float = 1e-5
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layers", "n_heads", "d_model", "n_ctx"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive int, got {v!r}")
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(
+                    f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                    "pass d_head explicitly"
+                )
+            self.d_head = self.d_model // self.n_heads
+        if isinstance(self.d_head, (list, tuple)):
+            self.d_head = [int(d) for d in self.d_head]
+            if len(self.d_head) != self.n_layers:
+                raise ValueError(
+                    f"d_head lists {len(self.d_head)} layers, the model has {self.n_layers}; "
+                    "pass one d_head per layer or a single int"
+                )
+        dh = self.d_head if isinstance(self.d_head, list) else [self.d_head]
+        if any((not isinstance(d, int)) or d < 1 for d in dh):
+            raise ValueError(f"every d_head must be a positive int, got {self.d_head!r}")
+        if self.d_mlp is None:
+            self.d_mlp = 4 * self.d_model
+        if self.normalization not in _NORMALIZATIONS:
+            raise ValueError(
+                f"normalization must be one of {_NORMALIZATIONS}, got {self.normalization!r}"
+            )
+        if isinstance(self.attention, (list, tuple)):
+            self.attention = list(self.attention)
+            if len(self.attention) != self.n_layers:
+                raise ValueError(
+                    f"attention lists {len(self.attention)} layers, the model has "
+                    f"{self.n_layers}"
+                )
+        for kind in self.attention if isinstance(self.attention, list) else [self.attention]:
+            if kind not in ATTENTION_KINDS:
+                raise ValueError(
+                    f"unknown attention kind {kind!r}; known: {sorted(ATTENTION_KINDS)}"
+                )
+        if isinstance(self.attention_options, (list, tuple)):
+            self.attention_options = [dict(o) for o in self.attention_options]
+            if len(self.attention_options) != self.n_layers:
+                raise ValueError("attention_options as a list needs one dict per layer")
+
+    # per-layer accessors ------------------------------------------------------------
+    def layer_d_head(self, layer: int) -> int:
+        return self.d_head[layer] if isinstance(self.d_head, list) else int(self.d_head)
+
+    def layer_attention(self, layer: int) -> str:
+        return self.attention[layer] if isinstance(self.attention, list) else self.attention
+
+    def layer_attention_options(self, layer: int) -> dict[str, Any]:
+        o = self.attention_options
+        return dict(o[layer]) if isinstance(o, list) else dict(o)
+
+    @property
+    def d_heads(self) -> list[int]:
+        """Head dimension of every layer."""
+        return [self.layer_d_head(l) for l in range(self.n_layers)]
+
+    # JSON ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": CONFIG_FORMAT, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GPTConfig":
+        if not isinstance(d, dict):
+            raise ValueError(f"a GPT config must be a JSON object, got {type(d).__name__}")
+        d = dict(d)
+        fmt = d.pop("format", CONFIG_FORMAT)
+        if fmt != CONFIG_FORMAT:
+            raise ValueError(f"not a tl_spectral GPT config: format={fmt!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown GPTConfig fields {unknown}; known fields: {sorted(names)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_json(cls, s: str) -> "GPTConfig":
+        return cls.from_dict(json.loads(s))
+
+
+class MLP(nn.Module):
+    """fc_out(gelu(fc_in(x))), exact (erf) GELU."""
+
+    def __init__(self, d_model: int, d_mlp: int):
+        super().__init__()
+        self.fc_in = nn.Linear(d_model, d_mlp)
+        self.fc_out = nn.Linear(d_mlp, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(F.gelu(self.fc_in(x)))
+
+
+def _norm(cfg: GPTConfig) -> nn.Module:
+    return nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps) if cfg.normalization == "ln" else nn.Identity()
+
+
+class Block(nn.Module):
+    """Pre-norm block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``."""
+
+    def __init__(self, cfg: GPTConfig, layer: int):
+        super().__init__()
+        self.ln1 = _norm(cfg)
+        self.attn = make_attention(
+            cfg.layer_attention(layer), cfg.d_model, cfg.n_heads, cfg.layer_d_head(layer),
+            cfg.n_ctx, **cfg.layer_attention_options(layer),
+        )
+        self.ln2 = _norm(cfg)
+        self.mlp = MLP(cfg.d_model, cfg.d_mlp)
+
+    def forward(self, x: torch.Tensor, *, return_pattern: bool = False):
+        if return_pattern:
+            a, pattern = self.attn(self.ln1(x), return_pattern=True)
+            x = x + a
+            return x + self.mlp(self.ln2(x)), pattern
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """GPT-style decoder. ``forward(tokens [batch, pos]) -> logits [batch, pos, vocab]``.
+
+    Modules: ``tok_embed`` (Embedding vocab×d_model), ``pos_embed`` (Embedding n_ctx×d_model),
+    ``blocks[l]`` (``ln1``, ``attn``, ``ln2``, ``mlp.fc_in``, ``mlp.fc_out``), ``ln_f``,
+    ``unembed`` (Linear d_model -> vocab, no bias; its weight *is* ``tok_embed.weight``
+    when ``tied_embeddings``).
+    """
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model)
+        self.blocks = nn.ModuleList([Block(cfg, l) for l in range(cfg.n_layers)])
+        self.ln_f = _norm(cfg)
+        self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tied_embeddings:
+            self.unembed.weight = self.tok_embed.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation: N(0, init_std²) weights, zero biases, residual-writing
+        projections (attention ``out``, ``mlp.fc_out``) scaled by ``1/sqrt(2·n_layers)``."""
+        std = self.cfg.init_std
+        for name, m in self.named_modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                s = std
+                if name.endswith("attn.out") or name.endswith("mlp.fc_out"):
+                    s = std / math.sqrt(2 * self.cfg.n_layers)
+                nn.init.normal_(m.weight, 0.0, s)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        for blk in self.blocks:
+            if hasattr(blk.attn, "reset_sd_parameters"):
+                blk.attn.reset_sd_parameters()
+
+    def _check_tokens(self, tokens: torch.Tensor) -> None:
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be [batch, pos], got shape {tuple(tokens.shape)}")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+        if tokens.shape[1] > self.cfg.n_ctx:
+            raise ValueError(
+                f"{tokens.shape[1]} positions exceed the context n_ctx={self.cfg.n_ctx}; "
+                "pass at most n_ctx tokens per row"
+            )
+
+    def forward(self, tokens: torch.Tensor, *, return_patterns: bool = False):
+        """tokens: [batch, pos] int -> logits [batch, pos, vocab]; with ``return_patterns``
+        also the list of per-layer patterns, each [batch, head, query, key]."""
+        self._check_tokens(tokens)
+        pos = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok_embed(tokens) + self.pos_embed(pos)
+        patterns = []
+        for blk in self.blocks:
+            if return_patterns:
+                x, pat = blk(x, return_pattern=True)
+                patterns.append(pat)
+            else:
+                x = blk(x)
+        logits = self.unembed(self.ln_f(x))
+        return (logits, patterns) if return_patterns else logits
+
+    def loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy (nats) of tokens [batch, pos+1] (pos <= n_ctx):
+        logits of ``tokens[:, :-1]`` against targets ``tokens[:, 1:]``. Returns a scalar."""
+        if tokens.dim() != 2 or tokens.shape[1] < 2:
+            raise ValueError(
+                f"loss needs tokens [batch, pos+1] with pos+1 >= 2, got {tuple(tokens.shape)}"
+            )
+        logits = self(tokens[:, :-1])
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1)
+        )
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+# ------------------------------------------------------------------------- checkpoints
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+
+
+def model_state(model: GPT) -> dict[str, torch.Tensor]:
+    """State dict to save: contiguous CPU tensors, the tied unembedding left out."""
+    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if model.cfg.tied_embeddings:
+        sd.pop("unembed.weight", None)
+    return sd
+
+
+def save_model(model: GPT, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``model.safetensors`` + ``config.json`` into ``directory``; ``extra`` entries
+    (JSON-able: tokenizer, metrics, ...) are stored in config.json beside ``"model"``."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(model_state(model), str(directory / WEIGHTS_NAME),
+              metadata={"format": CONFIG_FORMAT})
+    doc = {"model": model.cfg.to_dict(), **(extra or {})}
+    (directory / CONFIG_NAME).write_text(json.dumps(doc, indent=2) + "\n")
+    return directory
+
+
+def read_checkpoint_config(directory: str | Path) -> dict[str, Any]:
+    """The parsed ``config.json`` of a checkpoint directory, with clear errors."""
+    directory = Path(directory)
+    p = directory / CONFIG_NAME
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"no {CONFIG_NAME} in {directory}; pass a directory written by save_model"
+        )
+    try:
+        doc = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p} is not valid JSON ({e}); the checkpoint is corrupted") from None
+    if not isinstance(doc, dict) or "model" not in doc:
+        raise ValueError(f"{p} has no 'model' entry: not a tl_spectral checkpoint config")
+    return doc
+
+
+def load_state_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a safetensors file, turning any parse failure into a clear ``ValueError``."""
+    from safetensors import SafetensorsError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no weights file at {path}")
+    try:
+        return load_file(str(path))
+    except (SafetensorsError, OSError, RuntimeError, ValueError) as e:
+        raise ValueError(
+            f"{path} is not a readable safetensors file ({e}); the checkpoint is corrupted "
+            "or not a tl_spectral checkpoint"
+        ) from None
+
+
+def load_model(directory: str | Path, map_location: str | torch.device = "cpu") -> GPT:
+    """Load a :class:`GPT` saved by :func:`save_model`.
+
+    Validates that the weights hold exactly the expected names and shapes; raises
+    ``ValueError`` naming the missing / unexpected / mis-shaped tensors otherwise.
+    """
+    directory = Path(directory)
+    doc = read_checkpoint_config(directory)
+    cfg = GPTConfig.from_dict(doc["model"])
+    state = load_state_file(directory / WEIGHTS_NAME)
+    model = GPT(cfg)
+    expected = model_state(model)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    bad = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
+    if missing or unexpected or bad:
+        parts = []
+        if missing:
+            parts.append(f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}")
+        if unexpected:
+            parts.append(f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}")
+        if bad:
+            parts.append(
+                "mis-shaped " + ", ".join(
+                    f"{k}: file {tuple(state[k].shape)} vs config {tuple(expected[k].shape)}"
+                    for k in bad[:5]
+                )
+            )
+        raise ValueError(
+            f"{directory / WEIGHTS_NAME} does not match its config.json ("
+            + "; ".join(parts) + "): a foreign or corrupted checkpoint"
+        )
+    for k, v in state.items():
+        if not torch.isfinite(v).all():
+            raise ValueError(f"{directory / WEIGHTS_NAME}: tensor {k} holds NaN/inf values")
+    model.load_state_dict(state, strict=not cfg.tied_embeddings)
+    return model.to(map_location)

@@ -1,0 +1,158 @@
+"""AttentionStats: entropy, distance, first-token mass and mean pattern per layer and head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from tl_spectral.probes.base import LayerCapture, Probe
+from tl_spectral.results import Result, register_result
+
+
+@register_result
+@dataclass
+class AttentionStatsResult(Result):
+    """Per layer and head means over every real query of the corpus.
+
+    entropy: [layer, head] mean of ``-Σ_j α_ij log α_ij`` (nats; 0·log 0 = 0).
+    distance: [layer, head] mean of ``Σ_j α_ij |i − j|`` (tokens).
+    first_token_mass: [layer, head] mean of ``α_i0``.
+    mean_pattern: [layer, head, query, key] mean pattern over the documents where both
+      positions are real. n_queries: [layer] real queries seen. layers: the layer indices.
+    """
+
+    kind: ClassVar[str] = "attention_stats"
+
+    entropy: Tensor
+    distance: Tensor
+    first_token_mass: Tensor
+    mean_pattern: Tensor
+    n_queries: Tensor
+    layers: list = field(default_factory=list)
+    model_name: str = ""
+    causal: bool = True
+
+    def to_dict(self) -> list[dict]:
+        rows = []
+        for li, layer in enumerate(self.layers):
+            for h in range(self.entropy.shape[1]):
+                rows.append(
+                    {
+                        "layer": int(layer),
+                        "head": h,
+                        "entropy": float(self.entropy[li, h]),
+                        "distance": float(self.distance[li, h]),
+                        "first_token_mass": float(self.first_token_mass[li, h]),
+                    }
+                )
+        return rows
+
+    def plot(self):
+        """Heat maps (layer × head) of entropy, mean distance and first-token mass."""
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), constrained_layout=True)
+        panels = [
+            (self.entropy, "mean attention entropy (nats)", "viridis"),
+            (self.distance, "mean attention distance (tokens)", "magma"),
+            (self.first_token_mass, "attention mass on first token", "cividis"),
+        ]
+        for ax, (m, title, cmap) in zip(axes, panels):
+            im = ax.imshow(m.numpy(), aspect="auto", cmap=cmap)
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel("head")
+            ax.set_ylabel("layer")
+            ax.set_yticks(range(len(self.layers)), [str(x) for x in self.layers])
+            fig.colorbar(im, ax=ax, shrink=0.85)
+        fig.suptitle(f"AttentionStats — {self.model_name}", fontsize=11)
+        return fig
+
+    def plot_patterns(self, max_pos: int = 64):
+        """Grid (layer × head) of mean attention patterns, first ``max_pos`` positions."""
+        import matplotlib.pyplot as plt
+
+        L, H = self.mean_pattern.shape[:2]
+        fig, axes = plt.subplots(L, H, figsize=(1.3 * H, 1.3 * L), squeeze=False)
+        for li in range(L):
+            for h in range(H):
+                ax = axes[li][h]
+                ax.imshow(self.mean_pattern[li, h, :max_pos, :max_pos].numpy(), cmap="Blues")
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if li == 0:
+                    ax.set_title(f"H{h}", fontsize=8)
+                if h == 0:
+                    ax.set_ylabel(f"L{self.layers[li]}", fontsize=8)
+        fig.suptitle("mean attention pattern (query ↓, key →)", fontsize=10)
+        return fig
+
+
+class AttentionStats(Probe):
+    """Entropy, distance, first-token mass and mean pattern of every head.
+
+    layers: which layers to read (default all).
+    """
+
+    name: ClassVar[str] = "attention_stats"
+
+    def __init__(self, layers: Optional[Sequence[int]] = None, name: Optional[str] = None):
+        super().__init__()
+        self.layers = None if layers is None else sorted(set(int(x) for x in layers))
+        if name is not None:
+            self.name = name  # type: ignore[misc]
+
+    def requires(self, view) -> dict[int, set[str]]:
+        layers = self.layers if self.layers is not None else list(range(view.n_layers))
+        self.layers = layers
+        return {layer: {"pattern"} for layer in layers}
+
+    def update(self, cap: LayerCapture) -> None:
+        assert cap.pattern is not None and self.layers is not None
+        li = self.layers.index(cap.layer)
+        L = len(self.layers)
+        p = cap.pattern.float()  # [b, h, q, k]
+        b, H, T, _ = p.shape
+        qmask = cap.mask[:, None, :].float()  # [b, 1, q]
+        pair = cap.pair_mask[:, None].float()  # [b, 1, q, k]
+        p = p * pair  # a padded key never enters a statistic
+        ent = -(torch.special.xlogy(p, p)).sum(-1)  # [b, h, q]
+        pos = torch.arange(T, device=p.device, dtype=torch.float32)
+        dist = (p * (pos[:, None] - pos[None, :]).abs()).sum(-1)
+        first = p[..., 0]
+
+        def put(key: str, per_head: Tensor, extra: tuple[int, ...] = ()) -> None:
+            full = torch.zeros((L, H, *extra), dtype=torch.float64, device=per_head.device)
+            full[li] = per_head.double()
+            self.accumulate(key, full.cpu())
+
+        put("entropy_sum", (ent * qmask).sum(dim=(0, 2)))
+        put("distance_sum", (dist * qmask).sum(dim=(0, 2)))
+        put("first_sum", (first * qmask).sum(dim=(0, 2)))
+        put("pattern_sum", p.sum(dim=0), (T, T))
+        count = torch.zeros(L, dtype=torch.float64)
+        count[li] = float(cap.mask.sum())
+        self.accumulate("n_queries", count)
+        pc = torch.zeros((L, T, T), dtype=torch.float64)
+        pc[li] = cap.pair_mask.sum(dim=0).double().cpu()
+        self.accumulate("pair_count", pc)
+
+    def result(self) -> AttentionStatsResult:
+        self._require_state()
+        s = self.state
+        n = s["n_queries"].clamp_min(1.0)[:, None]
+        pair = s["pair_count"][:, None]
+        mean_pattern = torch.where(pair > 0, s["pattern_sum"] / pair.clamp_min(1.0), 0.0)
+        view = self.view
+        return AttentionStatsResult(
+            entropy=(s["entropy_sum"] / n).float(),
+            distance=(s["distance_sum"] / n).float(),
+            first_token_mass=(s["first_sum"] / n).float(),
+            mean_pattern=mean_pattern.float(),
+            n_queries=s["n_queries"].long(),
+            layers=list(self.layers or []),
+            model_name=view.name if view is not None else "",
+            causal=view.causal if view is not None else True,
+        )

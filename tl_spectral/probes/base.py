@@ -1,0 +1,198 @@
+"""The Probe protocol: what a probe needs from the forward pass and how its state merges.
+
+A probe
+
+1. declares, per layer, the tensors it needs (:data:`tl_spectral.model_view.CAPTURE_KINDS`)
+   in :meth:`Probe.requires`;
+2. receives one :class:`LayerCapture` per layer and batch in :meth:`Probe.update`, and
+   folds it into its state — a dict of tensors, each with a reduction ("sum", "cat" or
+   "max") in :attr:`Probe.reductions`;
+3. turns its state into a :class:`~tl_spectral.results.Result` in :meth:`Probe.result`.
+
+Because the state is a dict of reducible tensors, shards of a corpus processed apart
+combine with :meth:`Probe.merge`, and under ``torch.distributed`` the runner reduces them
+across processes (:func:`reduce_state`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Optional
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from tl_spectral.model_view import ModelView
+    from tl_spectral.results import Result
+
+
+@dataclass
+class LayerCapture:
+    """Tensors of one layer for one batch. Only the requested ones are set.
+
+    mask: [batch, pos] bool, True at real (non-padding) tokens.
+    pattern: [batch, head, query, key]; v: [batch, pos, head, d_head] (kv heads repeated);
+    attn_in, resid_pre: [batch, pos, d_model]. tokens: [batch, pos].
+    doc_index: [batch] index of each row in the corpus (for per-document state).
+    """
+
+    layer: int
+    mask: Tensor
+    tokens: Tensor
+    doc_index: Tensor
+    pattern: Optional[Tensor] = None
+    v: Optional[Tensor] = None
+    attn_in: Optional[Tensor] = None
+    resid_pre: Optional[Tensor] = None
+
+    @property
+    def lengths(self) -> Tensor:
+        """[batch] number of real tokens per row."""
+        return self.mask.sum(dim=1)
+
+    @property
+    def pair_mask(self) -> Tensor:
+        """[batch, query, key] True where both the query and the key are real tokens."""
+        return self.mask[:, :, None] & self.mask[:, None, :]
+
+
+def _pad_to(t: Tensor, shape: tuple[int, ...]) -> Tensor:
+    if tuple(t.shape) == tuple(shape):
+        return t
+    out = torch.zeros(shape, dtype=t.dtype, device=t.device)
+    out[tuple(slice(0, s) for s in t.shape)] = t
+    return out
+
+
+def merge_tensor(a: Tensor, b: Tensor, reduction: str) -> Tensor:
+    """Combine two state tensors. "sum" zero-pads trailing dims to the larger shape."""
+    if reduction == "cat":
+        if a.shape[1:] != b.shape[1:]:
+            tail = tuple(max(x, y) for x, y in zip(a.shape[1:], b.shape[1:]))
+            a = _pad_to(a, (a.shape[0], *tail))
+            b = _pad_to(b, (b.shape[0], *tail))
+        return torch.cat([a, b.to(a.device)], dim=0)
+    shape = tuple(max(x, y) for x, y in zip(a.shape, b.shape))
+    if a.dim() != b.dim():
+        raise ValueError(f"cannot merge state tensors of shapes {tuple(a.shape)}, {tuple(b.shape)}")
+    a, b = _pad_to(a, shape), _pad_to(b.to(a.device), shape)
+    if reduction == "sum":
+        return a + b
+    if reduction == "max":
+        return torch.maximum(a, b)
+    raise ValueError(f"unknown reduction {reduction!r}; use 'sum', 'cat' or 'max'")
+
+
+class Probe:
+    """Base class of all probes. Subclasses set ``name`` and implement the four methods."""
+
+    name: ClassVar[str] = "probe"
+    reductions: ClassVar[dict[str, str]] = {}
+    """Reduction of each state key; keys not listed are summed."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, Tensor] = {}
+        self.view: Optional["ModelView"] = None
+
+    # -- to implement -------------------------------------------------------------
+    def requires(self, view: "ModelView") -> dict[int, set[str]]:
+        """Layers this probe reads, each with the capture kinds it needs."""
+        raise NotImplementedError
+
+    def update(self, cap: LayerCapture) -> None:
+        """Fold one layer's capture of one batch into ``self.state``."""
+        raise NotImplementedError
+
+    def result(self) -> "Result":
+        """Turn the (merged) state into a Result."""
+        raise NotImplementedError
+
+    # -- provided -----------------------------------------------------------------
+    def bind(self, view: "ModelView") -> None:
+        """Called by the runner before the first batch."""
+        if self.view is not None and self.view.model is not view.model:
+            raise ValueError(
+                f"probe {self.name!r} was already used on another model; create a new probe"
+            )
+        self.view = view
+
+    def accumulate(self, key: str, value: Tensor) -> None:
+        """Add ``value`` into state ``key`` with the key's reduction (growing shapes as needed)."""
+        value = value.detach()
+        red = self.reductions.get(key, "sum")
+        if key not in self.state:
+            self.state[key] = value.clone() if red != "cat" else value.clone()
+        else:
+            self.state[key] = merge_tensor(self.state[key], value, red)
+
+    def merge(self, other: "Probe") -> "Probe":
+        """Combine ``other``'s state into this probe's (shards of one corpus). Returns self."""
+        if type(other) is not type(self):
+            raise TypeError(f"cannot merge a {type(other).__name__} into a {type(self).__name__}")
+        if self.view is None:
+            self.view = other.view
+        for key, value in other.state.items():
+            if key in self.state:
+                self.state[key] = merge_tensor(self.state[key], value, self.reductions.get(key, "sum"))
+            else:
+                self.state[key] = value.clone()
+        return self
+
+    def _require_state(self) -> None:
+        if not self.state:
+            raise RuntimeError(
+                f"probe {self.name!r} has seen no data; run it with run_probes(model, data, "
+                "[probe]) first"
+            )
+
+
+def reduce_state(probe: Probe) -> None:
+    """Reduce a probe's state across the processes of the default torch.distributed group.
+
+    "sum"/"max" states are all-reduced; "cat" states are all-gathered in rank order (rank
+    0's rows first), so contiguous shards reproduce the single-process order.
+    """
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    keys = sorted(probe.state)
+    # every rank must hold the same keys with the same number of dims
+    all_keys: list[Optional[list]] = [None] * world
+    dist.all_gather_object(all_keys, [(k, tuple(probe.state[k].shape), str(probe.state[k].dtype)) for k in keys])
+    union: dict[str, tuple[list[int], str]] = {}
+    for lst in all_keys:
+        for k, shape, dtype in lst or []:
+            red = probe.reductions.get(k, "sum")
+            if k not in union:
+                union[k] = (list(shape), dtype)
+            else:
+                cur = union[k][0]
+                start = 1 if red == "cat" else 0
+                for d in range(start, len(shape)):
+                    cur[d] = max(cur[d], shape[d])
+    for k, (shape, dtype_s) in sorted(union.items()):
+        red = probe.reductions.get(k, "sum")
+        dtype = getattr(torch, dtype_s.replace("torch.", ""))
+        local = probe.state.get(k)
+        if red == "cat":
+            tail = tuple(shape[1:])
+            if local is None:
+                local = torch.zeros((0, *tail), dtype=dtype)
+            local = _pad_to(local, (local.shape[0], *tail)).contiguous()
+            sizes: list[Optional[int]] = [None] * world
+            dist.all_gather_object(sizes, int(local.shape[0]))
+            n_max = max(int(s) for s in sizes)  # type: ignore[arg-type]
+            padded = _pad_to(local, (n_max, *tail)).contiguous()
+            bufs = [torch.zeros_like(padded) for _ in range(world)]
+            dist.all_gather(bufs, padded)
+            probe.state[k] = torch.cat([b[: int(s)] for b, s in zip(bufs, sizes)], dim=0)  # type: ignore[arg-type]
+        else:
+            if local is None:
+                local = torch.zeros(shape, dtype=dtype)
+                if red == "max":
+                    local.fill_(float("-inf"))
+            local = _pad_to(local, tuple(shape)).contiguous()
+            op = dist.ReduceOp.SUM if red == "sum" else dist.ReduceOp.MAX
+            dist.all_reduce(local, op=op)
+            probe.state[k] = local
