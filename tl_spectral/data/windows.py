@@ -30,6 +30,15 @@ class DocumentWindows:
         return self.n_docs
 
 
+def encode(tokenizer, text: str) -> list[int]:
+    """Token ids of ``text``: our tokenizers' ``encode``, or a Hugging Face tokenizer's
+    without special tokens (windows are cut from one running stream)."""
+    try:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    except TypeError:
+        return list(tokenizer.encode(text))
+
+
 def document_windows(
     text: str, tokenizer, n_docs: int, length: int, seed: int = 0, *, overlap: bool = False
 ) -> DocumentWindows:
@@ -44,7 +53,7 @@ def document_windows(
         raise ValueError(f"n_docs must be >= 1, got {n_docs}")
     if length < 2:
         raise ValueError(f"length must be >= 2 tokens, got {length}")
-    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
+    ids = torch.tensor(encode(tokenizer, text), dtype=torch.long)
     g = torch.Generator().manual_seed(seed)
     n_avail = ids.numel() // length
     if not overlap:
