@@ -1,0 +1,459 @@
+"""Attention-sink rates and sink geometry (SPEC part C.4).
+
+Rates, for one layer (``α`` = pattern, sink = key ``sink_index``, 0 by default):
+
+* sink rate of a head: mean over real queries of ``α_i0``;
+* Gu et al. (arXiv 2410.10781) key score ``a_j = Σ_i α_ij / n_j`` where ``n_j`` counts the
+  real queries that can attend to ``j``: ``n_j = T − j`` for a causal model without padding
+  (Gu's formula) and ``n_j = T`` for a bidirectional one (*our choice*: the mean attention
+  the key receives); a head is a sink head when ``a_0 > threshold`` (0.3 by default) and
+  the layer's share of sink heads is their fraction.
+
+Geometry, per head ``h`` and query ``i`` (``ṽ_j = v_j W_O^h``):
+
+* semantic vector ``s_i = Σ_{j≠0} α_ij ṽ_j`` and its mean ``s̄_i = s_i / m_i`` with
+  ``m_i = Σ_{j≠0} α_ij`` (``= 1 − α_i0`` when the row sums to 1; summing the other keys
+  avoids the cancellation of ``1 − α_i0`` when ``α_i0 ≈ 1``);
+* anti-alignment ``cos(ṽ_0, s_i)``;
+* output norm under an imposed sink rate ``ρ`` (``α'_i0 = ρ``, the other weights rescaled
+  to sum to ``1 − ρ``): ``f_i(ρ) = ‖ρ ṽ_0 + (1 − ρ) s̄_i‖``, a convex function of ``ρ``
+  whose unconstrained minimizer is ``ρ*_i = ⟨s̄, s̄ − ṽ_0⟩ / ‖s̄ − ṽ_0‖²``. It is evaluated as
+  ``f(ρ)² = ‖s̄ − ṽ_0‖² (ρ − ρ*)² + f(ρ*)²`` with ``f(ρ*) = ‖s̄ − ρ*(s̄ − ṽ_0)‖`` formed in
+  d_head space, which stays accurate near the minimum;
+* zero-the-sink-value intervention ``o' = o − α_i0 ṽ_0 = s`` (per head, and for the layer
+  ``o'_i = o_i − Σ_h α^h_i0 ṽ^h_0 = Σ_h s^h_i``): ``Δ‖o‖ = ‖o'‖ − ‖o‖`` and
+  ``Δcos = cos(o', s̄) − cos(o, s̄) = 1 − cos(o, s)`` (after the intervention the output *is*
+  the semantic vector, so its cosine with ``s̄`` is 1; for the layer ``s̄`` is the direction
+  of ``Σ_h s^h``).
+
+All inner products between projected values go through d_head space:
+``⟨a W_O, b W_O⟩ = a G bᵀ`` with ``G = W_O W_Oᵀ``. Nothing ``[query, key, d_model]`` is formed.
+
+Undefined quantities are masked, never NaN: padded queries; ``m_i = 0`` (the query puts all
+its mass on the sink, e.g. the first query of a causal model) for ``s̄``, the curve and
+``ρ*``; ``‖s̄ − ṽ_0‖`` numerically zero for ``ρ*`` (flat curve); zero ``ṽ_0`` or zero ``s``
+for cosines. "Numerically zero" means at most ``rtol`` times the triangle-inequality bound
+of the norm (default 100 machine epsilons).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from tl_spectral.analysis.contributions import check_layer_inputs, default_rtol, value_gram
+from tl_spectral.results import Result, register_result
+
+
+# ----------------------------------------------------------------------------- rates
+def _pattern_and_mask(pattern: Tensor, query_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    if not isinstance(pattern, Tensor) or pattern.ndim != 4 or not pattern.is_floating_point():
+        shape = tuple(pattern.shape) if isinstance(pattern, Tensor) else type(pattern)
+        raise ValueError(f"pattern must be a float [batch, head, query, key] tensor, got {shape}")
+    b, _, q, _ = pattern.shape
+    p = pattern.to(torch.float64 if pattern.dtype == torch.float64 else torch.float32)
+    if query_mask is None:
+        qm = torch.ones(b, q, dtype=torch.bool, device=p.device)
+    else:
+        if tuple(query_mask.shape) != (b, q) or query_mask.is_floating_point():
+            raise ValueError(
+                f"query_mask must be a bool [batch={b}, query={q}] tensor, "
+                f"got {tuple(query_mask.shape)} {query_mask.dtype}"
+            )
+        qm = query_mask.to(device=p.device, dtype=torch.bool)
+        p = p.masked_fill(~qm[:, None, :, None], 0.0)
+    if not torch.isfinite(p).all():
+        raise ValueError("pattern has NaN/inf on real queries; mark padded queries with query_mask")
+    if (qm.sum(-1) == 0).any():
+        raise ValueError("a batch element has no real query (query_mask all False); drop it")
+    return p, qm
+
+
+def _check_sink_index(sink_index: int, n_key: int) -> None:
+    if not 0 <= sink_index < n_key:
+        raise ValueError(f"sink_index must be in [0, {n_key}), got {sink_index}")
+
+
+def sink_rate(
+    pattern: Float[Tensor, "batch head query key"],
+    query_mask: Bool[Tensor, "batch query"] | None = None,
+    sink_index: int = 0,
+) -> Float[Tensor, "batch head"]:
+    """Sink rate per head: mean over real queries ``i`` of ``α_i,sink``. [batch, head]."""
+    p, qm = _pattern_and_mask(pattern, query_mask)
+    _check_sink_index(sink_index, p.shape[-1])
+    return p[..., sink_index].sum(-1) / qm.sum(-1, keepdim=True).to(p.dtype)
+
+
+def key_scores(
+    pattern: Float[Tensor, "batch head query key"],
+    causal: bool = True,
+    query_mask: Bool[Tensor, "batch query"] | None = None,
+) -> Float[Tensor, "batch head key"]:
+    """Gu et al. key score ``Σ_i α_ij / n_j`` per head and key. [batch, head, key].
+
+    ``n_j`` = number of real queries that may attend to key ``j``: real queries with
+    ``i ≥ j`` when ``causal`` (``T − j`` without padding; needs query == key positions),
+    all real queries otherwise (``T``; our choice for bidirectional models). Keys that no
+    real query can see score 0.
+    """
+    p, qm = _pattern_and_mask(pattern, query_mask)
+    q, k = p.shape[-2:]
+    cnt = qm.to(p.dtype)
+    if causal:
+        if q != k:
+            raise ValueError(
+                f"causal key scores need query and key positions to coincide (got {q} "
+                f"queries, {k} keys); pass causal=False or the square pattern"
+            )
+        n = cnt.flip(-1).cumsum(-1).flip(-1)  # [b, k]  #{real i >= j}
+    else:
+        n = cnt.sum(-1, keepdim=True).expand(-1, k)
+    total = p.sum(-2)  # [b, h, k]
+    n = n[:, None, :]
+    return torch.where(n > 0, total / n.clamp_min(1.0), 0.0)
+
+
+def sink_heads(
+    pattern: Float[Tensor, "batch head query key"],
+    causal: bool = True,
+    threshold: float = 0.3,
+    query_mask: Bool[Tensor, "batch query"] | None = None,
+) -> Bool[Tensor, "batch head"]:
+    """Heads whose Gu key score of the first token exceeds ``threshold``. [batch, head]."""
+    return key_scores(pattern, causal, query_mask)[..., 0] > threshold
+
+
+def sink_head_share(
+    pattern: Float[Tensor, "batch head query key"],
+    causal: bool = True,
+    threshold: float = 0.3,
+    query_mask: Bool[Tensor, "batch query"] | None = None,
+) -> Float[Tensor, " batch"]:
+    """Share of the layer's heads that are sink heads (``sink_heads``), per batch element."""
+    return sink_heads(pattern, causal, threshold, query_mask).float().mean(-1)
+
+
+# ----------------------------------------------------------------------------- geometry
+@register_result
+@dataclasses.dataclass
+class SinkGeometry(Result):
+    """Sink rates and sink geometry of one layer.
+
+    Shapes: rates ``sink_rate``, ``sink_head`` [batch, head]; ``key_score``
+    [batch, head, key]; ``sink_head_share`` [batch]; per head and query [batch, head, query]:
+    ``anti_alignment`` = cos(ṽ_0, s_i), ``semantic_norm`` = ‖s̄_i‖, ``head_output_norm`` =
+    ‖o_i^h‖, ``rho_star``, ``min_norm`` = f(ρ*), ``sbar_minus_sink_norm`` = ‖s̄ − ṽ_0‖,
+    ``head_delta_norm`` = ‖s^h‖ − ‖o^h‖, ``head_delta_cos`` = 1 − cos(o^h, s^h);
+    ``sink_value_norm`` = ‖ṽ_0^h‖ [batch, head]; layer level [batch, query]:
+    ``output_norm`` = ‖o_i‖, ``delta_norm`` = ‖Σ_h s^h‖ − ‖o_i‖, ``delta_cos`` =
+    1 − cos(o_i, Σ_h s^h). Each ``*_valid`` bool mask says where its quantity is defined;
+    the quantity is 0 elsewhere.
+    """
+
+    kind: ClassVar[str] = "sink_geometry"
+
+    causal: bool
+    sink_index: int
+    threshold: float
+    sink_rate: Tensor
+    key_score: Tensor
+    sink_head: Tensor
+    sink_head_share: Tensor
+    sink_value_norm: Tensor
+    anti_alignment: Tensor
+    anti_alignment_valid: Tensor
+    semantic_norm: Tensor
+    head_output_norm: Tensor
+    curve_valid: Tensor
+    rho_star: Tensor
+    min_norm: Tensor
+    sbar_minus_sink_norm: Tensor
+    rho_star_valid: Tensor
+    head_delta_norm: Tensor
+    head_delta_cos: Tensor
+    head_delta_cos_valid: Tensor
+    output_norm: Tensor
+    delta_norm: Tensor
+    delta_cos: Tensor
+    delta_cos_valid: Tensor
+    query_mask: Tensor
+    masked_reason: str = ""
+
+    def norm_curve(
+        self, rho: Float[Tensor, " n_rho"] | list[float]
+    ) -> Float[Tensor, "batch head query n_rho"]:
+        """``f_i(ρ) = ‖ρ ṽ_0 + (1 − ρ) s̄_i‖`` on a grid of ``ρ``. [batch, head, query, n_rho].
+
+        0 where ``curve_valid`` is False. A flat curve (``s̄ = ṽ_0``) is ``‖s̄‖`` everywhere.
+        """
+        r = torch.as_tensor(rho, dtype=self.rho_star.dtype, device=self.rho_star.device)
+        if r.ndim != 1:
+            raise ValueError(f"rho must be a 1-D grid, got shape {tuple(r.shape)}")
+        dn = self.sbar_minus_sink_norm.unsqueeze(-1)
+        quad = (dn * (r - self.rho_star.unsqueeze(-1))) ** 2 + self.min_norm.unsqueeze(-1) ** 2
+        f = torch.where(
+            self.rho_star_valid.unsqueeze(-1), quad.sqrt(), self.semantic_norm.unsqueeze(-1)
+        )
+        return f * self.curve_valid.unsqueeze(-1)
+
+    def summary(self) -> dict[str, float]:
+        """Scalar digest over batch, heads and valid queries (JSON-able)."""
+
+        def mean(x: Tensor, m: Tensor) -> float:
+            return float((x * m).sum() / m.sum()) if m.any() else float("nan")
+
+        rs = self.rho_star[self.rho_star_valid]
+        return {
+            "sink_rate": float(self.sink_rate.mean()),
+            "sink_head_share": float(self.sink_head_share.mean()),
+            "anti_alignment": mean(self.anti_alignment, self.anti_alignment_valid),
+            "rho_star_median": float(rs.median()) if rs.numel() else float("nan"),
+            "rho_star_in_0_1": float(((rs > 0) & (rs < 1)).float().mean())
+            if rs.numel()
+            else float("nan"),
+            "delta_norm": mean(self.delta_norm, self.query_mask),
+            "delta_cos": mean(self.delta_cos, self.delta_cos_valid),
+        }
+
+    # -------------------------------------------------------------- plots
+    def plot_norm_curve(
+        self, batch: int = 0, head: int = 0, queries: list[int] | None = None, n_rho: int = 101
+    ):
+        """Output norm vs imposed sink rate for a few queries of one head, with the
+        observed rate (dot) and ``ρ*`` (cross) marked. Returns a matplotlib Figure."""
+        import matplotlib.pyplot as plt
+
+        rho = torch.linspace(0.0, 1.0, n_rho, dtype=self.rho_star.dtype)
+        curve = self.norm_curve(rho)[batch, head]
+        ok = self.curve_valid[batch, head]
+        if queries is None:
+            idx = ok.nonzero().flatten().tolist()
+            queries = idx[:: max(1, len(idx) // 6)][:6]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for i in queries:
+            if not bool(ok[i]):
+                continue
+            (line,) = ax.plot(rho.numpy(), curve[i].float().numpy(), label=f"query {i}")
+            if bool(self.rho_star_valid[batch, head, i]):
+                rs = float(self.rho_star[batch, head, i])
+                if 0.0 <= rs <= 1.0:
+                    ax.plot(
+                        [rs], [float(self.min_norm[batch, head, i])], "x", color=line.get_color()
+                    )
+        ax.set_xlabel("imposed sink rate ρ")
+        ax.set_ylabel("‖ρ ṽ_0 + (1 − ρ) s̄_i‖")
+        ax.set_title(f"batch {batch}, head {head} (× = ρ*)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        return fig
+
+    def plot_rates(self):
+        """Per-head sink rate and Gu key score of the first token (batch mean), with the
+        sink-head threshold. Returns a matplotlib Figure."""
+        import matplotlib.pyplot as plt
+
+        h = self.sink_rate.shape[1]
+        x = torch.arange(h).numpy()
+        fig, ax = plt.subplots(figsize=(max(4, 0.5 * h + 2), 3.5))
+        ax.bar(x - 0.2, self.sink_rate.mean(0).float().numpy(), width=0.4, label="sink rate")
+        ks = self.key_score[..., self.sink_index].mean(0).float().numpy()
+        ax.bar(x + 0.2, ks, width=0.4, label="key score (Gu)")
+        ax.axhline(self.threshold, color="black", ls="--", lw=0.8, label="threshold")
+        ax.set_xlabel("head")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        return fig
+
+
+def _norm(x: Tensor) -> Tensor:
+    return x.clamp_min(0.0).sqrt()
+
+
+def _safe_div(a: Tensor, b: Tensor, ok: Tensor) -> Tensor:
+    return torch.where(ok, a / torch.where(ok, b, 1.0), 0.0)
+
+
+def sink_geometry(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch key kv_head d_head"],
+    W_O: Float[Tensor, "head d_head d_model"],
+    *,
+    causal: bool = True,
+    query_mask: Bool[Tensor, "batch query"] | None = None,
+    sink_index: int = 0,
+    threshold: float = 0.3,
+    rtol: float | None = None,
+) -> SinkGeometry:
+    """Sink rates, anti-alignment, the ρ-curve and the zero-sink-value intervention.
+
+    pattern: ``[batch, head, query, key]``; v: ``[batch, key, kv_head, d_head]`` (hook_v);
+    W_O: ``[head, d_head, d_model]``; query_mask: ``[batch, query]`` bool (True = real);
+    causal: how ``key_scores`` counts the queries that see a key; sink_index: the sink key
+    (0; for left-padded batches call per element or pad on the right); threshold: sink-head
+    threshold on the key score; rtol: relative zero-norm tolerance.
+
+    Steps (per head, in d_head space; ``G = W_O W_Oᵀ``): 1. ``w_i = Σ_{j≠0} α_ij v_j`` (the
+    sink column zeroed, so ``s_i = w_i W_O`` has no cancellation), ``m_i = Σ_{j≠0} α_ij``,
+    ``z_i = w_i + α_i0 v_0``; 2. Grams ``v_0 G v_0ᵀ``, ``w G wᵀ``, ``v_0 G wᵀ``, ``z G zᵀ``,
+    ``z G wᵀ``; 3. ``s̄ = w / m``, ``d = s̄ − v_0``, ``ρ* = s̄ G dᵀ / d G dᵀ``,
+    ``f(ρ*) = ‖(s̄ − ρ* d) W_O‖``; 4. layer level ``o = Σ_h z^h W_O^h`` and
+    ``s = Σ_h w^h W_O^h`` ([batch, query, d_model]).
+    """
+    p, vh, W, qm = check_layer_inputs(pattern, v, W_O, query_mask)
+    if (qm.sum(-1) == 0).any():
+        raise ValueError("a batch element has no real query (query_mask all False); drop it")
+    k = p.shape[-1]
+    _check_sink_index(sink_index, k)
+    if rtol is None:
+        rtol = default_rtol(p.dtype)
+    G = value_gram(W)  # [H, d, d]
+    a0 = p[..., sink_index]  # [b, H, q]
+    p0 = p.clone()
+    p0[..., sink_index] = 0.0
+    mass = p0.sum(-1)  # [b, H, q]  m_i
+    w = p0 @ vh  # [b, H, q, d]
+    v0 = vh[:, :, sink_index]  # [b, H, d]
+    z = w + a0.unsqueeze(-1) * v0.unsqueeze(2)
+
+    def gdot(x: Tensor, y: Tensor) -> Tensor:  # ⟨x W_O, y W_O⟩ for [b, H, ..., d]
+        shape = x.shape
+        xg = torch.einsum("bhnd,hde->bhne", x.reshape(shape[0], shape[1], -1, shape[-1]), G)
+        return (xg.reshape(shape) * y).sum(-1)
+
+    vnorm_all = _norm(gdot(vh, vh))  # [b, H, k]
+    v0n = vnorm_all[..., sink_index]  # [b, H]
+    w_fro = W.flatten(1).norm(dim=-1)  # [H]  ‖W_O^h‖_F bounds ‖v W_O^h‖ / ‖v‖
+    v0_ok = (v0n > 0) & (v0n > rtol * v0.norm(dim=-1) * w_fro)  # [b, H]
+    s_bound = p0 @ vnorm_all.unsqueeze(-1)  # [b, H, q, 1]  Σ_{j≠0} α_ij ‖ṽ_j‖
+    s_bound = s_bound.squeeze(-1)
+    sn = _norm(gdot(w, w))  # ‖s_i‖
+    s_ok = (sn > 0) & (sn > rtol * s_bound)
+    real = qm[:, None, :].expand_as(a0)
+
+    # anti-alignment cos(ṽ_0, s_i)
+    aa_ok = real & s_ok & v0_ok.unsqueeze(-1)
+    anti = _safe_div(gdot(v0.unsqueeze(2).expand_as(w), w), v0n.unsqueeze(-1) * sn, aa_ok)
+
+    # ρ-curve and ρ*
+    curve_ok = real & (mass > 0)
+    sbar = w / torch.where(curve_ok, mass, 1.0).unsqueeze(-1)
+    sbar = sbar * curve_ok.unsqueeze(-1)
+    sbar_norm = _norm(gdot(sbar, sbar))
+    d = sbar - v0.unsqueeze(2)
+    dn = _norm(gdot(d, d))
+    sbar_bound = _safe_div(s_bound, mass, curve_ok)
+    rho_ok = curve_ok & (dn > 0) & (dn > rtol * (sbar_bound + v0n.unsqueeze(-1)))
+    rho_star = _safe_div(gdot(sbar, d), dn * dn, rho_ok)
+    resid = sbar - rho_star.unsqueeze(-1) * d
+    min_norm = torch.where(rho_ok, _norm(gdot(resid, resid)), sbar_norm) * curve_ok
+
+    # per-head intervention: o^h -> s^h
+    on = _norm(gdot(z, z))  # ‖o_i^h‖
+    o_bound = s_bound + a0 * v0n.unsqueeze(-1)
+    o_ok = (on > 0) & (on > rtol * o_bound)
+    hcos_ok = real & o_ok & s_ok
+    head_cos = _safe_div(gdot(z, w), on * sn, hcos_ok)
+    head_delta_norm = (sn - on) * real
+    head_delta_cos = torch.where(hcos_ok, 1.0 - head_cos, 0.0)
+
+    # layer intervention: o -> Σ_h s^h   (d_model vectors, [b, q, d_model])
+    o = torch.einsum("bhqd,hdm->bqm", z, W)
+    s = torch.einsum("bhqd,hdm->bqm", w, W)
+    o_norm, s_norm = o.norm(dim=-1), s.norm(dim=-1)
+    lay_ok = (
+        qm
+        & (o_norm > 0)
+        & (o_norm > rtol * o_bound.sum(1))
+        & (s_norm > 0)
+        & (s_norm > rtol * s_bound.sum(1))
+    )
+    lay_cos = _safe_div((o * s).sum(-1), o_norm * s_norm, lay_ok)
+    delta_norm = (s_norm - o_norm) * qm
+    delta_cos = torch.where(lay_ok, 1.0 - lay_cos, 0.0)
+
+    ks = key_scores(p, causal, qm)
+    reason = _sink_reason(real, curve_ok, rho_ok, aa_ok, hcos_ok)
+    return SinkGeometry(
+        causal=bool(causal),
+        sink_index=int(sink_index),
+        threshold=float(threshold),
+        sink_rate=a0.sum(-1) / qm.sum(-1, keepdim=True).to(p.dtype),
+        key_score=ks,
+        sink_head=ks[..., sink_index] > threshold,
+        sink_head_share=(ks[..., sink_index] > threshold).to(p.dtype).mean(-1),
+        sink_value_norm=v0n,
+        anti_alignment=anti,
+        anti_alignment_valid=aa_ok,
+        semantic_norm=sbar_norm,
+        head_output_norm=on * real,
+        curve_valid=curve_ok,
+        rho_star=rho_star,
+        min_norm=min_norm,
+        sbar_minus_sink_norm=dn * curve_ok,
+        rho_star_valid=rho_ok,
+        head_delta_norm=head_delta_norm,
+        head_delta_cos=head_delta_cos,
+        head_delta_cos_valid=hcos_ok,
+        output_norm=o_norm * qm,
+        delta_norm=delta_norm,
+        delta_cos=delta_cos,
+        delta_cos_valid=lay_ok,
+        query_mask=qm,
+        masked_reason=reason,
+    )
+
+
+def _sink_reason(
+    real: Tensor, curve_ok: Tensor, rho_ok: Tensor, aa_ok: Tensor, hcos_ok: Tensor
+) -> str:
+    n = real.numel()
+    parts = []
+    n_pad = int((~real).sum())
+    if n_pad:
+        parts.append(f"{n_pad} on padded queries")
+    for label, ok, prev in (
+        ("all attention on the sink (Σ_{j≠0} α_ij = 0): s̄, curve and ρ* undefined", curve_ok, real),
+        ("flat curve (s̄ = ṽ_0): ρ* undefined", rho_ok, curve_ok),
+        ("zero ṽ_0 or zero s_i: anti-alignment undefined", aa_ok, real),
+        ("zero o^h or zero s^h: head Δcos undefined", hcos_ok, real),
+    ):
+        c = int((prev & ~ok).sum())
+        if c:
+            parts.append(f"{c} with {label}")
+    if not parts:
+        return ""
+    return f"of {n} (batch, head, query) entries: " + "; ".join(parts) + " (masked, set to 0)"
+
+
+def output_norm_curve(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch key kv_head d_head"],
+    W_O: Float[Tensor, "head d_head d_model"],
+    rho: Float[Tensor, " n_rho"] | list[float],
+    *,
+    query_mask: Bool[Tensor, "batch query"] | None = None,
+    sink_index: int = 0,
+) -> tuple[Float[Tensor, "batch head query n_rho"], Bool[Tensor, "batch head query"]]:
+    """``‖ρ ṽ_0 + (1 − ρ) s̄_i‖`` on a grid ``rho`` and its validity mask (see module doc)."""
+    g = sink_geometry(pattern, v, W_O, query_mask=query_mask, sink_index=sink_index)
+    return g.norm_curve(rho), g.curve_valid
+
+
+def optimal_sink_rate(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch key kv_head d_head"],
+    W_O: Float[Tensor, "head d_head d_model"],
+    *,
+    query_mask: Bool[Tensor, "batch query"] | None = None,
+    sink_index: int = 0,
+) -> tuple[Float[Tensor, "batch head query"], Bool[Tensor, "batch head query"]]:
+    """``ρ*_i = ⟨s̄, s̄ − ṽ_0⟩ / ‖s̄ − ṽ_0‖²`` (unconstrained; the minimizer on [0, 1] is
+    ``ρ*.clamp(0, 1)`` since the curve is convex) and its validity mask."""
+    g = sink_geometry(pattern, v, W_O, query_mask=query_mask, sink_index=sink_index)
+    return g.rho_star, g.rho_star_valid
