@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 
 import matplotlib
 
@@ -17,7 +18,6 @@ from scipy.optimize import linear_sum_assignment
 
 from tl_spectral.geometry.qk import (
     QKGeometry,
-    SDGeometry,
     entropy_effective_rank,
     participation_ratio,
     qk_geometry,
@@ -79,17 +79,17 @@ def test_factored_spectra_equal_dense(dtype):
             _assert_multiset_close(top, g.eigenvalues[layer, head])
             nm = m.square().sum()
             assert torch.isclose(g.norm_M_sq[layer, head], nm, rtol=1e-10)
-            assert torch.isclose(g.routing_fraction[layer, head], r.square().sum() / nm,
-                                 rtol=1e-10)
-            assert torch.isclose(g.filtering_fraction[layer, head], f.square().sum() / nm,
-                                 rtol=1e-10)
+            assert torch.isclose(g.routing_fraction[layer, head], r.square().sum() / nm, rtol=1e-10)
+            assert torch.isclose(
+                g.filtering_fraction[layer, head], f.square().sum() / nm, rtol=1e-10
+            )
             sv = torch.linalg.svdvals(r)
             p = sv / sv.sum()
             p = p[p > 0]
-            assert torch.isclose(g.eff_rank_R[layer, head], torch.exp(-(p * p.log()).sum()),
-                                 rtol=1e-6)
-            assert torch.isclose(g.pr_R[layer, head], sv.sum() ** 2 / sv.square().sum(),
-                                 rtol=1e-6)
+            assert torch.isclose(
+                g.eff_rank_R[layer, head], torch.exp(-(p * p.log()).sum()), rtol=1e-6
+            )
+            assert torch.isclose(g.pr_R[layer, head], sv.sum() ** 2 / sv.square().sum(), rtol=1e-6)
             n_pos = int((top.real > 1e-8 * top.abs().max()).sum())
             assert g.positive_share[layer, head] == pytest.approx(n_pos / d)
             assert bool(g.unstable[layer, head]) == (n_pos > 0)
@@ -132,7 +132,7 @@ def test_never_forms_d_model_square():
     seed=st.integers(0, 2**16),
 )
 def test_budget_sums_to_one(n_layers, n_heads, d_model, d_head, log_scale, seed):
-    s = 10.0 ** log_scale
+    s = 10.0**log_scale
     wq = s * _rand(n_layers, n_heads, d_model, d_head, seed=seed)
     wk = _rand(n_layers, n_heads, d_model, d_head, seed=seed + 1)
     g = qk_geometry(wq, wk)
@@ -149,7 +149,7 @@ def test_budget_sums_to_one(n_layers, n_heads, d_model, d_head, log_scale, seed)
     # R is skew: its singular values come in equal pairs
     sv = g.sv_R
     scale = sv.amax(-1, keepdim=True).clamp_min(1e-300)
-    assert ((sv[..., 0:cap - 1:2] - sv[..., 1:cap:2]).abs() <= 1e-8 * scale).all()
+    assert ((sv[..., 0 : cap - 1 : 2] - sv[..., 1:cap:2]).abs() <= 1e-8 * scale).all()
     # participation ratio ≤ entropy rank (Rényi order 2 ≤ Shannon)
     assert (g.pr_R <= g.eff_rank_R * (1 + 1e-9) + 1e-12).all()
 
@@ -200,7 +200,7 @@ def test_zero_head_is_finite():
     assert g.eff_rank_R[0, 0] == 0 and g.pr_R[0, 0] == 0 and g.positive_share[0, 0] == 0
     assert not g.unstable[0, 0] and not g.eig_nonzero[0, 0].any()
     for v in g.to_dict().values():
-        assert all(x == x for x in v)  # no NaN anywhere in the table
+        assert not any(isinstance(x, float) and math.isnan(x) for x in v)
 
 
 def test_effective_rank_helpers():
@@ -305,7 +305,8 @@ def test_table_csv_summary_save_and_plots(tmp_path):
     with open(g.to_csv(tmp_path / "g.csv")) as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == L * H and float(rows[0]["eff_rank_R"]) == pytest.approx(
-        g.eff_rank_R[0, 0].item())
+        g.eff_rank_R[0, 0].item()
+    )
     s = g.summary()
     assert s["mean_routing_fraction"][2] == pytest.approx(g.routing_fraction[2].mean().item())
     loaded = Result.load(g.save(tmp_path / "g"))
@@ -313,9 +314,12 @@ def test_table_csv_summary_save_and_plots(tmp_path):
     assert loaded.d_head == g.d_head and loaded.key_bias_norm is None
     from matplotlib.figure import Figure
 
-    for fig in (g.plot_budget(), g.plot_routing_rank(show_capacity=True),
-                g.plot_routing_rank(measure="participation", planes=True),
-                g.plot_eigenvalues()):
+    for fig in (
+        g.plot_budget(),
+        g.plot_routing_rank(show_capacity=True),
+        g.plot_routing_rank(measure="participation", planes=True),
+        g.plot_eigenvalues(),
+    ):
         assert isinstance(fig, Figure)
     with pytest.raises(ValueError, match="measure"):
         g.plot_routing_rank(measure="renyi")
@@ -338,8 +342,9 @@ def test_sd_geometry_stable_and_dense():
     for layer in range(2):
         for head in range(3):
             _assert_sv_close(g.sv_S[layer, head], torch.linalg.svdvals(s[layer, head]))
-            _assert_multiset_close(torch.linalg.eigvals(s[layer, head] - dmat[layer, head]),
-                                   g.eigenvalues[layer, head])
+            _assert_multiset_close(
+                torch.linalg.eigvals(s[layer, head] - dmat[layer, head]), g.eigenvalues[layer, head]
+            )
     ns, nd = s.square().sum((-2, -1)), dmat.square().sum((-2, -1))
     assert torch.allclose(g.routing_fraction, ns / (ns + nd))
     assert isinstance(g.plot_routing_rank(), matplotlib.figure.Figure)
@@ -381,7 +386,7 @@ def test_recover_sd_zero_padded_and_errors():
     n, d, d_pad = 12, 3, 5
     s, dmat, _ = _sd_params(1, 2, d, seed=28)
     wp = _rand(1, 2, n, d, seed=29)
-    pad = lambda w: torch.cat([w, torch.zeros(*w.shape[:-1], d_pad - d, dtype=F64)], -1)  # noqa: E731
+    pad = lambda w: torch.cat([w, torch.zeros(*w.shape[:-1], d_pad - d, dtype=F64)], -1)
     wq = pad(wp @ (s - dmat))
     s_rec, d_rec = recover_sd_from_qk(wq, pad(wp))
     assert torch.allclose(s_rec[..., :d, :d], s, atol=1e-8)

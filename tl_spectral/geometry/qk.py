@@ -28,22 +28,23 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import torch
 
 from tl_spectral.results import Result, register_result
 
 __all__ = [
+    "DEFAULT_ZERO_RTOL",
     "QKGeometry",
     "SDGeometry",
-    "qk_geometry",
-    "sd_geometry",
-    "recover_sd_from_qk",
     "entropy_effective_rank",
     "participation_ratio",
-    "DEFAULT_ZERO_RTOL",
+    "qk_geometry",
+    "recover_sd_from_qk",
+    "sd_geometry",
 ]
 
 #: Default relative tolerance (float64 computation) below which an eigenvalue counts as
@@ -201,11 +202,18 @@ def _head_spectra(wq: torch.Tensor, wk: torch.Tensor, zero_rtol: float) -> dict[
     p = wk.mT @ wq if d_head <= d_model else x
     eig = torch.linalg.eigvals(p)
     eig, nonzero, positive, share, max_real = _eig_summary(eig, zero_rtol)
-    return dict(
-        sv_R=sv_r, sv_F=sv_f, norm_R_sq=norm_r, norm_F_sq=norm_f, norm_M_sq=norm_m,
-        eig=eig, eig_nonzero=nonzero, eig_positive=positive, positive_share=share,
-        max_real_eig=max_real,
-    )
+    return {
+        "sv_R": sv_r,
+        "sv_F": sv_f,
+        "norm_R_sq": norm_r,
+        "norm_F_sq": norm_f,
+        "norm_M_sq": norm_m,
+        "eig": eig,
+        "eig_nonzero": nonzero,
+        "eig_positive": positive,
+        "positive_share": share,
+        "max_real_eig": max_real,
+    }
 
 
 # ----------------------------------------------------------------------------- rows
@@ -242,8 +250,12 @@ def _write_csv(table: dict[str, list], path: str | Path) -> Path:
     return path
 
 
-def _layer_summary(res: Any, means: dict[str, torch.Tensor], spreads: dict[str, torch.Tensor],
-                   extra: dict[str, list]) -> dict[str, list]:
+def _layer_summary(
+    res: Any,
+    means: dict[str, torch.Tensor],
+    spreads: dict[str, torch.Tensor],
+    extra: dict[str, list],
+) -> dict[str, list]:
     out: dict[str, list] = {
         "layer": list(range(len(res.layer_names))),
         "layer_name": list(res.layer_names),
@@ -402,8 +414,9 @@ class QKGeometry(Result):
         return plot_eigenvalues(self, **kwargs)
 
 
-def _bias_layers(b: Any, name: str, n_layers: int, n_heads: list[int], d_head: list[int],
-                 expect: str) -> list[torch.Tensor]:
+def _bias_layers(
+    b: Any, name: str, n_layers: int, n_heads: list[int], d_head: list[int], expect: str
+) -> list[torch.Tensor]:
     layers = _as_layers(b, name, 2, "head, d_head")
     if len(layers) != n_layers:
         raise ValueError(f"{name} has {len(layers)} layers but the weights have {n_layers}")
@@ -465,7 +478,8 @@ def qk_geometry(
     n_kv = k_layers[0].shape[0]
     inputs = (
         f" [inputs: W_Q {tuple(W_Q.shape)}, W_K {tuple(W_K.shape)}]"
-        if isinstance(W_Q, torch.Tensor) and isinstance(W_K, torch.Tensor) else ""
+        if isinstance(W_Q, torch.Tensor) and isinstance(W_K, torch.Tensor)
+        else ""
     )
     d_model = q_layers[0].shape[1]
     d_heads: list[int] = []
@@ -474,27 +488,23 @@ def qk_geometry(
         if wq.shape[0] != n_heads or wk.shape[0] != n_kv:
             raise ValueError(
                 f"layer {i}: W_Q has {wq.shape[0]} heads and W_K {wk.shape[0]}, but layer 0 has "
-                f"{n_heads} and {n_kv}; every layer needs the same head counts"
-                + inputs
+                f"{n_heads} and {n_kv}; every layer needs the same head counts" + inputs
             )
         if wq.shape[1] != d_model or wk.shape[1] != d_model:
             raise ValueError(
                 f"layer {i}: W_Q {tuple(wq.shape)} and W_K {tuple(wk.shape)} must share "
-                f"d_model = {d_model} (dim -2 of [head, d_model, d_head])"
-                + inputs
+                f"d_model = {d_model} (dim -2 of [head, d_model, d_head])" + inputs
             )
         if wq.shape[2] != wk.shape[2]:
             raise ValueError(
                 f"layer {i}: W_Q {tuple(wq.shape)} and W_K {tuple(wk.shape)} have different "
-                "d_head (last dim); pass query and key weights of the same head size"
-                + inputs
+                "d_head (last dim); pass query and key weights of the same head size" + inputs
             )
         if n_heads % wk.shape[0] != 0:
             raise ValueError(
                 f"layer {i}: W_Q has {n_heads} heads, W_K {wk.shape[0]}: for grouped-query "
                 "attention the query head count must be a multiple of the key head count; pass "
-                f"W_K with a divisor of {n_heads} heads"
-                + inputs
+                f"W_K with a divisor of {n_heads} heads" + inputs
             )
         _check_finite(wq, f"W_Q[{i}]")
         _check_finite(wk, f"W_K[{i}]")
@@ -508,10 +518,11 @@ def qk_geometry(
     per_layer: list[dict[str, torch.Tensor]] = [None] * n_layers  # type: ignore[list-item]
     for d in sorted(set(d_heads)):
         idx = [i for i, di in enumerate(d_heads) if di == d]
-        out = _head_spectra(torch.cat([wqs[i] for i in idx]), torch.cat([wks[i] for i in idx]),
-                            zero_rtol)
+        out = _head_spectra(
+            torch.cat([wqs[i] for i in idx]), torch.cat([wks[i] for i in idx]), zero_rtol
+        )
         for j, i in enumerate(idx):
-            per_layer[i] = {k: v[j * n_heads:(j + 1) * n_heads] for k, v in out.items()}
+            per_layer[i] = {k: v[j * n_heads : (j + 1) * n_heads] for k, v in out.items()}
 
     caps = [min(2 * d, d_model) for d in d_heads]
     n_eigs = [min(d, d_model) for d in d_heads]
@@ -522,13 +533,9 @@ def qk_geometry(
 
     sv_r = _pad_stack([p["sv_R"] for p in per_layer], k_max)
     sv_f = _pad_stack([p["sv_F"] for p in per_layer], k_max)
-    sv_valid = torch.stack([
-        (torch.arange(k_max) < c).expand(n_heads, -1) for c in caps
-    ])
+    sv_valid = torch.stack([(torch.arange(k_max) < c).expand(n_heads, -1) for c in caps])
     eig = _pad_stack([p["eig"] for p in per_layer], e_max)
-    eig_valid = torch.stack([
-        (torch.arange(e_max) < e).expand(n_heads, -1) for e in n_eigs
-    ])
+    eig_valid = torch.stack([(torch.arange(e_max) < e).expand(n_heads, -1) for e in n_eigs])
     eig_nonzero = _pad_stack([p["eig_nonzero"] for p in per_layer], e_max, False)
     eig_positive = _pad_stack([p["eig_positive"] for p in per_layer], e_max, False)
 
@@ -543,11 +550,16 @@ def qk_geometry(
     key_bias_norm = query_bias_norm = None
     if b_Q is not None or b_K is not None:
         kv_heads = [k.shape[0] for k in k_layers]
-        bq = (_bias_layers(b_Q, "b_Q", n_layers, [n_heads] * n_layers, d_heads, "head, d_head")
-              if b_Q is not None else [torch.zeros(n_heads, d, dtype=dtype) for d in d_heads])
-        bk = (_bias_layers(b_K, "b_K", n_layers, kv_heads, d_heads, "kv_head, d_head")
-              if b_K is not None else [torch.zeros(h, d, dtype=dtype)
-                                       for h, d in zip(kv_heads, d_heads)])
+        bq = (
+            _bias_layers(b_Q, "b_Q", n_layers, [n_heads] * n_layers, d_heads, "head, d_head")
+            if b_Q is not None
+            else [torch.zeros(n_heads, d, dtype=dtype) for d in d_heads]
+        )
+        bk = (
+            _bias_layers(b_K, "b_K", n_layers, kv_heads, d_heads, "kv_head, d_head")
+            if b_K is not None
+            else [torch.zeros(h, d, dtype=dtype) for h, d in zip(kv_heads, d_heads)]
+        )
         kb, qb = [], []
         for i in range(n_layers):
             _check_finite(bq[i], f"b_Q[{i}]")
@@ -733,11 +745,14 @@ def sd_geometry(
     """
     s_layers = _as_layers(S, "S", 3, "head, d_head, d_head")
     d_raw = D
-    if isinstance(D, torch.Tensor) and D.ndim == 3 or (
-        isinstance(D, (list, tuple)) and len(D) and torch.as_tensor(D[0]).ndim == 2
+    if (
+        isinstance(D, torch.Tensor)
+        and D.ndim == 3
+        or (isinstance(D, (list, tuple)) and len(D) and torch.as_tensor(D[0]).ndim == 2)
     ):
-        d_layers = [torch.diag_embed(torch.as_tensor(d)) for d in
-                    _as_layers(d_raw, "D", 2, "head, d_head")]
+        d_layers = [
+            torch.diag_embed(torch.as_tensor(d)) for d in _as_layers(d_raw, "D", 2, "head, d_head")
+        ]
     else:
         d_layers = _as_layers(D, "D", 3, "head, d_head, d_head")
     if len(s_layers) != len(d_layers):
@@ -772,11 +787,17 @@ def sd_geometry(
         max_real = eig.real.amax(-1)
         ns, nd = s.square().sum((-2, -1)), d.square().sum((-2, -1))
         tot = ns + nd
-        per_layer.append(dict(
-            sv=sv, eig=eig, max_real=max_real, stable=max_real <= zero_rtol * mag,
-            ns=ns, nd=nd,
-            frac=torch.where(tot > 0, ns / tot.clamp_min(torch.finfo(dtype).tiny), 0.0),
-        ))
+        per_layer.append(
+            {
+                "sv": sv,
+                "eig": eig,
+                "max_real": max_real,
+                "stable": max_real <= zero_rtol * mag,
+                "ns": ns,
+                "nd": nd,
+                "frac": torch.where(tot > 0, ns / tot.clamp_min(torch.finfo(dtype).tiny), 0.0),
+            }
+        )
         d_heads.append(int(s.shape[-1]))
     d_max = max(d_heads)
     sv = _pad_stack([p["sv"] for p in per_layer], d_max)

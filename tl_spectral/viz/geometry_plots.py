@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["plot_budget", "plot_routing_rank", "plot_eigenvalues"]
+__all__ = ["plot_budget", "plot_eigenvalues", "plot_routing_rank"]
 
 
 def _new_axes(ax: Any, figsize: tuple[float, float]):
@@ -41,12 +41,16 @@ def plot_budget(geometry: Any, *, ax: Any = None, jitter: float = 0.12, seed: in
     n_layers, n_heads = frac.shape
     fig, ax = _new_axes(ax, (max(4.0, 0.45 * n_layers + 2), 3.5))
     x = np.arange(n_layers)
-    ax.boxplot([frac[i] for i in range(n_layers)], positions=x, widths=0.6,
-               showfliers=False, medianprops={"color": "k"})
+    ax.boxplot(
+        [frac[i] for i in range(n_layers)],
+        positions=x,
+        widths=0.6,
+        showfliers=False,
+        medianprops={"color": "k"},
+    )
     rng = np.random.default_rng(seed)
     xs = x[:, None] + rng.uniform(-jitter, jitter, size=(n_layers, n_heads))
-    ax.scatter(xs.ravel(), frac.ravel(), s=10, alpha=0.6, color="tab:red", zorder=3,
-               label="heads")
+    ax.scatter(xs.ravel(), frac.ravel(), s=10, alpha=0.6, color="tab:red", zorder=3, label="heads")
     ax.axhline(0.5, color="0.6", ls=":", lw=1)
     ax.set_xticks(x)
     ax.set_xticklabels(geometry.layer_names, rotation=90 if n_layers > 16 else 0)
@@ -156,8 +160,9 @@ def plot_eigenvalues(
     norm = Normalize(vmin=0, vmax=max(n_layers - 1, 1))
     for layer in range(n_layers):
         k = keep[layer]
-        ax.scatter(re[layer][k], im[layer][k], s=8, alpha=0.6, color=colours(norm(layer)),
-                   linewidths=0)
+        ax.scatter(
+            re[layer][k], im[layer][k], s=8, alpha=0.6, color=colours(norm(layer)), linewidths=0
+        )
     ax.axvline(0, color="k", ls="--", lw=0.8)
     ax.axhline(0, color="0.7", lw=0.5)
     sm = plt.cm.ScalarMappable(norm=norm, cmap=colours)
