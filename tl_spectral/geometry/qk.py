@@ -121,6 +121,9 @@ def _as_layers(w: Any, name: str, ndim_layer: int, what: str) -> list[torch.Tens
 
 
 def _check_finite(t: torch.Tensor, name: str) -> None:
+    # fast path: a finite sum proves every entry finite; otherwise check entry-wise
+    if t.numel() and torch.isfinite(t.sum()):
+        return
     if not torch.isfinite(t).all():
         raise ValueError(f"{name} contains NaN or Inf; pass finite weights")
 
@@ -181,7 +184,7 @@ def _head_spectra(wq: torch.Tensor, wk: torch.Tensor, zero_rtol: float) -> dict[
     Steps:
         1. ``A = [W_Q, W_K]``; ``A = Q [R₁, R₂]`` (QR, only the triangular factor is kept).
         2. core ``X = R₁ R₂ᵀ`` ``[k, k]``, ``k = min(2 d_head, d_model)``; ``M = Q X Qᵀ``.
-        3. ``σ(R) = svdvals((X − Xᵀ)/2)``, ``σ(F) = svdvals((X + Xᵀ)/2)``.
+        3. ``σ(R) = svdvals((X − Xᵀ)/2)``, ``σ(F) = |eigvalsh((X + Xᵀ)/2)|`` (sorted).
         4. ``‖M‖²_F = tr((W_QᵀW_Q)(W_KᵀW_K))``.
         5. eigenvalues of ``W_Kᵀ W_Q`` (``d_head ≤ d_model``) or of ``X`` (otherwise).
     """
@@ -193,7 +196,8 @@ def _head_spectra(wq: torch.Tensor, wk: torch.Tensor, zero_rtol: float) -> dict[
     core_r = 0.5 * (x - x.mT)
     core_f = 0.5 * (x + x.mT)
     sv_r = torch.linalg.svdvals(core_r)
-    sv_f = torch.linalg.svdvals(core_f)
+    # F's core is symmetric: its singular values are |eigenvalues| (eigvalsh is cheaper)
+    sv_f = torch.linalg.eigvalsh(core_f).abs().sort(dim=-1, descending=True).values
     norm_r = core_r.square().sum((-2, -1))
     norm_f = core_f.square().sum((-2, -1))
     gq = wq.mT @ wq
@@ -518,9 +522,11 @@ def qk_geometry(
     per_layer: list[dict[str, torch.Tensor]] = [None] * n_layers  # type: ignore[list-item]
     for d in sorted(set(d_heads)):
         idx = [i for i, di in enumerate(d_heads) if di == d]
-        out = _head_spectra(
-            torch.cat([wqs[i] for i in idx]), torch.cat([wks[i] for i in idx]), zero_rtol
-        )
+
+        def batch(ws: list[torch.Tensor], idx: list[int] = idx) -> torch.Tensor:
+            return ws[idx[0]] if len(idx) == 1 else torch.cat([ws[i] for i in idx])
+
+        out = _head_spectra(batch(wqs), batch(wks), zero_rtol)
         for j, i in enumerate(idx):
             per_layer[i] = {k: v[j * n_heads : (j + 1) * n_heads] for k, v in out.items()}
 
