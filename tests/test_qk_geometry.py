@@ -396,3 +396,37 @@ def test_recover_sd_zero_padded_and_errors():
         recover_sd_from_qk(_rand(1, 2, n, d, seed=30), wp)
     with pytest.raises(ValueError, match="differ"):
         recover_sd_from_qk(_rand(1, 2, n, d, seed=30), _rand(1, 2, n, d + 1, seed=31))
+
+
+def test_qk_and_sd_geometry_agree_for_orthonormal_projection():
+    """W_P with orthonormal columns: M = W_P (S − D) W_Pᵀ keeps the spectra of S and D."""
+    L, H, n, d = 1, 2, 14, 4
+    s, dmat, _ = _sd_params(L, H, d, seed=32)
+    wp, _ = torch.linalg.qr(_rand(L, H, n, d, seed=33))
+    qk = qk_geometry(wp @ (s - dmat), wp)
+    sd = sd_geometry(s, dmat)
+    assert torch.allclose(qk.routing_fraction, sd.routing_fraction)
+    assert torch.allclose(qk.sv_R[..., :d], sd.sv_S) and (qk.sv_R[..., d:].abs() < 1e-12).all()
+    assert torch.allclose(qk.eff_rank_R, sd.eff_rank_S)
+    for h in range(H):
+        _assert_multiset_close(sd.eigenvalues[0, h], qk.eigenvalues[0, h])
+    assert not qk.unstable.any()  # Re λ(S − D) < 0 survives the orthonormal change of basis
+
+
+def test_recover_sd_from_model_attention_weights():
+    """Round trip through the project's S–D attention module, if present."""
+    attention = pytest.importorskip("tl_spectral.models.attention")
+    cls = getattr(attention, "ATTENTION_KINDS", {}).get("sd")
+    if cls is None:
+        pytest.skip("no 'sd' attention kind")
+    torch.manual_seed(0)
+    attn = cls(32, 2, 8, 16)
+    with torch.no_grad():
+        attn.delta.normal_()  # make D non-trivial
+    w = attn.weights()
+    s_rec, d_rec = recover_sd_from_qk(w["W_Q"][None], w["W_K"][None])
+    with torch.no_grad():
+        s_true, d_true = attn.S().double(), attn.D().double()
+    assert torch.allclose(s_rec[0], s_true, atol=1e-4)
+    assert torch.allclose(d_rec[0], d_true, atol=1e-4)
+    assert sd_geometry(s_rec, d_rec).all_stable
