@@ -1,0 +1,432 @@
+"""Continuous wavelet transform along the lag axis, scalograms and dominant scales.
+
+The transform reproduces PyWavelets' ``pywt.cwt(data, scales, wavelet, method="fft")``
+exactly (same integrated-wavelet sampling, same differentiation, same cropping), batched
+in torch. PyWavelets computes, for each scale ``a``,
+
+1. ``int_psi``: the wavelet integrated from ``-inf`` (rectangle rule on ``2**precision``
+   samples over the wavelet's support ``[lb, ub]``), conjugated for complex wavelets;
+2. the filter ``h_a = int_psi[j][::-1]`` with ``j = floor(arange(a (ub - lb) + 1) / (a step))``;
+3. ``coef = -sqrt(a) * diff(x * h_a)`` (full linear convolution, first difference),
+   centre-cropped to the input length: ``d = (len(h_a) - 2) / 2``, drop ``floor(d)`` on the
+   left and ``ceil(d)`` on the right.
+
+Steps 2-3 are one linear filter: ``W(a, t) = sum_tau x[tau] k_a[t - tau]`` with
+``k_a[m] = -sqrt(a) (h_a[m + floor(d) + 1] - h_a[m + floor(d)])`` (``h_a`` zero outside its
+support). Only ``m in [-(n-1), n-1]`` can touch an input of length ``n``, so a circular
+convolution of length ``P >= 2n - 1`` is exact: one FFT of the data, one product with the
+precomputed filter bank ``[S, P]``, one inverse FFT. PyWavelets instead pads every scale to
+the next power of two above ``n + len(h_a) - 1`` (up to ``16 a``), which is what makes it
+slow at large scales. The same kernel, written as a Toeplitz matrix ``M_a[t, tau] =
+k_a[t - tau]`` (:meth:`LagCWT.matrix`), gives the transform as a matrix product
+(``method="matmul"``), and second-moment shortcuts for ensemble statistics
+(:func:`scalogram`).
+
+With ``cmor1.5-1.0`` (centre frequency 1) the scale ``a`` is the oscillation period in
+samples, i.e. in tokens of lag.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pywt
+import torch
+
+__all__ = [
+    "DEFAULT_WAVELET",
+    "FIXED_BANDS",
+    "LagCWT",
+    "band_energies",
+    "cwt",
+    "default_scales",
+    "dominant_scales",
+    "scale_energy",
+    "scalogram",
+]
+
+DEFAULT_WAVELET = "cmor1.5-1.0"
+
+#: The paper's three fixed scale bands (tokens): fine ``a <= 7``, medium ``7 < a < 20``,
+#: coarse ``a >= 20``. Each entry is ``(low, high, low_inclusive, high_inclusive)``.
+FIXED_BANDS: dict[str, tuple[float, float, bool, bool]] = {
+    "fine": (-math.inf, 7.0, False, True),
+    "medium": (7.0, 20.0, False, False),
+    "coarse": (20.0, math.inf, True, False),
+}
+
+
+def default_scales(T: int, n_scales: int = 48, *, dtype=torch.float64) -> torch.Tensor:
+    """The default scale grid: ``n_scales`` geometric scales from 1 to ``T / 2``.
+
+    Returns ``[n_scales]``. Raises ``ValueError`` if ``T < 4`` (the grid would be empty or
+    below the smallest scale PyWavelets accepts).
+    """
+    if T < 4:
+        raise ValueError(f"default_scales needs T >= 4 tokens (got T={T}); pass scales explicitly")
+    if n_scales < 1:
+        raise ValueError(f"n_scales must be >= 1 (got {n_scales})")
+    return torch.logspace(0.0, math.log10(T / 2), n_scales, dtype=dtype)
+
+
+def _as_scales(scales) -> np.ndarray:
+    s = np.atleast_1d(
+        np.asarray(
+            scales.detach().cpu().numpy() if isinstance(scales, torch.Tensor) else scales,
+            dtype=np.float64,
+        )
+    )
+    if s.ndim != 1 or s.size == 0:
+        raise ValueError(f"scales must be a non-empty 1-D sequence (got shape {s.shape})")
+    if not np.all(np.isfinite(s)) or np.any(s <= 0):
+        raise ValueError("scales must be finite and positive; e.g. default_scales(T)")
+    return s
+
+
+@functools.lru_cache(maxsize=32)
+def _kernel_bank(
+    wavelet: str, scales: tuple[float, ...], n: int, precision: int
+) -> tuple[np.ndarray, bool]:
+    """Lag kernels ``k_a[m]`` for ``m = -(n-1) .. n-1``: ``[S, 2n - 1]`` (complex128 or
+    float64) and whether the wavelet is complex. Follows ``pywt.cwt`` line by line."""
+    w = pywt.DiscreteContinuousWavelet(wavelet)
+    if not isinstance(w, pywt.ContinuousWavelet):
+        raise ValueError(
+            f"wavelet {wavelet!r} is a discrete wavelet; pass a continuous one such as "
+            f"{DEFAULT_WAVELET!r} (see pywt.wavelist(kind='continuous'))"
+        )
+    int_psi, x = pywt.integrate_wavelet(w, precision=precision)
+    is_complex = bool(w.complex_cwt)
+    int_psi = np.conj(int_psi) if is_complex else np.real(int_psi)
+    step = x[1] - x[0]
+    dtype = np.complex128 if is_complex else np.float64
+    bank = np.zeros((len(scales), 2 * n - 1), dtype=dtype)
+    m = np.arange(-(n - 1), n)
+    for si, a in enumerate(scales):
+        j = np.arange(a * (x[-1] - x[0]) + 1) / (a * step)
+        j = j.astype(int)
+        if j[-1] >= int_psi.size:
+            j = np.extract(j < int_psi.size, j)
+        h = int_psi[j][::-1]
+        L = h.size
+        if L < 2:
+            raise ValueError(f"scale {a} is too small for wavelet {wavelet!r}; use scales >= 1")
+        off = (L - 2) // 2 + 1  # floor(d) + 1
+        idx = m + off
+        hp = np.concatenate([np.zeros(1, dtype=h.dtype), h, np.zeros(1, dtype=h.dtype)])
+        # g[k] = h[k] - h[k-1] for k in [0, L]; zero elsewhere. hp[k+1] = h[k].
+        valid = (idx >= 0) & (idx <= L)
+        g = np.zeros(m.size, dtype=dtype)
+        g[valid] = hp[idx[valid] + 1] - hp[idx[valid]]
+        bank[si] = -math.sqrt(a) * g
+    bank.setflags(write=False)
+    return bank, is_complex
+
+
+def _next_fast_len(n: int) -> int:
+    """Smallest 2^a 3^b 5^c >= n (sizes pocketfft/MKL handle fastest)."""
+    best = 1 << max(0, (n - 1).bit_length())
+    p5 = 1
+    while p5 < best:
+        p35 = p5
+        while p35 < best:
+            q = p35
+            while q < n:
+                q *= 2
+            best = min(best, q)
+            p35 *= 3
+        p5 *= 5
+    return best
+
+
+class LagCWT:
+    """A batched CWT for signals of fixed length ``n`` on a fixed scale grid.
+
+    Parameters
+    ----------
+    n: signal length (number of lags).
+    scales: ``[S]`` positive scales (e.g. :func:`default_scales`).
+    wavelet: a PyWavelets continuous wavelet name (default ``"cmor1.5-1.0"``).
+    precision: PyWavelets' ``precision`` (wavelet sampled on ``2**precision`` points).
+    dtype: real dtype of the computation (``torch.float32`` or ``torch.float64``);
+        complex wavelets give ``complex64`` / ``complex128`` coefficients.
+    method: ``"fft"`` (circular convolution of length ``P = next_fast_len(2n - 1)``) or
+        ``"matmul"`` (product with the ``[S, n, n]`` Toeplitz operator; often faster on CPU
+        for ``n <= 512`` because it runs as one GEMM). Both are exact to rounding.
+
+    Calling it on ``x: [..., n]`` returns ``[..., S, n]`` coefficients equal to
+    ``pywt.cwt(x, scales, wavelet, method="fft", axis=-1)[0]`` moved to ``[..., S, n]``.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        scales,
+        wavelet: str = DEFAULT_WAVELET,
+        *,
+        precision: int = 12,
+        dtype: torch.dtype = torch.float32,
+        method: str = "fft",
+    ):
+        if n < 1:
+            raise ValueError(f"signal length n must be >= 1 (got {n})")
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"dtype must be torch.float32 or torch.float64 (got {dtype})")
+        if method not in ("fft", "matmul"):
+            raise ValueError(f"method must be 'fft' or 'matmul' (got {method!r})")
+        self.n = int(n)
+        self.scales = torch.as_tensor(_as_scales(scales), dtype=torch.float64)
+        self.wavelet = str(wavelet)
+        self.precision = int(precision)
+        self.dtype = dtype
+        self.method = method
+        bank, self.is_complex = _kernel_bank(
+            self.wavelet, tuple(float(a) for a in self.scales.tolist()), self.n, self.precision
+        )
+        self._bank64 = torch.from_numpy(np.array(bank))  # [S, 2n-1], float64/complex128
+        self.out_dtype = (
+            (torch.complex64 if dtype == torch.float32 else torch.complex128)
+            if self.is_complex
+            else dtype
+        )
+        self.P = _next_fast_len(2 * self.n - 1)
+        self._fft_bank: torch.Tensor | None = None
+        self._matrix: dict[torch.dtype, torch.Tensor] = {}
+
+    @property
+    def n_scales(self) -> int:
+        return int(self.scales.numel())
+
+    def kernels(self) -> torch.Tensor:
+        """Lag kernels ``k_a[m]`` for ``m = -(n-1) .. n-1``: ``[S, 2n - 1]`` (complex128 or float64)."""
+        return self._bank64.clone()
+
+    def matrix(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The Toeplitz operator ``M[a, t, tau] = k_a[t - tau]``: ``[S, n, n]``, with
+        ``W[..., a, :] = M[a] @ x``. ``dtype`` defaults to the output dtype."""
+        dtype = dtype or self.out_dtype
+        if dtype not in self._matrix:
+            t = torch.arange(self.n)
+            idx = t[:, None] - t[None, :] + (self.n - 1)  # [n, n]
+            self._matrix[dtype] = self._bank64[:, idx].to(dtype)
+        return self._matrix[dtype]
+
+    def _fft_filters(self) -> torch.Tensor:
+        if self._fft_bank is None:
+            n, P = self.n, self.P
+            circ = torch.zeros(self.n_scales, P, dtype=self._bank64.dtype)
+            circ[:, :n] = self._bank64[:, n - 1 :]  # m = 0 .. n-1
+            if n > 1:
+                circ[:, P - (n - 1) :] = self._bank64[:, : n - 1]  # m = -(n-1) .. -1
+            cdt = torch.complex64 if self.dtype == torch.float32 else torch.complex128
+            self._fft_bank = torch.fft.fft(circ.to(cdt), dim=-1)  # [S, P]
+        return self._fft_bank
+
+    def __call__(self, x: torch.Tensor, *, chunk_size: int | None = None) -> torch.Tensor:
+        """CWT of ``x: [..., n]`` along its last axis: returns ``[..., S, n]``."""
+        if not isinstance(x, torch.Tensor):
+            x = torch.as_tensor(np.asarray(x))
+        if x.shape[-1] != self.n:
+            raise ValueError(
+                f"signals have length {x.shape[-1]} on the last axis but this LagCWT was built "
+                f"for n={self.n}; build LagCWT(n={x.shape[-1]}, ...)"
+            )
+        if x.is_complex():
+            raise ValueError("x must be real-valued")
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, self.n).to(self.dtype)
+        B, S, n = flat.shape[0], self.n_scales, self.n
+        out = torch.empty(B, S, n, dtype=self.out_dtype)
+        if chunk_size is None:
+            # bound the complex temporaries to ~32M elements
+            chunk_size = max(1, (1 << 25) // (S * (self.P if self.method == "fft" else n)))
+        if self.method == "fft":
+            filt = self._fft_filters()
+            for s0 in range(0, B, chunk_size):
+                xf = torch.fft.fft(flat[s0 : s0 + chunk_size], n=self.P, dim=-1)  # [b, P]
+                y = torch.fft.ifft(xf[:, None, :] * filt, dim=-1)[..., :n]
+                out[s0 : s0 + chunk_size] = y if self.is_complex else y.real
+        else:
+            M = self.matrix()  # [S, n, n]
+            if self.is_complex:
+                Mr = M.real.reshape(S * n, n).T.contiguous().to(self.dtype)  # [n, S*n]
+                Mi = M.imag.reshape(S * n, n).T.contiguous().to(self.dtype)
+                ov = torch.view_as_real(out)  # [B, S, n, 2]
+                for s0 in range(0, B, chunk_size):
+                    xb = flat[s0 : s0 + chunk_size]
+                    ov[s0 : s0 + chunk_size, ..., 0] = (xb @ Mr).view(-1, S, n)
+                    ov[s0 : s0 + chunk_size, ..., 1] = (xb @ Mi).view(-1, S, n)
+            else:
+                Mr = M.reshape(S * n, n).T.contiguous()
+                for s0 in range(0, B, chunk_size):
+                    out[s0 : s0 + chunk_size] = (flat[s0 : s0 + chunk_size] @ Mr).view(-1, S, n)
+        return out.reshape(*lead, S, n)
+
+
+def cwt(
+    data,
+    scales,
+    wavelet: str = DEFAULT_WAVELET,
+    *,
+    axis: int = -1,
+    precision: int = 12,
+    dtype: torch.dtype | None = None,
+    method: str = "fft",
+) -> torch.Tensor:
+    """PyWavelets-compatible CWT: ``pywt.cwt(data, scales, wavelet, method="fft", axis=axis)[0]``.
+
+    data: any shape, transformed along ``axis`` (length ``n``).
+    Returns ``[S, *data.shape]`` (scales first, as PyWavelets does); complex for complex
+    wavelets. ``dtype`` (real) defaults to float64 for float64 input, else float32.
+    """
+    x = data if isinstance(data, torch.Tensor) else torch.as_tensor(np.asarray(data))
+    if dtype is None:
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if x.ndim == 0:
+        raise ValueError("data must have at least one axis")
+    xm = x.movedim(axis, -1)
+    op = LagCWT(xm.shape[-1], scales, wavelet, precision=precision, dtype=dtype, method=method)
+    w = op(xm)  # [..., S, n]
+    w = w.movedim(-2, 0)  # [S, ..., n]
+    return w.movedim(-1, axis if axis < 0 else axis + 1)
+
+
+def _second_moment(profiles: torch.Tensor, chunk_rows: int = 16384) -> tuple[torch.Tensor, int]:
+    """``sum_b x_b x_b^T`` over the rows of ``profiles: [B, n]`` in float64 (each chunk's
+    product in the input dtype, accumulated in float64). Returns ``([n, n], B)``."""
+    B, n = profiles.shape
+    acc = torch.zeros(n, n, dtype=torch.float64)
+    for s0 in range(0, B, chunk_rows):
+        xb = profiles[s0 : s0 + chunk_rows]
+        acc += (xb.T @ xb).to(torch.float64)
+    return acc, B
+
+
+def scalogram(
+    profiles: torch.Tensor,
+    op: LagCWT | None = None,
+    *,
+    scales=None,
+    wavelet: str = DEFAULT_WAVELET,
+    method: str = "moments",
+) -> torch.Tensor:
+    """Ensemble scalogram ``E(a, tau) = mean_b |W_b(a, tau)|^2``.
+
+    profiles: ``[..., n]`` real signals (for attention fields: ``[N, T, n_lags]`` lag
+        profiles; the mean runs over every leading index, i.e. over documents and queries).
+    op: a :class:`LagCWT` for length ``n`` (else built from ``scales`` / ``wavelet``;
+        ``scales`` defaults to :func:`default_scales` of ``n``).
+    method: ``"moments"`` (default) uses ``E(a, .) = diag(M_a C M_a^H)`` with the lag
+        second-moment matrix ``C = mean_b x_b x_b^T`` (exact; cost ``B n^2 + S n^3`` instead
+        of a transform of every profile); ``"direct"`` transforms every profile (chunked).
+
+    Returns ``[S, n]`` float64.
+    """
+    n = profiles.shape[-1]
+    if op is None:
+        op = LagCWT(
+            n,
+            default_scales(n) if scales is None else scales,
+            wavelet,
+            dtype=torch.float64 if profiles.dtype == torch.float64 else torch.float32,
+        )
+    elif op.n != n:
+        raise ValueError(f"op was built for n={op.n} lags but profiles have {n}")
+    flat = profiles.reshape(-1, n)
+    if flat.shape[0] == 0:
+        raise ValueError("profiles is empty; pass at least one signal")
+    if method == "moments":
+        C, B = _second_moment(flat)
+        C /= B
+        M = op.matrix(torch.complex128 if op.is_complex else torch.float64)  # [S, n, n]
+        if op.is_complex:
+            Yr, Yi = M.real @ C, M.imag @ C  # (M C)[a, t, :]
+            E = (Yr * M.real).sum(-1) + (Yi * M.imag).sum(-1)
+        else:
+            E = ((M @ C) * M).sum(-1)
+        return E.clamp_min(0.0)
+    if method == "direct":
+        E = torch.zeros(op.n_scales, n, dtype=torch.float64)
+        rows = max(1, (1 << 22) // (op.n_scales * n))
+        for s0 in range(0, flat.shape[0], rows):
+            w = op(flat[s0 : s0 + rows])
+            E += (w.abs() ** 2).sum(0).to(torch.float64)
+        return E / flat.shape[0]
+    raise ValueError(f"method must be 'moments' or 'direct' (got {method!r})")
+
+
+def scale_energy(E_at: torch.Tensor) -> torch.Tensor:
+    """Scale energy ``E(a) = sum_tau E(a, tau)``: ``[S, n] -> [S]``."""
+    return E_at.sum(-1)
+
+
+def dominant_scales(
+    E_a: torch.Tensor,
+    scales,
+    *,
+    max_scales: int = 3,
+    min_ratio: float = 1.5,
+) -> list[int]:
+    """Indices of the dominant scales: the largest local maxima of ``E(a)``.
+
+    E_a: ``[S]`` scale energy on the grid ``scales: [S]`` (increasing).
+    A grid point is a local maximum when it is strictly larger than each neighbour it has
+    (the two ends count, against their one neighbour: a field whose energy sits at the
+    finest or coarsest scale of the grid reports that scale). Candidates are taken by
+    decreasing ``E(a)`` and kept when their scale is at least a factor ``min_ratio`` away
+    from every scale already kept, up to ``max_scales``. Returns indices sorted by scale.
+    """
+    E = torch.as_tensor(E_a, dtype=torch.float64).flatten()
+    s = torch.as_tensor(_as_scales(scales))
+    if E.numel() != s.numel():
+        raise ValueError(f"E_a has {E.numel()} entries but scales has {s.numel()}")
+    if torch.any(s[1:] <= s[:-1]):
+        raise ValueError("scales must be strictly increasing")
+    if not torch.isfinite(E).all():
+        raise ValueError("E_a contains NaN or inf")
+    if max_scales < 1 or min_ratio < 1:
+        raise ValueError("need max_scales >= 1 and min_ratio >= 1")
+    S = E.numel()
+    if S == 1:
+        return [0] if E[0] > 0 else []
+    left = torch.cat([torch.tensor([-math.inf], dtype=E.dtype), E[:-1]])
+    right = torch.cat([E[1:], torch.tensor([-math.inf], dtype=E.dtype)])
+    peak = (E > left) & (E > right) & (E > 0)
+    cand = torch.nonzero(peak).flatten().tolist()
+    cand.sort(key=lambda i: -float(E[i]))
+    kept: list[int] = []
+    for i in cand:
+        ai = float(s[i])
+        if all(max(ai / float(s[j]), float(s[j]) / ai) >= min_ratio for j in kept):
+            kept.append(i)
+        if len(kept) == max_scales:
+            break
+    return sorted(kept)
+
+
+def band_energies(
+    E_a: torch.Tensor,
+    scales,
+    bands: dict[str, tuple[float, float, bool, bool]] | None = None,
+) -> dict[str, float]:
+    """Share of the scale energy ``sum_a E(a)`` in each band (default :data:`FIXED_BANDS`).
+
+    E_a: ``[S]``; scales: ``[S]``. The sum runs over grid scales (on a geometric grid this is
+    the integral of ``E`` over ``log a``). Returns ``{band: fraction}``; fractions of the
+    default bands sum to 1. Raises if the total energy is zero.
+    """
+    E = torch.as_tensor(E_a, dtype=torch.float64).flatten()
+    s = torch.as_tensor(_as_scales(scales))
+    if E.numel() != s.numel():
+        raise ValueError(f"E_a has {E.numel()} entries but scales has {s.numel()}")
+    total = float(E.sum())
+    if not total > 0:
+        raise ValueError("the scale energy is zero: the field has no fluctuation")
+    out: dict[str, float] = {}
+    for name, (lo, hi, lo_in, hi_in) in (bands or FIXED_BANDS).items():
+        m = (s >= lo if lo_in else s > lo) & (s <= hi if hi_in else s < hi)
+        out[name] = float(E[m].sum()) / total
+    return out
