@@ -1,0 +1,91 @@
+"""Under torch.distributed (2 gloo processes) each rank runs its shard; states are reduced."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tl_spectral.probes import AttentionStats, run_probes
+from tl_spectral.results import Result
+
+from conftest import make_native
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _corpus():
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(0, 50, (n,), generator=g) for n in (9, 4, 12, 7, 11)]
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model = make_native(seed=11)
+        res = run_probes(model, _corpus(), [AttentionStats()], batch_size=2, progress=False)
+        res["attention_stats"].save(os.path.join(out_dir, f"rank{rank}.safetensors"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.tl39
+def test_two_gloo_processes_equal_one(tmp_path):
+    port = _free_port()
+    mp.spawn(_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    single = run_probes(make_native(seed=11), _corpus(), [AttentionStats()], batch_size=2,
+                        progress=False)["attention_stats"]
+    for rank in range(2):
+        r = Result.load(tmp_path / f"rank{rank}.safetensors")
+        assert torch.equal(r.n_queries, single.n_queries)
+        for f in ("entropy", "distance", "first_token_mass", "mean_pattern"):
+            torch.testing.assert_close(getattr(r, f), getattr(single, f), atol=1e-6, rtol=1e-6)
+
+
+def _cat_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from tl_spectral.probes.base import Probe, reduce_state
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        class P(Probe):
+            name = "p"
+            reductions = {"rows": "cat", "peak": "max"}
+
+        p = P()
+        # rank 0: 2 rows of width 3; rank 1: 3 rows of width 5 (shapes differ, cat pads)
+        n, w = (2, 3) if rank == 0 else (3, 5)
+        p.accumulate("rows", torch.full((n, w), float(rank + 1)))
+        p.accumulate("peak", torch.tensor([float(rank), 10.0 - rank]))
+        p.accumulate("total", torch.tensor([1.0 + rank]))
+        reduce_state(p)
+        torch.save({k: v for k, v in p.state.items()}, os.path.join(out_dir, f"s{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_reduce_cat_max_sum(tmp_path):
+    mp.spawn(_cat_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        s = torch.load(tmp_path / f"s{rank}.pt", weights_only=True)
+        assert s["rows"].shape == (5, 5)
+        assert torch.equal(s["rows"][:2, :3], torch.ones(2, 3))
+        assert torch.equal(s["rows"][:2, 3:], torch.zeros(2, 2))
+        assert torch.equal(s["rows"][2:], torch.full((3, 5), 2.0))
+        assert s["peak"].tolist() == [1.0, 10.0]
+        assert s["total"].tolist() == [3.0]

@@ -1,0 +1,242 @@
+"""run_probes and AttentionStats: brute force, padding, sharding, early stop, errors."""
+
+from __future__ import annotations
+
+import matplotlib.figure
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tl_spectral.model_view import ModelView
+from tl_spectral.probes import AttentionStats, LayerCapture, Probe, run_probes
+from tl_spectral.probes.attention_stats import AttentionStatsResult
+from tl_spectral.results import Result
+
+from conftest import make_native
+
+
+def _patterns(model, tokens):
+    """All layers' patterns of one [1, T] document, by plain run_with_hooks."""
+    v = ModelView(model)
+    got = {}
+
+    def make(layer):
+        def hook(t, hook):
+            got[layer] = t.detach().clone()
+            return t
+
+        return hook
+
+    with torch.no_grad():
+        v.run(tokens, fwd_hooks=[(v.hook_pattern(l), make(l)) for l in range(v.n_layers)],
+              return_type=None)
+    return got
+
+
+def _brute_stats(model, docs):
+    """Entropy, distance, first mass per layer/head by explicit loops over documents."""
+    v = ModelView(model)
+    L, H = v.n_layers, v.n_heads
+    ent = torch.zeros(L, H, dtype=torch.float64)
+    dist = torch.zeros(L, H, dtype=torch.float64)
+    first = torch.zeros(L, H, dtype=torch.float64)
+    n = 0
+    for d in docs:
+        pats = _patterns(model, d[None])
+        T = d.numel()
+        n += T
+        for layer in range(L):
+            for h in range(H):
+                for i in range(T):
+                    row = pats[layer][0, h, i].double()
+                    ent[layer, h] -= sum(float(a) * float(torch.log(a)) for a in row if a > 0)
+                    dist[layer, h] += sum(float(row[j]) * abs(i - j) for j in range(T))
+                    first[layer, h] += float(row[0])
+    return ent / n, dist / n, first / n
+
+
+@pytest.mark.tl39
+def test_attention_stats_brute_force(native_ln):
+    torch.manual_seed(0)
+    docs = [torch.randint(0, 50, (t,)) for t in (5, 9, 7)]
+    res = run_probes(native_ln, docs, [AttentionStats()], batch_size=2, progress=False)
+    r = res["attention_stats"]
+    ent, dist, first = _brute_stats(native_ln, docs)
+    torch.testing.assert_close(r.entropy.double(), ent, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(r.distance.double(), dist, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(r.first_token_mass.double(), first, atol=1e-5, rtol=1e-5)
+    assert r.n_queries.tolist() == [21, 21, 21]
+    # the mean pattern at (i, j) averages the documents where both positions exist
+    pats = [_patterns(native_ln, d[None]) for d in docs]
+    expect = (pats[0][1][0, :, 4, 2] + pats[1][1][0, :, 4, 2] + pats[2][1][0, :, 4, 2]) / 3
+    torch.testing.assert_close(r.mean_pattern[1, :, 4, 2], expect, atol=1e-6, rtol=1e-5)
+    expect8 = pats[1][0][0, :, 8, 3]
+    torch.testing.assert_close(r.mean_pattern[0, :, 8, 3], expect8, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.tl39
+def test_padding_invariance_causal(native_ln):
+    torch.manual_seed(1)
+    doc = torch.randint(0, 50, (6,))
+    others = [torch.randint(0, 50, (12,)), torch.randint(0, 50, (3,))]
+    alone = run_probes(native_ln, [doc], [AttentionStats()], progress=False)["attention_stats"]
+    batch = run_probes(native_ln, [others[0], doc, others[1]], [AttentionStats()], batch_size=3,
+                       progress=False)["attention_stats"]
+    parts = run_probes(native_ln, others, [AttentionStats()], batch_size=2,
+                       progress=False)["attention_stats"]
+    # sums: batch = alone + parts
+    n_a, n_p = alone.n_queries[0].item(), parts.n_queries[0].item()
+    combined = (alone.entropy * n_a + parts.entropy * n_p) / (n_a + n_p)
+    torch.testing.assert_close(batch.entropy, combined, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_invariance_bidirectional(minilm):
+    tok = minilm.tokenizer
+    a = tok("The quick brown fox jumps.")["input_ids"]
+    b = tok("A much longer sentence that forces padding of the short one, surely.")["input_ids"]
+    alone = run_probes(minilm, [a], [AttentionStats(layers=[0, 5])], progress=False)["attention_stats"]
+    both = run_probes(minilm, [a, b], [AttentionStats(layers=[0, 5])], batch_size=2,
+                      progress=False)["attention_stats"]
+    only_b = run_probes(minilm, [b], [AttentionStats(layers=[0, 5])], progress=False)["attention_stats"]
+    na, nb = len(a), len(b)
+    for field in ("entropy", "distance", "first_token_mass"):
+        mixed = (getattr(alone, field) * na + getattr(only_b, field) * nb) / (na + nb)
+        torch.testing.assert_close(getattr(both, field), mixed, atol=1e-5, rtol=1e-4)
+    # the short document's pattern is the same alone and padded inside the batch
+    rows = alone.mean_pattern[:, :, :na, :na].sum(-1)
+    torch.testing.assert_close(rows, torch.ones_like(rows), atol=1e-4, rtol=1e-4)
+    mixed = (alone.mean_pattern[:, :, :na, :na] + only_b.mean_pattern[:, :, :na, :na]) / 2
+    torch.testing.assert_close(both.mean_pattern[:, :, :na, :na], mixed, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.tl39
+def test_sharded_equals_whole(native_ln):
+    torch.manual_seed(2)
+    toks = torch.randint(0, 50, (10, 16))
+    whole = AttentionStats()
+    r_whole = run_probes(native_ln, toks, [whole], batch_size=4, progress=False)["attention_stats"]
+    a, b = AttentionStats(), AttentionStats()
+    run_probes(native_ln, toks[:3], [a], batch_size=2, progress=False)
+    run_probes(native_ln, toks[3:], [b], batch_size=5, progress=False)
+    r_merged = a.merge(b).result()
+    for f in ("entropy", "distance", "first_token_mass", "mean_pattern"):
+        torch.testing.assert_close(getattr(r_merged, f), getattr(r_whole, f), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.tl39
+@settings(max_examples=15, deadline=None)
+@given(lengths=st.lists(st.integers(1, 12), min_size=1, max_size=5), bs=st.integers(1, 4))
+def test_first_mass_and_counts_property(native_noln, lengths, bs):
+    g = torch.Generator().manual_seed(sum(lengths))
+    docs = [torch.randint(0, 50, (n,), generator=g) for n in lengths]
+    r = run_probes(native_noln, docs, [AttentionStats(layers=[0])], batch_size=bs,
+                   progress=False)["attention_stats"]
+    assert int(r.n_queries[0]) == sum(lengths)
+    assert torch.isfinite(r.entropy).all()
+    # entropy of a causal row over i+1 keys is at most log(i+1)
+    bound = sum(torch.log(torch.arange(1, n + 1).double()).sum() for n in lengths) / sum(lengths)
+    assert float(r.entropy.max()) <= float(bound) + 1e-5
+    assert (r.first_token_mass > 0).all() and (r.first_token_mass <= 1 + 1e-6).all()
+
+
+class _Recorder(Probe):
+    name = "recorder"
+
+    def __init__(self, layers):
+        super().__init__()
+        self.layers = layers
+        self.seen = []
+
+    def requires(self, view):
+        return {l: {"pattern", "v"} for l in self.layers}
+
+    def update(self, cap: LayerCapture):
+        self.seen.append((cap.layer, tuple(cap.pattern.shape), tuple(cap.v.shape)))
+        self.accumulate("n", torch.tensor([1.0]))
+
+    def result(self):
+        return self.seen
+
+
+@pytest.mark.tl39
+def test_shared_capture_and_early_stop(native_gqa):
+    """Two probes on one layer share the capture; later layers never run."""
+    fired = []
+    view = ModelView(native_gqa)
+    view.check_patterns()  # its own probe pass runs every layer
+    later = view.hook_name("pattern", 2)
+    view.model.hook_dict[later].add_hook(lambda t, hook: fired.append(1))
+    try:
+        a, b = _Recorder([0, 1]), _Recorder([1])
+        b.name = "recorder2"
+        run_probes(view, torch.randint(0, 50, (3, 8)), [a, b], batch_size=3, progress=False)
+    finally:
+        view.model.hook_dict[later].remove_hooks()
+    assert fired == []  # layer 2 was never computed
+    assert a.seen == [(0, (3, 4, 8, 8), (3, 8, 4, 16)), (1, (3, 4, 8, 8), (3, 8, 4, 16))]
+    assert b.seen == [(1, (3, 4, 8, 8), (3, 8, 4, 16))]  # v repeated to the 4 query heads
+
+
+@pytest.mark.tl39
+def test_errors(native_ln):
+    with pytest.raises(ValueError, match="empty"):
+        run_probes(native_ln, torch.zeros(0, 5, dtype=torch.long), [AttentionStats()], progress=False)
+    with pytest.raises(ValueError, match="empty"):
+        run_probes(native_ln, [], [AttentionStats()], progress=False)
+    with pytest.raises(ValueError, match="context of 64"):
+        run_probes(native_ln, torch.zeros(1, 65, dtype=torch.long), [AttentionStats()], progress=False)
+    with pytest.raises(ValueError, match="vocabulary"):
+        run_probes(native_ln, torch.full((1, 5), 99), [AttentionStats()], progress=False)
+    with pytest.raises(TypeError, match="tokenize"):
+        run_probes(native_ln, "some text", [AttentionStats()], progress=False)
+    with pytest.raises(ValueError, match="right-padded"):
+        run_probes(native_ln, torch.zeros(1, 4, dtype=torch.long), [AttentionStats()],
+                   attention_mask=torch.tensor([[0, 1, 1, 1]]), progress=False)
+    with pytest.raises(ValueError, match="at least one probe"):
+        run_probes(native_ln, torch.zeros(1, 4, dtype=torch.long), [], progress=False)
+    with pytest.raises(RuntimeError, match="seen no data"):
+        AttentionStats().result()
+
+
+@pytest.mark.tl39
+def test_nan_patterns_raise():
+    m = make_native(seed=5)
+    with torch.no_grad():
+        hit = 0
+        for name, p in m.named_parameters():
+            if name.startswith(("layers.1.", "blocks.1.")) and (".q." in name or name.endswith("W_Q")):
+                p.fill_(float("nan"))
+                hit += 1
+        assert hit
+    with pytest.raises(FloatingPointError, match="layer 1"):
+        run_probes(m, torch.randint(0, 50, (2, 6)), [AttentionStats()], progress=False)
+
+
+@pytest.mark.tl39
+def test_result_save_load_plot(native_ln, tmp_path):
+    r = run_probes(native_ln, torch.randint(0, 50, (4, 10)), [AttentionStats()], progress=False)[
+        "attention_stats"
+    ]
+    path = r.save(tmp_path / "stats.safetensors")
+    back = AttentionStatsResult.load(path)
+    assert isinstance(back, AttentionStatsResult)
+    for f in ("entropy", "distance", "first_token_mass", "mean_pattern", "n_queries"):
+        assert torch.equal(getattr(back, f), getattr(r, f))
+    assert back.layers == r.layers and back.model_name == r.model_name
+    assert isinstance(r.plot(), matplotlib.figure.Figure)
+    assert isinstance(r.plot_patterns(), matplotlib.figure.Figure)
+    assert len(r.to_dict()) == 3 * 4
+
+
+def test_load_foreign_files(tmp_path):
+    from safetensors.torch import save_file
+
+    p = tmp_path / "foreign.safetensors"
+    save_file({"x": torch.zeros(2)}, str(p))
+    with pytest.raises(ValueError, match="not a tl_spectral result"):
+        Result.load(p)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file at all")
+    with pytest.raises(ValueError, match="not a readable safetensors"):
+        Result.load(bad)
