@@ -1,0 +1,55 @@
+"""The GPT family the project trains, its trainer, the TransformerLens converter and the zoo.
+
+- :class:`GPT` / :class:`GPTConfig` (``gpt.py``): decoder-only transformer; attention kind
+  (``"softmax"``, ``"sd"``, ``"linear"``) and head dimension per layer; LayerNorm or none.
+- :class:`Trainer` / :class:`TrainConfig` (``train.py``): AdamW, warm-up + cosine, exact resume.
+- :func:`to_transformer_lens` (``convert.py``): same logits inside TransformerLens.
+- ``tl_spectral.zoo`` (``zoo.py``): the shipped checkpoints, offline.
+
+``convert`` and ``zoo`` import TransformerLens lazily (only when called).
+"""
+
+from tl_spectral.models.attention import (
+    ATTENTION_KINDS,
+    LinearAttention,
+    SDAttention,
+    SoftmaxAttention,
+    make_attention,
+    register_attention,
+)
+from tl_spectral.models.gpt import GPT, GPTConfig, load_model, save_model
+from tl_spectral.models.train import TrainConfig, Trainer, TrainHistory, train_cli
+
+
+def to_transformer_lens(model, **kwargs):
+    """See :func:`tl_spectral.models.convert.to_transformer_lens`."""
+    from tl_spectral.models.convert import to_transformer_lens as _f
+
+    return _f(model, **kwargs)
+
+
+def to_transformer_lens_config(model, **kwargs):
+    """See :func:`tl_spectral.models.convert.to_transformer_lens_config`."""
+    from tl_spectral.models.convert import to_transformer_lens_config as _f
+
+    return _f(model, **kwargs)
+
+
+__all__ = [
+    "ATTENTION_KINDS",
+    "GPT",
+    "GPTConfig",
+    "LinearAttention",
+    "SDAttention",
+    "SoftmaxAttention",
+    "TrainConfig",
+    "TrainHistory",
+    "Trainer",
+    "load_model",
+    "make_attention",
+    "register_attention",
+    "save_model",
+    "to_transformer_lens",
+    "to_transformer_lens_config",
+    "train_cli",
+]

@@ -1,0 +1,233 @@
+"""Convert a tl_spectral :class:`~tl_spectral.models.gpt.GPT` into a TransformerLens model.
+
+On TransformerLens 4.x the result is a ``TransformerBridge`` around TransformerLens' own
+native model (``TransformerBridge.boot_native``); on TransformerLens 3.9 it is a
+``HookedTransformer``. Either way ``tl_model(tokens)`` returns the same logits as
+``model(tokens)`` (float32: max abs difference <= 1e-4, tested) and every standard hook
+(``blocks.{l}.attn.hook_pattern``, ``hook_q/k/v/z``, ``hook_resid_*``...) is available.
+
+What the converter guarantees and how:
+
+- **Normalization.** ``"ln"`` maps to ``normalization_type="LN"`` (same eps), ``"none"`` to
+  ``normalization_type=None`` (no LayerNorm anywhere, the final one included).
+- **Softmax attention** maps one-to-one (W_Q, W_K, W_V, W_O and their biases).
+- **S–D attention** (SPEC B.7): ``W_Q = W_P (S − D)``, ``W_K = W_P``,
+  ``b_Q = b_P (S − D)``, ``b_K = b_P``; values and output unchanged. The pattern of the
+  converted model equals the S–D pattern.
+- **Unequal head dimensions per layer** are zero-padded to the largest, ``d_max``: the padded
+  query/key/value coordinates are zero, so scores and outputs are unchanged, and W_Q, b_Q of
+  a layer with ``d_head_l < d_max`` are multiplied by ``sqrt(d_max / d_head_l)`` so that
+  TransformerLens' ``1/sqrt(d_max)`` scale gives the layer's own ``1/sqrt(d_head_l)``.
+  (``hook_q`` of such a layer is therefore the scaled, padded query.)
+- **Tied embeddings** are copied into both the embedding and the unembedding.
+- **Linear attention** has no softmax equivalent inside TransformerLens: converting a model
+  with a ``"linear"`` layer raises ``NotImplementedError``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from tl_spectral.models.gpt import GPT
+
+
+def tl_major_version() -> int:
+    """3 when TransformerLens 3.x (HookedTransformer) is installed, else 4."""
+    try:
+        import transformer_lens.HookedTransformer  # noqa: F401  (exists on 3.x only)
+
+        return 3
+    except ImportError:
+        return 4
+
+
+def _check_model(model: GPT) -> None:
+    if not isinstance(model, GPT):
+        raise TypeError(f"to_transformer_lens expects a tl_spectral GPT, got "
+                        f"{type(model).__name__}")
+    for l in range(model.cfg.n_layers):
+        kind = model.cfg.layer_attention(l)
+        if kind not in ("softmax", "sd"):
+            raise NotImplementedError(
+                f"layer {l} uses {kind!r} attention, which TransformerLens' softmax attention "
+                "cannot express; only 'softmax' and 'sd' layers convert"
+            )
+
+
+def tl_attention_weights(model: GPT) -> list[dict[str, torch.Tensor]]:
+    """Per layer, the TransformerLens attention weights after S–D folding, padding and
+    scale correction (all float32 on CPU): W_Q, W_K, W_V [head, d_model, d_max];
+    b_Q, b_K, b_V [head, d_max]; W_O [head, d_max, d_model]; b_O [d_model]."""
+    _check_model(model)
+    d_max = max(model.cfg.d_heads)
+    out = []
+    for l, blk in enumerate(model.blocks):
+        w = {k: v.detach().float().cpu() for k, v in blk.attn.weights().items()}
+        d = w["W_Q"].shape[-1]
+        pad = d_max - d
+        if pad:
+            scale = math.sqrt(d_max / d)
+            w["W_Q"] = w["W_Q"] * scale
+            w["b_Q"] = w["b_Q"] * scale
+            for k in ("W_Q", "W_K", "W_V"):
+                w[k] = torch.nn.functional.pad(w[k], (0, pad))
+            for k in ("b_Q", "b_K", "b_V"):
+                w[k] = torch.nn.functional.pad(w[k], (0, pad))
+            w["W_O"] = torch.nn.functional.pad(w["W_O"], (0, 0, 0, pad))
+        out.append(w)
+    return out
+
+
+def to_transformer_lens_config(model: GPT, *, device: str | torch.device = "cpu"):
+    """The TransformerLens config of the converted model.
+
+    TL 4.x: a ``TransformerBridgeConfig``; TL 3.9: a ``HookedTransformerConfig``. d_head is
+    the largest head dimension of the model (smaller ones are zero-padded);
+    ``normalization_type`` is ``"LN"`` or ``None``.
+    """
+    _check_model(model)
+    c = model.cfg
+    common: dict[str, Any] = dict(
+        d_model=c.d_model,
+        d_head=max(c.d_heads),
+        n_layers=c.n_layers,
+        n_ctx=c.n_ctx,
+        n_heads=c.n_heads,
+        d_vocab=c.vocab_size,
+        d_mlp=c.d_mlp,
+        act_fn="gelu",
+        eps=c.ln_eps,
+        normalization_type="LN" if c.normalization == "ln" else None,
+        attention_dir="causal",
+        positional_embedding_type="standard",
+        original_architecture="tl_spectral.GPT",
+        model_name="tl_spectral-gpt",
+    )
+    if tl_major_version() == 3:
+        from transformer_lens import HookedTransformerConfig
+
+        return HookedTransformerConfig(**common, d_vocab_out=c.vocab_size, device=str(device),
+                                       default_prepend_bos=False)
+    from transformer_lens.config import TransformerBridgeConfig
+
+    return TransformerBridgeConfig(**common, d_vocab_out=c.vocab_size, seed=0,
+                                   tokenizer_prepends_bos=False)
+
+
+def to_transformer_lens(model: GPT, *, device: str | torch.device = "cpu", tokenizer=None):
+    """A TransformerLens model computing the same function as ``model``.
+
+    Returns a ``TransformerBridge`` (TL 4.x) or ``HookedTransformer`` (TL 3.9) in eval mode,
+    float32, on ``device``. ``tl_model(tokens [batch, pos])`` -> logits [batch, pos, vocab]
+    equal to ``model(tokens)`` (max abs diff <= 1e-4). ``tokenizer`` is attached when given
+    (a Hugging Face tokenizer; the character tokenizers of this project are returned beside
+    the model by :func:`tl_spectral.zoo.load` instead).
+    """
+    cfg = to_transformer_lens_config(model, device=device)
+    if tl_major_version() == 3:
+        return _to_hooked_transformer(model, cfg, device)
+    return _to_bridge(model, cfg, device, tokenizer)
+
+
+def _to_bridge(model: GPT, cfg, device, tokenizer):
+    import transformer_lens.model_bridge.sources.native  # noqa: F401  (attaches boot_native)
+    from transformer_lens.model_bridge import TransformerBridge
+
+    bridge = TransformerBridge.boot_native(cfg, tokenizer=tokenizer)
+    native = bridge.original_model
+    params = {n.replace("._original_component", ""): p for n, p in native.named_parameters()}
+    c = model.cfg
+    H, d_max, dm = c.n_heads, max(c.d_heads), c.d_model
+    src: dict[str, torch.Tensor] = {
+        "tok_embed.weight": model.tok_embed.weight,
+        "pos.weight": model.pos_embed.weight,
+        "head.weight": model.unembed.weight,
+    }
+    if c.normalization == "ln":
+        src["ln_out.weight"], src["ln_out.bias"] = model.ln_f.weight, model.ln_f.bias
+    for l, (blk, w) in enumerate(zip(model.blocks, tl_attention_weights(model))):
+        p = f"layers.{l}."
+        for name, W, b in (("q", w["W_Q"], w["b_Q"]), ("k", w["W_K"], w["b_K"]),
+                           ("v", w["W_V"], w["b_V"])):
+            src[p + f"attn.{name}.weight"] = W.permute(0, 2, 1).reshape(H * d_max, dm)
+            src[p + f"attn.{name}.bias"] = b.reshape(H * d_max)
+        src[p + "attn.o.weight"] = w["W_O"].reshape(H * d_max, dm).T
+        src[p + "attn.o.bias"] = w["b_O"]
+        src[p + "mlp.fc_in.weight"], src[p + "mlp.fc_in.bias"] = (blk.mlp.fc_in.weight,
+                                                                  blk.mlp.fc_in.bias)
+        src[p + "mlp.fc_out.weight"], src[p + "mlp.fc_out.bias"] = (blk.mlp.fc_out.weight,
+                                                                    blk.mlp.fc_out.bias)
+        if c.normalization == "ln":
+            for ln in ("ln1", "ln2"):
+                mod = getattr(blk, ln)
+                src[p + f"{ln}.weight"], src[p + f"{ln}.bias"] = mod.weight, mod.bias
+    missing = sorted(set(params) - set(src))
+    unused = sorted(set(src) - set(params))
+    if missing or unused:
+        raise RuntimeError(  # the native model's layout changed under us
+            f"TransformerLens native model layout not understood: no source for {missing}, "
+            f"no target for {unused}"
+        )
+    with torch.no_grad():
+        for name, value in src.items():
+            target = params[name]
+            if target.shape != value.shape:
+                raise RuntimeError(f"{name}: native shape {tuple(target.shape)} vs "
+                                   f"converted {tuple(value.shape)}")
+            target.copy_(value.detach().to(target.dtype))
+    bridge.to(device)
+    bridge.eval()
+    return bridge
+
+
+def _to_hooked_transformer(model: GPT, cfg, device):  # pragma: no cover - TL 3.9 only
+    from transformer_lens import HookedTransformer
+
+    ht = HookedTransformer(cfg)
+    c = model.cfg
+    sd: dict[str, torch.Tensor] = {
+        "embed.W_E": model.tok_embed.weight.detach(),
+        "pos_embed.W_pos": model.pos_embed.weight.detach(),
+        "unembed.W_U": model.unembed.weight.detach().T,
+        "unembed.b_U": torch.zeros(c.vocab_size),
+    }
+    if c.normalization == "ln":
+        sd["ln_final.w"], sd["ln_final.b"] = model.ln_f.weight.detach(), model.ln_f.bias.detach()
+    for l, (blk, w) in enumerate(zip(model.blocks, tl_attention_weights(model))):
+        p = f"blocks.{l}."
+        for k in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
+            sd[p + "attn." + k] = w[k]
+        sd[p + "mlp.W_in"] = blk.mlp.fc_in.weight.detach().T
+        sd[p + "mlp.b_in"] = blk.mlp.fc_in.bias.detach()
+        sd[p + "mlp.W_out"] = blk.mlp.fc_out.weight.detach().T
+        sd[p + "mlp.b_out"] = blk.mlp.fc_out.bias.detach()
+        if c.normalization == "ln":
+            for ln in ("ln1", "ln2"):
+                mod = getattr(blk, ln)
+                sd[p + f"{ln}.w"], sd[p + f"{ln}.b"] = mod.weight.detach(), mod.bias.detach()
+    sd = {k: v.float().contiguous() for k, v in sd.items()}
+    expected = ht.state_dict()
+    missing = [k for k in expected if k not in sd and not _is_buffer_key(k)]
+    unknown = [k for k in sd if k not in expected]
+    if missing or unknown:
+        raise RuntimeError(f"HookedTransformer layout not understood: missing {missing}, "
+                           f"unknown {unknown}")
+    ht.load_state_dict(sd, strict=False)
+    ht.to(device)
+    ht.eval()
+    return ht
+
+
+def _is_buffer_key(k: str) -> bool:  # pragma: no cover - TL 3.9 only
+    return k.endswith(("IGNORE", "mask", ".attn.rotary_sin", ".attn.rotary_cos"))
+
+
+def max_logit_diff(model: GPT, tl_model, tokens: torch.Tensor) -> float:
+    """max |model(tokens) − tl_model(tokens)| over tokens [batch, pos] (float32, no grad)."""
+    with torch.no_grad():
+        a = model(tokens)
+        b = tl_model(tokens)
+    return float((a.float() - b.float().to(a.device)).abs().max())
