@@ -58,6 +58,13 @@ def default_rtol(dtype: torch.dtype) -> float:
     return 100.0 * torch.finfo(dtype).eps
 
 
+def _all_finite(t: Tensor) -> bool:
+    """True when every entry is finite. Fast path: a sum is finite only if all terms are
+    (inf and NaN propagate); a non-finite sum (possibly plain overflow) falls back to the
+    elementwise check."""
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
 def check_layer_inputs(
     pattern: Float[Tensor, "batch head query key"],
     v: Float[Tensor, "batch key kv_head d_head"],
@@ -116,7 +123,7 @@ def check_layer_inputs(
             raise ValueError("query_mask must be bool (True = real token), not floating point")
         qm = query_mask.to(device=pattern.device, dtype=torch.bool)
         pattern = pattern.masked_fill(~qm[:, None, :, None], 0.0)
-    if not torch.isfinite(pattern).all():
+    if not _all_finite(pattern):
         raise ValueError(
             "pattern has NaN/inf entries on real queries; pass query_mask to mark padded "
             "queries (their rows are ignored)"
@@ -125,7 +132,7 @@ def check_layer_inputs(
     if kv_heads != h:
         vh = vh.repeat_interleave(h // kv_heads, dim=1)
     W = W_O.to(dtype=dtype, device=pattern.device)
-    if not (torch.isfinite(vh).all() and torch.isfinite(W).all()):
+    if not (_all_finite(vh) and _all_finite(W)):
         raise ValueError("v or W_O has NaN/inf entries")
     return pattern, vh, W, qm
 
@@ -334,9 +341,8 @@ def contribution_weights(
     vn = vnorm.unsqueeze(2)  # [b, H, 1, k]
     contribution = p * dots * (inv_q * inv_q)
     relative_norm = vn * inv_q
-    denom = vn * onorm.unsqueeze(-1)
-    ok = (denom > 0) & valid.unsqueeze(-1)
-    cosine = torch.where(ok, dots / torch.where(ok, denom, 1.0), 0.0)
+    inv_v = torch.where(vnorm > 0, 1.0 / torch.where(vnorm > 0, vnorm, 1.0), 0.0)
+    cosine = dots * (inv_q * inv_v.unsqueeze(2))  # 0 where ‖ṽ_j‖ = 0 or invalid
     value_weighted = p * vn
     output_normalized = value_weighted * inv_q
     reason = _mask_reason(valid, qm, rtol, "of the head" if mode == "intra" else "of the layer")

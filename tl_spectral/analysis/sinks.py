@@ -45,7 +45,12 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from tl_spectral.analysis.contributions import check_layer_inputs, default_rtol, value_gram
+from tl_spectral.analysis.contributions import (
+    _all_finite,
+    check_layer_inputs,
+    default_rtol,
+    value_gram,
+)
 from tl_spectral.results import Result, register_result
 
 
@@ -66,7 +71,7 @@ def _pattern_and_mask(pattern: Tensor, query_mask: Tensor | None) -> tuple[Tenso
             )
         qm = query_mask.to(device=p.device, dtype=torch.bool)
         p = p.masked_fill(~qm[:, None, :, None], 0.0)
-    if not torch.isfinite(p).all():
+    if not _all_finite(p):
         raise ValueError("pattern has NaN/inf on real queries; mark padded queries with query_mask")
     if (qm.sum(-1) == 0).any():
         raise ValueError("a batch element has no real query (query_mask all False); drop it")
