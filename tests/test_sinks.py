@@ -154,9 +154,9 @@ def test_norm_curve_brute_force_and_rho_star_is_argmin():
     pattern, v, W_O, _ = random_layer(heads=2, kv_heads=1, T=12, seed=5)
     g = sink_geometry(pattern, v, W_O)
     _vt, v0, a0, _s, sbar, _oh, _mass = explicit(pattern, v, W_O)
-    grid = torch.linspace(-3.0, 4.0, 70_001, dtype=torch.float64)
+    grid = torch.linspace(-3.0, 4.0, 14_001, dtype=torch.float64)
     # brute-force curve ‖ρ ṽ_0 + (1 − ρ) s̄‖ on a coarse grid, explicit vectors
-    coarse = grid[::1000]
+    coarse = grid[::200]
     vec = (
         coarse[:, None, None, None, None] * v0[:, :, None]
         + (1 - coarse)[:, None, None, None, None] * sbar
@@ -169,7 +169,7 @@ def test_norm_curve_brute_force_and_rho_star_is_argmin():
     # the curve at the observed rate is the head output norm
     at_obs = (a0[..., None] * v0[:, :, None] + (1 - a0)[..., None] * sbar).norm(dim=-1)
     torch.testing.assert_close(at_obs[ok], g.head_output_norm[ok])
-    # ρ* is the argmin of the brute-force curve on a fine grid (step 1e-4)
+    # ρ* is the argmin of the brute-force curve on a fine grid (step 5e-4)
     step = float(grid[1] - grid[0])
     for b, h, i in g.rho_star_valid.nonzero().tolist():
         rs = float(g.rho_star[b, h, i])
