@@ -109,8 +109,13 @@ def spectral_concentration(
     K = int(hit[0]) + 1 if hit.numel() else int(lam.numel())
     K = min(max(K, 2), int(lam.numel()))
     if K < 2:
-        return {"beta": math.inf, "T_spec": 0.0, "r2": 1.0, "n_fit": 1,
-                "intercept": math.log(float(lam[0]))}
+        return {
+            "beta": math.inf,
+            "T_spec": 0.0,
+            "r2": 1.0,
+            "n_fit": 1,
+            "intercept": math.log(float(lam[0])),
+        }
     x = torch.log(torch.arange(1, K + 1, dtype=torch.float64))
     y = torch.log(lam[:K])
     xm, ym = x.mean(), y.mean()
@@ -226,8 +231,14 @@ class PODResult(Result):
 
     def h_star(self, epsilon: float) -> tuple[int, bool]:
         """``(H*(epsilon), saturated)`` for another tolerance."""
-        return _h_star(self.eigenvalues, epsilon, self.total_energy, self.n_snapshots,
-                       self.centered, self.spectrum_complete)
+        return _h_star(
+            self.eigenvalues,
+            epsilon,
+            self.total_energy,
+            self.n_snapshots,
+            self.centered,
+            self.spectrum_complete,
+        )
 
     def tail_energy(self, K: int) -> float:
         """``sum_{k>K} lambda_k`` (= ``total_energy - sum_{k<=K} lambda_k``, exact also for
@@ -258,12 +269,20 @@ class PODResult(Result):
     def summary(self) -> dict[str, Any]:
         """JSON-able scalars (no tensors)."""
         return {
-            "n_snapshots": self.n_snapshots, "dim": self.dim, "method": self.method,
-            "rank": self.rank, "n_available": self.n_available,
-            "total_energy": self.total_energy, "epsilon": self.epsilon,
-            "H_star": self.H_star, "H_star_saturated": self.H_star_saturated,
-            "H_star_str": self.H_star_str, "beta": self.beta, "T_spec": self.T_spec,
-            "tspec_r2": self.tspec_r2, "tspec_n_fit": self.tspec_n_fit,
+            "n_snapshots": self.n_snapshots,
+            "dim": self.dim,
+            "method": self.method,
+            "rank": self.rank,
+            "n_available": self.n_available,
+            "total_energy": self.total_energy,
+            "epsilon": self.epsilon,
+            "H_star": self.H_star,
+            "H_star_saturated": self.H_star_saturated,
+            "H_star_str": self.H_star_str,
+            "beta": self.beta,
+            "T_spec": self.T_spec,
+            "tspec_r2": self.tspec_r2,
+            "tspec_n_fit": self.tspec_n_fit,
             "spectrum_complete": self.spectrum_complete,
         }
 
@@ -281,8 +300,9 @@ class PODResult(Result):
         return plot_eigen_spectrum(self, **kwargs)
 
 
-def _h_star(lam: Tensor, epsilon: float, total: float, N: int, centered: bool,
-            complete: bool) -> tuple[int, bool]:
+def _h_star(
+    lam: Tensor, epsilon: float, total: float, N: int, centered: bool, complete: bool
+) -> tuple[int, bool]:
     H, reached = effective_rank(lam, epsilon, total_energy=total)
     cap = N - 1 if centered else N
     return H, (not reached) or (H >= cap)
@@ -322,16 +342,39 @@ def _fix_signs(modes: Tensor, coeffs: Tensor) -> None:
 
 
 def _finish(
-    lam: Tensor, total: float, modes: Tensor, coeffs: Tensor, *, N: int, dim: int, method: str,
-    centered: bool, complete: bool, epsilon: float, mean: Tensor | None,
+    lam: Tensor,
+    total: float,
+    modes: Tensor,
+    coeffs: Tensor,
+    *,
+    N: int,
+    dim: int,
+    method: str,
+    centered: bool,
+    complete: bool,
+    epsilon: float,
+    mean: Tensor | None,
 ) -> PODResult:
     H, sat = _h_star(lam, epsilon, total, N, centered, complete)
     fit = spectral_concentration(lam, total_energy=total)
     return PODResult(
-        eigenvalues=lam, modes=modes, coefficients=coeffs, mean=mean, total_energy=total,
-        n_snapshots=N, dim=dim, method=method, centered=centered, spectrum_complete=complete,
-        epsilon=float(epsilon), H_star=H, H_star_saturated=sat, beta=fit["beta"],
-        T_spec=fit["T_spec"], tspec_r2=fit["r2"], tspec_n_fit=int(fit["n_fit"]),
+        eigenvalues=lam,
+        modes=modes,
+        coefficients=coeffs,
+        mean=mean,
+        total_energy=total,
+        n_snapshots=N,
+        dim=dim,
+        method=method,
+        centered=centered,
+        spectrum_complete=complete,
+        epsilon=float(epsilon),
+        H_star=H,
+        H_star_saturated=sat,
+        beta=fit["beta"],
+        T_spec=fit["T_spec"],
+        tspec_r2=fit["r2"],
+        tspec_n_fit=int(fit["n_fit"]),
     )
 
 
@@ -363,6 +406,7 @@ def pod_from_gram(
     eps: float | None = None,
     mean: Tensor | None = None,
     method: str = "snapshots",
+    clip_rank: bool = False,
 ) -> PODResult:
     """Method of snapshots from a precomputed Gram matrix.
 
@@ -371,7 +415,8 @@ def pod_from_gram(
         fields — avoid forming ``X``).
     dim: snapshot dimension. centered: the snapshots are mean-free (at most ``N - 1``
     modes; used by the saturation flag). eps: machine epsilon of the arithmetic that built
-    the Gram (default float64's). Returns a :class:`PODResult`.
+    the Gram (default float64's). clip_rank: an int ``rank`` above the modes available
+    keeps them all instead of raising. Returns a :class:`PODResult`.
     """
     if gram.ndim != 2 or gram.shape[0] != gram.shape[1]:
         raise ValueError(f"gram must be square [N, N] (got {tuple(gram.shape)})")
@@ -380,6 +425,8 @@ def pod_from_gram(
         raise ValueError(f"POD needs at least N=2 snapshots (got N={N})")
     eps = torch.finfo(torch.float64).eps if eps is None else eps
     lam, A, total, n = _eig_gram(gram, eps)
+    if clip_rank and isinstance(rank, int) and not isinstance(rank, bool) and rank > n:
+        rank = n
     r = resolve_rank(rank, lam, total, n)
     Ar = A[:, :r]
     scale = torch.sqrt(N * lam[:r])
@@ -389,8 +436,19 @@ def pod_from_gram(
     modes = modes / scale[:, None].to(modes.dtype)
     coeffs = Ar * scale[None, :]
     _fix_signs(modes, coeffs)
-    return _finish(lam, total, modes, coeffs, N=N, dim=dim, method=method, centered=centered,
-                   complete=True, epsilon=epsilon, mean=mean)
+    return _finish(
+        lam,
+        total,
+        modes,
+        coeffs,
+        N=N,
+        dim=dim,
+        method=method,
+        centered=centered,
+        complete=True,
+        epsilon=epsilon,
+        mean=mean,
+    )
 
 
 def _gram(X: Tensor, dtype: torch.dtype, chunk_cols: int = 8192) -> Tensor:
@@ -480,8 +538,17 @@ def pod(
                 return Bt @ X
             return torch.cat([Bt @ X[:, c : c + 8192].to(dtype) for c in range(0, dim, 8192)], 1)
 
-        return pod_from_gram(K, project, dim, rank=rank, epsilon=epsilon, centered=centered,
-                             eps=eps, mean=mean, method="snapshots")
+        return pod_from_gram(
+            K,
+            project,
+            dim,
+            rank=rank,
+            epsilon=epsilon,
+            centered=centered,
+            eps=eps,
+            mean=mean,
+            method="snapshots",
+        )
     if method == "direct":
         U, S, Vh = torch.linalg.svd(X.to(dtype), full_matrices=False)
         lam_all = S.to(torch.float64) ** 2 / N
@@ -495,8 +562,19 @@ def pod(
         modes = Vh[:r].clone()
         coeffs = (U[:, :r] * S[:r]).to(torch.float64)
         _fix_signs(modes, coeffs)
-        return _finish(lam, total, modes, coeffs, N=N, dim=dim, method="direct",
-                       centered=centered, complete=True, epsilon=epsilon, mean=mean)
+        return _finish(
+            lam,
+            total,
+            modes,
+            coeffs,
+            N=N,
+            dim=dim,
+            method="direct",
+            centered=centered,
+            complete=True,
+            epsilon=epsilon,
+            mean=mean,
+        )
     if method == "randomized":
         if not int_rank:
             raise ValueError(
@@ -518,8 +596,19 @@ def pod(
         coeffs = (U * S).to(torch.float64)
         _fix_signs(modes, coeffs)
         complete = int(rank) >= n_max
-        return _finish(lam, total, modes, coeffs, N=N, dim=dim, method="randomized",
-                       centered=centered, complete=complete, epsilon=epsilon, mean=mean)
+        return _finish(
+            lam,
+            total,
+            modes,
+            coeffs,
+            N=N,
+            dim=dim,
+            method="randomized",
+            centered=centered,
+            complete=complete,
+            epsilon=epsilon,
+            mean=mean,
+        )
     raise ValueError(
         f"method must be 'auto', 'snapshots', 'direct' or 'randomized' (got {method!r})"
     )

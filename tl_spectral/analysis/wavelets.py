@@ -46,6 +46,7 @@ __all__ = [
     "dominant_scales",
     "scale_energy",
     "scalogram",
+    "scalogram_from_moment",
 ]
 
 DEFAULT_WAVELET = "cmor1.5-1.0"
@@ -340,14 +341,7 @@ def scalogram(
         raise ValueError("profiles is empty; pass at least one signal")
     if method == "moments":
         C, B = _second_moment(flat)
-        C /= B
-        M = op.matrix(torch.complex128 if op.is_complex else torch.float64)  # [S, n, n]
-        if op.is_complex:
-            Yr, Yi = M.real @ C, M.imag @ C  # (M C)[a, t, :]
-            E = (Yr * M.real).sum(-1) + (Yi * M.imag).sum(-1)
-        else:
-            E = ((M @ C) * M).sum(-1)
-        return E.clamp_min(0.0)
+        return scalogram_from_moment(C / B, op)
     if method == "direct":
         E = torch.zeros(op.n_scales, n, dtype=torch.float64)
         rows = max(1, (1 << 22) // (op.n_scales * n))
@@ -356,6 +350,22 @@ def scalogram(
             E += (w.abs() ** 2).sum(0).to(torch.float64)
         return E / flat.shape[0]
     raise ValueError(f"method must be 'moments' or 'direct' (got {method!r})")
+
+
+def scalogram_from_moment(C: torch.Tensor, op: LagCWT) -> torch.Tensor:
+    """``E(a, t) = (M_a C M_a^H)[t, t]`` from a lag second-moment matrix ``C = mean_b x_b
+    x_b^T: [n, n]``: the ensemble scalogram without transforming any signal. Returns
+    ``[S, n]`` float64."""
+    n = op.n
+    if C.shape != (n, n):
+        raise ValueError(f"C must be [{n}, {n}] (got {tuple(C.shape)})")
+    C = C.to(torch.float64)
+    M = op.matrix(torch.complex128 if op.is_complex else torch.float64)  # [S, n, n]
+    if op.is_complex:  # Re((M C) * conj(M)) summed over the second lag index
+        E = ((M.real @ C) * M.real).sum(-1) + ((M.imag @ C) * M.imag).sum(-1)
+    else:
+        E = ((M @ C) * M).sum(-1)
+    return E.clamp_min(0.0)
 
 
 def scale_energy(E_at: torch.Tensor) -> torch.Tensor:
@@ -369,6 +379,7 @@ def dominant_scales(
     *,
     max_scales: int = 3,
     min_ratio: float = 1.5,
+    min_peak_fraction: float = 0.01,
 ) -> list[int]:
     """Indices of the dominant scales: the largest local maxima of ``E(a)``.
 
@@ -377,7 +388,10 @@ def dominant_scales(
     (the two ends count, against their one neighbour: a field whose energy sits at the
     finest or coarsest scale of the grid reports that scale). Candidates are taken by
     decreasing ``E(a)`` and kept when their scale is at least a factor ``min_ratio`` away
-    from every scale already kept, up to ``max_scales``. Returns indices sorted by scale.
+    from every scale already kept, up to ``max_scales``. Maxima below ``min_peak_fraction``
+    of the largest ``E(a)`` are ignored (*our choice*, default 1%: ripples of the discretised
+    wavelet near ``a = 1`` otherwise count as "dominant"; pass 0 for the literal rule).
+    Returns indices sorted by scale (possibly empty only if ``E_a`` is all zero).
     """
     E = torch.as_tensor(E_a, dtype=torch.float64).flatten()
     s = torch.as_tensor(_as_scales(scales))
@@ -387,14 +401,14 @@ def dominant_scales(
         raise ValueError("scales must be strictly increasing")
     if not torch.isfinite(E).all():
         raise ValueError("E_a contains NaN or inf")
-    if max_scales < 1 or min_ratio < 1:
-        raise ValueError("need max_scales >= 1 and min_ratio >= 1")
+    if max_scales < 1 or min_ratio < 1 or not 0 <= min_peak_fraction <= 1:
+        raise ValueError("need max_scales >= 1, min_ratio >= 1 and 0 <= min_peak_fraction <= 1")
     S = E.numel()
     if S == 1:
         return [0] if E[0] > 0 else []
     left = torch.cat([torch.tensor([-math.inf], dtype=E.dtype), E[:-1]])
     right = torch.cat([E[1:], torch.tensor([-math.inf], dtype=E.dtype)])
-    peak = (E > left) & (E > right) & (E > 0)
+    peak = (E > left) & (E > right) & (E > 0) & (E >= min_peak_fraction * E.max())
     cand = torch.nonzero(peak).flatten().tolist()
     cand.sort(key=lambda i: -float(E[i]))
     kept: list[int] = []

@@ -1,0 +1,772 @@
+"""Scale-selective POD of attention fields (SPEC A; arXiv 2606.06573).
+
+Per layer, from the lag-coordinate fluctuation fields ``F: [N, T, n_lags]`` of ``N``
+documents (``F_s(i, tau)``, query ``i``, lag ``tau`` on the grid ``lags``):
+
+1. scalogram ``E(a, tau) = mean_{s,i} |W_{s,i}(a, tau)|^2`` of the Morlet CWT of every lag
+   profile ``F_s(i, .)`` (computed exactly from the lag second-moment matrix, see
+   :func:`~tl_spectral.analysis.wavelets.scalogram`), scale energy ``E(a)``, the three
+   fixed bands' energy shares and the dominant scales ``a*_m``;
+2. for each ``a*_m`` the Gaussian lag window ``G_m(tau) = exp(-(tau - a*_m)^2 / (2 sigma_m^2))``,
+   ``sigma_m = a*_m / 2``, the band snapshots ``X^m_s = vec(F_s ⊙ G_m)`` restricted to the
+   lags where ``G_m > 1e-4``, and their POD (eigenvalues, ``T_spec``, ``H*``, modes as
+   ``(query, lag)`` images, per-document coefficients);
+3. the POD of the whole (unfiltered) field — its ``H*`` is the layer's effective rank
+   ``H*_l`` used for the head allocation — and the cross-coherence ``gamma_ij(a)`` of a
+   strided subset of queries.
+
+Across layers, :func:`scale_pod` adds the head allocation (SPEC A.10): head counts
+proportional to ``H*_l`` under the model's head budget (integers, each >= 1, summing to the
+budget), beside the uniform allocation.
+
+Cost. Every Gram matrix (whole field and bands) comes from one pass of per-lag Gram
+matrices ``K_tau = F[:, :, tau] F[:, :, tau]^T`` (batched GEMMs over lag chunks):
+``K_full = sum_tau K_tau / N`` and ``K_m = sum_tau G_m(tau)^2 K_tau / N``, so all of them cost
+one Gram of the full field, ``O(N^2 T n_lags)``; the band snapshots are never formed (modes
+are recovered as ``X^T a_k / sqrt(N lambda_k)`` directly from the field). Memory: the
+caller's ``F``, one lag-major (centred) copy of it, and a few ``[N, N]`` matrices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from tl_spectral.analysis.coherence import coherence_from_spectrum, cross_spectrum, default_queries
+from tl_spectral.analysis.pod import PODResult, pod_from_gram
+from tl_spectral.analysis.wavelets import (
+    DEFAULT_WAVELET,
+    LagCWT,
+    band_energies,
+    default_scales,
+    dominant_scales,
+    scale_energy,
+    scalogram_from_moment,
+)
+from tl_spectral.results import Result, register_result
+
+__all__ = [
+    "ScalePODLayer",
+    "ScalePODResult",
+    "allocate_heads",
+    "allocation_table",
+    "gaussian_lag_window",
+    "lag_fields",
+    "scale_pod",
+    "scale_pod_layer",
+]
+
+
+# ----------------------------------------------------------------------------- inputs
+def lag_fields(
+    A: Float[Tensor, "... T T"],
+    *,
+    causal: bool = True,
+    max_lag: int | None = None,
+) -> tuple[Float[Tensor, "... T n_lags"], Tensor]:
+    """Lag coordinates of fields ``A[..., i, j]`` (SPEC A.3).
+
+    Causal: ``tau = i - j`` in ``[0, max_lag]`` (default ``T - 1``), ``F[..., i, tau] =
+    A[..., i, i - tau]``, zero where ``tau > i``. Bidirectional: ``tau = j - i`` in
+    ``[-max_lag, max_lag]``, ``F[..., i, tau] = A[..., i, i + tau]``, zero outside
+    ``0 <= i + tau < T``. Returns ``(F [..., T, n_lags], lags [n_lags] int64)``.
+    """
+    if A.ndim < 2 or A.shape[-1] != A.shape[-2]:
+        raise ValueError(f"A must be [..., T, T] (got {tuple(A.shape)})")
+    T = int(A.shape[-1])
+    L = T - 1 if max_lag is None else int(max_lag)
+    if not 0 <= L <= T - 1:
+        raise ValueError(f"max_lag must lie in [0, T-1] = [0, {T - 1}] (got {max_lag})")
+    lags = torch.arange(0, L + 1) if causal else torch.arange(-L, L + 1)
+    i = torch.arange(T)[:, None]
+    j = i - lags[None, :] if causal else i + lags[None, :]  # [T, n_lags]
+    valid = (j >= 0) & (j < T)
+    idx = j.clamp(0, T - 1).expand(*A.shape[:-2], T, lags.numel())
+    F = torch.gather(A, -1, idx) * valid.to(A.dtype)
+    return F, lags
+
+
+def gaussian_lag_window(lags: Tensor, scale: float, *, absolute: bool = False) -> Tensor:
+    """``G(tau) = exp(-(tau - a)^2 / (2 sigma^2))``, ``sigma = a / 2`` (SPEC A.5): ``[n_lags]``
+    float64. ``absolute=True`` uses ``|tau|`` (both directions of a bidirectional field)."""
+    if not scale > 0:
+        raise ValueError(f"scale must be positive (got {scale})")
+    tau = lags.to(torch.float64)
+    if absolute:
+        tau = tau.abs()
+    sigma = scale / 2.0
+    return torch.exp(-((tau - scale) ** 2) / (2.0 * sigma**2))
+
+
+def _stack_fields(F) -> Tensor:
+    if isinstance(F, Tensor):
+        if F.ndim != 3:
+            raise ValueError(
+                f"F must be [N documents, T queries, n_lags] (got shape {tuple(F.shape)}); "
+                "convert [N, T, T] fields with lag_fields()"
+            )
+        return F
+    items = list(F)
+    if not items:
+        raise ValueError("no documents given; pass F [N, T, n_lags] with N >= 2")
+    shapes = {tuple(x.shape) for x in items}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"fields of unequal length: documents have shapes {sorted(shapes)}; every document "
+            "must be a window of exactly T tokens (cut equal windows, e.g. "
+            "tl_spectral.data.windows)"
+        )
+    if items[0].ndim != 2:
+        raise ValueError(f"each document field must be [T, n_lags] (got {tuple(items[0].shape)})")
+    return torch.stack(items)
+
+
+def _check_lags(lags: Tensor | None, n_lags: int) -> Tensor:
+    if lags is None:
+        return torch.arange(n_lags)
+    lags = torch.as_tensor(lags)
+    if lags.ndim != 1 or lags.numel() != n_lags:
+        raise ValueError(f"lags must be 1-D with {n_lags} entries (the last axis of F)")
+    if lags.is_floating_point():
+        if not torch.equal(lags, lags.round()):
+            raise ValueError("lags must be integers")
+        lags = lags.round()
+    lags = lags.to(torch.int64)
+    if n_lags > 1 and not torch.all(lags[1:] - lags[:-1] == 1):
+        raise ValueError(
+            "lags must be consecutive increasing integers (e.g. 0..T-1 causal, "
+            "-(T-1)..T-1 bidirectional)"
+        )
+    return lags
+
+
+# ----------------------------------------------------------------------------- results
+_LAYER_TENSORS = (
+    "lags",
+    "scales",
+    "scalogram",
+    "scale_energy",
+    "full_eigenvalues",
+    "full_modes",
+    "full_coefficients",
+    "coherence",
+    "coherence_queries",
+)
+_LAYER_TENSOR_DICTS = ("band_eigenvalues", "band_modes", "band_coefficients", "band_lags")
+
+
+@register_result
+@dataclasses.dataclass
+class ScalePODLayer(Result):
+    """Scale-selective POD of one layer.
+
+    Tensors: ``lags [n_lags]``; ``scales [S]``; ``scalogram [S, n_lags]`` = ``E(a, tau)``;
+    ``scale_energy [S]`` = ``E(a)``; ``full_eigenvalues [n]`` (POD of the whole field);
+    ``full_modes [k, T, n_lags]``; ``full_coefficients [N, k]``; ``coherence [S, Q, Q]``
+    (``gamma_ij(a)``, or None) for the queries ``coherence_queries [Q]``.
+    Per band ``m`` (keys ``"0", "1", ...`` by increasing scale): ``band_eigenvalues[m] [n_m]``,
+    ``band_modes[m] [k, T, L_m]``, ``band_coefficients[m] [N, k]``, ``band_lags[m] [L_m]``;
+    ``bands[m]``: scale, sigma, dim and the POD summary (``T_spec``, ``beta``, ``tspec_r2``,
+    ``H_star``, ``H_star_saturated``, ``H_star_str``, ``total_energy``).
+    ``full``: the POD summary of the whole field (its ``H_star`` is the layer's ``H*_l``).
+    ``band_energy``: shares of ``sum_a E(a)`` in the fixed bands fine / medium / coarse.
+    """
+
+    kind: ClassVar[str] = "scale_pod_layer"
+
+    layer: int
+    causal: bool
+    n_documents: int
+    n_queries: int
+    lags: Tensor
+    scales: Tensor
+    scalogram: Tensor
+    scale_energy: Tensor
+    dominant_scales: list
+    band_energy: dict
+    full_eigenvalues: Tensor
+    full_modes: Tensor
+    full_coefficients: Tensor
+    full: dict
+    band_eigenvalues: dict
+    band_modes: dict
+    band_coefficients: dict
+    band_lags: dict
+    bands: list
+    coherence: Tensor | None
+    coherence_queries: Tensor | None
+    config: dict
+
+    # ------------------------------------------------------------------ convenience
+    @property
+    def H_star(self) -> int:
+        return int(self.full["H_star"])
+
+    @property
+    def H_star_saturated(self) -> bool:
+        return bool(self.full["H_star_saturated"])
+
+    @property
+    def T_spec(self) -> float:
+        return float(self.full["T_spec"])
+
+    @property
+    def n_bands(self) -> int:
+        return len(self.bands)
+
+    def pod_result(self, band: int | None = None) -> PODResult:
+        """The whole-field POD (``band=None``) or band ``band``'s as a :class:`PODResult`
+        (modes flattened to ``[k, T * L]``)."""
+        if band is None:
+            lam, modes, coef, s = (
+                self.full_eigenvalues,
+                self.full_modes,
+                self.full_coefficients,
+                self.full,
+            )
+        else:
+            if not 0 <= band < self.n_bands:
+                raise ValueError(f"band must lie in [0, {self.n_bands - 1}] (got {band})")
+            k = str(band)
+            lam, modes, coef, s = (
+                self.band_eigenvalues[k],
+                self.band_modes[k],
+                self.band_coefficients[k],
+                self.bands[band],
+            )
+        return PODResult(
+            eigenvalues=lam,
+            modes=modes.reshape(modes.shape[0], -1),
+            coefficients=coef,
+            mean=None,
+            total_energy=float(s["total_energy"]),
+            n_snapshots=self.n_documents,
+            dim=int(s["dim"]),
+            method="snapshots",
+            centered=True,
+            spectrum_complete=True,
+            epsilon=float(self.config["epsilon"]),
+            H_star=int(s["H_star"]),
+            H_star_saturated=bool(s["H_star_saturated"]),
+            beta=float(s["beta"]),
+            T_spec=float(s["T_spec"]),
+            tspec_r2=float(s["tspec_r2"]),
+            tspec_n_fit=int(s["tspec_n_fit"]),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able scalars: dominant scales, band energies, whole-field and band POD."""
+        return {
+            "layer": self.layer,
+            "causal": self.causal,
+            "n_documents": self.n_documents,
+            "T": self.n_queries,
+            "n_lags": int(self.lags.numel()),
+            "dominant_scales": list(self.dominant_scales),
+            "band_energy": dict(self.band_energy),
+            "full": dict(self.full),
+            "bands": [dict(b) for b in self.bands],
+        }
+
+    def to_dict(self, *, include_curves: bool = True) -> dict[str, Any]:
+        """JSON-able summary; with ``include_curves`` also ``scales``, ``E(a)``, the
+        eigenvalue spectra and the mean off-diagonal coherence per scale."""
+        d = self.summary()
+        if include_curves:
+            d["scales"] = self.scales.tolist()
+            d["scale_energy"] = self.scale_energy.tolist()
+            d["full_eigenvalues"] = self.full_eigenvalues.tolist()
+            d["band_eigenvalues"] = {k: v.tolist() for k, v in self.band_eigenvalues.items()}
+            if self.coherence is not None:
+                d["coherence_queries"] = self.coherence_queries.tolist()
+                d["mean_coherence"] = _mean_offdiag(self.coherence).tolist()
+        return d
+
+    # ------------------------------------------------------------------ plots
+    def plot_scalogram(self, **kwargs: Any):
+        """``E(a, tau)`` image. Returns a Figure."""
+        from tl_spectral.viz.scale_pod_plots import plot_scalogram
+
+        return plot_scalogram(self, **kwargs)
+
+    def plot_scale_energy(self, **kwargs: Any):
+        """``E(a)`` with the dominant scales and fixed bands marked. Returns a Figure."""
+        from tl_spectral.viz.scale_pod_plots import plot_scale_energy
+
+        return plot_scale_energy(self, **kwargs)
+
+    def plot_spectra(self, **kwargs: Any):
+        """Eigen-spectra (log-log) of the whole field and each band with power-law fits."""
+        from tl_spectral.viz.scale_pod_plots import plot_layer_spectra
+
+        return plot_layer_spectra(self, **kwargs)
+
+    def plot_band_modes(self, **kwargs: Any):
+        """First modes of each band as (query, lag) images. Returns a Figure."""
+        from tl_spectral.viz.scale_pod_plots import plot_band_modes
+
+        return plot_band_modes(self, **kwargs)
+
+    def plot_mode_profiles(self, **kwargs: Any):
+        """First modes of each band as mean lag profiles. Returns a Figure."""
+        from tl_spectral.viz.scale_pod_plots import plot_mode_profiles
+
+        return plot_mode_profiles(self, **kwargs)
+
+    def plot_coherence(self, **kwargs: Any):
+        """Coherence maps ``gamma_ij(a)`` at the dominant scales. Returns a Figure."""
+        from tl_spectral.viz.scale_pod_plots import plot_coherence
+
+        return plot_coherence(self, **kwargs)
+
+    # ------------------------------------------------------------------ flattening
+    def _flatten(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
+        meta: dict[str, Any] = {}
+        tensors: dict[str, Tensor] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in _LAYER_TENSORS:
+                if v is not None:
+                    tensors[f.name] = v
+                else:
+                    meta[f.name] = None
+            elif f.name in _LAYER_TENSOR_DICTS:
+                meta[f.name] = sorted(v)
+                for k, t in v.items():
+                    tensors[f"{f.name}/{k}"] = t
+            else:
+                meta[f.name] = v
+        return meta, tensors
+
+    @classmethod
+    def _unflatten(cls, meta: dict[str, Any], tensors: dict[str, Tensor]) -> "ScalePODLayer":
+        kw = dict(meta)
+        for name in _LAYER_TENSORS:
+            kw[name] = tensors.get(name)
+        for name in _LAYER_TENSOR_DICTS:
+            kw[name] = {k: tensors[f"{name}/{k}"] for k in meta.get(name, [])}
+        return cls(**kw)
+
+
+def _mean_offdiag(g: Tensor) -> Tensor:
+    Q = g.shape[-1]
+    if Q < 2:
+        return torch.zeros(g.shape[0], dtype=torch.float64)
+    mask = ~torch.eye(Q, dtype=torch.bool)
+    return g[:, mask].mean(-1)
+
+
+@register_result
+@dataclasses.dataclass
+class ScalePODResult(Result):
+    """Scale-selective POD of a model: one :class:`ScalePODLayer` per layer plus the head
+    allocation table (SPEC A.10).
+
+    ``allocation``: one row per layer — ``layer``, ``H_star`` (whole-field ``H*_l``),
+    ``H_star_str`` (``"≥ N-1"`` when saturated), ``saturated``, ``share`` (``H*_l / sum``),
+    ``quota`` (``budget * share``), ``recommended`` (integers >= 1 summing to ``head_budget``)
+    and ``uniform`` (the model's heads per layer). Saturated layers enter with their lower
+    bound ``N - 1``.
+    """
+
+    kind: ClassVar[str] = "scale_pod"
+
+    layers: list
+    allocation: list
+    head_budget: int
+    config: dict
+    _tensors: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.layers and isinstance(self.layers[0], dict):  # rebuilt by Result.load
+            flat = self._tensors
+            self.layers = [
+                ScalePODLayer._unflatten(
+                    meta,
+                    {
+                        k.split("/", 1)[1]: t
+                        for k, t in flat.items()
+                        if k.split("/", 1)[0] == str(li)
+                    },
+                )
+                for li, meta in enumerate(self.layers)
+            ]
+        self._tensors = {}
+
+    def save(self, path):
+        """Write to a ``.safetensors`` file (layers flattened); ``Result.load`` rebuilds it."""
+        carrier = object.__new__(type(self))
+        carrier.allocation = self.allocation
+        carrier.head_budget = self.head_budget
+        carrier.config = self.config
+        metas, flat = [], {}
+        for li, layer in enumerate(self.layers):
+            meta, tensors = layer._flatten()
+            metas.append(meta)
+            flat.update({f"{li}/{k}": t for k, t in tensors.items()})
+        carrier.layers = metas
+        carrier._tensors = flat
+        return Result.save(carrier, path)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    def table(self) -> list[dict[str, Any]]:
+        """Per-layer summary rows: dominant scales, band energies, T_spec, H*, allocation."""
+        rows = []
+        for layer, alloc in zip(self.layers, self.allocation):
+            rows.append(
+                {
+                    "layer": layer.layer,
+                    "dominant_scales": [round(a, 2) for a in layer.dominant_scales],
+                    **{f"E_{k}": v for k, v in layer.band_energy.items()},
+                    "T_spec": layer.T_spec,
+                    "beta": layer.full["beta"],
+                    "tspec_r2": layer.full["tspec_r2"],
+                    "H_star": alloc["H_star_str"],
+                    "recommended_heads": alloc["recommended"],
+                    "uniform_heads": alloc["uniform"],
+                }
+            )
+        return rows
+
+    def to_dict(self, *, include_curves: bool = False) -> dict[str, Any]:
+        """JSON-able: config, head budget, allocation table and per-layer summaries."""
+        return {
+            "config": dict(self.config),
+            "head_budget": self.head_budget,
+            "allocation": [dict(r) for r in self.allocation],
+            "layers": [layer.to_dict(include_curves=include_curves) for layer in self.layers],
+        }
+
+    def plot_tspec_hstar(self, **kwargs: Any):
+        """``T_spec`` and ``H*`` across layers, with the head allocation. Returns a Figure."""
+        from tl_spectral.viz.scale_pod_plots import plot_tspec_hstar
+
+        return plot_tspec_hstar(self, **kwargs)
+
+    def plot_scale_energies(self, **kwargs: Any):
+        """``E(a)`` of every layer (normalised) on one axis. Returns a Figure."""
+        from tl_spectral.viz.scale_pod_plots import plot_scale_energies
+
+        return plot_scale_energies(self, **kwargs)
+
+
+# ----------------------------------------------------------------------------- analysis
+def scale_pod_layer(
+    F: Float[Tensor, "N T n_lags"] | Sequence[Tensor],
+    lags: Tensor | None = None,
+    *,
+    layer: int = 0,
+    center: bool = False,
+    scales=None,
+    wavelet: str = DEFAULT_WAVELET,
+    max_dominant: int = 3,
+    min_ratio: float = 1.5,
+    min_peak_fraction: float = 0.01,
+    window_threshold: float = 1e-4,
+    lag_window: str = "signed",
+    epsilon: float = 0.10,
+    n_modes: int = 8,
+    coherence_queries: int | Sequence[int] | Tensor | None = 16,
+    lag_chunk: int = 16,
+) -> ScalePODLayer:
+    """Scale-selective POD of one layer's lag-coordinate fields.
+
+    F: ``[N, T, n_lags]`` fluctuation fields ``F_s(i, tau)`` (or a sequence of ``[T, n_lags]``
+        fields, which must all have the same shape); float32 is fine (Grams accumulate in
+        float64). With ``center=True`` the ensemble mean is subtracted here.
+    lags: ``[n_lags]`` consecutive integer lags (default ``0..n_lags-1``, causal). Causal
+        fields (``lags >= 0``): ``tau = i - j``; bidirectional: ``tau = j - i``. Truncated
+        lag ranges (``max_lag``) are allowed; scales still default to ``1..T/2``.
+    scales: ``[S]`` CWT scales (default :func:`default_scales` ``(T)``: 48 geometric, 1 to T/2).
+    wavelet: PyWavelets continuous wavelet (default ``"cmor1.5-1.0"``).
+    max_dominant, min_ratio: dominant scales = at most ``max_dominant`` largest local maxima
+        of ``E(a)``, pairwise at least a factor ``min_ratio`` apart, each at least
+        ``min_peak_fraction`` of the largest ``E(a)`` (see
+        :func:`~tl_spectral.analysis.wavelets.dominant_scales`).
+    window_threshold: band snapshots keep the lags where ``G_m > window_threshold``.
+    lag_window: ``"signed"`` (SPEC: ``G_m(tau)``) or ``"absolute"`` (``G_m(|tau|)``, both
+        directions of a bidirectional field).
+    epsilon: tolerance of ``H*(epsilon)``. n_modes: modes kept per POD (eigenvalues are
+        always all kept). coherence_queries: an int ``Q`` (strided subset,
+        :func:`~tl_spectral.analysis.coherence.default_queries`), explicit query indices, or
+        None / 0 to skip the coherence. lag_chunk: lags per batched Gram GEMM.
+    """
+    F = _stack_fields(F)
+    if F.is_complex():
+        raise ValueError("F must be real")
+    if not F.is_floating_point():
+        F = F.to(torch.float32)
+    N, T, n_lags = (int(d) for d in F.shape)
+    if N < 2:
+        raise ValueError(
+            f"scale-selective POD needs at least N=2 documents (got N={N}); a single "
+            "snapshot has no fluctuation"
+        )
+    if T < 4:
+        raise ValueError(f"need T >= 4 tokens per document (got T={T})")
+    lags = _check_lags(lags, n_lags)
+    if lag_window not in ("signed", "absolute"):
+        raise ValueError(f"lag_window must be 'signed' or 'absolute' (got {lag_window!r})")
+    if not bool(torch.isfinite(F.sum(dtype=torch.float64))):
+        raise ValueError("F contains NaN or inf")
+    causal = bool(lags.min() >= 0)
+    # Lag-major copy Ft[tau, s, i] (centred if asked): every later step reads it contiguously.
+    Ft = torch.empty(n_lags, N, T, dtype=F.dtype)
+    mean = F.mean(0, dtype=torch.float64).to(F.dtype) if center else None  # [T, n_lags]
+    step = max(1, (1 << 22) // (T * n_lags))
+    for s0 in range(0, N, step):
+        blk = F[s0 : s0 + step]
+        if mean is not None:
+            blk = blk - mean
+        Ft[:, s0 : s0 + step, :] = blk.permute(2, 0, 1)
+    del mean
+    eps = torch.finfo(F.dtype).eps
+    scales_t = default_scales(T) if scales is None else torch.as_tensor(scales, dtype=torch.float64)
+    op = LagCWT(n_lags, scales_t, wavelet,
+                dtype=torch.float64 if F.dtype == torch.float64 else torch.float32)
+    scales_t = op.scales
+
+    # 1. scalogram E(a, tau) = diag(M_a C M_a^H), C = mean_{s,i} x x^T; dominant scales; bands
+    prof = Ft.view(n_lags, N * T)
+    C = (prof @ prof.T).to(torch.float64) / (N * T)
+    E_at = scalogram_from_moment(C, op)  # [S, n_lags]
+    E_a = scale_energy(E_at)
+    if not float(E_a.sum()) > 0:
+        raise ValueError(
+            "the fields have zero fluctuation energy; pass fluctuations A_s - mean (or "
+            "center=True) of an ensemble whose fields differ"
+        )
+    dom = dominant_scales(E_a, scales_t, max_scales=max_dominant, min_ratio=min_ratio,
+                          min_peak_fraction=min_peak_fraction)
+    a_star = [float(scales_t[i]) for i in dom]
+    fixed = band_energies(E_a, scales_t)
+
+    # 2. windows and Gram matrices (whole field + bands) from per-lag Grams
+    windows, masks = [], []
+    for a in a_star:
+        g = gaussian_lag_window(lags, a, absolute=lag_window == "absolute")
+        m = g > window_threshold
+        windows.append(torch.where(m, g, torch.zeros_like(g)))
+        masks.append(m)
+    weights = torch.stack([torch.ones(n_lags, dtype=torch.float64)] + [w**2 for w in windows])
+    weights = weights.to(F.dtype)  # [1 + n_bands, n_lags]
+    grams = torch.zeros(weights.shape[0], N * N, dtype=torch.float64)
+    for c0 in range(0, n_lags, lag_chunk):
+        c1 = min(n_lags, c0 + lag_chunk)
+        Fc = Ft[c0:c1]  # [w, N, T]
+        Kc = torch.bmm(Fc, Fc.transpose(1, 2)).view(c1 - c0, N * N)  # [w, N*N]
+        grams += (weights[:, c0:c1] @ Kc).to(torch.float64)
+        del Kc
+    grams /= N
+    grams = grams.view(-1, N, N)
+
+    def projector(window: Tensor | None, mask: Tensor | None):
+        def project(B: Tensor) -> Tensor:
+            # B^T X as [r, T, lags]: (B^T Ft[tau]) for every lag, then window and crop
+            Y = torch.matmul(B.T.to(F.dtype), Ft).permute(1, 2, 0)  # [r, T, n_lags]
+            if window is not None:
+                Y = Y[:, :, mask] * window[mask].to(F.dtype)
+            return Y.reshape(Y.shape[0], -1)
+        return project
+
+    def run_pod(gram: Tensor, window, mask, dim: int) -> PODResult:
+        return pod_from_gram(gram, projector(window, mask), dim, rank=n_modes, epsilon=epsilon,
+                             centered=True, eps=eps, clip_rank=True)
+
+    full = run_pod(grams[0], None, None, T * n_lags)
+    band_pods: list[PODResult] = []
+    for b, (w, m) in enumerate(zip(windows, masks)):
+        band_pods.append(run_pod(grams[1 + b], w, m, T * int(m.sum())))
+    del grams
+
+    # 3. coherence over a strided subset of queries
+    if coherence_queries is None or (isinstance(coherence_queries, int) and coherence_queries == 0):
+        coh, q_idx = None, None
+    else:
+        if isinstance(coherence_queries, int):
+            q_idx = default_queries(T, coherence_queries)
+        else:
+            q_idx = torch.as_tensor(coherence_queries, dtype=torch.int64).flatten()
+            if q_idx.numel() == 0 or q_idx.min() < 0 or q_idx.max() >= T:
+                raise ValueError(f"coherence_queries must be query indices in [0, {T - 1}]")
+        G = cross_spectrum(Ft[:, :, q_idx].permute(1, 2, 0), op, method="moments")
+        coh = coherence_from_spectrum(G).to(torch.float32)
+
+    def summ(p: PODResult) -> dict[str, Any]:
+        s = p.summary()
+        return {
+            k: s[k]
+            for k in (
+                "dim",
+                "rank",
+                "n_available",
+                "total_energy",
+                "H_star",
+                "H_star_saturated",
+                "H_star_str",
+                "beta",
+                "T_spec",
+                "tspec_r2",
+                "tspec_n_fit",
+            )
+        }
+
+    bands = []
+    for b, (a, m, p) in enumerate(zip(a_star, masks, band_pods)):
+        bl = lags[m]
+        bands.append(
+            {
+                "band": b,
+                "scale": a,
+                "sigma": a / 2.0,
+                "lag_min": int(bl.min()),
+                "lag_max": int(bl.max()),
+                "n_lags": int(bl.numel()),
+                **summ(p),
+            }
+        )
+    return ScalePODLayer(
+        layer=int(layer),
+        causal=causal,
+        n_documents=N,
+        n_queries=T,
+        lags=lags,
+        scales=scales_t.clone(),
+        scalogram=E_at,
+        scale_energy=E_a,
+        dominant_scales=a_star,
+        band_energy=fixed,
+        full_eigenvalues=full.eigenvalues,
+        full_modes=full.modes.reshape(-1, T, n_lags),
+        full_coefficients=full.coefficients,
+        full=summ(full),
+        band_eigenvalues={str(b): p.eigenvalues for b, p in enumerate(band_pods)},
+        band_modes={
+            str(b): p.modes.reshape(-1, T, int(m.sum()))
+            for b, (p, m) in enumerate(zip(band_pods, masks))
+        },
+        band_coefficients={str(b): p.coefficients for b, p in enumerate(band_pods)},
+        band_lags={str(b): lags[m].clone() for b, m in enumerate(masks)},
+        bands=bands,
+        coherence=coh,
+        coherence_queries=q_idx,
+        config={
+            "wavelet": wavelet,
+            "epsilon": float(epsilon),
+            "max_dominant": int(max_dominant),
+            "min_ratio": float(min_ratio),
+            "min_peak_fraction": float(min_peak_fraction),
+            "window_threshold": float(window_threshold),
+            "lag_window": lag_window,
+            "n_modes": int(n_modes),
+            "center": bool(center),
+            "n_scales": int(scales_t.numel()),
+        },
+    )
+
+
+def allocate_heads(h_star: Sequence[float], budget: int, *, min_heads: int = 1) -> list[int]:
+    """Integer head counts proportional to ``h_star`` (SPEC A.10).
+
+    Quotas ``q_l = budget * h_l / sum h``; start from ``max(min_heads, floor(q_l))`` and move
+    single heads (largest remainder ``q_l - n_l`` first; when over budget, remove from the
+    layer most above its quota that still has more than ``min_heads``) until the counts sum
+    to ``budget``. Ties go to the lower layer index. Returns ``[L]`` ints.
+    """
+    h = [float(x) for x in h_star]
+    L = len(h)
+    if L == 0:
+        raise ValueError("h_star is empty")
+    if any(not math.isfinite(x) or x < 0 for x in h):
+        raise ValueError("h_star must be finite and non-negative")
+    if budget < L * min_heads:
+        raise ValueError(
+            f"budget={budget} heads cannot give {L} layers at least {min_heads} each; pass "
+            f"budget >= {L * min_heads}"
+        )
+    total = sum(h)
+    q = [budget * x / total for x in h] if total > 0 else [budget / L] * L
+    n = [max(min_heads, math.floor(x)) for x in q]
+    while sum(n) < budget:
+        i = max(range(L), key=lambda k: (q[k] - n[k], -k))
+        n[i] += 1
+    while sum(n) > budget:
+        cand = [k for k in range(L) if n[k] > min_heads]
+        i = max(cand, key=lambda k: (n[k] - q[k], -k))
+        n[i] -= 1
+    return n
+
+
+def scale_pod(
+    fields: Sequence[Tensor] | Tensor,
+    lags: Tensor | None = None,
+    *,
+    n_heads: int | Sequence[int],
+    head_budget: int | None = None,
+    layer_ids: Sequence[int] | None = None,
+    **layer_kwargs: Any,
+) -> ScalePODResult:
+    """Scale-selective POD of every layer plus the head allocation.
+
+    fields: per layer ``[N, T, n_lags]`` (a sequence, or a tensor ``[L, N, T, n_lags]``),
+        all of the same shape; lags: ``[n_lags]`` shared by all layers.
+    n_heads: heads per layer of the model (int or ``[L]``), the uniform allocation.
+    head_budget: total heads to distribute (default ``sum(n_heads)``).
+    layer_ids: layer numbers (default ``0..L-1``). Other keyword arguments go to
+    :func:`scale_pod_layer`.
+    """
+    fields = list(fields)
+    if not fields:
+        raise ValueError("no layers given")
+    shapes = {tuple(f.shape) for f in fields}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"fields of unequal shape across layers: {sorted(shapes)}; every layer must be "
+            "[N, T, n_lags] on the same documents and lags"
+        )
+    L = len(fields)
+    uniform = [int(n_heads)] * L if isinstance(n_heads, int) else [int(x) for x in n_heads]
+    if len(uniform) != L:
+        raise ValueError(f"n_heads has {len(uniform)} entries for {L} layers")
+    budget = sum(uniform) if head_budget is None else int(head_budget)
+    ids = list(range(L)) if layer_ids is None else [int(x) for x in layer_ids]
+    if len(ids) != L:
+        raise ValueError(f"layer_ids has {len(ids)} entries for {L} layers")
+    layers = [scale_pod_layer(f, lags, layer=li, **layer_kwargs) for li, f in zip(ids, fields)]
+    return ScalePODResult(
+        layers=layers,
+        allocation=allocation_table(layers, uniform, budget),
+        head_budget=budget,
+        config=dict(layers[0].config),
+    )
+
+
+def allocation_table(
+    layers: Sequence[ScalePODLayer], uniform: Sequence[int], budget: int
+) -> list[dict[str, Any]]:
+    """The head-allocation rows of :class:`ScalePODResult` from per-layer results."""
+    hs = [layer.H_star for layer in layers]
+    rec = allocate_heads(hs, budget)
+    total = sum(hs)
+    return [
+        {
+            "layer": layer.layer,
+            "H_star": h,
+            "H_star_str": layer.full["H_star_str"],
+            "saturated": layer.H_star_saturated,
+            "share": h / total,
+            "quota": budget * h / total,
+            "recommended": r,
+            "uniform": int(u),
+        }
+        for layer, h, r, u in zip(layers, hs, rec, uniform)
+    ]
