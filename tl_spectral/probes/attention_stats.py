@@ -110,49 +110,54 @@ class AttentionStats(Probe):
         return {layer: {"pattern"} for layer in layers}
 
     def update(self, cap: LayerCapture) -> None:
-        assert cap.pattern is not None and self.layers is not None
-        li = self.layers.index(cap.layer)
-        L = len(self.layers)
+        assert cap.pattern is not None
+        layer = cap.layer
         p = cap.pattern.float()  # [b, h, q, k]
-        b, H, T, _ = p.shape
-        qmask = cap.mask[:, None, :].float()  # [b, 1, q]
-        pair = cap.pair_mask[:, None].float()  # [b, 1, q, k]
-        p = p * pair  # a padded key never enters a statistic
-        ent = -(torch.special.xlogy(p, p)).sum(-1)  # [b, h, q]
+        T = p.shape[-1]
+        if not bool(cap.mask.all()):
+            p = p * cap.pair_mask[:, None].to(p.dtype)  # a padded position never counts
+        qmask = cap.mask[:, None, :].to(p.dtype)  # [b, 1, q]
+        psum = p.sum(dim=0)  # [h, q, k]
+        ent = torch.special.xlogy(p, p).sum(-1)  # [b, h, q]
         pos = torch.arange(T, device=p.device, dtype=torch.float32)
-        dist = (p * (pos[:, None] - pos[None, :]).abs()).sum(-1)
-        first = p[..., 0]
-
-        def put(key: str, per_head: Tensor, extra: tuple[int, ...] = ()) -> None:
-            full = torch.zeros((L, H, *extra), dtype=torch.float64, device=per_head.device)
-            full[li] = per_head.double()
-            self.accumulate(key, full.cpu())
-
-        put("entropy_sum", (ent * qmask).sum(dim=(0, 2)))
-        put("distance_sum", (dist * qmask).sum(dim=(0, 2)))
-        put("first_sum", (first * qmask).sum(dim=(0, 2)))
-        put("pattern_sum", p.sum(dim=0), (T, T))
-        count = torch.zeros(L, dtype=torch.float64)
-        count[li] = float(cap.mask.sum())
-        self.accumulate("n_queries", count)
-        pc = torch.zeros((L, T, T), dtype=torch.float64)
-        pc[li] = cap.pair_mask.sum(dim=0).double().cpu()
-        self.accumulate("pair_count", pc)
+        lag = (pos[:, None] - pos[None, :]).abs()
+        self.accumulate(f"{layer}.entropy_sum", -(ent * qmask).sum(dim=(0, 2)).double().cpu())
+        self.accumulate(f"{layer}.distance_sum", (psum * lag).sum(dim=(1, 2)).double().cpu())
+        self.accumulate(f"{layer}.first_sum", psum[..., 0].sum(-1).double().cpu())
+        self.accumulate(f"{layer}.pattern_sum", psum.cpu())
+        self.accumulate(f"{layer}.n_queries", cap.mask.sum().double().reshape(1).cpu())
+        self.accumulate(f"{layer}.pair_count", cap.pair_mask.sum(dim=0).float().cpu())
 
     def result(self) -> AttentionStatsResult:
         self._require_state()
         s = self.state
-        n = s["n_queries"].clamp_min(1.0)[:, None]
-        pair = s["pair_count"][:, None]
-        mean_pattern = torch.where(pair > 0, s["pattern_sum"] / pair.clamp_min(1.0), 0.0)
+        layers = list(self.layers or [])
+        T = max(s[f"{layer}.pattern_sum"].shape[-1] for layer in layers)
+
+        def stack(name: str) -> Tensor:
+            parts = []
+            for layer in layers:
+                t = s[f"{layer}.{name}"]
+                if t.dim() == 3:
+                    t = torch.nn.functional.pad(t, (0, T - t.shape[-1], 0, T - t.shape[-2]))
+                elif t.dim() == 2:
+                    t = torch.nn.functional.pad(t, (0, T - t.shape[-1], 0, T - t.shape[-2]))
+                parts.append(t)
+            return torch.stack(parts)
+
+        n_q = stack("n_queries")[:, 0]  # [L]
+        n = n_q.clamp_min(1.0)[:, None]
+        pair = stack("pair_count")[:, None].double()  # [L, 1, T, T]
+        pattern_sum = stack("pattern_sum").double()
+        mean_pattern = torch.where(pair > 0, pattern_sum / pair.clamp_min(1.0), 0.0)
         view = self.view
         return AttentionStatsResult(
-            entropy=(s["entropy_sum"] / n).float(),
-            distance=(s["distance_sum"] / n).float(),
-            first_token_mass=(s["first_sum"] / n).float(),
+            entropy=(stack("entropy_sum") / n).float(),
+            distance=(stack("distance_sum") / n).float(),
+            first_token_mass=(stack("first_sum") / n).float(),
             mean_pattern=mean_pattern.float(),
-            n_queries=s["n_queries"].long(),
-            layers=list(self.layers or []),
+            n_queries=n_q.long(),
+            layers=layers,
             model_name=view.name if view is not None else "",
             causal=view.causal if view is not None else True,
         )

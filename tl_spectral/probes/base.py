@@ -121,10 +121,13 @@ class Probe:
         """Add ``value`` into state ``key`` with the key's reduction (growing shapes as needed)."""
         value = value.detach()
         red = self.reductions.get(key, "sum")
-        if key not in self.state:
-            self.state[key] = value.clone() if red != "cat" else value.clone()
+        cur = self.state.get(key)
+        if cur is None:
+            self.state[key] = value.clone()
+        elif red == "sum" and cur.shape == value.shape:
+            cur.add_(value.to(cur.device, cur.dtype))
         else:
-            self.state[key] = merge_tensor(self.state[key], value, red)
+            self.state[key] = merge_tensor(cur, value.to(cur.dtype), red)
 
     def merge(self, other: "Probe") -> "Probe":
         """Combine ``other``'s state into this probe's (shards of one corpus). Returns self."""
