@@ -59,7 +59,7 @@ Rank = int | float | None
 
 # ----------------------------------------------------------------------------- summaries
 def effective_rank(
-    eigenvalues: Float[Tensor, "k"],
+    eigenvalues: Float[Tensor, " k"],
     epsilon: float = 0.10,
     *,
     total_energy: float | None = None,
@@ -86,7 +86,7 @@ def effective_rank(
 
 
 def spectral_concentration(
-    eigenvalues: Float[Tensor, "k"],
+    eigenvalues: Float[Tensor, " k"],
     *,
     energy: float = 0.99,
     total_energy: float | None = None,
@@ -136,7 +136,7 @@ def resolve_rank(rank: Rank, eigenvalues: Tensor, total_energy: float, n_availab
     if rank is None or (isinstance(rank, int) and not isinstance(rank, bool) and rank == -1):
         return n_available
     if isinstance(rank, bool):
-        raise ValueError("rank must be an int, a float in (0, 1), or None; got a bool")
+        raise TypeError("rank must be an int, a float in (0, 1), or None; got a bool")
     if isinstance(rank, int):
         if rank < 1:
             raise ValueError(

@@ -345,7 +345,7 @@ class ScalePODLayer(Result):
         return meta, tensors
 
     @classmethod
-    def _unflatten(cls, meta: dict[str, Any], tensors: dict[str, Tensor]) -> "ScalePODLayer":
+    def _unflatten(cls, meta: dict[str, Any], tensors: dict[str, Tensor]) -> ScalePODLayer:
         kw = dict(meta)
         for name in _LAYER_TENSORS:
             kw[name] = tensors.get(name)
@@ -409,7 +409,8 @@ class ScalePODResult(Result):
         for li, layer in enumerate(self.layers):
             meta, tensors = layer._flatten()
             metas.append(meta)
-            flat.update({f"{li}/{k}": t for k, t in tensors.items()})
+            # clones: layers may share storage (e.g. one ``lags`` tensor), safetensors refuses
+            flat.update({f"{li}/{k}": t.clone() for k, t in tensors.items()})
         carrier.layers = metas
         carrier._tensors = flat
         return Result.save(carrier, path)
@@ -531,8 +532,12 @@ def scale_pod_layer(
     del mean
     eps = torch.finfo(F.dtype).eps
     scales_t = default_scales(T) if scales is None else torch.as_tensor(scales, dtype=torch.float64)
-    op = LagCWT(n_lags, scales_t, wavelet,
-                dtype=torch.float64 if F.dtype == torch.float64 else torch.float32)
+    op = LagCWT(
+        n_lags,
+        scales_t,
+        wavelet,
+        dtype=torch.float64 if F.dtype == torch.float64 else torch.float32,
+    )
     scales_t = op.scales
 
     # 1. scalogram E(a, tau) = diag(M_a C M_a^H), C = mean_{s,i} x x^T; dominant scales; bands
@@ -545,8 +550,13 @@ def scale_pod_layer(
             "the fields have zero fluctuation energy; pass fluctuations A_s - mean (or "
             "center=True) of an ensemble whose fields differ"
         )
-    dom = dominant_scales(E_a, scales_t, max_scales=max_dominant, min_ratio=min_ratio,
-                          min_peak_fraction=min_peak_fraction)
+    dom = dominant_scales(
+        E_a,
+        scales_t,
+        max_scales=max_dominant,
+        min_ratio=min_ratio,
+        min_peak_fraction=min_peak_fraction,
+    )
     a_star = [float(scales_t[i]) for i in dom]
     fixed = band_energies(E_a, scales_t)
 
@@ -576,11 +586,20 @@ def scale_pod_layer(
             if window is not None:
                 Y = Y[:, :, mask] * window[mask].to(F.dtype)
             return Y.reshape(Y.shape[0], -1)
+
         return project
 
     def run_pod(gram: Tensor, window, mask, dim: int) -> PODResult:
-        return pod_from_gram(gram, projector(window, mask), dim, rank=n_modes, epsilon=epsilon,
-                             centered=True, eps=eps, clip_rank=True)
+        return pod_from_gram(
+            gram,
+            projector(window, mask),
+            dim,
+            rank=n_modes,
+            epsilon=epsilon,
+            centered=True,
+            eps=eps,
+            clip_rank=True,
+        )
 
     full = run_pod(grams[0], None, None, T * n_lags)
     band_pods: list[PODResult] = []

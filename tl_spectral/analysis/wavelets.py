@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
 
 import numpy as np
 import pywt
@@ -95,7 +94,7 @@ def _kernel_bank(
     float64) and whether the wavelet is complex. Follows ``pywt.cwt`` line by line."""
     w = pywt.DiscreteContinuousWavelet(wavelet)
     if not isinstance(w, pywt.ContinuousWavelet):
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004 - a wrong wavelet name is a value error
             f"wavelet {wavelet!r} is a discrete wavelet; pass a continuous one such as "
             f"{DEFAULT_WAVELET!r} (see pywt.wavelist(kind='continuous'))"
         )

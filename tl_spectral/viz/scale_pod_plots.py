@@ -1,0 +1,398 @@
+"""Plots of the scale-selective POD (``tl_spectral.analysis.scale_pod`` / ``.pod``).
+
+Every function takes a result (:class:`~tl_spectral.analysis.pod.PODResult`,
+:class:`~tl_spectral.analysis.scale_pod.ScalePODLayer` or
+:class:`~tl_spectral.analysis.scale_pod.ScalePODResult`) and returns a matplotlib
+``Figure``. ``matplotlib.pyplot`` is imported inside each function (Agg-safe).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "plot_band_modes",
+    "plot_coherence",
+    "plot_eigen_spectrum",
+    "plot_layer_spectra",
+    "plot_mode_profiles",
+    "plot_scale_energies",
+    "plot_scale_energy",
+    "plot_scalogram",
+    "plot_tspec_hstar",
+]
+
+_BAND_EDGES = (7.0, 20.0)  # fixed bands: fine a <= 7, medium 7 < a < 20, coarse a >= 20
+
+
+def _new_axes(ax: Any, figsize: tuple[float, float]):
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        fig, ax = plt.subplots(figsize=figsize)
+    else:
+        fig = ax.figure
+    return fig, ax
+
+
+def _np(t) -> np.ndarray:
+    return t.detach().cpu().double().numpy()
+
+
+def _spectrum_on(ax, lam: np.ndarray, summary: dict, label: str, color=None) -> None:
+    lam = lam[lam > 0]
+    k = np.arange(1, lam.size + 1)
+    line = ax.loglog(k, lam, ".", ms=3, color=color, label=label)[0]
+    beta, n_fit = summary.get("beta"), int(summary.get("tspec_n_fit", 0))
+    if beta is not None and math.isfinite(beta) and n_fit >= 2:
+        kk = np.arange(1, n_fit + 1, dtype=float)
+        c = np.mean(np.log(lam[:n_fit]) + beta * np.log(kk))
+        ax.loglog(kk, np.exp(c - beta * np.log(kk)), "-", lw=1, color=line.get_color(), alpha=0.8)
+    H = summary.get("H_star")
+    if H is not None and H <= lam.size:
+        ax.axvline(H, color=line.get_color(), ls=":", lw=0.8)
+
+
+def plot_eigen_spectrum(result: Any, *, ax: Any = None):
+    """POD eigenvalues ``lambda_k`` vs ``k`` (log-log) with the power-law fit over the modes
+    holding 99% of the energy and ``H*`` marked (dotted).
+
+    Args:
+        result: a :class:`PODResult`.
+        ax: an existing Axes (optional).
+    """
+    fig, ax = _new_axes(ax, (4.5, 3.5))
+    s = result.summary()
+    _spectrum_on(
+        ax,
+        _np(result.eigenvalues),
+        s,
+        f"T_spec={s['T_spec']:.3g} (R²={s['tspec_r2']:.2f}), H*={s['H_star_str']}",
+    )
+    ax.set_xlabel("mode k")
+    ax.set_ylabel("eigenvalue λ_k")
+    ax.set_title("POD spectrum")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_scalogram(layer: Any, *, ax: Any = None, log: bool = True):
+    """Scalogram ``E(a, tau)`` (scale vs lag) of one layer, dominant scales marked.
+
+    Args:
+        layer: a :class:`ScalePODLayer`.
+        ax: an existing Axes (optional).
+        log: colour on a log scale (default).
+    """
+    from matplotlib.colors import LogNorm
+
+    fig, ax = _new_axes(ax, (5.5, 3.8))
+    E = _np(layer.scalogram)
+    lags = _np(layer.lags)
+    s = _np(layer.scales)
+    pos = E[E > 0]
+    norm = (
+        LogNorm(vmin=max(pos.max() * 1e-4, pos.min()), vmax=pos.max()) if log and pos.size else None
+    )
+    mesh = ax.pcolormesh(
+        lags,
+        s,
+        np.where(E > 0, E, np.nan) if log else E,
+        shading="nearest",
+        norm=norm,
+        cmap="magma",
+    )
+    ax.set_yscale("log")
+    for a in layer.dominant_scales:
+        ax.axhline(a, color="c", ls="--", lw=0.8)
+    ax.set_xlabel("lag τ")
+    ax.set_ylabel("scale a (tokens)")
+    ax.set_title(f"layer {layer.layer}: scalogram E(a, τ)")
+    fig.colorbar(mesh, ax=ax)
+    return fig
+
+
+def plot_scale_energy(layer: Any, *, ax: Any = None, normalize: bool = True):
+    """Scale energy ``E(a)`` of one layer, with the dominant scales and the fixed band edges
+    (``a = 7``, ``a = 20``) marked.
+
+    Args:
+        layer: a :class:`ScalePODLayer`.
+        ax: an existing Axes (optional).
+        normalize: divide by ``max E(a)``.
+    """
+    fig, ax = _new_axes(ax, (4.8, 3.4))
+    s, E = _np(layer.scales), _np(layer.scale_energy)
+    if normalize and E.max() > 0:
+        E = E / E.max()
+    ax.semilogx(s, E, "-", color="k", lw=1.2)
+    for a in layer.dominant_scales:
+        ax.axvline(a, color="tab:red", ls="--", lw=1)
+        ax.annotate(
+            f"a*={a:.1f}",
+            (a, 1.0 if normalize else E.max()),
+            fontsize=7,
+            color="tab:red",
+            rotation=90,
+            va="top",
+            ha="right",
+        )
+    for edge in _BAND_EDGES:
+        ax.axvline(edge, color="0.6", ls=":", lw=1)
+    be = layer.band_energy
+    ax.set_title(
+        f"layer {layer.layer}: E(a)  fine {be['fine']:.2f} · medium "
+        f"{be['medium']:.2f} · coarse {be['coarse']:.2f}",
+        fontsize=9,
+    )
+    ax.set_xlabel("scale a (tokens)")
+    ax.set_ylabel("E(a)" + (" / max" if normalize else ""))
+    return fig
+
+
+def plot_scale_energies(result: Any, *, ax: Any = None):
+    """``E(a) / max E(a)`` of every layer on one axis (fixed band edges dotted).
+
+    Args:
+        result: a :class:`ScalePODResult`.
+        ax: an existing Axes (optional).
+    """
+    import matplotlib.pyplot as plt
+
+    fig, ax = _new_axes(ax, (5.0, 3.5))
+    cmap = plt.get_cmap("viridis")
+    n = max(1, result.n_layers - 1)
+    for i, layer in enumerate(result.layers):
+        E = _np(layer.scale_energy)
+        ax.semilogx(
+            _np(layer.scales),
+            E / max(E.max(), 1e-300),
+            color=cmap(i / n),
+            label=f"layer {layer.layer}",
+        )
+    for edge in _BAND_EDGES:
+        ax.axvline(edge, color="0.6", ls=":", lw=1)
+    ax.set_xlabel("scale a (tokens)")
+    ax.set_ylabel("E(a) / max")
+    ax.legend(fontsize=7)
+    ax.set_title("scale energy by layer")
+    return fig
+
+
+def plot_layer_spectra(layer: Any, *, ax: Any = None):
+    """POD eigen-spectra (log-log) of one layer: whole field and each band, with the
+    power-law fits (solid) and ``H*`` (dotted).
+
+    Args:
+        layer: a :class:`ScalePODLayer`.
+        ax: an existing Axes (optional).
+    """
+    fig, ax = _new_axes(ax, (5.0, 3.8))
+    f = layer.full
+    _spectrum_on(
+        ax,
+        _np(layer.full_eigenvalues),
+        f,
+        f"field: T_spec={f['T_spec']:.3g}, H*={f['H_star_str']}",
+        color="k",
+    )
+    for b in layer.bands:
+        lam = _np(layer.band_eigenvalues[str(b["band"])])
+        _spectrum_on(
+            ax, lam, b, f"a*={b['scale']:.1f}: T_spec={b['T_spec']:.3g}, H*={b['H_star_str']}"
+        )
+    ax.set_xlabel("mode k")
+    ax.set_ylabel("eigenvalue λ_k")
+    ax.set_title(f"layer {layer.layer}: POD spectra")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _band_list(layer: Any) -> list[tuple[str, Any, np.ndarray, str]]:
+    out = [("field", layer.full_modes, _np(layer.lags), "whole field")]
+    for b in layer.bands:
+        k = str(b["band"])
+        out.append((k, layer.band_modes[k], _np(layer.band_lags[k]), f"a*={b['scale']:.1f}"))
+    return out
+
+
+def plot_band_modes(layer: Any, *, n_modes: int = 3, include_full: bool = True):
+    """First POD modes of each band as ``(query, lag)`` images (rows: bands, columns: modes).
+
+    Args:
+        layer: a :class:`ScalePODLayer`.
+        n_modes: modes per band.
+        include_full: add a first row with the whole-field modes.
+    """
+    import matplotlib.pyplot as plt
+
+    rows = _band_list(layer)[(0 if include_full else 1) :]
+    if not rows:
+        fig, ax = plt.subplots(figsize=(4, 2))
+        ax.text(0.5, 0.5, "no dominant scale", ha="center", va="center")
+        ax.axis("off")
+        return fig
+    fig, axes = plt.subplots(
+        len(rows), n_modes, figsize=(2.6 * n_modes, 2.3 * len(rows)), squeeze=False
+    )
+    for r, (_, modes, lags, title) in enumerate(rows):
+        for c in range(n_modes):
+            ax = axes[r, c]
+            if c >= modes.shape[0]:
+                ax.axis("off")
+                continue
+            m = _np(modes[c])  # [T, L]
+            v = np.abs(m).max() or 1.0
+            ax.imshow(
+                m,
+                aspect="auto",
+                origin="lower",
+                cmap="RdBu_r",
+                vmin=-v,
+                vmax=v,
+                extent=(lags[0] - 0.5, lags[-1] + 0.5, -0.5, m.shape[0] - 0.5),
+                interpolation="nearest",
+            )
+            ax.set_title(f"{title} · mode {c + 1}", fontsize=8)
+            if c == 0:
+                ax.set_ylabel("query i")
+            if r == len(rows) - 1:
+                ax.set_xlabel("lag τ")
+    fig.suptitle(f"layer {layer.layer}: POD modes (query × lag)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_mode_profiles(layer: Any, *, n_modes: int = 3, include_full: bool = False):
+    """First POD modes of each band as mean lag profiles (mean over queries): one panel per
+    band.
+
+    Args:
+        layer: a :class:`ScalePODLayer`.
+        n_modes: modes per band.
+        include_full: add a panel with the whole-field modes.
+    """
+    import matplotlib.pyplot as plt
+
+    rows = _band_list(layer)[(0 if include_full else 1) :]
+    if not rows:
+        fig, ax = plt.subplots(figsize=(4, 2))
+        ax.text(0.5, 0.5, "no dominant scale", ha="center", va="center")
+        ax.axis("off")
+        return fig
+    fig, axes = plt.subplots(1, len(rows), figsize=(3.6 * len(rows), 3.0), squeeze=False)
+    for ax, (_, modes, lags, title) in zip(axes[0], rows):
+        for c in range(min(n_modes, modes.shape[0])):
+            ax.plot(lags, _np(modes[c]).mean(0), label=f"mode {c + 1}")
+        ax.axhline(0, color="0.7", lw=0.8)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("lag τ")
+        ax.legend(fontsize=7)
+    axes[0, 0].set_ylabel("mean over queries")
+    fig.suptitle(f"layer {layer.layer}: mode lag profiles", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_coherence(layer: Any, *, scales: list[float] | None = None):
+    """Cross-coherence maps ``gamma_ij(a)`` (query × query) at the dominant scales (or the
+    given ``scales``, nearest grid point), plus the mean off-diagonal coherence vs scale.
+
+    Args:
+        layer: a :class:`ScalePODLayer` with ``coherence`` computed.
+        scales: scales to show (default: the dominant scales, else 3 spread over the grid).
+    """
+    import matplotlib.pyplot as plt
+
+    if layer.coherence is None:
+        raise ValueError("this layer has no coherence; run scale_pod_layer(coherence_queries=16)")
+    g = _np(layer.coherence)  # [S, Q, Q]
+    s = _np(layer.scales)
+    q = _np(layer.coherence_queries).astype(int)
+    want = (
+        list(scales) if scales else (list(layer.dominant_scales) or [s[0], s[len(s) // 2], s[-1]])
+    )
+    idx = [int(np.argmin(np.abs(np.log(s / a)))) for a in want]
+    fig, axes = plt.subplots(1, len(idx) + 1, figsize=(3.2 * (len(idx) + 1), 3.0), squeeze=False)
+    for ax, i in zip(axes[0], idx):
+        im = ax.imshow(g[i], vmin=0, vmax=1, cmap="viridis", origin="lower")
+        ticks = np.arange(len(q))[:: max(1, len(q) // 4)]
+        ax.set_xticks(ticks)
+        ax.set_xticklabels(q[ticks])
+        ax.set_yticks(ticks)
+        ax.set_yticklabels(q[ticks])
+        ax.set_title(f"γ(a={s[i]:.1f})", fontsize=9)
+        ax.set_xlabel("query j")
+    axes[0, 0].set_ylabel("query i")
+    fig.colorbar(im, ax=axes[0, len(idx) - 1])
+    ax = axes[0, -1]
+    Q = g.shape[-1]
+    off = g[:, ~np.eye(Q, dtype=bool)].mean(-1) if Q > 1 else np.zeros(len(s))
+    ax.semilogx(s, off, color="k")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("scale a")
+    ax.set_ylabel("mean γ (i ≠ j)")
+    fig.suptitle(f"layer {layer.layer}: cross-coherence", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_tspec_hstar(result: Any):
+    """``T_spec`` (with the fit's R²) and ``H*`` across layers, beside the head allocation
+    (recommended vs uniform). Saturated ``H*`` values (``≥ N−1``) are drawn hollow.
+
+    Args:
+        result: a :class:`ScalePODResult`.
+    """
+    import matplotlib.pyplot as plt
+
+    layers = [lay.layer for lay in result.layers]
+    x = np.arange(len(layers))
+    fig, axes = plt.subplots(1, 3, figsize=(11.5, 3.3))
+    ts = np.array([lay.T_spec for lay in result.layers], dtype=float)
+    r2 = [lay.full["tspec_r2"] for lay in result.layers]
+    ax = axes[0]
+    ax.plot(x, ts, "o-", color="tab:blue")
+    for xi, t, r in zip(x, ts, r2):
+        if math.isfinite(t):
+            ax.annotate(
+                f"R²={r:.2f}", (xi, t), fontsize=7, xytext=(2, 4), textcoords="offset points"
+            )
+    for b in range(max((lay.n_bands for lay in result.layers), default=0)):
+        yb = [lay.bands[b]["T_spec"] if lay.n_bands > b else np.nan for lay in result.layers]
+        ax.plot(x, yb, ".--", lw=0.8, alpha=0.7, label=f"band {b}")
+    ax.set_title("spectral concentration T_spec = 1/β", fontsize=9)
+    ax.set_ylabel("T_spec")
+    ax = axes[1]
+    H = np.array([row["H_star"] for row in result.allocation], dtype=float)
+    sat = np.array([row["saturated"] for row in result.allocation], dtype=bool)
+    ax.plot(x, H, "-", color="tab:green")
+    ax.scatter(x[~sat], H[~sat], color="tab:green", zorder=3, label="H*(ε)")
+    ax.scatter(
+        x[sat],
+        H[sat],
+        facecolors="none",
+        edgecolors="tab:green",
+        zorder=3,
+        label="≥ N−1 (saturated)",
+    )
+    eps = result.config.get("epsilon", 0.1)
+    ax.set_title(f"effective rank H*(ε={eps:g})", fontsize=9)
+    ax.legend(fontsize=7)
+    ax = axes[2]
+    rec = [row["recommended"] for row in result.allocation]
+    uni = [row["uniform"] for row in result.allocation]
+    ax.bar(x - 0.2, uni, width=0.4, color="0.7", label="uniform")
+    ax.bar(x + 0.2, rec, width=0.4, color="tab:orange", label="∝ H*")
+    ax.set_title(f"heads per layer (budget {result.head_budget})", fontsize=9)
+    ax.legend(fontsize=7)
+    for a in axes:
+        a.set_xticks(x)
+        a.set_xticklabels(layers)
+        a.set_xlabel("layer")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
