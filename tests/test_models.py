@@ -16,14 +16,14 @@ from tl_spectral.models.attention import ATTENTION_KINDS, SDAttention
 
 
 def _cfg(**kw):
-    base = dict(vocab_size=13, n_layers=2, n_heads=2, d_model=16, n_ctx=24, d_mlp=32)
+    base = {"vocab_size": 13, "n_layers": 2, "n_heads": 2, "d_model": 16, "n_ctx": 24, "d_mlp": 32}
     base.update(kw)
     return GPTConfig(**base)
 
 
 def _brute_attention(x, W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O):
     """Loop-over-heads reference: x [b,p,dm], W_Q [h,dm,d] ... -> out [b,p,dm], pattern."""
-    b, p, _ = x.shape
+    _b, p, _ = x.shape
     out = torch.zeros_like(x) + b_O
     pats = []
     for h in range(W_Q.shape[0]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -26,14 +27,14 @@ def _data(n=4000, seed=0):
 
 def _model(seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = dict(vocab_size=VOCAB, n_layers=2, n_heads=2, d_model=16, n_ctx=16, d_mlp=32)
+    cfg = {"vocab_size": VOCAB, "n_layers": 2, "n_heads": 2, "d_model": 16, "n_ctx": 16, "d_mlp": 32}
     cfg.update(kw)
     return GPT(GPTConfig(**cfg))
 
 
 def _tcfg(tmp_path=None, **kw):
-    base = dict(steps=8, batch_size=4, lr=3e-3, min_lr=3e-4, warmup_steps=2, eval_every=4,
-                eval_windows=6, checkpoint_every=3, progress=False, seed=0, device="cpu")
+    base = {"steps": 8, "batch_size": 4, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 2, "eval_every": 4,
+                "eval_windows": 6, "checkpoint_every": 3, "progress": False, "seed": 0, "device": "cpu"}
     if tmp_path is not None:
         base["out_dir"] = str(tmp_path)
     base.update(kw)
@@ -48,7 +49,7 @@ def test_schedule_warmup_and_cosine():
     assert c.lr_at(55) == pytest.approx(0.55e-3)
     assert c.lr_at(100) == pytest.approx(1e-4)
     lrs = [c.lr_at(s) for s in range(10, 101)]
-    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(lrs))
 
 
 def test_train_config_validation_and_json():

@@ -27,11 +27,11 @@ positional arguments above and keyword options only.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 ATTENTION_KINDS: dict[str, type[nn.Module]] = {}
 

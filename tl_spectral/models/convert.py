@@ -90,22 +90,22 @@ def to_transformer_lens_config(model: GPT, *, device: str | torch.device = "cpu"
     """
     _check_model(model)
     c = model.cfg
-    common: dict[str, Any] = dict(
-        d_model=c.d_model,
-        d_head=max(c.d_heads),
-        n_layers=c.n_layers,
-        n_ctx=c.n_ctx,
-        n_heads=c.n_heads,
-        d_vocab=c.vocab_size,
-        d_mlp=c.d_mlp,
-        act_fn="gelu",
-        eps=c.ln_eps,
-        normalization_type="LN" if c.normalization == "ln" else None,
-        attention_dir="causal",
-        positional_embedding_type="standard",
-        original_architecture="tl_spectral.GPT",
-        model_name="tl_spectral-gpt",
-    )
+    common: dict[str, Any] = {
+        "d_model": c.d_model,
+        "d_head": max(c.d_heads),
+        "n_layers": c.n_layers,
+        "n_ctx": c.n_ctx,
+        "n_heads": c.n_heads,
+        "d_vocab": c.vocab_size,
+        "d_mlp": c.d_mlp,
+        "act_fn": "gelu",
+        "eps": c.ln_eps,
+        "normalization_type": "LN" if c.normalization == "ln" else None,
+        "attention_dir": "causal",
+        "positional_embedding_type": "standard",
+        "original_architecture": "tl_spectral.GPT",
+        "model_name": "tl_spectral-gpt",
+    }
     if tl_major_version() == 3:
         from transformer_lens import HookedTransformerConfig
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from tl_spectral.models.attention import ATTENTION_KINDS, make_attention
 
@@ -121,9 +121,9 @@ class GPTConfig:
         return {"format": CONFIG_FORMAT, **dataclasses.asdict(self)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GPTConfig":
+    def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
         if not isinstance(d, dict):
-            raise ValueError(f"a GPT config must be a JSON object, got {type(d).__name__}")
+            raise TypeError(f"a GPT config must be a JSON object, got {type(d).__name__}")
         d = dict(d)
         fmt = d.pop("format", CONFIG_FORMAT)
         if fmt != CONFIG_FORMAT:
@@ -138,7 +138,7 @@ class GPTConfig:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_json(cls, s: str) -> "GPTConfig":
+    def from_json(cls, s: str) -> GPTConfig:
         return cls.from_dict(json.loads(s))
 
 
@@ -208,7 +208,7 @@ class GPT(nn.Module):
         for name, m in self.named_modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 s = std
-                if name.endswith("attn.out") or name.endswith("mlp.fc_out"):
+                if name.endswith(("attn.out", "mlp.fc_out")):
                     s = std / math.sqrt(2 * self.cfg.n_layers)
                 nn.init.normal_(m.weight, 0.0, s)
                 if getattr(m, "bias", None) is not None:
@@ -302,9 +302,20 @@ def read_checkpoint_config(directory: str | Path) -> dict[str, Any]:
         doc = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{p} is not valid JSON ({e}); the checkpoint is corrupted") from None
-    if not isinstance(doc, dict) or "model" not in doc:
+    if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
         raise ValueError(f"{p} has no 'model' entry: not a tl_spectral checkpoint config")
     return doc
+
+
+def _safetensors_errors() -> tuple[type[BaseException], ...]:
+    import safetensors
+
+    names = ("SafetensorError", "SafetensorsError")  # the name differs across versions
+    errs = tuple(getattr(safetensors, n) for n in names if hasattr(safetensors, n))
+    return (*errs, OSError, RuntimeError, ValueError)
+
+
+_SAFETENSORS_ERRORS = _safetensors_errors()
 
 
 def load_state_file(path: str | Path) -> dict[str, torch.Tensor]:
@@ -316,7 +327,7 @@ def load_state_file(path: str | Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"no weights file at {path}")
     try:
         return load_file(str(path))
-    except Exception as e:  # SafetensorError (name varies across versions), OSError, ...
+    except _SAFETENSORS_ERRORS as e:
         raise ValueError(
             f"{path} is not a readable safetensors file ({e}); the checkpoint is corrupted "
             "or not a tl_spectral checkpoint"

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from tl_spectral.models.gpt import (
     GPT,
@@ -107,7 +107,7 @@ class TrainConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
@@ -478,9 +478,9 @@ def run_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None = N
     trainer = Trainer(model, train_ids, val_ids, train_cfg,
                       extra_metadata={"tokenizer": tok_doc, "data": doc.get("data", {})})
     history = trainer.fit()
+    if trainer.out_dir is not None:
+        full = trainer.evaluate(_all_windows(trainer))  # every rank joins the all_reduce
     if trainer.out_dir is not None and trainer.rank == 0:
-        full = trainer.evaluate(trainer.val_windows() if train_cfg.eval_windows is None else
-                                _all_windows(trainer))
         save_model(trainer.model, trainer.out_dir / "final", extra={
             "tokenizer": tok_doc, "data": doc.get("data", {}), "train": train_cfg.to_dict(),
             "metrics": {**full, "steps": trainer.step, "tokens_seen": history.tokens_seen,
