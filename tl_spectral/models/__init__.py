@@ -18,7 +18,17 @@ from tl_spectral.models.attention import (
     register_attention,
 )
 from tl_spectral.models.gpt import GPT, GPTConfig, load_model, save_model
-from tl_spectral.models.train import TrainConfig, Trainer, TrainHistory, train_cli
+
+_TRAIN_NAMES = ("TrainConfig", "Trainer", "TrainHistory", "train_cli")
+
+
+def __getattr__(name):
+    # train.py is imported lazily so that ``python -m tl_spectral.models.train`` runs cleanly
+    if name in _TRAIN_NAMES:
+        from tl_spectral.models import train
+
+        return getattr(train, name)
+    raise AttributeError(f"module 'tl_spectral.models' has no attribute {name!r}")
 
 
 def to_transformer_lens(model, **kwargs):
