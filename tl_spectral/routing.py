@@ -1,0 +1,674 @@
+"""Routing and filtering at the model level (SPEC B): QK geometry of every head of a model,
+the B.4 ablations on the project's GPT models, the spectral cascade over training, and the
+subword (GPT-2 BPE, top-K vocabulary) training used by the routing study.
+
+Entry points:
+
+- :func:`model_qk_geometry` — ``geometry.qk`` for every head of a TransformerLens model
+  (LayerNorm folded) or of a native :class:`~tl_spectral.models.GPT` (converted first).
+- :func:`model_sd_geometry` — ``geometry.sd_geometry`` of a native S–D model.
+- :func:`ablate` / :func:`ablation_table` — filtering collapse / routing removal (S–D),
+  symmetric / skew part removal (softmax) with ΔPPL.
+- :func:`cascade_over_training` — routing rank per layer for every checkpoint of a run.
+- :func:`run_bpe_from_config` / ``python -m tl_spectral.routing train-bpe --config F`` —
+  Austen + Wikipedia, GPT-2 BPE truncated to the K most frequent training tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tl_spectral.geometry.qk import (
+    DEFAULT_ZERO_RTOL,
+    QKGeometry,
+    SDGeometry,
+    qk_geometry,
+    sd_geometry,
+)
+from tl_spectral.results import Result, register_result
+
+__all__ = [
+    "ABLATIONS_SD",
+    "ABLATIONS_SOFTMAX",
+    "AblationResult",
+    "CascadeResult",
+    "KernelPartAttention",
+    "TopKBPE",
+    "UnreadableHeadsError",
+    "ablate",
+    "ablation_table",
+    "cascade_over_training",
+    "geometry_layer_table",
+    "load_bpe_data",
+    "model_qk_geometry",
+    "model_sd_geometry",
+    "perplexity",
+    "run_bpe_from_config",
+]
+
+
+class UnreadableHeadsError(ValueError):
+    """The QK geometry of some heads of this model is not defined or not readable."""
+
+
+# -------------------------------------------------------------- model-level geometry
+def _is_native_gpt(model: Any) -> bool:
+    from tl_spectral.models import GPT
+
+    return isinstance(model, GPT)
+
+
+def _fold_ln1(w: dict[str, torch.Tensor], ln: nn.Module) -> dict[str, torch.Tensor]:
+    """Fold a LayerNorm (gain g, bias b) into W_Q/W_K/W_V [head, d_model, d_head] and their
+    biases, then centre the weights over d_model (TransformerLens fold_ln + centring)."""
+    g = ln.weight.detach().to(torch.float64)
+    b = ln.bias.detach().to(torch.float64)
+    out = dict(w)
+    for wn, bn in (("W_Q", "b_Q"), ("W_K", "b_K"), ("W_V", "b_V")):
+        W = w[wn].to(torch.float64)
+        out[bn] = w[bn].to(torch.float64) + torch.einsum("m,hmd->hd", b, W)
+        Wf = W * g[None, :, None]
+        out[wn] = Wf - Wf.mean(dim=1, keepdim=True)
+    return out
+
+
+def native_attention_weights(model: Any, *, fold_ln: bool = True) -> list[dict[str, torch.Tensor]]:
+    """Per layer, the TransformerLens-layout weights of a native GPT's attention (no
+    zero-padding; S–D layers as W_Q = W_P (S − D), W_K = W_P), the pre-attention LayerNorm
+    folded in when ``fold_ln`` (W_Q/W_K/W_V ``[head, d_model, d_head_l]``, b_Q/b_K
+    ``[head, d_head_l]``). Raises :class:`UnreadableHeadsError` for linear-attention layers."""
+    bad = [(i, blk.attn.__class__.__name__) for i, blk in enumerate(model.blocks)
+           if model.cfg.layer_attention(i) not in ("softmax", "sd")]
+    if bad:
+        raise UnreadableHeadsError(
+            "cannot read the QK geometry of layers "
+            + ", ".join(f"{i} ({name}, kind {model.cfg.layer_attention(i)!r})" for i, name in bad)
+            + ": their score is not a bilinear form x_i W_Q W_Kᵀ x_jᵀ (linear attention scores "
+            "φ(q)·φ(k) with φ = elu + 1), so M = W_Q W_Kᵀ does not describe them; analyse the "
+            "softmax / S–D layers of a model without linear layers")
+    out = []
+    for blk in model.blocks:
+        w = {k: v.detach() for k, v in blk.attn.weights().items()}
+        if fold_ln and isinstance(blk.ln1, nn.LayerNorm):
+            w = _fold_ln1(w, blk.ln1)
+        out.append(w)
+    return out
+
+
+def _check_positional(model: Any, allow_rotary: bool) -> None:
+    pe = str(getattr(getattr(model, "cfg", None), "positional_embedding_type", "standard"))
+    if pe in ("rotary", "alibi") and not allow_rotary:
+        raise UnreadableHeadsError(
+            f"this model uses {pe!r} positional embeddings: its score between positions i and "
+            f"j is x_i W_Q P(i − j) W_Kᵀ x_jᵀ with a position-dependent P, so W_Q W_Kᵀ alone is "
+            "only the kernel at offset 0; pass allow_rotary=True to analyse that kernel anyway")
+
+
+def model_qk_geometry(
+    model: Any,
+    *,
+    fold_ln: bool = True,
+    biases: bool = True,
+    allow_rotary: bool = False,
+    zero_rtol: float = DEFAULT_ZERO_RTOL,
+) -> QKGeometry:
+    """``geometry.qk`` for every head of a model (SPEC B.1): the kernel ``M = W_Q W_Kᵀ``.
+
+    model: a TransformerLens model (TransformerBridge / HookedTransformer / HookedEncoder,
+        or a :class:`~tl_spectral.model_view.ModelView`) — weights are read through
+        ``ModelView.stacked_weights(fold_ln=fold_ln)`` — or a native
+        :class:`~tl_spectral.models.GPT` (its own weights, LayerNorm folded the same way;
+        unequal ``d_head`` per layer stay unpadded).
+    fold_ln: fold the pre-attention LayerNorm (pre-LN models only; post-LN encoders such as
+        BERT/MiniLM read the residual stream directly and are analysed as they are).
+    biases: also report ``key_bias_norm`` / ``query_bias_norm`` (see ``qk_geometry``).
+    allow_rotary: analyse rotary/ALiBi models anyway (the kernel at offset 0).
+
+    Returns a :class:`QKGeometry` with ``[layer, head, ...]`` fields. Raises
+    :class:`UnreadableHeadsError` (a ``ValueError``) naming the layers whose heads cannot be
+    read and why (linear attention, no W_Q exposed, rotary positions, non-finite weights).
+    """
+    if _is_native_gpt(model):
+        ws = native_attention_weights(model, fold_ln=fold_ln)
+        WQ, WK = [w["W_Q"] for w in ws], [w["W_K"] for w in ws]
+        bq = [w["b_Q"] for w in ws] if biases else None
+        bk = [w["b_K"] for w in ws] if biases else None
+        names = [f"L{i}" for i in range(len(ws))]
+    else:
+        from tl_spectral.model_view import ModelView, PatternsNotExposedError
+
+        view = model if isinstance(model, ModelView) else ModelView(model)
+        _check_positional(view.model, allow_rotary)
+        try:
+            st = view.stacked_weights(fold_ln=fold_ln)
+        except PatternsNotExposedError as e:
+            raise UnreadableHeadsError(
+                f"cannot read the query/key weights of {view.name}: {e}. The QK geometry "
+                "needs W_Q and W_K per head (TransformerLens layout)") from e
+        WQ, WK = st["W_Q"], st["W_K"]
+        bq, bk = (st["b_Q"], st["b_K"]) if biases else (None, None)
+        names = [f"L{i}" for i in range(view.n_layers)]
+    try:
+        return qk_geometry(WQ, WK, b_Q=bq, b_K=bk, layer_names=names, zero_rtol=zero_rtol)
+    except ValueError as e:
+        raise UnreadableHeadsError(f"the model's heads cannot be analysed: {e}") from e
+
+
+def model_sd_geometry(model: Any, *, zero_rtol: float = DEFAULT_ZERO_RTOL) -> SDGeometry:
+    """``geometry.sd_geometry`` of the S–D layers of a native GPT (SPEC B.2–B.3): the
+    routing rank of every head's S (the spectral cascade) and the eigenvalues of S − D.
+    Layer names are ``L{index}`` of the S–D layers only. Raises ``ValueError`` if the
+    model has no S–D layer."""
+    if not _is_native_gpt(model):
+        raise TypeError(
+            f"model_sd_geometry needs a native tl_spectral GPT, got {type(model).__name__}; "
+            "for a converted TransformerLens model use "
+            "geometry.qk.recover_sd_from_qk(W_Q, W_K) on its (unfolded) weights")
+    idx = [i for i in range(model.cfg.n_layers) if model.cfg.layer_attention(i) == "sd"]
+    if not idx:
+        raise ValueError("the model has no S–D attention layer (attention='sd')")
+    with torch.no_grad():
+        S = [model.blocks[i].attn.S().detach() for i in idx]
+        D = [model.blocks[i].attn.D().detach() for i in idx]
+    return sd_geometry(S, D, layer_names=[f"L{i}" for i in idx], zero_rtol=zero_rtol)
+
+
+def geometry_layer_table(geo: QKGeometry | SDGeometry, *, measure: str = "entropy"
+                         ) -> list[dict[str, Any]]:
+    """Per-layer rows: routing fraction (mean over heads), routing rank (mean ± std over
+    heads, entropy or participation-ratio measure), capacity, and for QK geometry the share
+    of unstable heads and of positive-real eigenvalues; for S–D the share of stable heads."""
+    if measure not in ("entropy", "participation"):
+        raise ValueError(f"measure must be 'entropy' or 'participation', got {measure!r}")
+    rows = []
+    if isinstance(geo, SDGeometry):
+        rk = geo.eff_rank_S if measure == "entropy" else geo.pr_S
+        for i, name in enumerate(geo.layer_names):
+            rows.append({"layer": name, "d_head": int(geo.d_head[i]),
+                         "routing_fraction": float(geo.routing_fraction[i].mean()),
+                         "rank_S": float(rk[i].mean()), "rank_S_std": float(rk[i].std(0)),
+                         "rank_S_min": float(rk[i].min()), "rank_S_max": float(rk[i].max()),
+                         "stable_share": float(geo.stable[i].double().mean())})
+        return rows
+    rk = geo.eff_rank_R if measure == "entropy" else geo.pr_R
+    for i, name in enumerate(geo.layer_names):
+        rows.append({"layer": name, "d_head": int(geo.d_head[i]),
+                     "capacity": int(geo.routing_capacity[i]),
+                     "routing_fraction": float(geo.routing_fraction[i].mean()),
+                     "rank_R": float(rk[i].mean()), "rank_R_std": float(rk[i].std(0)),
+                     "rank_F": float(geo.eff_rank_F[i].mean()),
+                     "unstable_share": float(geo.unstable[i].double().mean()),
+                     "positive_eig_share": float(geo.positive_share[i].mean())})
+    return rows
+
+
+# ------------------------------------------------------------------------ ablations
+ABLATIONS_SD = ("filtering_collapse", "routing_removal", "filtering_removal")
+ABLATIONS_SOFTMAX = ("symmetric_removal", "skew_removal")
+
+
+class KernelPartAttention(nn.Module):
+    """Softmax attention whose bilinear score keeps only one part of ``M = W_Q W_Kᵀ``
+    (SPEC B.4 for standard heads): ``keep="skew"`` (routing R; the symmetric part removed)
+    or ``keep="symmetric"`` (filtering F; the skew part removed).
+
+    With ``q⁰ = x W_Q``, ``k⁰ = x W_K`` (no biases), ``x_i M x_jᵀ = q⁰_i·k⁰_j`` and
+    ``x_i Mᵀ x_jᵀ = k⁰_i·q⁰_j``, so the kept part is ``½(q⁰_i·k⁰_j ± k⁰_i·q⁰_j)``; the
+    bias terms ``q⁰_i·b_K + b_Q·k⁰_j + b_Q·b_K`` are kept unchanged (*choice*, as in the
+    geometry, which reads only the bilinear term). Acts on the block's attention input
+    (after ``ln1``). forward(x [b, p, d_model]) -> [b, p, d_model].
+    """
+
+    def __init__(self, base: nn.Module, keep: str):
+        super().__init__()
+        if keep not in ("skew", "symmetric"):
+            raise ValueError(f"keep must be 'skew' or 'symmetric', got {keep!r}")
+        if not hasattr(base, "qkv"):
+            raise TypeError(f"KernelPartAttention wraps softmax attention, got "
+                            f"{type(base).__name__}")
+        self.base, self.keep = base, keep
+        self.n_heads, self.d_head = base.n_heads, base.d_head
+
+    def forward(self, x: torch.Tensor, *, return_pattern: bool = False):
+        w = self.base.weights()
+        b, p, _ = x.shape
+        q0 = torch.einsum("bpm,hmd->bhpd", x, w["W_Q"])
+        k0 = torch.einsum("bpm,hmd->bhpd", x, w["W_K"])
+        v = torch.einsum("bpm,hmd->bhpd", x, w["W_V"]) + w["b_V"][None, :, None, :]
+        qk = q0 @ k0.transpose(-1, -2)
+        kq = k0 @ q0.transpose(-1, -2)
+        bil = 0.5 * (qk - kq) if self.keep == "skew" else 0.5 * (qk + kq)
+        bias = ((q0 * w["b_K"][None, :, None, :]).sum(-1)[..., :, None]
+                + (k0 * w["b_Q"][None, :, None, :]).sum(-1)[..., None, :]
+                + (w["b_Q"] * w["b_K"]).sum(-1)[None, :, None, None])
+        scores = (bil + bias) / math.sqrt(self.d_head)
+        mask = torch.ones(p, p, dtype=torch.bool, device=x.device).triu(1)
+        pattern = scores.masked_fill(mask, float("-inf")).softmax(-1)
+        z = pattern @ v
+        out = torch.einsum("bhpd,hdm->bpm", z, w["W_O"]) + w["b_O"]
+        return (out, pattern) if return_pattern else out
+
+
+def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
+    return y + torch.log(-torch.expm1(-y))  # log(exp(y) − 1), stable
+
+
+def ablate(model: Any, kind: str, layers: Sequence[int] | None = None) -> Any:
+    """A copy of a native GPT with the SPEC B.4 ablation ``kind`` applied to ``layers``
+    (default: every layer of the matching attention kind). The input model is unchanged.
+
+    S–D layers: ``"filtering_collapse"`` (D → its mean diagonal value per head, times I:
+    ``δ ← softplus⁻¹(mean softplus(δ))``), ``"routing_removal"`` (S = 0: ``A ← 0``),
+    ``"filtering_removal"`` (D = 0). Softmax layers: ``"symmetric_removal"`` (keep only the
+    routing part R of ``W_Q W_Kᵀ``), ``"skew_removal"`` (keep only the filtering part F);
+    see :class:`KernelPartAttention`.
+    """
+    if not _is_native_gpt(model):
+        raise TypeError(f"ablate needs a native tl_spectral GPT, got {type(model).__name__}")
+    if kind in ABLATIONS_SD:
+        want = "sd"
+    elif kind in ABLATIONS_SOFTMAX:
+        want = "softmax"
+    else:
+        raise ValueError(f"unknown ablation {kind!r}; S–D: {ABLATIONS_SD}, "
+                         f"softmax: {ABLATIONS_SOFTMAX}")
+    cands = [i for i in range(model.cfg.n_layers) if model.cfg.layer_attention(i) == want]
+    layers = cands if layers is None else [int(i) for i in layers]
+    wrong = [i for i in layers if i not in cands]
+    if wrong or not layers:
+        raise ValueError(f"ablation {kind!r} applies to {want!r} attention layers "
+                         f"{cands}; got layers {list(layers)}")
+    m = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        for i in layers:
+            att = m.blocks[i].attn
+            if kind == "routing_removal":
+                if att.routing == "skew":
+                    att.A.zero_()
+            elif kind == "filtering_collapse":
+                if att.filtering == "diag":
+                    mean = F.softplus(att.delta).mean(-1, keepdim=True)
+                    att.delta.copy_(_inv_softplus(mean).expand_as(att.delta))
+            elif kind == "filtering_removal":
+                if att.filtering != "none":
+                    att.delta.fill_(-1e4)  # softplus(-1e4) == 0 exactly in float32
+            else:
+                m.blocks[i].attn = KernelPartAttention(att, "skew" if kind ==
+                                                       "symmetric_removal" else "symmetric")
+    return m
+
+
+@torch.no_grad()
+def perplexity(model: nn.Module, windows: torch.Tensor, *, batch_size: int = 16) -> dict[str, float]:
+    """Mean next-token cross-entropy (nats) and its exponential over ``windows``
+    ``[n, seq_len + 1]`` (every target counted once, equal weight)."""
+    if windows.dim() != 2 or windows.shape[1] < 2:
+        raise ValueError(f"windows must be [n, seq_len+1], got {tuple(windows.shape)}")
+    model.eval()
+    tot, n = 0.0, 0
+    for s in range(0, windows.shape[0], batch_size):
+        w = windows[s:s + batch_size]
+        logits = model(w[:, :-1])
+        tot += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                     w[:, 1:].reshape(-1), reduction="sum"))
+        n += w[:, 1:].numel()
+    loss = tot / n
+    return {"loss": loss, "ppl": math.exp(loss)}
+
+
+@register_result
+@dataclasses.dataclass
+class AblationResult(Result):
+    """SPEC B.4 ablations of one model with ΔPPL on the same validation windows.
+
+    rows: one dict per (ablation, layers): ``ablation``, ``layers`` ("all" or an index),
+    ``loss``, ``ppl``, ``delta_ppl`` (ppl − baseline), ``rel_delta`` (ΔPPL / baseline).
+    """
+
+    kind: ClassVar[str] = "routing_ablation"
+
+    model_name: str
+    attention: str
+    baseline_loss: float
+    baseline_ppl: float
+    n_windows: int
+    seq_len: int
+    rows: list
+
+    def to_rows(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.rows]
+
+    def plot(self, ax: Any = None):
+        """ΔPPL of each ablation (all layers, log scale), and per layer. Returns a Figure."""
+        import matplotlib.pyplot as plt
+
+        kinds = sorted({r["ablation"] for r in self.rows})
+        per = {k: sorted((r for r in self.rows if r["ablation"] == k and r["layers"] != "all"),
+                         key=lambda r: r["layers"]) for k in kinds}
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.4)) if ax is None else (ax.figure, [ax])
+        a0 = axes[0]
+        allrows = [next(r for r in self.rows if r["ablation"] == k and r["layers"] == "all")
+                   for k in kinds if any(r["layers"] == "all" and r["ablation"] == k
+                                         for r in self.rows)]
+        a0.bar(range(len(allrows)), [max(r["delta_ppl"], 1e-3) for r in allrows],
+               color="tab:purple")
+        a0.set_yscale("log")
+        a0.set_xticks(range(len(allrows)))
+        a0.set_xticklabels([r["ablation"].replace("_", "\n") for r in allrows], fontsize=8)
+        a0.set_ylabel("ΔPPL (all layers)")
+        a0.set_title(f"{self.model_name}: baseline PPL {self.baseline_ppl:.3g}", fontsize=9)
+        if len(axes) > 1:
+            a1 = axes[1]
+            for k in kinds:
+                if per[k]:
+                    a1.plot([r["layers"] for r in per[k]],
+                            [max(r["delta_ppl"], 1e-3) for r in per[k]], "o-", label=k)
+            a1.set_yscale("log")
+            a1.set_xlabel("ablated layer")
+            a1.set_ylabel("ΔPPL (one layer)")
+            a1.legend(fontsize=7)
+        fig.tight_layout()
+        return fig
+
+
+def ablation_table(model: Any, windows: torch.Tensor, *, kinds: Sequence[str] | None = None,
+                   per_layer: bool = True, batch_size: int = 16, name: str = "model"
+                   ) -> AblationResult:
+    """Run the SPEC B.4 ablations of a native GPT on validation ``windows``
+    ``[n, seq_len + 1]``: each ablation on all layers of its kind at once, and (``per_layer``)
+    on each such layer alone. ``kinds`` default: every ablation that applies to the model's
+    attention kinds."""
+    kinds_present = {model.cfg.layer_attention(i) for i in range(model.cfg.n_layers)}
+    if kinds is None:
+        kinds = [k for k in ABLATIONS_SD if "sd" in kinds_present] + \
+                [k for k in ABLATIONS_SOFTMAX if "softmax" in kinds_present]
+    base = perplexity(model, windows, batch_size=batch_size)
+    rows = []
+    for k in kinds:
+        want = "sd" if k in ABLATIONS_SD else "softmax"
+        cands = [i for i in range(model.cfg.n_layers) if model.cfg.layer_attention(i) == want]
+        targets: list[Any] = ["all"] + (cands if per_layer else [])
+        for t in targets:
+            m = ablate(model, k, None if t == "all" else [t])
+            r = perplexity(m, windows, batch_size=batch_size)
+            rows.append({"ablation": k, "layers": t, "loss": r["loss"], "ppl": r["ppl"],
+                         "delta_ppl": r["ppl"] - base["ppl"],
+                         "rel_delta": (r["ppl"] - base["ppl"]) / base["ppl"]})
+    att = "+".join(sorted(kinds_present))
+    return AblationResult(model_name=name, attention=att, baseline_loss=base["loss"],
+                          baseline_ppl=base["ppl"], n_windows=int(windows.shape[0]),
+                          seq_len=int(windows.shape[1] - 1), rows=rows)
+
+
+# ------------------------------------------------------------- cascade over training
+@register_result
+@dataclasses.dataclass
+class CascadeResult(Result):
+    """Routing rank per layer over training (SPEC B.3), one entry per checkpoint.
+
+    steps: ``[n_ckpt]``. rank_R, routing_fraction_R: ``[n_ckpt, layer, head]`` entropy
+    effective rank of R and ‖R‖²/‖M‖² from the (LayerNorm-folded) kernel W_Q W_Kᵀ.
+    rank_S, routing_fraction_S: ``[n_ckpt, layer, head]`` rank of S and ‖S‖²/‖S − D‖²
+    (S–D models only, else None). val_loss: the run's validation losses at the checkpoint
+    steps where it evaluated (``[n_ckpt]``, NaN-free: steps without evaluation hold -1).
+    """
+
+    kind: ClassVar[str] = "routing_cascade"
+
+    run_name: str
+    attention: str
+    d_head: list
+    steps: torch.Tensor
+    rank_R: torch.Tensor
+    routing_fraction_R: torch.Tensor
+    val_loss: torch.Tensor
+    rank_S: torch.Tensor | None = None
+    routing_fraction_S: torch.Tensor | None = None
+
+    def rank(self) -> torch.Tensor:
+        """The routing rank followed by the cascade: S for S–D models, else R. [n, layer, head]"""
+        return self.rank_S if self.rank_S is not None else self.rank_R
+
+    def plot(self, ax: Any = None):
+        """Mean routing rank per layer vs training step (one line per layer). Figure."""
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 3.4)) if ax is None else (ax.figure, ax)
+        r = self.rank().double().mean(-1).numpy()
+        cmap = plt.get_cmap("viridis")
+        L = r.shape[1]
+        for l in range(L):
+            ax.plot(self.steps.numpy(), r[:, l], color=cmap(l / max(1, L - 1)), label=f"L{l}")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("routing rank of " + ("S" if self.rank_S is not None else "R"))
+        ax.set_title(self.run_name, fontsize=9)
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        return fig
+
+
+def _checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    out = []
+    root = run_dir / "checkpoints"
+    for p in sorted(root.glob("step_*")) if root.is_dir() else []:
+        if (p / "trainer_state.json").is_file() and (p / "model.safetensors").is_file():
+            out.append((int(p.name.split("_")[1]), p))
+    if (run_dir / "final" / "model.safetensors").is_file():
+        steps = {s for s, _ in out}
+        meta = json.loads((run_dir / "final" / "config.json").read_text())
+        s = int(meta.get("metrics", {}).get("steps", -1))
+        if s not in steps:
+            out.append((s, run_dir / "final"))
+    return sorted(out)
+
+
+def cascade_over_training(run_dir: str | Path, *, name: str | None = None) -> CascadeResult:
+    """Routing rank per layer and head for every checkpoint of a training run
+    (``run_dir/checkpoints/step_*`` and ``run_dir/final``)."""
+    from tl_spectral.models import load_model
+
+    run_dir = Path(run_dir)
+    ck = _checkpoint_dirs(run_dir)
+    if not ck:
+        raise FileNotFoundError(f"no complete checkpoint under {run_dir}/checkpoints")
+    evals: dict[int, float] = {}
+    last_state = ck[-1][1] / "trainer_state.json"
+    for _, p in ck:
+        sp = p / "trainer_state.json"
+        if sp.is_file():
+            for e in json.loads(sp.read_text()).get("history", {}).get("evals", []):
+                evals[int(e["step"])] = float(e["val_loss"])
+    del last_state
+    steps, rr, fr, rs, fs = [], [], [], [], []
+    model = None
+    for s, p in ck:
+        model = load_model(p)
+        g = model_qk_geometry(model, biases=False)
+        steps.append(s)
+        rr.append(g.eff_rank_R)
+        fr.append(g.routing_fraction)
+        if any(model.cfg.layer_attention(i) == "sd" for i in range(model.cfg.n_layers)):
+            sg = model_sd_geometry(model)
+            rs.append(sg.eff_rank_S)
+            fs.append(sg.routing_fraction)
+    assert model is not None
+    kinds = sorted({model.cfg.layer_attention(i) for i in range(model.cfg.n_layers)})
+    return CascadeResult(
+        run_name=name or run_dir.name, attention="+".join(kinds), d_head=model.cfg.d_heads,
+        steps=torch.tensor(steps), rank_R=torch.stack(rr), routing_fraction_R=torch.stack(fr),
+        val_loss=torch.tensor([evals.get(s, -1.0) for s in steps], dtype=torch.float64),
+        rank_S=torch.stack(rs) if rs else None,
+        routing_fraction_S=torch.stack(fs) if fs else None)
+
+
+# ------------------------------------------------------------------ BPE data (top-K vocab)
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+class TopKBPE:
+    """GPT-2 BPE with the vocabulary truncated to the ``top_k - 1`` most frequent tokens of a
+    training stream; every other GPT-2 id maps to one ``<unk>`` id (``top_k - 1``).
+
+    keep: [top_k - 1] GPT-2 ids, most frequent first (new id = position in ``keep``).
+    """
+
+    def __init__(self, ranks_path: str | Path, keep: Sequence[int]):
+        from tl_spectral.data import BPETokenizer
+
+        self.bpe = BPETokenizer(ranks_path)
+        self.keep = [int(i) for i in keep]
+        if len(set(self.keep)) != len(self.keep):
+            raise ValueError("TopKBPE: keep holds duplicate ids")
+        self.vocab_size = len(self.keep) + 1
+        self.unk_id = len(self.keep)
+        lut = torch.full((self.bpe.vocab_size,), self.unk_id, dtype=torch.long)
+        lut[torch.tensor(self.keep, dtype=torch.long)] = torch.arange(len(self.keep))
+        self._lut = lut
+
+    @classmethod
+    def fit(cls, ranks_path: str | Path, train_ids: torch.Tensor, top_k: int) -> TopKBPE:
+        """train_ids: [n] GPT-2 ids; keeps the ``top_k - 1`` most frequent (ties: lower id)."""
+        if top_k < 2:
+            raise ValueError(f"top_k must be >= 2 (one slot is <unk>), got {top_k}")
+        counts = torch.bincount(train_ids.long(), minlength=1)
+        order = sorted(range(counts.numel()), key=lambda i: (-int(counts[i]), i))
+        keep = [i for i in order if counts[i] > 0][: top_k - 1]
+        return cls(ranks_path, keep)
+
+    def map_ids(self, gpt2_ids: torch.Tensor) -> torch.Tensor:
+        """gpt2_ids: [n] -> [n] ids in [0, vocab_size)."""
+        return self._lut[gpt2_ids.long()]
+
+    def encode(self, text: str) -> list[int]:
+        return self.map_ids(torch.tensor(self.bpe.encode(text), dtype=torch.long)).tolist()
+
+    def decode(self, ids) -> str:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return "".join("<unk>" if i == self.unk_id else self.bpe.decode([self.keep[i]])
+                       for i in ids)
+
+    def to_json(self) -> str:
+        return json.dumps({"type": "gpt2-bpe-topk", "ranks": "gpt2.tiktoken",
+                           "top_k": self.vocab_size, "keep": self.keep})
+
+    def __repr__(self) -> str:
+        return f"TopKBPE(vocab_size={self.vocab_size})"
+
+
+def _corpus_text(name: str, data_dir: Path) -> str:
+    from tl_spectral.data import load_austen, load_wikipedia
+
+    if name == "austen":
+        return load_austen(data_dir / "austen.txt")
+    if name == "wikipedia":
+        return load_wikipedia(data_dir / "wiki_excerpt.txt")
+    raise ValueError(f"unknown corpus {name!r}; use 'austen' or 'wikipedia'")
+
+
+def load_bpe_data(data: dict[str, Any], cache_dir: str | Path | None = None):
+    """(tokenizer, train_ids [n_train], val_ids [n_val]) for a ``data`` section
+    ``{"corpora": ["austen", "wikipedia"], "data_dir": ..., "top_k": 4096,
+    "val_fraction": 0.1}``. Each corpus is split into a leading train and a trailing
+    validation part; the parts are encoded with GPT-2 BPE and concatenated in the given
+    order. The vocabulary is fitted on the train part only. ``cache_dir``: encoded GPT-2
+    ids are cached there (``bpe_ids.pt``) so that a resumed run does not re-encode."""
+    from tl_spectral.data import BPETokenizer, train_val_split
+
+    data_dir = Path(data.get("data_dir") or DEFAULT_DATA_DIR)
+    ranks = data_dir / "gpt2.tiktoken"
+    corpora = list(data.get("corpora", ["austen", "wikipedia"]))
+    frac = float(data.get("val_fraction", 0.1))
+    top_k = int(data.get("top_k", 4096))
+    cache = Path(cache_dir) / "bpe_ids.pt" if cache_dir else None
+    key = json.dumps({"corpora": corpora, "val_fraction": frac})
+    ids = None
+    if cache is not None and cache.is_file():
+        blob = torch.load(cache, weights_only=True)
+        if isinstance(blob, dict) and blob.get("key") == key:
+            ids = blob["train"], blob["val"]
+    if ids is None:
+        bpe = BPETokenizer(ranks)
+        tr, va = [], []
+        for c in corpora:
+            t, v = train_val_split(_corpus_text(c, data_dir), frac)
+            tr.append(torch.tensor(bpe.encode(t), dtype=torch.long))
+            va.append(torch.tensor(bpe.encode(v), dtype=torch.long))
+        ids = torch.cat(tr), torch.cat(va)
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"key": key, "train": ids[0], "val": ids[1]}, cache)
+    tok = TopKBPE.fit(ranks, ids[0], top_k)
+    return tok, tok.map_ids(ids[0]), tok.map_ids(ids[1])
+
+
+def run_bpe_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None = None):
+    """Train a GPT on the BPE data of ``doc["data"]`` (see :func:`load_bpe_data`) with the
+    project's Trainer (checkpoints + exact resume in ``train.out_dir``); at the end write
+    ``out_dir/final`` (model, tokenizer with its kept ids, metrics on every validation
+    window). Returns (trainer, history)."""
+    from tl_spectral.models import GPT, GPTConfig, save_model
+    from tl_spectral.models.train import TrainConfig, Trainer, _all_windows
+
+    train_cfg = TrainConfig.from_dict({**doc["train"], **(overrides or {})})
+    torch.manual_seed(train_cfg.seed)
+    if train_cfg.num_threads:
+        torch.set_num_threads(train_cfg.num_threads)
+    tok, train_ids, val_ids = load_bpe_data(doc.get("data", {}), cache_dir=train_cfg.out_dir)
+    mdoc = dict(doc["model"])
+    if mdoc.get("vocab_size") in (None, "auto"):
+        mdoc["vocab_size"] = tok.vocab_size
+    model = GPT(GPTConfig.from_dict(mdoc))
+    tok_doc = json.loads(tok.to_json())
+    trainer = Trainer(model, train_ids, val_ids, train_cfg,
+                      extra_metadata={"tokenizer": tok_doc, "data": doc.get("data", {})})
+    history = trainer.fit()
+    if trainer.out_dir is not None:
+        full = trainer.evaluate(_all_windows(trainer))
+        unk = float((val_ids == tok.unk_id).float().mean())
+        save_model(trainer.model, trainer.out_dir / "final", extra={
+            "tokenizer": tok_doc, "data": doc.get("data", {}), "train": train_cfg.to_dict(),
+            "metrics": {**full, "steps": trainer.step, "tokens_seen": history.tokens_seen,
+                        "val_unk_fraction": unk,
+                        "eval": "all validation windows of seq_len+1, stride seq_len"}})
+    return trainer, history
+
+
+# ------------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tl_spectral.routing")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    tb = sub.add_parser("train-bpe", help="train a GPT on Austen + Wikipedia (top-K GPT-2 BPE)")
+    tb.add_argument("--config", required=True)
+    tb.add_argument("--steps", type=int)
+    tb.add_argument("--out-dir")
+    tb.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    if args.cmd == "train-bpe":
+        doc = json.loads(Path(args.config).read_text())
+        ov: dict[str, Any] = {}
+        if args.steps:
+            ov["steps"] = args.steps
+        if args.out_dir:
+            ov["out_dir"] = args.out_dir
+        if args.no_progress:
+            ov["progress"] = False
+        trainer, history = run_bpe_from_config(doc, overrides=ov)
+        print(json.dumps({"step": trainer.step, "val_loss": history.final_val_loss,
+                          "out_dir": str(trainer.out_dir) if trainer.out_dir else None}))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
