@@ -153,9 +153,13 @@ class LagCWT:
     precision: PyWavelets' ``precision`` (wavelet sampled on ``2**precision`` points).
     dtype: real dtype of the computation (``torch.float32`` or ``torch.float64``);
         complex wavelets give ``complex64`` / ``complex128`` coefficients.
-    method: ``"fft"`` (circular convolution of length ``P = next_fast_len(2n - 1)``) or
-        ``"matmul"`` (product with the ``[S, n, n]`` Toeplitz operator; often faster on CPU
-        for ``n <= 512`` because it runs as one GEMM). Both are exact to rounding.
+    method: ``"fft"`` (circular convolution of length ``P = next_fast_len(2n - 1)``: one FFT
+        per signal, one inverse FFT per signal and scale), ``"matmul"`` (one GEMM of the
+        signals with the ``[n, S * n]`` Toeplitz operator, real and imaginary parts
+        interleaved so the product is the complex output itself) or ``"auto"`` (default:
+        ``"matmul"`` while the operator has at most ``2**23`` complex entries — ``n <= 418``
+        at 48 scales — where one GEMM beats ``S`` batched FFTs on CPU; ``"fft"`` above).
+        Both are exact to rounding and tested against each other and PyWavelets.
 
     Calling it on ``x: [..., n]`` returns ``[..., S, n]`` coefficients equal to
     ``pywt.cwt(x, scales, wavelet, method="fft", axis=-1)[0]`` moved to ``[..., S, n]``.
@@ -169,16 +173,18 @@ class LagCWT:
         *,
         precision: int = 12,
         dtype: torch.dtype = torch.float32,
-        method: str = "fft",
+        method: str = "auto",
     ):
         if n < 1:
             raise ValueError(f"signal length n must be >= 1 (got {n})")
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be torch.float32 or torch.float64 (got {dtype})")
-        if method not in ("fft", "matmul"):
-            raise ValueError(f"method must be 'fft' or 'matmul' (got {method!r})")
+        if method not in ("auto", "fft", "matmul"):
+            raise ValueError(f"method must be 'auto', 'fft' or 'matmul' (got {method!r})")
         self.n = int(n)
         self.scales = torch.as_tensor(_as_scales(scales), dtype=torch.float64)
+        if method == "auto":
+            method = "matmul" if self.scales.numel() * self.n * self.n <= (1 << 23) else "fft"
         self.wavelet = str(wavelet)
         self.precision = int(precision)
         self.dtype = dtype
@@ -194,6 +200,7 @@ class LagCWT:
         )
         self.P = _next_fast_len(2 * self.n - 1)
         self._fft_bank: torch.Tensor | None = None
+        self._gemm: torch.Tensor | None = None
         self._matrix: dict[torch.dtype, torch.Tensor] = {}
 
     @property
@@ -225,6 +232,16 @@ class LagCWT:
             self._fft_bank = torch.fft.fft(circ.to(cdt), dim=-1)  # [S, P]
         return self._fft_bank
 
+    def _gemm_operator(self) -> torch.Tensor:
+        """``[n, S * n (* 2)]``: column ``(a, t[, re/im])`` holds ``M[a, t, :]``."""
+        if self._gemm is None:
+            M = self.matrix(torch.complex128 if self.is_complex else torch.float64)
+            Mt = M.permute(2, 0, 1).contiguous()  # [tau, a, t]
+            if self.is_complex:
+                Mt = torch.view_as_real(Mt)  # [tau, a, t, 2]
+            self._gemm = Mt.reshape(self.n, -1).to(self.dtype).contiguous()
+        return self._gemm
+
     def __call__(self, x: torch.Tensor, *, chunk_size: int | None = None) -> torch.Tensor:
         """CWT of ``x: [..., n]`` along its last axis: returns ``[..., S, n]``."""
         if not isinstance(x, torch.Tensor):
@@ -240,29 +257,29 @@ class LagCWT:
         flat = x.reshape(-1, self.n).to(self.dtype)
         B, S, n = flat.shape[0], self.n_scales, self.n
         out = torch.empty(B, S, n, dtype=self.out_dtype)
-        if chunk_size is None:
-            # bound the complex temporaries to ~32M elements
-            chunk_size = max(1, (1 << 25) // (S * (self.P if self.method == "fft" else n)))
         if self.method == "fft":
+            # torch's CPU FFT has ~10 ms of overhead per batched call: few, large calls.
+            if chunk_size is None:  # complex buffer of ~8M elements
+                chunk_size = max(1, (1 << 23) // (S * self.P))
             filt = self._fft_filters()
-            for s0 in range(0, B, chunk_size):
-                xf = torch.fft.fft(flat[s0 : s0 + chunk_size], n=self.P, dim=-1)  # [b, P]
-                y = torch.fft.ifft(xf[:, None, :] * filt, dim=-1)[..., :n]
-                out[s0 : s0 + chunk_size] = y if self.is_complex else y.real
+            buf = torch.empty(min(chunk_size, B), S, self.P, dtype=filt.dtype)
+            big = max(chunk_size, 8192)
+            for b0 in range(0, B, big):
+                xf_all = torch.fft.fft(flat[b0 : b0 + big], n=self.P, dim=-1)  # [rows, P]
+                for s0 in range(0, xf_all.shape[0], chunk_size):
+                    xf = xf_all[s0 : s0 + chunk_size]
+                    b = xf.shape[0]
+                    torch.mul(xf[:, None, :], filt, out=buf[:b])
+                    y = torch.fft.ifft(buf[:b], dim=-1)[..., :n]
+                    dst = out[b0 + s0 : b0 + s0 + b]
+                    dst.copy_(y if self.is_complex else y.real)
         else:
-            M = self.matrix()  # [S, n, n]
-            if self.is_complex:
-                Mr = M.real.reshape(S * n, n).T.contiguous().to(self.dtype)  # [n, S*n]
-                Mi = M.imag.reshape(S * n, n).T.contiguous().to(self.dtype)
-                ov = torch.view_as_real(out)  # [B, S, n, 2]
-                for s0 in range(0, B, chunk_size):
-                    xb = flat[s0 : s0 + chunk_size]
-                    ov[s0 : s0 + chunk_size, ..., 0] = (xb @ Mr).view(-1, S, n)
-                    ov[s0 : s0 + chunk_size, ..., 1] = (xb @ Mi).view(-1, S, n)
-            else:
-                Mr = M.reshape(S * n, n).T.contiguous()
-                for s0 in range(0, B, chunk_size):
-                    out[s0 : s0 + chunk_size] = (flat[s0 : s0 + chunk_size] @ Mr).view(-1, S, n)
+            G = self._gemm_operator()  # [n, S * n * (2 if complex)]
+            res = out if not self.is_complex else torch.view_as_real(out)
+            res = res.view(B, -1)
+            chunk_size = chunk_size or max(B, 1)  # no temporaries: one GEMM
+            for s0 in range(0, B, chunk_size):
+                torch.matmul(flat[s0 : s0 + chunk_size], G, out=res[s0 : s0 + chunk_size])
         return out.reshape(*lead, S, n)
 
 
@@ -274,7 +291,7 @@ def cwt(
     axis: int = -1,
     precision: int = 12,
     dtype: torch.dtype | None = None,
-    method: str = "fft",
+    method: str = "auto",
 ) -> torch.Tensor:
     """PyWavelets-compatible CWT: ``pywt.cwt(data, scales, wavelet, method="fft", axis=axis)[0]``.
 
