@@ -18,15 +18,6 @@ import torch
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
 
-def tl_is_v4() -> bool:
-    try:
-        import transformer_lens
-
-        return not hasattr(transformer_lens, "HookedTransformer")
-    except ImportError:  # pragma: no cover
-        return False
-
-
 def make_native(n_layers=3, n_heads=4, d_model=64, d_head=16, n_ctx=64, d_vocab=50,
                 normalization_type="LN", n_key_value_heads=None, seed=0, attention_dir="causal"):
     """A random TransformerBridge.boot_native model (TL 4.x) or HookedTransformer (TL 3.9)."""

@@ -248,9 +248,11 @@ class ModelView:
             kwargs["attention_mask"] = attention_mask.to(self.device)
         tokens = tokens.to(self.device)
         if self.backend == "hooked_encoder":
+            # HookedEncoder (TL 3.9) needs its mask: without one, some rows come out zeroed
             kwargs.pop("attention_mask", None)
-            if attention_mask is not None:
-                kwargs["one_zero_attention_mask"] = attention_mask.to(self.device)
+            if attention_mask is None:
+                attention_mask = torch.ones(tokens.shape, dtype=torch.long)
+            kwargs["one_zero_attention_mask"] = attention_mask.to(self.device)
         if return_type is not None:
             kwargs["return_type"] = return_type
         with self.model.hooks(fwd_hooks=fwd_hooks or []):

