@@ -317,3 +317,31 @@ def test_random_sd_models_are_stable(seed, scale, filtering, routing):
     assert model_sd_geometry(ablate(m, "filtering_collapse")).all_stable
     g = model_qk_geometry(m)  # W_P random: M = W_P (S − D) W_Pᵀ need not be stable
     assert g.routing_fraction.shape == (2, 2)
+
+
+# ------------------------------------------------------------------ report section
+def test_report_section(tmp_path, native_ln):
+    from tl_spectral.model_view import ModelView
+    from tl_spectral.viz.report import Report
+    from tl_spectral.viz.routing_section import RoutingFilteringSection
+    from tl_spectral.viz.sections import SECTIONS, ReportContext
+
+    assert RoutingFilteringSection in SECTIONS
+    ctx = ReportContext(view=ModelView(native_ln), tokens=torch.zeros(1, 4, dtype=torch.long),
+                        tokenizer=None, out_dir=tmp_path, results_dir=tmp_path / "results")
+    sec = RoutingFilteringSection()
+    assert sec.probes(ctx) == []
+    rep = Report("t")
+    sec.render(rep, {}, ctx)
+    html = rep.write(tmp_path).read_text()
+    assert "Routing and filtering" in html and html.count("<img") == 3
+    assert (tmp_path / "results" / "qk_geometry.safetensors").is_file()
+    assert (tmp_path / "results" / "qk_geometry_heads.csv").is_file()
+    # unreadable heads: a paragraph says why, nothing crashes
+    rot = make_native(n_layers=1, n_heads=2, d_model=16, d_head=8, seed=5)
+    rot.cfg.positional_embedding_type = "rotary"
+    ctx2 = ReportContext(view=ModelView(rot), tokens=ctx.tokens, tokenizer=None,
+                         out_dir=tmp_path / "b", results_dir=tmp_path / "b" / "results")
+    rep2 = Report("t2")
+    sec.render(rep2, {}, ctx2)
+    assert "could not be computed" in rep2.write(tmp_path / "b").read_text()

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 from tl_spectral.model_view import ModelView
 from tl_spectral.probes import AttentionStats, Probe
 from tl_spectral.viz.report import Report
+from tl_spectral.viz.routing_section import RoutingFilteringSection
 
 
 @dataclass
@@ -91,7 +92,7 @@ class AttentionStatsSection(ReportSection):
                            f"attention patterns of layer {layer} on the first {n} tokens of document 0")
 
 
-SECTIONS: list[Callable[[], ReportSection]] = [AttentionStatsSection]
+SECTIONS: list[Callable[[], ReportSection]] = [AttentionStatsSection, RoutingFilteringSection]
 """Section factories, in report order. Later analyses append theirs."""
 
 

@@ -1,0 +1,59 @@
+"""Report section: routing/filtering weight geometry of every head (SPEC B.1, B.3).
+
+Weights only (no probe): ``tl_spectral.routing.model_qk_geometry`` of the report's model
+with LayerNorm folded; per-layer table, spectral budget, routing-rank cascade, eigenvalues
+in the complex plane, and the per-head table saved as CSV + safetensors under ``results/``.
+Models whose heads cannot be read get a paragraph saying which and why instead.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # sections.py imports this module: no runtime import back
+    from tl_spectral.viz.report import Report
+    from tl_spectral.viz.sections import ReportContext
+
+
+class RoutingFilteringSection:
+    """A report section (the ``ReportSection`` protocol: key, title, probes, render)."""
+
+    key = "routing_filtering"
+    title = "Routing and filtering (QK weight geometry)"
+
+    def probes(self, ctx: ReportContext) -> list:
+        return []  # weights only
+
+    def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
+        from tl_spectral.routing import UnreadableHeadsError, geometry_layer_table, model_qk_geometry
+
+        report.section(self.title)
+        fold = bool(ctx.options.get("fold_ln", True))
+        try:
+            geo = model_qk_geometry(ctx.view, fold_ln=fold,
+                                    allow_rotary=bool(ctx.options.get("allow_rotary", False)))
+        except UnreadableHeadsError as e:
+            report.text(f"The QK geometry of this model could not be computed: {e}")
+            return
+        geo.save(ctx.results_dir / "qk_geometry.safetensors")
+        geo.to_csv(ctx.results_dir / "qk_geometry_heads.csv")
+        n = geo.n_layers * geo.n_heads
+        unstable = int(geo.unstable.sum())
+        report.text(
+            "For every head, the interaction kernel M = W_Q W_Kᵀ in the residual space "
+            f"({'LayerNorm folded' if ctx.view.pre_ln and fold else 'weights as they are'}) "
+            "splits into filtering F = (M + Mᵀ)/2 and routing R = (M − Mᵀ)/2. The budget is "
+            "‖R‖²/‖M‖² (0.5 for a kernel with no preference); the routing rank is the entropy "
+            "effective rank of R (one rotation plane = 2; capacity min(2·d_head, d_model)); a "
+            "head is unstable if M has an eigenvalue with positive real part. "
+            f"Unstable heads: {unstable} of {n}. Mean routing fraction: "
+            f"{float(geo.routing_fraction.mean()):.3f}; mean routing rank "
+            f"{float(geo.eff_rank_R.mean()):.2f} of capacity "
+            f"{int(geo.routing_capacity.max())}."
+        )
+        report.table(geometry_layer_table(geo), "per layer (means over heads)")
+        report.figure(geo.plot_budget(), "spectral budget per layer (each dot a head)")
+        report.figure(geo.plot_routing_rank(show_capacity=False),
+                      "routing rank per layer (the cascade): mean ± std over heads")
+        report.figure(geo.plot_eigenvalues(),
+                      "eigenvalues of M per head (scaled by each head's largest modulus)")
