@@ -345,3 +345,40 @@ def test_report_section(tmp_path, native_ln):
     rep2 = Report("t2")
     sec.render(rep2, {}, ctx2)
     assert "could not be computed" in rep2.write(tmp_path / "b").read_text()
+
+
+# -------------------------------------------------------------------------- study
+def test_study_on_a_tiny_run(tmp_path):
+    """run_study end to end on a 3-step S–D char run named like a study run."""
+    from tl_spectral.models.train import run_from_config
+    from tl_spectral.routing import (
+        latest_model_dir,
+        minimal_rank_share,
+        random_baseline,
+        run_study,
+        validation_windows,
+    )
+
+    doc = {"model": {"vocab_size": "auto", "n_layers": 2, "n_heads": 2, "d_model": 16,
+                     "d_head": 4, "n_ctx": 16, "d_mlp": 32, "normalization": "none",
+                     "attention": "sd"},
+           "data": {"corpus": "tiny_shakespeare", "tokenizer": "char", "val_fraction": 0.1},
+           "train": {"steps": 3, "batch_size": 2, "warmup_steps": 1, "eval_every": 3,
+                     "eval_windows": 2, "checkpoint_every": 1, "keep_checkpoints": 5,
+                     "out_dir": str(tmp_path / "runs" / "sd-char-shakespeare-noln"),
+                     "progress": False, "device": "cpu"}}
+    run_from_config(doc)
+    d, step, finished = latest_model_dir(tmp_path / "runs" / "sd-char-shakespeare-noln")
+    assert d.name == "final" and step == 3 and finished
+    w = validation_windows(d, "char", n_windows=3)
+    assert w.shape == (3, 17)
+    assert minimal_rank_share(torch.tensor([[2.0, 2.5], [4.0, 5.0]])) == 0.5
+    assert abs(float(random_baseline(64, 2, 8, n_layers=2).routing_fraction.mean()) - 0.5) < 0.1
+    s = run_study(tmp_path / "out", runs_dir=tmp_path / "runs", fig_dir=tmp_path / "fig",
+                  n_windows=2, minilm=False, per_layer=False)
+    e = s["models"]["sd-char-shakespeare-noln"]
+    assert e["step"] == 3 and e["sd"]["all_stable"] and e["cascade_steps"] == [1, 2, 3]
+    assert "error" in s["models"]["char-shakespeare"]  # absent runs are reported
+    assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == [
+        "routing_ablations.png", "routing_cascade_depth.png", "routing_cascade_training.png",
+        "routing_qk_geometry.png", "routing_sd_geometry.png"]

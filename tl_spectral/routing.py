@@ -55,6 +55,9 @@ __all__ = [
     "model_sd_geometry",
     "perplexity",
     "run_bpe_from_config",
+    "run_study",
+    "study_figures",
+    "validation_windows",
 ]
 
 
@@ -449,7 +452,8 @@ class CascadeResult(Result):
         cmap = plt.get_cmap("viridis")
         L = r.shape[1]
         for l in range(L):
-            ax.plot(self.steps.numpy(), r[:, l], color=cmap(l / max(1, L - 1)), label=f"L{l}")
+            ax.plot(self.steps.numpy(), r[:, l], "o-", ms=2.5, color=cmap(l / max(1, L - 1)),
+                    label=f"L{l}")
         ax.set_xlabel("training step")
         ax.set_ylabel("routing rank of " + ("S" if self.rank_S is not None else "R"))
         ax.set_title(self.run_name, fontsize=9)
@@ -468,8 +472,7 @@ def _checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
         steps = {s for s, _ in out}
         meta = json.loads((run_dir / "final" / "config.json").read_text())
         s = int(meta.get("metrics", {}).get("steps", -1))
-        if s not in steps:
-            out.append((s, run_dir / "final"))
+        out = [(st, p) for st, p in out if st != s] + [(s, run_dir / "final")]
     return sorted(out)
 
 
@@ -483,13 +486,9 @@ def cascade_over_training(run_dir: str | Path, *, name: str | None = None) -> Ca
     if not ck:
         raise FileNotFoundError(f"no complete checkpoint under {run_dir}/checkpoints")
     evals: dict[int, float] = {}
-    last_state = ck[-1][1] / "trainer_state.json"
-    for _, p in ck:
-        sp = p / "trainer_state.json"
-        if sp.is_file():
-            for e in json.loads(sp.read_text()).get("history", {}).get("evals", []):
-                evals[int(e["step"])] = float(e["val_loss"])
-    del last_state
+    for sp in sorted((run_dir / "checkpoints").glob("step_*/trainer_state.json")):
+        for e in json.loads(sp.read_text()).get("history", {}).get("evals", []):
+            evals[int(e["step"])] = float(e["val_loss"])
     steps, rr, fr, rs, fs = [], [], [], [], []
     model = None
     for s, p in ck:
@@ -645,6 +644,240 @@ def run_bpe_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None
     return trainer, history
 
 
+# ---------------------------------------------------------------------------- study
+#: The models of the routing study (docs/routing_filtering.md, scripts/routing_study.sh).
+STUDY_RUNS = {
+    "char-shakespeare": "char", "char-shakespeare-noln": "char",
+    "sd-char-shakespeare": "char", "sd-char-shakespeare-noln": "char",
+    "bpe-softmax-noln": "bpe", "bpe-sd-noln": "bpe",
+}
+
+
+def latest_model_dir(run_dir: str | Path) -> tuple[Path, int, bool]:
+    """(directory, step, finished) of a run's final model, else of its last checkpoint."""
+    ck = _checkpoint_dirs(Path(run_dir))
+    if not ck:
+        raise FileNotFoundError(f"no checkpoint or final model under {run_dir}")
+    step, path = ck[-1]
+    return path, step, path.name == "final"
+
+
+def validation_windows(model_dir: str | Path, kind: str, *, n_windows: int | None = None
+                       ) -> torch.Tensor:
+    """Validation windows ``[n, seq_len + 1]`` (stride seq_len, the trainer's evaluation
+    windows) of a study run: ``kind`` "char" (bundled Tiny Shakespeare, last 10%, the
+    run's own character table) or "bpe" (Austen + Wikipedia, last 10% of each, the run's
+    top-K BPE). ``n_windows``: that many evenly spaced windows (None = all)."""
+    from tl_spectral.data import CharTokenizer, tiny_shakespeare, train_val_split
+    from tl_spectral.models.gpt import read_checkpoint_config
+
+    meta = read_checkpoint_config(model_dir)
+    seq = int(meta.get("train", {}).get("seq_len") or meta["model"]["n_ctx"])
+    data = meta.get("data", {})
+    if kind == "char":
+        tok = CharTokenizer.from_json(json.dumps(meta["tokenizer"]))
+        _, val = train_val_split(tiny_shakespeare(), float(data.get("val_fraction", 0.1)))
+        ids = torch.tensor(tok.encode(val))
+    elif kind == "bpe":
+        tok, _, ids = load_bpe_data(data, cache_dir=Path(model_dir).parents[
+            0 if Path(model_dir).name == "final" else 1])
+        if tok.keep != list(meta["tokenizer"]["keep"]):
+            raise ValueError(f"{model_dir}: the refitted top-K vocabulary differs from the run's")
+    else:
+        raise ValueError(f"kind must be 'char' or 'bpe', got {kind!r}")
+    n = (ids.numel() - 1) // seq
+    starts = torch.arange(n) * seq
+    if n_windows is not None and n_windows < n:
+        starts = starts[torch.linspace(0, n - 1, n_windows).round().long()]
+    return ids[starts[:, None] + torch.arange(seq + 1)[None, :]]
+
+
+def minimal_rank_share(rank: torch.Tensor, threshold: float = 3.0) -> float:
+    """Share of layers whose mean routing rank (``rank`` ``[layer, head]``) is at most
+    ``threshold`` (*choice*: 3 = one rotation plane plus slack; the paper's "minimal
+    spectral rank" is rank 2)."""
+    return float((rank.double().mean(-1) <= threshold).double().mean())
+
+
+def _geometry_summary(geo: QKGeometry) -> dict[str, Any]:
+    return {"n_heads_total": int(geo.n_layers * geo.n_heads),
+            "unstable_heads": int(geo.unstable.sum()),
+            "routing_fraction_mean": float(geo.routing_fraction.mean()),
+            "rank_R_mean": float(geo.eff_rank_R.mean()), "pr_R_mean": float(geo.pr_R.mean()),
+            "capacity": int(geo.routing_capacity.max()),
+            "positive_eig_share_mean": float(geo.positive_share.mean()),
+            "layers": geometry_layer_table(geo),
+            "layers_pr": [r["rank_R"] for r in geometry_layer_table(geo, measure="participation")]}
+
+
+def random_baseline(d_model: int, n_heads: int, d_head: int, n_layers: int = 1, seed: int = 0
+                    ) -> QKGeometry:
+    """QK geometry of i.i.d. Gaussian W_Q, W_K of the given shape (the no-structure
+    reference: routing fraction ≈ 0.5)."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (n_layers, n_heads, d_model, d_head)
+    return qk_geometry(torch.randn(shape, generator=g), torch.randn(shape, generator=g))
+
+
+def run_study(out_dir: str | Path = "runs/routing_study", *, runs_dir: str | Path = "runs",
+              fig_dir: str | Path | None = "docs/figures", n_windows: int = 64,
+              names: Sequence[str] | None = None, minilm: bool = True,
+              per_layer: bool = True) -> dict[str, Any]:
+    """The routing study of docs/routing_filtering.md: for MiniLM (if installed) and every
+    study run found under ``runs_dir`` — QK geometry, S–D geometry, the cascade over
+    training, the SPEC B.4 ablations with ΔPPL on ``n_windows`` evenly spaced validation
+    windows. Results go to ``out_dir`` (one ``.safetensors`` per result and
+    ``summary.json``), figures to ``fig_dir/routing_*.png``. Returns the summary."""
+    from tl_spectral.models import load_model
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"n_windows": n_windows, "models": {}, "baselines": {}}
+    geos: dict[str, QKGeometry] = {}
+    sds: dict[str, SDGeometry] = {}
+    cascades: dict[str, CascadeResult] = {}
+    abls: dict[str, AblationResult] = {}
+    if minilm:
+        try:
+            from tl_spectral.models import zoo
+
+            enc, _ = zoo.load("minilm")
+        except Exception as e:  # noqa: BLE001 - report why and go on
+            summary["minilm_error"] = f"{type(e).__name__}: {e}"
+        else:
+            g = model_qk_geometry(enc)
+            g.save(out / "minilm_qk.safetensors")
+            g.to_csv(out / "minilm_heads.csv")
+            geos["minilm"] = g
+            summary["models"]["minilm"] = {"qk": _geometry_summary(g)}
+    for shape in ((384, 12, 32), (128, 8, 16), (128, 4, 32)):
+        summary["baselines"]["gaussian_%d_%d_%d" % shape] = _geometry_summary(
+            random_baseline(*shape, n_layers=2))
+    for name in names or list(STUDY_RUNS):
+        run = Path(runs_dir) / name
+        try:
+            mdir, step, finished = latest_model_dir(run)
+        except FileNotFoundError as e:
+            summary["models"][name] = {"error": str(e)}
+            continue
+        model = load_model(mdir).eval()
+        entry: dict[str, Any] = {"model_dir": str(mdir), "step": step, "finished": finished,
+                                 "config": model.cfg.to_dict(),
+                                 "n_params": model.num_params()}
+        meta = json.loads((mdir / "config.json").read_text())
+        if "metrics" in meta:
+            entry["val_metrics_all_windows"] = meta["metrics"]
+        g = model_qk_geometry(model)
+        g.save(out / f"{name}_qk.safetensors")
+        geos[name] = g
+        entry["qk"] = _geometry_summary(g)
+        if any(model.cfg.layer_attention(i) == "sd" for i in range(model.cfg.n_layers)):
+            sg = model_sd_geometry(model)
+            sg.save(out / f"{name}_sd.safetensors")
+            sds[name] = sg
+            entry["sd"] = {"layers": geometry_layer_table(sg),
+                           "layers_pr": [r["rank_S"] for r in
+                                         geometry_layer_table(sg, measure="participation")],
+                           "all_stable": sg.all_stable,
+                           "minimal_rank_layer_share": minimal_rank_share(sg.eff_rank_S)}
+        c = cascade_over_training(run, name=name)
+        c.save(out / f"{name}_cascade.safetensors")
+        cascades[name] = c
+        entry["cascade_steps"] = c.steps.tolist()
+        entry["cascade_rank_mean"] = c.rank().double().mean(-1).tolist()
+        entry["cascade_val_loss"] = c.val_loss.tolist()
+        win = validation_windows(mdir, STUDY_RUNS.get(name, "char"), n_windows=n_windows)
+        a = ablation_table(model, win, name=name, per_layer=per_layer)
+        a.save(out / f"{name}_ablation.safetensors")
+        abls[name] = a
+        entry["ablation"] = {"baseline_ppl": a.baseline_ppl, "baseline_loss": a.baseline_loss,
+                             "rows": a.rows, "n_windows": a.n_windows, "seq_len": a.seq_len}
+        summary["models"][name] = entry
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    if fig_dir is not None:
+        study_figures(geos, sds, cascades, abls, fig_dir)
+    return summary
+
+
+def study_figures(geos: dict[str, QKGeometry], sds: dict[str, SDGeometry],
+                  cascades: dict[str, CascadeResult], abls: dict[str, AblationResult],
+                  fig_dir: str | Path) -> list[Path]:
+    """Write the study's figures (``routing_*.png``) into ``fig_dir``; returns the paths."""
+    import matplotlib.pyplot as plt
+
+    fig_dir = Path(fig_dir)
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+
+    def save(fig, name):
+        p = fig_dir / f"routing_{name}.png"
+        fig.savefig(p, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(p)
+
+    names = list(geos)
+    if names:  # budget, rank of R, eigenvalues: one row per model
+        fig, axes = plt.subplots(len(names), 3, figsize=(15, 3.3 * len(names)), squeeze=False)
+        for i, n in enumerate(names):
+            geos[n].plot_budget(ax=axes[i, 0])
+            geos[n].plot_routing_rank(ax=axes[i, 1], show_capacity=True)
+            geos[n].plot_eigenvalues(ax=axes[i, 2])
+            for a in axes[i]:
+                a.set_title(f"{n}: {a.get_title()}", fontsize=9)
+        fig.tight_layout()
+        save(fig, "qk_geometry")
+    if sds:  # S–D: rank of S per layer and eigenvalues of S − D
+        fig, axes = plt.subplots(len(sds), 2, figsize=(10, 3.3 * len(sds)), squeeze=False)
+        for i, (n, sg) in enumerate(sds.items()):
+            sg.plot_routing_rank(ax=axes[i, 0], show_capacity=True)
+            sg.plot_eigenvalues(ax=axes[i, 1])
+            for a in axes[i]:
+                a.set_title(f"{n}: {a.get_title()}", fontsize=9)
+        fig.tight_layout()
+        save(fig, "sd_geometry")
+    if cascades:  # the cascade by depth (final) and over training
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for n, c in cascades.items():
+            r = c.rank()[-1].double().mean(-1).numpy()
+            ax.plot(range(len(r)), r, "o-" if c.rank_S is not None else "s--",
+                    label=f"{n} ({'S' if c.rank_S is not None else 'R'})")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("routing rank (entropy), mean over heads")
+        ax.set_title("Routing rank by depth at the last checkpoint")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        save(fig, "cascade_depth")
+        k = len(cascades)
+        fig, axes = plt.subplots((k + 1) // 2, 2, figsize=(11, 3.3 * ((k + 1) // 2)),
+                                 squeeze=False)
+        for a, c in zip(axes.ravel(), cascades.values()):
+            c.plot(ax=a)
+        for a in axes.ravel()[k:]:
+            a.axis("off")
+        fig.tight_layout()
+        save(fig, "cascade_training")
+    if abls:
+        fig, ax = plt.subplots(figsize=(8, 3.8))
+        kinds = list(ABLATIONS_SD) + list(ABLATIONS_SOFTMAX)
+        width = 0.8 / max(1, len(abls))
+        for j, (n, a) in enumerate(abls.items()):
+            vals = []
+            for kd in kinds:
+                r = [x for x in a.rows if x["ablation"] == kd and x["layers"] == "all"]
+                vals.append(max(r[0]["rel_delta"], 1e-4) if r else float("nan"))
+            ax.bar([i + j * width for i in range(len(kinds))], vals, width, label=n)
+        ax.set_yscale("log")
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(kinds))])
+        ax.set_xticklabels([kd.replace("_", "\n") for kd in kinds], fontsize=8)
+        ax.set_ylabel("ΔPPL / PPL (all layers; floor 1e-4)")
+        ax.set_title("SPEC B.4 ablations")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        save(fig, "ablations")
+    return paths
+
+
 # ------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tl_spectral.routing")
@@ -654,7 +887,23 @@ def main(argv: list[str] | None = None) -> int:
     tb.add_argument("--steps", type=int)
     tb.add_argument("--out-dir")
     tb.add_argument("--no-progress", action="store_true")
+    sd = sub.add_parser("study", help="the routing study: geometry, cascade, ablations")
+    sd.add_argument("--out", default="runs/routing_study")
+    sd.add_argument("--runs-dir", default="runs")
+    sd.add_argument("--fig-dir", default="docs/figures")
+    sd.add_argument("--windows", type=int, default=64)
+    sd.add_argument("--models", nargs="*", help=f"subset of {list(STUDY_RUNS)}")
+    sd.add_argument("--no-minilm", action="store_true")
+    sd.add_argument("--no-per-layer", action="store_true")
+    sd.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
+    if args.cmd == "study":
+        torch.set_num_threads(args.threads)
+        summary = run_study(args.out, runs_dir=args.runs_dir, fig_dir=args.fig_dir,
+                            n_windows=args.windows, names=args.models,
+                            minilm=not args.no_minilm, per_layer=not args.no_per_layer)
+        print(json.dumps({k: v.get("ablation", {}).get("baseline_ppl") if isinstance(v, dict)
+                          else None for k, v in summary["models"].items()}))
     if args.cmd == "train-bpe":
         doc = json.loads(Path(args.config).read_text())
         ov: dict[str, Any] = {}
