@@ -23,7 +23,7 @@ def random_reference_model(seed: int = 0):
         d_model=128, d_head=16, n_layers=6, n_ctx=256, n_heads=8, d_vocab=tok.vocab_size,
         act_fn="gelu", normalization_type="LN", seed=seed, model_name="random-6L",
     )
-    return TransformerBridge.boot_native(cfg), tok
+    return TransformerBridge.boot_native(cfg, model_name="random-6L"), tok
 
 
 def load_model(name: str) -> tuple[Any, Any]:

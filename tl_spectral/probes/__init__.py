@@ -4,15 +4,19 @@ Adding a probe: one new module here and one line in ``PROBES`` below.
 """
 
 from tl_spectral.probes.attention_stats import AttentionStats, AttentionStatsResult
+from tl_spectral.probes.fields import AttentionFieldProbe, AttentionFields
 from tl_spectral.probes.base import LayerCapture, Probe, merge_tensor, reduce_state
 from tl_spectral.probes.runner import Corpus, as_corpus, run_probes
 
 PROBES: dict[str, type[Probe]] = {
     "attention_stats": AttentionStats,
+    "attention_fields": AttentionFieldProbe,
 }
 
 __all__ = [
     "PROBES",
+    "AttentionFieldProbe",
+    "AttentionFields",
     "AttentionStats",
     "AttentionStatsResult",
     "Corpus",

@@ -108,6 +108,10 @@ class Probe:
         """Turn the (merged) state into a Result."""
         raise NotImplementedError
 
+    def begin(self, n_docs: int, length: int) -> None:
+        """Called by the runner before the first batch with the corpus size and its padded
+        length (batches may be shorter: trailing padding columns are trimmed)."""
+
     # -- provided -----------------------------------------------------------------
     def bind(self, view: "ModelView") -> None:
         """Called by the runner before the first batch."""

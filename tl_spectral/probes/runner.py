@@ -167,6 +167,8 @@ def run_probes(
                 raise ValueError(f"probe {p.name!r} asks for unknown captures {sorted(bad)}")
             needs.setdefault(layer, set()).update(kinds)
             readers.setdefault(layer, []).append(p)
+    for p in probe_list:
+        p.begin(len(corpus), int(corpus.tokens.shape[1]))
     if any("pattern" in k for k in needs.values()):
         view.check_patterns()
     last_layer = max(needs) if needs else -1
