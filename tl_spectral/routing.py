@@ -57,6 +57,7 @@ __all__ = [
     "run_bpe_from_config",
     "run_study",
     "study_figures",
+    "study_markdown",
     "validation_windows",
 ]
 
@@ -878,6 +879,110 @@ def study_figures(geos: dict[str, QKGeometry], sds: dict[str, SDGeometry],
     return paths
 
 
+def _fmt(x: Any, nd: int = 3) -> str:
+    if isinstance(x, float):
+        return f"{x:.{nd}g}" if abs(x) < 1e4 else f"{x:.3e}"
+    return str(x)
+
+
+def study_markdown(summary: dict[str, Any]) -> str:
+    """Markdown tables of a study summary (``runs/routing_study/summary.json``): overview,
+    routing rank per layer, ablations, the cascade over training, Gaussian baselines."""
+    L: list[str] = []
+    models = summary["models"]
+    L.append("| model | attention | LN | params | step (finished) | val PPL | heads | unstable "
+             "| routing fraction | rank R (entropy / PR) / capacity |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
+    for n, e in models.items():
+        if "error" in e:
+            L.append(f"| {n} | — | — | — | missing: {e['error']} | | | | | |")
+            continue
+        q = e["qk"]
+        cfg = e.get("config", {})
+        att = cfg.get("attention", "softmax (BERT)")
+        ln = {"ln": "yes", "none": "no"}.get(cfg.get("normalization"), "post-LN")
+        ppl = e.get("val_metrics_all_windows", {}).get("val_ppl")
+        if ppl is None and "ablation" in e:
+            ppl = e["ablation"]["baseline_ppl"]
+        stp = f"{e['step']} ({'yes' if e['finished'] else 'no'})" if "step" in e else "—"
+        L.append(f"| {n} | {att} | {ln} | {e.get('n_params', '—')} | {stp} | "
+                 f"{_fmt(ppl) if ppl else '—'} | {q['n_heads_total']} | {q['unstable_heads']} | "
+                 f"{q['routing_fraction_mean']:.3f} | {q['rank_R_mean']:.1f} / "
+                 f"{q['pr_R_mean']:.1f} / {q['capacity']} |")
+    L.append("")
+    n_layers = max((len(e["qk"]["layers"]) for e in models.values() if "qk" in e), default=0)
+    L.append("| model | rank of | " + " | ".join(f"L{i}" for i in range(n_layers))
+             + " | minimal-rank layers |")
+    L.append("|---|---|" + "---|" * n_layers + "---|")
+    for n, e in models.items():
+        if "qk" not in e:
+            continue
+        if "sd" in e:
+            r = [x["rank_S"] for x in e["sd"]["layers"]]
+            pr = e["sd"]["layers_pr"]
+            share = f"{e['sd']['minimal_rank_layer_share']:.0%}"
+            L.append(f"| {n} | S (entropy / PR) | " + " | ".join(
+                f"{a:.1f} / {b:.1f}" for a, b in zip(r, pr)) + f" | {share} |")
+        r = [x["rank_R"] for x in e["qk"]["layers"]]
+        pr = e["qk"]["layers_pr"]
+        L.append(f"| {n} | R (entropy / PR) | " + " | ".join(
+            f"{a:.1f} / {b:.1f}" for a, b in zip(r, pr)) + " | |")
+    L.append("")
+    kinds = list(ABLATIONS_SD) + list(ABLATIONS_SOFTMAX)
+    L.append("| model | PPL (windows) | " + " | ".join(k.replace("_", " ") for k in kinds) + " |")
+    L.append("|---|---|" + "---|" * len(kinds))
+    for n, e in models.items():
+        if "ablation" not in e:
+            continue
+        a = e["ablation"]
+        cells = []
+        for k in kinds:
+            r = [x for x in a["rows"] if x["ablation"] == k and x["layers"] == "all"]
+            cells.append(f"{r[0]['delta_ppl']:+.3g} ({r[0]['rel_delta']:+.1%})" if r else "—")
+        L.append(f"| {n} | {a['baseline_ppl']:.3g} ({a['n_windows']}×{a['seq_len']}) | "
+                 + " | ".join(cells) + " |")
+    L.append("")
+    L.append("Per-layer ablations (ΔPPL when only that layer is ablated):")
+    L.append("")
+    L.append("| model | ablation | " + " | ".join(f"L{i}" for i in range(n_layers)) + " |")
+    L.append("|---|---|" + "---|" * n_layers)
+    for n, e in models.items():
+        if "ablation" not in e:
+            continue
+        for k in kinds:
+            rows = sorted((x for x in e["ablation"]["rows"] if x["ablation"] == k
+                           and x["layers"] != "all"), key=lambda x: x["layers"])
+            if rows:
+                L.append(f"| {n} | {k.replace('_', ' ')} | "
+                         + " | ".join(f"{x['delta_ppl']:+.3g}" for x in rows) + " |")
+    L.append("")
+    L.append("Routing rank per layer over training (mean over heads; S for S–D, R for softmax; "
+             "val loss in nats where the run evaluated):")
+    L.append("")
+    L.append("| model | step | " + " | ".join(f"L{i}" for i in range(n_layers)) + " | val loss |")
+    L.append("|---|---|" + "---|" * n_layers + "---|")
+    for n, e in models.items():
+        if "cascade_steps" not in e:
+            continue
+        steps = e["cascade_steps"]
+        pick = sorted(set([0, len(steps) // 4, len(steps) // 2, 3 * len(steps) // 4,
+                           len(steps) - 1]))
+        for i in pick:
+            vl = e["cascade_val_loss"][i]
+            L.append(f"| {n} | {steps[i]} | " + " | ".join(
+                f"{x:.1f}" for x in e["cascade_rank_mean"][i]) + " | "
+                + (f"{vl:.3f}" if vl > 0 else "") + " |")
+    L.append("")
+    L.append("| Gaussian W_Q, W_K (d_model, heads, d_head) | routing fraction | rank R (entropy "
+             "/ PR) / capacity | unstable heads |")
+    L.append("|---|---|---|---|")
+    for n, b in summary.get("baselines", {}).items():
+        L.append(f"| {n.split('_', 1)[1].replace('_', ', ')} | {b['routing_fraction_mean']:.3f} "
+                 f"| {b['rank_R_mean']:.1f} / {b['pr_R_mean']:.1f} / {b['capacity']} | "
+                 f"{b['unstable_heads']} of {b['n_heads_total']} |")
+    return "\n".join(L) + "\n"
+
+
 # ------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tl_spectral.routing")
@@ -896,7 +1001,11 @@ def main(argv: list[str] | None = None) -> int:
     sd.add_argument("--no-minilm", action="store_true")
     sd.add_argument("--no-per-layer", action="store_true")
     sd.add_argument("--threads", type=int, default=1)
+    tb2 = sub.add_parser("tables", help="markdown tables of a study summary.json")
+    tb2.add_argument("summary")
     args = ap.parse_args(argv)
+    if args.cmd == "tables":
+        print(study_markdown(json.loads(Path(args.summary).read_text())))
     if args.cmd == "study":
         torch.set_num_threads(args.threads)
         summary = run_study(args.out, runs_dir=args.runs_dir, fig_dir=args.fig_dir,

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The routing/filtering study of docs/routing_filtering.md (SPEC part B), exactly as run.
+#
+# 1. Trainings (CPU, one thread each, niced; every run checkpoints every 100 steps — 50 for
+#    the BPE runs — and resumes from its last checkpoint when the same command is re-run).
+#    The two softmax char models are the reference runs of scripts/train_reference.sh
+#    (configs/char-shakespeare.json, configs/char-shakespeare-noln.json).
+# 2. The study: QK geometry of every model (MiniLM included), S–D geometry, routing rank
+#    over training (every checkpoint), SPEC B.4 ablations with ΔPPL; results in
+#    runs/routing_study/ (summary.json + .safetensors), figures in docs/figures/routing_*.png.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# --- S–D char models (same recipe as configs/char-shakespeare*.json, attention "sd").
+# Note: launched with "steps": 1500 and switched to 1000 in the config at the step-200
+# checkpoint (end of warm-up; the learning rate before that does not depend on "steps"),
+# so the runs are exactly 1000-step runs.
+for name in sd-char-shakespeare sd-char-shakespeare-noln; do
+  mkdir -p "runs/$name"
+  OMP_NUM_THREADS=1 nohup nice -n 15 python -m tl_spectral.models.train \
+    --config "configs/$name.json" --no-progress >> "runs/$name/stdout.log" 2>&1 &
+done
+
+# --- subword pair: Austen + Wikipedia, GPT-2 BPE truncated to the 4096 most frequent
+# training tokens (the rest -> one <unk> id), no LayerNorm, 6 layers.
+for name in bpe-sd-noln bpe-softmax-noln; do
+  mkdir -p "runs/$name"
+  OMP_NUM_THREADS=1 nohup nice -n 15 python -m tl_spectral.routing train-bpe \
+    --config "configs/$name.json" --no-progress >> "runs/$name/stdout.log" 2>&1 &
+done
+wait
+
+# --- the study (after all six runs, the two reference runs included, have finished)
+OMP_NUM_THREADS=1 python -m tl_spectral.routing study --out runs/routing_study \
+  --fig-dir docs/figures --windows 64
