@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tl_spectral.probes import AttentionStats, run_probes
+from tl_spectral.probes import AttentionFieldProbe, AttentionStats, run_probes
 from tl_spectral.results import Result
 
 from conftest import make_native
@@ -36,8 +36,10 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         model = make_native(seed=11)
-        res = run_probes(model, _corpus(), [AttentionStats()], batch_size=2, progress=False)
+        res = run_probes(model, _corpus(), [AttentionStats(), AttentionFieldProbe()], batch_size=2,
+                         progress=False)
         res["attention_stats"].save(os.path.join(out_dir, f"rank{rank}.safetensors"))
+        res["attention_fields"].save(os.path.join(out_dir, f"fields{rank}.safetensors"))
     finally:
         dist.destroy_process_group()
 
@@ -46,13 +48,21 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 def test_two_gloo_processes_equal_one(tmp_path):
     port = _free_port()
     mp.spawn(_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
-    single = run_probes(make_native(seed=11), _corpus(), [AttentionStats()], batch_size=2,
-                        progress=False)["attention_stats"]
+    both = run_probes(make_native(seed=11), _corpus(), [AttentionStats(), AttentionFieldProbe()],
+                      batch_size=2, progress=False)
+    single, fields = both["attention_stats"], both["attention_fields"]
     for rank in range(2):
         r = Result.load(tmp_path / f"rank{rank}.safetensors")
         assert torch.equal(r.n_queries, single.n_queries)
         for f in ("entropy", "distance", "first_token_mass", "mean_pattern"):
             torch.testing.assert_close(getattr(r, f), getattr(single, f), atol=1e-6, rtol=1e-6)
+        fr = Result.load(tmp_path / f"fields{rank}.safetensors")
+        assert torch.equal(fr.doc_mask, fields.doc_mask)  # documents in corpus order
+        for layer in fields.layers:
+            torch.testing.assert_close(fr.fields[str(layer)], fields.fields[str(layer)],
+                                       atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(fr.mean[str(layer)], fields.mean[str(layer)],
+                                       atol=1e-6, rtol=1e-6)
 
 
 def _cat_worker(rank: int, world: int, port: int, out_dir: str) -> None:
