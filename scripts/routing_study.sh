@@ -23,6 +23,9 @@ done
 
 # --- subword pair: Austen + Wikipedia, GPT-2 BPE truncated to the 4096 most frequent
 # training tokens (the rest -> one <unk> id), no LayerNorm, 6 layers.
+# Note: launched with "steps": 1000; stopped after the step-150 checkpoint, the config set to
+# 600 steps and the same command re-run (it resumed from step 150), so from step 150 on the
+# cosine schedule is the 600-step one (lr 1.490e-3 -> 1.467e-3 at the switch).
 for name in bpe-sd-noln bpe-softmax-noln; do
   mkdir -p "runs/$name"
   OMP_NUM_THREADS=1 nohup nice -n 15 python -m tl_spectral.routing train-bpe \
