@@ -1,0 +1,569 @@
+"""ContributionProbe: contribution weights inside the forward pass (SPEC C.1–C.2).
+
+Per layer and batch the probe folds into mergeable sums:
+
+* the mean contribution ``c_ij^h`` by source position ``j`` and by lag ``i − j`` (per head
+  and at token level ``C_ij = Σ_h c_ij^h``), beside the mean attention ``α_ij^h`` on the
+  same axes;
+* the share of negative contribution: the fraction of pairs with ``c < 0`` and the
+  negative mass ``Σ|c_neg| / Σ|c|`` (per head and token level);
+* the Spearman rank correlation between the four measures (raw attention, value-weighted,
+  output-normalized, contribution) over each query's allowed sources, averaged over a
+  subsample of ``rank_queries`` queries per document (per head and token level);
+* on request (``keep_docs``), every map of chosen documents, for views.
+
+The mean statistics use a streaming path that forms only the contribution map: with
+``u_i^h = o_i W_O^hᵀ / ‖o_i‖²`` (inter) or ``o_i^h W_O^hᵀ / ‖o_i^h‖²`` (intra), ``c = α ⊙ (u vᵀ)``
+— one ``[query, d_head] × [d_head, key]`` product per head, the cost of attention. It is
+tested equal to :func:`tl_spectral.analysis.contributions.contribution_weights` (which
+also forms the three baselines and the factorization; the rank subsample and the kept
+maps call it directly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Optional, Sequence
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from tl_spectral.analysis.contributions import (
+    MEASURES,
+    ContributionMaps,
+    contribution_weights,
+    default_rtol,
+    projected_value_norms,
+    value_gram,
+)
+from tl_spectral.model_view import ModelView
+from tl_spectral.probes.base import LayerCapture, Probe
+from tl_spectral.results import Result, register_result
+
+
+# ----------------------------------------------------------------------------- maths
+def contribution_map(
+    pattern: Float[Tensor, "batch head query key"],
+    v_heads: Float[Tensor, "batch head key d_head"],
+    W_O: Float[Tensor, "head d_head d_model"],
+    mode: str = "inter",
+    query_mask: Optional[Bool[Tensor, "batch query"]] = None,
+    rtol: Optional[float] = None,
+) -> Float[Tensor, "batch head query key"]:
+    """The contribution map ``c_ij^h`` alone (same values and masking as
+    ``contribution_weights(...).contribution``), for streaming statistics.
+
+    pattern: ``[batch, head, query, key]`` with padded query rows already 0 (or
+    ``query_mask`` None); v_heads: ``[batch, head, key, d_head]`` (value heads repeated to
+    the query heads); W_O: ``[head, d_head, d_model]``. Same dtype for all three.
+
+    Steps: 1. ``z = α v``; 2. ``‖ṽ_j‖`` from ``G = W_O W_Oᵀ`` and the scale-free zero-norm
+    bound ``Σ_j α_ij ‖ṽ_j‖``; 3. inter: ``o = Σ_h z^h W_O^h``, ``u^h = o W_O^hᵀ / ‖o‖²``;
+    intra: ``u^h = z^h G^h / ‖o^h‖²``; 4. ``c = α ⊙ (u vᵀ)``.
+    """
+    if mode not in ("intra", "inter"):
+        raise ValueError(f"mode must be 'intra' or 'inter', got {mode!r}")
+    rtol = default_rtol(pattern.dtype) if rtol is None else rtol
+    G = value_gram(W_O)
+    vnorm = projected_value_norms(v_heads, G)  # [b, H, k]
+    zb = pattern @ torch.cat([v_heads, vnorm.unsqueeze(-1)], -1)  # [b, H, q, d + 1]
+    z, bound = zb[..., :-1], zb[..., -1]  # α v and Σ_j α_ij ‖ṽ_j‖
+    if mode == "intra":
+        u = torch.einsum("bhqd,hde->bhqe", z, G)
+        n2 = (u * z).sum(-1).clamp_min(0.0)  # [b, H, q]
+    else:
+        o = torch.einsum("bhqd,hdm->bqm", z, W_O)
+        u = torch.einsum("bqm,hdm->bhqd", o, W_O)
+        n2 = (o * o).sum(-1).unsqueeze(1)  # [b, 1, q]
+        bound = bound.sum(1, keepdim=True)
+    onorm = n2.sqrt()
+    valid = (onorm > 0) & (onorm > rtol * bound)
+    if query_mask is not None:
+        valid = valid & query_mask[:, None, :]
+    inv2 = torch.where(valid, 1.0 / torch.where(valid, n2, 1.0), 0.0)
+    u = u * inv2.unsqueeze(-1)
+    c = u @ v_heads.transpose(-1, -2)  # [b, H, q, k]
+    return c.mul_(pattern)
+
+
+def _lag_sums(m: Tensor) -> tuple[Tensor, Tensor]:
+    """Diagonal sums of ``m [..., T, T]`` (query, key): ``pos[..., ℓ] = Σ_j m[j+ℓ, j]`` (i − j
+    = ℓ ≥ 0) and ``neg[..., ℓ] = Σ_i m[i, i+ℓ]`` (j − i = ℓ; ``neg[..., 0]`` = 0)."""
+    T = m.shape[-1]
+    lead = m.shape[:-2]
+    flat = m.reshape(-1, T, T)
+
+    def diag(x: Tensor) -> Tensor:
+        pad = torch.zeros(x.shape[0], 2 * T, T, dtype=x.dtype, device=x.device)
+        pad[:, :T] = x
+        view = pad.as_strided((x.shape[0], T, T), (2 * T * T, T, T + 1))
+        return view.sum(-1)
+
+    pos = diag(flat)
+    neg = diag(flat.transpose(-1, -2).contiguous())
+    neg[:, 0] = 0
+    return pos.reshape(*lead, T), neg.reshape(*lead, T)
+
+
+def _row_ranks(x: Tensor, allowed: Tensor) -> Tensor:
+    """Ordinal rank (0 = smallest; ties by position) of each allowed entry of ``x [..., key]``
+    among the allowed keys of its row; disallowed entries rank after them. int32."""
+    x = x.masked_fill(~allowed, float("inf"))
+    order = torch.sort(x, dim=-1, stable=True).indices
+    r = torch.empty(order.shape, dtype=torch.int32, device=x.device)
+    ar = torch.arange(x.shape[-1], device=x.device, dtype=torch.int32)
+    r.scatter_(-1, order, ar.expand(order.shape).contiguous())
+    return r
+
+
+def _spearman_rows(
+    ra: Tensor, rb: Tensor, allowed: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Spearman correlation ``1 − 6 Σ d² / (n (n² − 1))`` of two rank arrays (``_row_ranks``)
+    over the allowed keys of each row. ra, rb: ``[..., key]``; allowed: bool ``[..., key]``.
+    Returns (rho ``[...]`` float64, defined ``[...]`` bool: at least 3 allowed keys)."""
+    n = allowed.sum(-1).to(torch.float64)
+    d = (ra - rb).masked_fill_(~allowed, 0).long()
+    ok = n >= 3
+    denom = torch.where(ok, n * (n * n - 1), 1.0)
+    rho = torch.where(ok, 1.0 - 6.0 * (d * d).sum(-1).double() / denom, 0.0)
+    return rho, ok
+
+
+# ----------------------------------------------------------------------------- result
+@register_result
+@dataclasses.dataclass
+class ContributionStats(Result):
+    """Ensemble statistics of contribution weights, per layer.
+
+    Head axis ``head+1``: the ``H`` heads, then the token level (``C = Σ_h c``; for raw
+    attention the head sum). Shapes:
+
+    * ``source_mean`` [layer, head+1, pos]: mean over real queries ``i`` that may attend
+      to ``j`` of ``c_ij`` (token level: of ``C_ij``); ``source_attention`` [layer, head,
+      pos]: the same mean of ``α_ij``; ``source_count`` [layer, pos] pairs averaged;
+    * ``lag_mean`` / ``lag_attention`` / ``lag_count``: the same by lag ``ℓ = i − j``, on the
+      axis ``lags`` (``0 … T−1`` for causal models, ``−(T−1) … T−1`` for bidirectional ones);
+    * ``negative_fraction`` [layer, head+1]: share of allowed pairs with ``c < 0``;
+      ``negative_mass`` [layer, head+1]: ``Σ|c_neg| / Σ|c|``;
+    * ``rank_corr`` [layer, head+1, 4, 4]: mean Spearman correlation between the measures
+      (order ``measures``) over the sampled queries' allowed sources (ordinal ranks, ties by
+      position); ``rank_rows`` [layer, head+1] rows used (0 for heads unless
+      ``rank_per_head``);
+    * ``kept_maps``: ``"{layer}.{measure}"`` → [n_kept, head, query, key] for the documents
+      ``kept_docs`` (tokens ``kept_tokens``, mask ``kept_mask``), measures as in
+      ``ContributionMaps`` plus ``"token"`` ([n_kept, query, key]).
+    """
+
+    kind: ClassVar[str] = "contribution_stats"
+
+    layers: list
+    mode: str
+    causal: bool
+    source_mean: Tensor
+    source_attention: Tensor
+    source_count: Tensor
+    lag_mean: Tensor
+    lag_attention: Tensor
+    lag_count: Tensor
+    lags: Tensor
+    negative_fraction: Tensor
+    negative_mass: Tensor
+    rank_corr: Tensor
+    rank_rows: Tensor
+    measures: list = dataclasses.field(default_factory=lambda: list(MEASURES))
+    model_name: str = ""
+    kept_docs: Optional[Tensor] = None
+    kept_tokens: Optional[Tensor] = None
+    kept_mask: Optional[Tensor] = None
+    kept_maps: dict = dataclasses.field(default_factory=dict)
+
+    # -------------------------------------------------------------- access
+    def maps(self, layer: int, doc: int = 0) -> ContributionMaps:
+        """The kept maps of document ``kept_docs[doc]`` at ``layer`` as ContributionMaps
+        (batch axis 1; factorization maps not kept are zeros)."""
+        key = f"{layer}.contribution"
+        if key not in self.kept_maps:
+            raise KeyError(
+                f"no kept maps for layer {layer}; run ContributionProbe(keep_docs=[...]) "
+                "with that layer"
+            )
+        g = {n: self.kept_maps[f"{layer}.{n}"][doc : doc + 1] for n in (*MEASURES, "token")}
+        c = g["contribution"]
+        z = torch.zeros_like(c)
+        qm = self.kept_mask[doc : doc + 1]
+        return ContributionMaps(
+            mode=self.mode, contribution=c, token=g["token"], attention=g["attention"],
+            value_weighted=g["value_weighted"], output_normalized=g["output_normalized"],
+            relative_norm=z, cosine=z, value_norm=torch.zeros(c.shape[:2] + c.shape[-1:]),
+            output_norm=torch.zeros(1, 1, c.shape[-2]), valid=qm[:, None, :],
+        )
+
+    def summary_rows(self) -> list[dict]:
+        """One row per layer: token-level negative shares, the sink's (source 0) mean
+        contribution and attention, and the token-level rank correlation of each baseline
+        with the contribution."""
+        rows = []
+        ci = self.measures.index("contribution")
+        for li, layer in enumerate(self.layers):
+            row: dict[str, Any] = {"layer": int(layer)}
+            row["neg_pair_share"] = float(self.negative_fraction[li, -1])
+            row["neg_mass_share"] = float(self.negative_mass[li, -1])
+            row["C_on_first_token"] = float(self.source_mean[li, -1, 0])
+            row["attn_on_first_token"] = float(self.source_attention[li, :, 0].mean())
+            for mi, m in enumerate(self.measures):
+                if m != "contribution":
+                    row[f"spearman_{m}_vs_c"] = float(self.rank_corr[li, -1, mi, ci])
+            rows.append(row)
+        return rows
+
+    # -------------------------------------------------------------- plots
+    def plot_source(self, max_pos: int = 64):
+        """Mean token-level contribution and mean attention (head mean) by source
+        position, one line per layer, first ``max_pos`` positions."""
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+        n = min(max_pos, self.source_mean.shape[-1])
+        for li, layer in enumerate(self.layers):
+            ok = self.source_count[li, :n] > 0
+            x = torch.arange(n)[ok].numpy()
+            axes[0].plot(x, self.source_mean[li, -1, :n][ok].numpy(), label=f"L{layer}")
+            axes[1].plot(x, self.source_attention[li, :, :n].mean(0)[ok].numpy(), label=f"L{layer}")
+        axes[0].axhline(0, color="black", lw=0.6)
+        axes[0].set_title("mean token-level contribution C_ij by source j", fontsize=9)
+        axes[1].set_title("mean attention α_ij (head mean) by source j", fontsize=9)
+        for ax in axes:
+            ax.set_xlabel("source position j")
+            ax.set_yscale("symlog", linthresh=1e-3)
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        return fig
+
+    def plot_lag(self, max_lag: int = 64):
+        """Mean token-level contribution and mean attention by lag ``i − j``."""
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+        lags = self.lags
+        sel = lags.abs() <= max_lag
+        for li, layer in enumerate(self.layers):
+            ok = sel & (self.lag_count[li] > 0)
+            axes[0].plot(lags[ok].numpy(), self.lag_mean[li, -1][ok].numpy(), label=f"L{layer}")
+            axes[1].plot(lags[ok].numpy(), self.lag_attention[li].mean(0)[ok].numpy(),
+                         label=f"L{layer}")
+        axes[0].axhline(0, color="black", lw=0.6)
+        axes[0].set_title("mean token-level contribution by lag i − j", fontsize=9)
+        axes[1].set_title("mean attention (head mean) by lag i − j", fontsize=9)
+        for ax in axes:
+            ax.set_xlabel("lag i − j")
+            ax.set_yscale("symlog", linthresh=1e-3)
+        axes[0].legend(fontsize=7)
+        fig.tight_layout()
+        return fig
+
+    def plot_rank_corr(self):
+        """Token-level Spearman correlation matrices between the measures, one per layer."""
+        import matplotlib.pyplot as plt
+
+        L = len(self.layers)
+        fig, axes = plt.subplots(1, L, figsize=(2.6 * L + 1, 2.9), squeeze=False)
+        short = {"attention": "α", "value_weighted": "α‖ṽ‖", "output_normalized": "α‖ṽ‖/‖o‖",
+                 "contribution": "c"}
+        labels = [short.get(m, m) for m in self.measures]
+        for li, layer in enumerate(self.layers):
+            ax = axes[0][li]
+            im = ax.imshow(self.rank_corr[li, -1].numpy(), vmin=-1, vmax=1, cmap="RdBu_r")
+            ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
+            ax.set_yticks(range(len(labels)), labels if li == 0 else [""] * len(labels), fontsize=7)
+            ax.set_title(f"layer {layer}", fontsize=9)
+            for a in range(len(labels)):
+                for b in range(len(labels)):
+                    ax.text(b, a, f"{float(self.rank_corr[li, -1, a, b]):.2f}", ha="center",
+                            va="center", fontsize=6)
+        fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
+        fig.suptitle("Spearman rank correlation between measures (token level)", fontsize=10)
+        return fig
+
+    def plot_negative(self):
+        """Heat maps (layer × head, last column = token level) of the negative shares."""
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), constrained_layout=True)
+        H = self.negative_fraction.shape[1] - 1
+        xt = [str(h) for h in range(H)] + ["Σh"]
+        for ax, (m, title) in zip(axes, ((self.negative_fraction, "share of pairs with c < 0"),
+                                         (self.negative_mass, "negative mass Σ|c⁻| / Σ|c|"))):
+            im = ax.imshow(m.numpy(), aspect="auto", cmap="viridis", vmin=0)
+            ax.set_xticks(range(H + 1), xt, fontsize=7)
+            ax.set_yticks(range(len(self.layers)), [str(x) for x in self.layers])
+            ax.set_xlabel("head")
+            ax.set_ylabel("layer")
+            ax.set_title(title, fontsize=9)
+            fig.colorbar(im, ax=ax, shrink=0.85)
+        return fig
+
+
+# ----------------------------------------------------------------------------- probe
+class ContributionProbe(Probe):
+    """Contribution weights of every (or the chosen) layer, as corpus statistics.
+
+    layers: layers to read (default all); mode: ``"inter"`` (default, token level
+    ``C_ij`` rows sum to 1) or ``"intra"``; keep_docs: corpus indices of documents whose
+    full maps (four measures per head + token level) are kept for views; rank_queries:
+    queries per document (evenly spaced over positions ≥ 2) used for the rank
+    correlations (0 = none), at token level and, with ``rank_per_head``, per head (8 times
+    the sorting; off by default); chunk_docs: documents per chunk of the streaming map (a
+    memory/speed knob: small chunks stay in cache; no effect on the values).
+    """
+
+    name: ClassVar[str] = "contributions"
+
+    def __init__(
+        self,
+        layers: Optional[Sequence[int]] = None,
+        mode: str = "inter",
+        keep_docs: Sequence[int] = (),
+        rank_queries: int = 8,
+        name: Optional[str] = None,
+        chunk_docs: int = 2,
+        rank_per_head: bool = False,
+    ):
+        super().__init__()
+        if mode not in ("intra", "inter"):
+            raise ValueError(f"mode must be 'intra' or 'inter', got {mode!r}")
+        if rank_queries < 0:
+            raise ValueError(f"rank_queries must be >= 0, got {rank_queries}")
+        self.layers = None if layers is None else sorted(set(int(x) for x in layers))
+        self.mode = mode
+        self.keep_docs = sorted(set(int(d) for d in keep_docs))
+        self.rank_queries = int(rank_queries)
+        if chunk_docs < 1:
+            raise ValueError(f"chunk_docs must be >= 1, got {chunk_docs}")
+        self.chunk_docs = int(chunk_docs)
+        self.rank_per_head = bool(rank_per_head)
+        if name is not None:
+            self.name = name  # type: ignore[misc]
+        self._W: dict[int, Tensor] = {}
+        self.reductions = {}  # instance level: kept-map keys are added per layer
+
+    def requires(self, view: ModelView) -> dict[int, set[str]]:
+        layers = self.layers if self.layers is not None else list(range(view.n_layers))
+        self.layers = layers
+        return {layer: {"pattern", "v"} for layer in layers}
+
+    def _w_o(self, layer: int, device: torch.device) -> Tensor:
+        W = self._W.get(layer)
+        if W is None or W.device != device:
+            assert self.view is not None
+            W = self._W[layer] = self.view.weights(layer).W_O.to(device)
+        return W
+
+    def update(self, cap: LayerCapture) -> None:
+        assert cap.pattern is not None and cap.v is not None
+        layer = cap.layer
+        p = cap.pattern.float()
+        b, H, T, _ = p.shape
+        qm = cap.mask
+        padless = bool(qm.all())
+        if not padless:
+            p = p.masked_fill(~qm[:, None, :, None], 0.0)
+        vh = cap.v.float().permute(0, 2, 1, 3)  # [b, H, T, d]
+        W = self._w_o(layer, p.device)
+        causal = self.view.causal if self.view is not None else True
+        allow = torch.ones(T, T, dtype=torch.bool, device=p.device)
+        if causal:
+            allow = allow.tril()
+        pairs = allow & qm[:, :, None] & qm[:, None, :]  # [b, q, k]
+        pair_count = pairs.sum(0).double()  # [q, k]
+
+        # contribution map in chunks of documents (each chunk stays in cache)
+        cs = torch.zeros(H + 1, T, T, dtype=p.dtype, device=p.device)  # Σ_b c, Σ_b C
+        neg = torch.zeros(H + 1, dtype=torch.float64, device=p.device)  # Σ c⁻
+        n_neg = torch.zeros(H + 1, dtype=torch.float64, device=p.device)  # #{c < 0}
+        step = self.chunk_docs
+        for i in range(0, b, step):
+            c = contribution_map(
+                p[i : i + step], vh[i : i + step], W, self.mode,
+                None if padless else qm[i : i + step],
+            )
+            n_b = c.shape[0]
+            C = c.sum(1)  # [n, q, k] token level
+            cs[:H] += c.sum(0)
+            cs[H] += C.sum(0)
+            c.clamp_(max=0.0)
+            C.clamp_(max=0.0)
+            neg[:H] += c.view(n_b, H, -1).sum(-1).sum(0).double()
+            neg[H] += C.sum().double()
+            n_neg[:H] -= torch.sign(c).view(n_b, H, -1).sum(-1).sum(0).double()
+            n_neg[H] -= torch.sign(C).sum().double()
+            del c, C
+        ps = p.sum(0)  # [H, q, k]
+        acc = self.accumulate
+        acc(f"{layer}.src_c", cs.sum(1).double().cpu())
+        acc(f"{layer}.src_a", ps.sum(1).double().cpu())
+        acc(f"{layer}.src_n", pair_count.sum(0).cpu())
+        for key, m in (("c", cs), ("a", ps), ("n", pair_count)):
+            pos, negl = _lag_sums(m)
+            acc(f"{layer}.lagp_{key}", pos.double().cpu())
+            acc(f"{layer}.lagn_{key}", negl.double().cpu())
+        acc(f"{layer}.sum_c", cs.view(H + 1, -1).sum(-1).double().cpu())
+        acc(f"{layer}.neg_sum", neg.cpu())
+        acc(f"{layer}.neg_n", n_neg.cpu())
+        acc(f"{layer}.pairs", pair_count.sum().reshape(1).cpu())
+        del cs, ps
+
+        if self.rank_queries > 0 and T >= 3:
+            self._rank_update(layer, p, cap.v, W, qm, allow, causal)
+        if self.keep_docs:
+            self._keep_update(layer, p, cap, W)
+
+    def _rank_update(self, layer, p, v, W, qm, allow, causal) -> None:
+        T = p.shape[-1]
+        n = min(self.rank_queries, T - 2)
+        qidx = torch.linspace(2, T - 1, n).round().long().unique().to(p.device)
+        maps = contribution_weights(p[:, :, qidx], v, W, self.mode, qm[:, qidx])
+        allowed = allow[qidx][None] & qm[:, qidx, None] & qm[:, None, :]  # [b, n, k]
+        M = len(MEASURES)
+        H = p.shape[1]
+        sums = torch.zeros(H + 1, M, M, dtype=torch.float64)
+        rows = torch.zeros(H + 1, dtype=torch.float64)
+        al_h = allowed[:, None].expand(-1, H, -1, -1)
+        al_t = allowed[:, None]
+        r_t = [_row_ranks(maps.token_level(m), al_t) for m in MEASURES]  # [b, 1, n, k]
+        r_h = [_row_ranks(maps.measure(m), al_h) for m in MEASURES] if self.rank_per_head else []
+        for a in range(M):
+            for bb in range(a, M):
+                rho, ok = _spearman_rows(r_t[a], r_t[bb], al_t)
+                sums[H, a, bb] = sums[H, bb, a] = (rho * ok).sum().cpu()
+                if r_h:
+                    rho, ok = _spearman_rows(r_h[a], r_h[bb], al_h)
+                    sums[:H, a, bb] = sums[:H, bb, a] = (rho * ok).sum((0, 2)).cpu()
+        if r_h:
+            rows[:H] = (al_h.sum(-1) >= 3).sum((0, 2)).double().cpu()
+        rows[H] = (al_t.sum(-1) >= 3).sum().double().cpu()
+        self.accumulate(f"{layer}.rank_sum", sums)
+        self.accumulate(f"{layer}.rank_rows", rows)
+
+    def _keep_update(self, layer, p, cap: LayerCapture, W) -> None:
+        sel = [i for i, d in enumerate(cap.doc_index.tolist()) if d in self.keep_docs]
+        if not sel:
+            return
+        idx = torch.tensor(sel, device=p.device)
+        maps = contribution_weights(p[idx], cap.v[idx], W, self.mode, cap.mask[idx])
+        for name in (*MEASURES, "token"):
+            key = f"{layer}.kept.{name}"
+            self.reductions[key] = "cat"
+            self.accumulate(key, getattr(maps, name).cpu())
+        if layer == (self.layers or [layer])[0]:
+            for key, t in (("kept_docs", cap.doc_index[idx.cpu()]), ("kept_tokens", cap.tokens[idx.cpu()]),
+                           ("kept_mask", cap.mask[idx].cpu())):
+                self.reductions[key] = "cat"
+                self.accumulate(key, t.cpu())
+
+    def result(self) -> ContributionStats:
+        self._require_state()
+        s = self.state
+        layers = list(self.layers or [])
+        T = max(s[f"{layer}.src_n"].shape[-1] for layer in layers)
+
+        def pad(t: Tensor) -> Tensor:
+            return torch.nn.functional.pad(t, (0, T - t.shape[-1]))
+
+        def get(layer: int, key: str) -> Tensor:
+            return pad(s[f"{layer}.{key}"])
+
+        causal = self.view.causal if self.view is not None else True
+
+        def lag_axis(layer: int, key: str) -> Tensor:
+            pos, neg = get(layer, f"lagp_{key}"), get(layer, f"lagn_{key}")
+            if causal:
+                return pos
+            return torch.cat([neg.flip(-1)[..., :-1], pos], -1)
+
+        lags = torch.arange(T) if causal else torch.arange(-(T - 1), T)
+
+        def mean(num: Tensor, den: Tensor) -> Tensor:
+            return torch.where(den > 0, num / den.clamp_min(1e-300), 0.0).float()
+
+        src_c, src_a, src_n, lag_c, lag_a, lag_n = [], [], [], [], [], []
+        negf, negm, rc, rr = [], [], [], []
+        M = len(MEASURES)
+        for layer in layers:
+            n = get(layer, "src_n")
+            src_n.append(n)
+            src_c.append(mean(get(layer, "src_c"), n))
+            src_a.append(mean(get(layer, "src_a"), n))
+            ln = lag_axis(layer, "n")
+            lag_n.append(ln)
+            lag_c.append(mean(lag_axis(layer, "c"), ln))
+            lag_a.append(mean(lag_axis(layer, "a"), ln))
+            pairs = s[f"{layer}.pairs"]
+            negf.append(mean(s[f"{layer}.neg_n"], pairs.expand_as(s[f"{layer}.neg_n"])))
+            neg = -s[f"{layer}.neg_sum"]
+            absum = s[f"{layer}.sum_c"] + 2 * neg
+            negm.append(mean(neg, absum))
+            if f"{layer}.rank_sum" in s:
+                rows = s[f"{layer}.rank_rows"]
+                rc.append(mean(s[f"{layer}.rank_sum"], rows[:, None, None].expand(-1, M, M)))
+                rr.append(rows)
+            else:
+                Hp = s[f"{layer}.neg_n"].shape[0]
+                rc.append(torch.zeros(Hp, M, M))
+                rr.append(torch.zeros(Hp, dtype=torch.float64))
+        kept: dict[str, Tensor] = {}
+        for layer in layers:
+            for name in (*MEASURES, "token"):
+                key = f"{layer}.kept.{name}"
+                if key in s:
+                    kept[f"{layer}.{name}"] = s[key].float()
+        return ContributionStats(
+            layers=layers,
+            mode=self.mode,
+            causal=causal,
+            source_mean=torch.stack(src_c),
+            source_attention=torch.stack(src_a),
+            source_count=torch.stack(src_n).float(),
+            lag_mean=torch.stack(lag_c),
+            lag_attention=torch.stack(lag_a),
+            lag_count=torch.stack(lag_n).float(),
+            lags=lags,
+            negative_fraction=torch.stack(negf),
+            negative_mass=torch.stack(negm),
+            rank_corr=torch.stack(rc),
+            rank_rows=torch.stack(rr).float(),
+            model_name=self.view.name if self.view is not None else "",
+            kept_docs=s.get("kept_docs"),
+            kept_tokens=s.get("kept_tokens"),
+            kept_mask=s.get("kept_mask"),
+            kept_maps=kept,
+        )
+
+
+def layer_maps(
+    model: Any,
+    tokens: Tensor,
+    layers: Optional[Sequence[int]] = None,
+    mode: str = "inter",
+    attention_mask: Optional[Tensor] = None,
+) -> dict[int, ContributionMaps]:
+    """Contribution maps of one batch, on request: ``{layer: ContributionMaps}``.
+
+    tokens: ``[batch, pos]``; attention_mask: ``[batch, pos]`` (1 = real, right padded).
+    One forward pass with pattern and value hooks; the maps come from
+    ``contribution_weights`` (batch axis = the rows of ``tokens``).
+    """
+    from tl_spectral.probes.faithfulness import capture_layers
+
+    view = model if isinstance(model, ModelView) else ModelView(model)
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    mask = torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    caps, _ = capture_layers(view, tokens, mask)
+    wanted = range(view.n_layers) if layers is None else layers
+    qm = mask.to(view.device)
+    return {
+        l: contribution_weights(caps[l][0], caps[l][1], view.weights(l).W_O.to(view.device), mode, qm)
+        for l in wanted
+    }

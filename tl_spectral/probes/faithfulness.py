@@ -1,0 +1,673 @@
+"""Model-side faithfulness evaluation (SPEC C.3): remove (query, source) pairs, measure damage.
+
+For a removal fraction ``r`` each query ranks its allowed sources by a measure and the
+top (comprehensiveness) or bottom (sufficiency) ``round(r · n_i)`` of them are removed by
+zeroing ``α_ij`` without renormalizing (``tl_spectral.analysis.faithfulness``). The model is
+then run again with the removal applied, either in every layer at once or in one chosen
+layer, and the damage is measured:
+
+* decoders: ``ΔPPL = PPL(intervened) − PPL(clean)``, next-token perplexity over the real
+  positions of the corpus;
+* encoders: the change of the sentence embedding, ``1 − cos(e', e)`` with ``e`` the mean
+  over real tokens of the last hidden state (the all-MiniLM-L6-v2 pooling). *Choice*: an
+  encoder such as all-MiniLM-L6-v2 has no trained language-model head (its checkpoint holds
+  no MLM weights; TransformerLens attaches a random one), so a perplexity would measure
+  noise; the sentence embedding is what the model is trained to produce.
+
+How the removal reaches the model (:func:`intervention_strategy`, checked once per model):
+
+* ``"pattern"``: a hook on ``blocks.{l}.attn.hook_pattern`` returns the pattern with the
+  removed pairs zeroed. Works where the attention is computed by TransformerLens itself
+  (``TransformerBridge.boot_native``, ``HookedTransformer``).
+* ``"z"``: ``TransformerBridge.boot_transformers`` delegates attention to the Hugging Face
+  module and fires ``hook_pattern`` *after* the output is computed, discarding edits (it
+  warns "The edit is discarded"). There the hook on ``hook_z`` (the input of ``W_O``)
+  subtracts the removed pairs' share, ``z'_i = z_i − Σ_{j removed} α_ij v_j``, with ``α``
+  recomputed in the same pass from ``hook_q``/``hook_k`` (``softmax(q kᵀ / scale)`` with the
+  causal and key-padding masks). The recomputation is validated against the model's own
+  ``hook_pattern`` when the strategy is chosen; a backend where it does not match raises.
+
+Both give exactly ``o'_i = o_i − Σ_{j removed} α_ij ṽ_j``, and at ``r = 0`` (no pair removed)
+the forward pass is unchanged bit for bit (the z hook subtracts exact zeros).
+
+Batched: the conditions (measure × top/bottom × fraction × setting) of one batch of
+documents are stacked along the batch axis, ``rows_per_pass`` rows per forward pass, each
+row with its own removal masks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+import weakref
+from typing import Any, Callable, ClassVar, Optional, Sequence
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from tl_spectral.analysis.contributions import MEASURES, contribution_weights
+from tl_spectral.analysis.faithfulness import (
+    WHICH,
+    allowed_mask,
+    curve_area,
+    fraction_grid,
+    removal_counts,
+)
+from tl_spectral.model_view import ModelView
+from tl_spectral.probes.runner import Corpus, as_corpus
+from tl_spectral.results import Result, register_result
+
+STRATEGIES = ("pattern", "z")
+METRICS = ("delta_ppl", "embedding_distance")
+PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "contribution")
+"""The paper's hierarchy of measures, worst to best."""
+DEFAULT_MEASURES = (*MEASURES, "random")
+
+_STRATEGY: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+
+
+# ----------------------------------------------------------------------------- strategy
+def _attn_scale(view: ModelView) -> float:
+    cfg = view.cfg
+    if not getattr(cfg, "use_attn_scale", True):
+        return 1.0
+    s = float(getattr(cfg, "attn_scale", -1.0) or -1.0)
+    return s if s > 0 else math.sqrt(view.d_head)
+
+
+def recompute_pattern(
+    q: Float[Tensor, "batch query head d_head"],
+    k: Float[Tensor, "batch key kv_head d_head"],
+    *,
+    scale: float,
+    causal: bool,
+    key_mask: Optional[Bool[Tensor, "batch key"]] = None,
+) -> Float[Tensor, "batch head query key"]:
+    """``softmax(q kᵀ / scale)`` with the causal and key-padding masks. [batch, head, query, key].
+
+    Grouped-query keys are repeated over their query heads. Rows with no allowed key (a
+    padded query of a causal model cannot occur here; all keys padded cannot either) are 0.
+    """
+    H, kv = q.shape[2], k.shape[2]
+    if kv != H:
+        k = k.repeat_interleave(H // kv, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) / scale
+    T_q, T_k = scores.shape[-2:]
+    allow = torch.ones(T_q, T_k, dtype=torch.bool, device=scores.device)
+    if causal:
+        allow = allow.tril(T_k - T_q)
+    allow = allow[None, None]
+    if key_mask is not None:
+        allow = allow & key_mask.to(scores.device).bool()[:, None, None, :]
+    scores = scores.masked_fill(~allow, float("-inf"))
+    p = torch.softmax(scores, dim=-1)
+    return torch.nan_to_num(p, nan=0.0)
+
+
+def intervention_strategy(model: Any) -> str:
+    """``"pattern"`` if editing ``hook_pattern`` changes the attention output, else ``"z"``.
+
+    Steps: 1. run 6 tokens twice, once with layer 0's pattern halved, and compare layer 0's
+    ``hook_z``; 2. if the edit was discarded, check that :func:`recompute_pattern` from
+    ``hook_q``/``hook_k`` reproduces ``hook_pattern`` (max abs diff ≤ 1e-4) so the ``z``
+    intervention is exact. Cached per model. Raises ``RuntimeError`` if neither works.
+    """
+    view = model if isinstance(model, ModelView) else ModelView(model)
+    cached = _STRATEGY.get(view.model)
+    if cached is not None:
+        return cached
+    view.check_patterns()
+    n = min(6, view.n_ctx)
+    vocab = max(2, view.d_vocab)
+    tokens = (torch.arange(n) * 7 + 3).remainder(vocab).unsqueeze(0)
+    caps: dict[str, Tensor] = {}
+
+    def grab(key: str) -> Callable:
+        def hook(t: Tensor, hook: Any = None) -> Tensor:
+            caps[key] = t.detach().clone()
+            return t
+
+        return hook
+
+    def halve(t: Tensor, hook: Any = None) -> Tensor:
+        return t * 0.5
+
+    names = {kind: f"blocks.0.attn.hook_{kind}" for kind in ("q", "k", "z", "pattern")}
+    with torch.no_grad():
+        view.run(
+            tokens,
+            fwd_hooks=[(names[k], grab(k)) for k in ("q", "k", "z", "pattern")],
+            return_type=None,
+        )
+        clean = dict(caps)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            view.run(
+                tokens,
+                fwd_hooks=[(names["pattern"], halve), (names["z"], grab("z_edit"))],
+                return_type=None,
+            )
+    if not torch.allclose(caps["z_edit"], clean["z"]):
+        strategy = "pattern"
+    else:
+        p = recompute_pattern(
+            clean["q"], clean["k"], scale=_attn_scale(view), causal=view.causal
+        )
+        err = float((p - clean["pattern"].float()).abs().max())
+        if err > 1e-4:
+            raise RuntimeError(
+                f"{view.name}: edits of hook_pattern are discarded by this backend, and the "
+                f"pattern recomputed from hook_q/hook_k differs from hook_pattern by {err:.2e} "
+                "(rotary or other position terms?), so pairs cannot be removed exactly; use a "
+                "model whose attention TransformerLens computes (boot_native / HookedTransformer)"
+            )
+        strategy = "z"
+    _STRATEGY[view.model] = strategy
+    return strategy
+
+
+# ----------------------------------------------------------------------------- hooks
+def removal_hooks(
+    view: ModelView,
+    masks: dict[int, Bool[Tensor, "batch head_or_1 query key"]],
+    *,
+    key_mask: Optional[Bool[Tensor, "batch key"]] = None,
+    strategy: Optional[str] = None,
+) -> list[tuple[str, Callable]]:
+    """Forward hooks that zero ``α_ij`` of the pairs marked True in ``masks[layer]``.
+
+    masks: layer → bool ``[batch, head or 1, query, key]`` (head axis 1 = the same pairs in
+    every head); key_mask: ``[batch, key]`` True at real tokens (needed by the ``z``
+    strategy on padded batches); strategy: ``"pattern"`` | ``"z"`` (default: detected with
+    :func:`intervention_strategy`).
+    """
+    strategy = strategy or intervention_strategy(view)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    hooks: list[tuple[str, Callable]] = []
+    for layer, m in sorted(masks.items()):
+        view._check_layer(layer)
+        if m.dtype != torch.bool or m.ndim != 4:
+            raise ValueError(
+                f"masks[{layer}] must be a bool [batch, head or 1, query, key] tensor, got "
+                f"{m.dtype} {tuple(m.shape)}"
+            )
+        if strategy == "pattern":
+            hooks.append((view.hook_pattern(layer), _pattern_hook(m)))
+        else:
+            hooks.extend(_z_hooks(view, layer, m, key_mask))
+    return hooks
+
+
+def _pattern_hook(m: Tensor) -> Callable:
+    def hook(t: Tensor, hook: Any = None) -> Tensor:
+        return t.masked_fill(m.to(t.device), 0.0)
+
+    return hook
+
+
+def _z_hooks(view: ModelView, layer: int, m: Tensor, key_mask: Optional[Tensor]) -> list:
+    store: dict[str, Tensor] = {}
+    scale = _attn_scale(view)
+
+    def grab(key: str) -> Callable:
+        def hook(t: Tensor, hook: Any = None) -> Tensor:
+            store[key] = t
+            return t
+
+        return hook
+
+    def z_hook(t: Tensor, hook: Any = None) -> Tensor:
+        p = recompute_pattern(
+            store["q"].detach(), store["k"].detach(), scale=scale, causal=view.causal,
+            key_mask=key_mask,
+        )
+        removed = p * m.to(p.device)
+        v = view.repeat_kv(store["v"].detach().float(), 2)  # [b, k, H, d]
+        delta = torch.einsum("bhqk,bkhd->bqhd", removed, v)
+        store.clear()
+        return t - delta.to(t.dtype)
+
+    base = f"blocks.{layer}.attn"
+    return [
+        (f"{base}.hook_q", grab("q")),
+        (f"{base}.hook_k", grab("k")),
+        (f"{base}.hook_v", grab("v")),
+        (f"{base}.hook_z", z_hook),
+    ]
+
+
+# ----------------------------------------------------------------------------- metrics
+class _Metric:
+    """Per-row damage statistics of one forward pass (clean or intervened)."""
+
+    def __init__(self, view: ModelView, metric: Optional[str]):
+        if metric is None:
+            metric = "delta_ppl" if view.causal else "embedding_distance"
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        if metric == "delta_ppl" and not view.causal:
+            raise ValueError(
+                "delta_ppl needs a causal decoder; for an encoder pass metric="
+                "'embedding_distance'"
+            )
+        self.view = view
+        self.metric = metric
+
+    def run(
+        self, tokens: Tensor, mask: Tensor, hooks: list, *, attn_mask: Optional[Tensor]
+    ) -> Tensor:
+        """Decoder: ``[rows, 2]`` (NLL sum, count); encoder: ``[rows, d_model]`` embedding."""
+        view = self.view
+        if self.metric == "delta_ppl":
+            with torch.no_grad():
+                logits = view.run(tokens, attention_mask=attn_mask, fwd_hooks=hooks)
+            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+            tgt = tokens[:, 1:].to(logp.device)
+            nll = -logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+            ok = (mask[:, 1:] & mask[:, :-1]).to(nll.device)
+            return torch.stack([(nll * ok).sum(-1), ok.sum(-1).to(nll.dtype)], -1).double().cpu()
+        name = f"blocks.{view.n_layers - 1}.hook_resid_post"
+        cap: dict[str, Tensor] = {}
+
+        def hook(t: Tensor, hook: Any = None) -> Tensor:
+            cap["h"] = t.detach()
+            return t
+
+        with torch.no_grad():
+            view.run(tokens, attention_mask=attn_mask, fwd_hooks=hooks + [(name, hook)],
+                     return_type=None)
+        h = cap["h"].double()
+        w = mask.to(h.device, h.dtype).unsqueeze(-1)
+        e = (h * w).sum(1) / w.sum(1).clamp_min(1.0)
+        return torch.nn.functional.normalize(e, dim=-1).cpu()
+
+
+def _attn_mask(view: ModelView, mask: Tensor) -> Optional[Tensor]:
+    return None if (view.causal or bool(mask.all())) else mask.long()
+
+
+# ----------------------------------------------------------------------------- ranking
+def removal_ranks(
+    scores: Float[Tensor, "batch head_or_1 query key"],
+    which: str,
+    allowed: Bool[Tensor, "batch_or_1 head_or_1 query key"],
+) -> Int[Tensor, "batch head query key"]:
+    """Rank of each pair in the removal order of ``analysis.faithfulness.removal_mask``.
+
+    The pairs removed at fraction ``r`` are exactly ``(rank < removal_counts(allowed, r))
+    & allowed``, so one ranking serves every fraction. Same order as ``removal_mask``:
+    stable sort by score (descending for ``top``, ascending for ``bottom``; ties → earlier
+    key first), allowed keys before disallowed ones. int32.
+    """
+    if which not in WHICH:
+        raise ValueError(f"which must be one of {WHICH}, got {which!r}")
+    shape = torch.broadcast_shapes(scores.shape, allowed.shape)
+    s = scores.expand(shape)
+    a = allowed.to(scores.device).expand(shape)
+    if torch.isnan(s[a]).any():
+        raise ValueError("scores have NaN on allowed pairs; mask or replace them first")
+    key = s.double() if which == "bottom" else -s.double()
+    order = torch.sort(key, dim=-1, stable=True).indices
+    a_sorted = a.gather(-1, order)
+    order = order.gather(-1, torch.sort((~a_sorted).to(torch.uint8), dim=-1, stable=True).indices)
+    ranks = torch.empty(shape, dtype=torch.int32, device=scores.device)
+    ar = torch.arange(shape[-1], device=order.device, dtype=torch.int32).expand(shape)
+    ranks.scatter_(-1, order, ar.contiguous())
+    return ranks
+
+
+def _parse_measure(name: str, mode: str) -> tuple[str, str]:
+    base, _, m = name.partition("@")
+    m = m or mode
+    if base != "random" and base not in MEASURES:
+        raise ValueError(
+            f"unknown measure {name!r}; use one of {MEASURES} or 'random', optionally with a "
+            "mode suffix such as 'contribution@intra'"
+        )
+    if m not in ("intra", "inter"):
+        raise ValueError(f"measure {name!r}: mode must be 'intra' or 'inter'")
+    return base, m
+
+
+# ----------------------------------------------------------------------------- result
+@register_result
+@dataclasses.dataclass
+class FaithfulnessResult(Result):
+    """Comprehensiveness and sufficiency curves and their areas.
+
+    comprehensiveness, sufficiency: ``[setting, measure, fraction]`` damage (``metric``:
+    ΔPPL for decoders, embedding distance ``1 − cos`` for encoders; 0 = no damage) after
+    removing the top / bottom fraction of each query's sources; ``*_area``: ``[setting,
+    measure]`` trapezoid area divided by the span of the fraction grid (the curve's mean);
+    ``clean``: clean PPL (decoders) or 0. settings: e.g. ``["all layers", "layer 3"]``.
+    ``aliases``: measure → an earlier measure whose removal sets were identical in every
+    batch (its curves are copied, not recomputed).
+    """
+
+    kind: ClassVar[str] = "faithfulness"
+
+    metric: str
+    measures: list
+    fractions: list
+    settings: list
+    comprehensiveness: Tensor
+    sufficiency: Tensor
+    comprehensiveness_area: Tensor
+    sufficiency_area: Tensor
+    clean: float
+    mode: str = "inter"
+    level: str = "token"
+    layer: int = 0
+    strategy: str = "pattern"
+    n_docs: int = 0
+    n_tokens: int = 0
+    model_name: str = ""
+    aliases: dict = dataclasses.field(default_factory=dict)
+
+    def table(self, setting: int = 0) -> list[dict]:
+        """Rows ``{measure, comprehensiveness_area, sufficiency_area}`` for one setting."""
+        return [
+            {
+                "measure": m,
+                "comprehensiveness_area": float(self.comprehensiveness_area[setting, i]),
+                "sufficiency_area": float(self.sufficiency_area[setting, i]),
+            }
+            for i, m in enumerate(self.measures)
+        ]
+
+    def ordering(self, setting: int = 0) -> dict:
+        """Measures ordered best first (comprehensiveness: largest area; sufficiency:
+        smallest), and whether the paper's order attention < value_weighted <
+        output_normalized < contribution holds strictly for each criterion (only when all
+        four measures were evaluated)."""
+        comp = self.comprehensiveness_area[setting].tolist()
+        suff = self.sufficiency_area[setting].tolist()
+        idx = range(len(self.measures))
+        out: dict[str, Any] = {
+            "comprehensiveness": [self.measures[i] for i in sorted(idx, key=lambda i: -comp[i])],
+            "sufficiency": [self.measures[i] for i in sorted(idx, key=lambda i: suff[i])],
+        }
+        names = [m.partition("@")[0] if m.partition("@")[2] in ("", self.mode) else m
+                 for m in self.measures]
+        if all(p in names for p in PAPER_ORDER):
+            pos = [names.index(p) for p in PAPER_ORDER]
+            c = [comp[i] for i in pos]
+            s = [suff[i] for i in pos]
+            out["paper_order_comprehensiveness"] = all(a < b for a, b in zip(c, c[1:]))
+            out["paper_order_sufficiency"] = all(a > b for a, b in zip(s, s[1:]))
+        return out
+
+    def plot_curves(self):
+        """Comprehensiveness and sufficiency curves, one panel per setting and criterion."""
+        import matplotlib.pyplot as plt
+
+        S = len(self.settings)
+        fig, axes = plt.subplots(S, 2, figsize=(10, 3.4 * S), squeeze=False)
+        ylabel = "ΔPPL" if self.metric == "delta_ppl" else "1 − cos(e', e)"
+        styles = {"random": dict(color="grey", ls=":")}
+        for si, sname in enumerate(self.settings):
+            for ci, (crit, data) in enumerate(
+                (("comprehensiveness (top removed)", self.comprehensiveness),
+                 ("sufficiency (bottom removed)", self.sufficiency))
+            ):
+                ax = axes[si][ci]
+                for mi, m in enumerate(self.measures):
+                    ax.plot(self.fractions, data[si, mi].numpy(), marker="o", ms=3,
+                            label=m, **styles.get(m, {}))
+                ax.set_title(f"{sname}: {crit}", fontsize=9)
+                ax.set_xlabel("removal fraction r")
+                ax.set_ylabel(ylabel)
+                if self.metric == "delta_ppl":
+                    ax.set_yscale("symlog", linthresh=max(1e-3, 0.01 * self.clean))
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(f"faithfulness — {self.model_name} ({self.mode}, {self.level} level)",
+                     fontsize=10)
+        fig.tight_layout()
+        return fig
+
+
+# ----------------------------------------------------------------------------- main loop
+def capture_layers(
+    view: ModelView, tokens: Tensor, mask: Tensor, metric: Optional[_Metric] = None
+) -> tuple[dict[int, tuple[Tensor, Tensor]], Optional[Tensor]]:
+    """One clean pass: ``{layer: (pattern [b, H, T, T], v [b, T, H, d_head])}`` and, with a
+    metric, its per-row clean statistics."""
+    caps: dict[int, dict[str, Tensor]] = {}
+
+    def grab(layer: int, kind: str) -> Callable:
+        def hook(t: Tensor, hook: Any = None) -> Tensor:
+            caps.setdefault(layer, {})[kind] = t.detach()
+            return t
+
+        return hook
+
+    hooks = [(view.hook_pattern(l), grab(l, "pattern")) for l in range(view.n_layers)]
+    hooks += [(view.hook_v(l), grab(l, "v")) for l in range(view.n_layers)]
+    am = _attn_mask(view, mask)
+    if metric is not None:
+        stats = metric.run(tokens, mask, hooks, attn_mask=am)
+    else:
+        with torch.no_grad():
+            view.run(tokens, attention_mask=am, fwd_hooks=hooks, return_type=None)
+        stats = None
+    out = {l: (c["pattern"], view.repeat_kv(c["v"], 2)) for l, c in caps.items()}
+    return out, stats
+
+
+def _measure_scores(
+    view: ModelView, caps: dict, mask: Tensor, measures: Sequence[str], mode: str, level: str,
+    gen: torch.Generator,
+) -> dict[str, dict[int, Tensor]]:
+    """measure → layer → scores ``[b, H|1, T, T]``."""
+    out: dict[str, dict[int, Tensor]] = {m: {} for m in measures}
+    qm = mask.to(view.device)
+    for layer in range(view.n_layers):
+        pattern, v = caps[layer]
+        W_O = view.weights(layer).W_O.to(pattern.device)
+        maps = {}
+        for name in measures:
+            base, m = _parse_measure(name, mode)
+            if base == "random":
+                shape = (pattern.shape[0], 1 if level == "token" else pattern.shape[1],
+                         *pattern.shape[-2:])
+                out[name][layer] = torch.rand(shape, generator=gen).to(pattern.device)
+                continue
+            if m not in maps:
+                maps[m] = contribution_weights(pattern, v, W_O, m, qm)
+            cm = maps[m]
+            out[name][layer] = cm.token_level(base) if level == "token" else cm.measure(base)
+        del maps
+    return out
+
+
+def faithfulness(
+    model: Any,
+    data: Any,
+    *,
+    layer: Optional[int] = None,
+    measures: Sequence[str] = DEFAULT_MEASURES,
+    fractions: Optional[Sequence[float]] = None,
+    mode: str = "inter",
+    level: str = "token",
+    metric: Optional[str] = None,
+    batch_size: int = 8,
+    rows_per_pass: int = 64,
+    seed: int = 0,
+    attention_mask: Optional[Tensor] = None,
+    progress: bool = False,
+) -> FaithfulnessResult:
+    """Comprehensiveness and sufficiency curves of each measure (SPEC C.3).
+
+    model: TransformerLens model or ModelView; data: anything ``as_corpus`` reads (right
+    padded); layer: the one layer of the single-layer setting (default ``n_layers // 2``;
+    the other setting removes in all layers at once); measures: names from
+    ``analysis.contributions.MEASURES`` or ``"random"`` (seeded uniform scores, a reference),
+    optionally suffixed ``@intra`` / ``@inter`` to override ``mode``; fractions: removal grid
+    (default 0, 0.1, …, 0.9); mode: contribution mode; level: ``"token"`` (a pair (i, j) is
+    ranked by the sum over heads of the measure and removed in every head) or ``"head"``
+    (each head ranks and removes its own pairs); metric: ``"delta_ppl"`` (decoders, default)
+    or ``"embedding_distance"`` (encoders, default); rows_per_pass: rows of one batched
+    intervention pass (documents × conditions).
+
+    Steps per batch of documents: 1. a clean pass captures every layer's pattern and values
+    and the clean statistics; 2. every measure is computed per layer and its removal order
+    ranked once (``removal_ranks``) for top and bottom; 3. the conditions (setting ×
+    measure × top/bottom × fraction > 0, plus one fraction-0 run shared by all curves) are
+    stacked ``rows_per_pass`` rows at a time and run with :func:`removal_hooks`; 4. the
+    statistics are summed over the corpus, turned into ΔPPL (``exp`` of the mean NLL minus
+    the clean PPL) or the mean embedding distance, and integrated (``curve_area``).
+    """
+    view = model if isinstance(model, ModelView) else ModelView(model)
+    if level not in ("token", "head"):
+        raise ValueError(f"level must be 'token' or 'head', got {level!r}")
+    if mode not in ("intra", "inter"):
+        raise ValueError(f"mode must be 'intra' or 'inter', got {mode!r}")
+    measures = list(measures)
+    if not measures or len(set(measures)) != len(measures):
+        raise ValueError(f"measures must be a non-empty list of distinct names, got {measures}")
+    for m in measures:
+        _parse_measure(m, mode)
+    fr = fraction_grid() if fractions is None else [float(f) for f in fractions]
+    if len(fr) < 2 or fr[0] != 0.0 or any(b <= a for a, b in zip(fr, fr[1:])) or fr[-1] > 1:
+        raise ValueError(f"fractions must increase strictly from 0 to at most 1, got {fr}")
+    layer = view.n_layers // 2 if layer is None else int(layer)
+    view._check_layer(layer)
+    if rows_per_pass < 1 or batch_size < 1:
+        raise ValueError("batch_size and rows_per_pass must be >= 1")
+    corpus: Corpus = as_corpus(data, attention_mask)
+    strategy = intervention_strategy(view)
+    met = _Metric(view, metric)
+    settings = ["all layers", f"layer {layer}"]
+    setting_layers = [list(range(view.n_layers)), [layer]]
+    S, M, F = len(settings), len(measures), len(fr)
+    gen = torch.Generator().manual_seed(seed)
+    dim = 2 if met.metric == "delta_ppl" else 1
+    # accumulated statistics per condition: [S, M, 2 (top, bottom), F, dim]
+    acc = torch.zeros(S, M, 2, F, dim, dtype=torch.float64)
+    clean_acc = torch.zeros(dim, dtype=torch.float64)
+    alias_seen: Optional[dict[str, str]] = None
+    starts = range(0, len(corpus), batch_size)
+    it: Any = starts
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(starts, desc="faithfulness", unit="batch")
+    for start in it:
+        tokens = corpus.tokens[start : start + batch_size]
+        mask = corpus.mask[start : start + batch_size]
+        T_b = int(mask.sum(1).max())
+        tokens, mask = tokens[:, :T_b], mask[:, :T_b]
+        b = tokens.shape[0]
+        caps, clean_rows = capture_layers(view, tokens, mask, met)
+        assert clean_rows is not None
+        allowed = allowed_mask(T_b, causal=view.causal, key_mask=mask, query_mask=mask).to(
+            view.device
+        )
+        scores = _measure_scores(view, caps, mask, measures, mode, level, gen)
+        del caps
+        ranks: dict[tuple[str, str], dict[int, Tensor]] = {}
+        for m in measures:
+            for which in WHICH:
+                ranks[m, which] = {
+                    l: removal_ranks(scores[m][l], which, allowed) for l in range(view.n_layers)
+                }
+        del scores
+        # measures whose removal order is identical to an earlier one's in this batch
+        alias: dict[str, str] = {}
+        for mi, m in enumerate(measures):
+            for prev in measures[:mi]:
+                if prev in alias:
+                    continue
+                if all(
+                    torch.equal(ranks[m, w][l], ranks[prev, w][l])
+                    for w in WHICH
+                    for l in range(view.n_layers)
+                ):
+                    alias[m] = prev
+                    break
+        alias_seen = dict(alias) if alias_seen is None else {
+            k: v for k, v in alias_seen.items() if alias.get(k) == v
+        }
+        counts = {f: removal_counts(allowed, f) for f in fr}  # [b, 1, T]
+        # conditions: (si, mi, wi, fi); fraction 0 once
+        conds = [(0, 0, 0, 0)] + [
+            (si, mi, wi, fi)
+            for si in range(S)
+            for mi, m in enumerate(measures)
+            if m not in alias
+            for wi in range(2)
+            for fi in range(1, F)
+        ]
+        per = max(1, rows_per_pass // b)
+        acc_b = torch.zeros_like(acc)
+        for c0 in range(0, len(conds), per):
+            chunk = conds[c0 : c0 + per]
+            masks: dict[int, Tensor] = {}
+            for l in range(view.n_layers):
+                parts = []
+                any_l = False
+                for si, mi, wi, fi in chunk:
+                    if l in setting_layers[si] and fi > 0:
+                        r = ranks[measures[mi], WHICH[wi]][l]
+                        parts.append((r < counts[fr[fi]].unsqueeze(-1)) & allowed)
+                        any_l = True
+                    else:
+                        parts.append(torch.zeros_like(allowed).expand(b, -1, -1, -1))
+                if any_l:
+                    hs = max(p.shape[1] for p in parts)
+                    masks[l] = torch.cat([p.expand(-1, hs, -1, -1) for p in parts], 0)
+            rows = len(chunk) * b
+            tok_rep = tokens.repeat(len(chunk), 1)
+            mask_rep = mask.repeat(len(chunk), 1)
+            hooks = removal_hooks(view, masks, key_mask=mask_rep.to(view.device),
+                                  strategy=strategy)
+            stats = met.run(tok_rep, mask_rep, hooks, attn_mask=_attn_mask(view, mask_rep))
+            assert stats.shape[0] == rows
+            for ci, (si, mi, wi, fi) in enumerate(chunk):
+                row = stats[ci * b : (ci + 1) * b]
+                if met.metric == "delta_ppl":
+                    val = row.sum(0)
+                else:  # summed embedding distance, count
+                    dist = 1.0 - (row * clean_rows).sum(-1)
+                    val = dist.sum().reshape(1)
+                if fi == 0:
+                    acc_b[:, :, :, 0] += val
+                else:
+                    acc_b[si, mi, wi, fi] += val
+        for m, prev in alias.items():
+            acc_b[:, measures.index(m), :, 1:] = acc_b[:, measures.index(prev), :, 1:]
+        acc += acc_b
+        if met.metric == "delta_ppl":
+            clean_acc += clean_rows.sum(0)
+    n_docs = len(corpus)
+    if met.metric == "delta_ppl":
+        n_tok = float(clean_acc[1])
+        clean = math.exp(float(clean_acc[0]) / n_tok)
+        curves = torch.exp(acc[..., 0] / acc[..., 1].clamp_min(1.0)) - clean
+    else:
+        n_tok = float(corpus.mask.sum())
+        clean = 0.0
+        curves = acc[..., 0] / n_docs
+    comp, suff = curves[:, :, 0].float(), curves[:, :, 1].float()
+    return FaithfulnessResult(
+        metric=met.metric,
+        measures=measures,
+        fractions=fr,
+        settings=settings,
+        comprehensiveness=comp,
+        sufficiency=suff,
+        comprehensiveness_area=curve_area(fr, comp).float(),
+        sufficiency_area=curve_area(fr, suff).float(),
+        clean=clean,
+        mode=mode,
+        level=level,
+        layer=layer,
+        strategy=strategy,
+        n_docs=n_docs,
+        n_tokens=int(n_tok),
+        model_name=view.name,
+        aliases=alias_seen or {},
+    )

@@ -1,0 +1,464 @@
+"""SinkProbe: attention-sink rates and sink geometry inside the forward pass (SPEC C.4).
+
+Per layer and batch, :func:`tl_spectral.analysis.sinks.sink_geometry` is evaluated and
+folded into mergeable sums and histograms:
+
+* sink rate per head (mean over real queries of ``α_i0``) and, for comparison, the mean
+  attention on each document's last real token (where BERT-style encoders put ``[SEP]``);
+* the Gu et al. key score of the sink per head (mean over documents of
+  ``Σ_i α_i0 / n_0``), the share of documents in which the head is a sink head (score >
+  ``threshold``) and the layer's mean share of sink heads;
+* anti-alignment ``cos(ṽ_0, s_i)``: histogram on [−1, 1] and mean, per head;
+* optimal sink rate ``ρ*`` per query: histogram on [−1, 2] (values outside fall in the end
+  bins) and a 2-D histogram against the observed ``α_i0``; the share of ``ρ*`` in (0, 1) and
+  of queries whose observed rate exceeds the clamped optimum ``clamp(ρ*, 0, 1)``;
+* the zero-the-sink-value intervention, analytically: ``Δ‖o‖`` (absolute and relative to
+  ``‖o‖``) and ``Δcos = cos(o', s̄) − cos(o, s̄)`` per head and for the layer.
+
+The intervention's effect on the model's loss (ΔPPL, or the change of the sentence
+embedding for encoders) needs extra forward passes: :func:`zero_sink_value`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from tl_spectral.analysis.sinks import sink_geometry
+from tl_spectral.model_view import ModelView
+from tl_spectral.probes.base import LayerCapture, Probe
+from tl_spectral.results import Result, register_result
+
+ANTI_RANGE = (-1.0, 1.0)
+RHO_RANGE = (-1.0, 2.0)
+ALPHA_RANGE = (0.0, 1.0)
+
+
+def _bin(x: Tensor, lo: float, hi: float, n: int) -> Tensor:
+    """Bin index in [0, n) of ``x`` on [lo, hi]; values outside go to the end bins."""
+    return ((x - lo) / (hi - lo) * n).floor().clamp_(0, n - 1).long()
+
+
+def _hist(x: Tensor, ok: Tensor, head: Tensor, H: int, lo: float, hi: float, n: int) -> Tensor:
+    """Per-head histogram ``[H, n]`` of the entries of ``x`` where ``ok``; head index ``head``."""
+    idx = head[ok] * n + _bin(x[ok], lo, hi, n)
+    return torch.bincount(idx, minlength=H * n).reshape(H, n).double()
+
+
+@register_result
+@dataclasses.dataclass
+class SinkStats(Result):
+    """Sink statistics of a corpus, per layer (axis 0) and head.
+
+    Rates [layer, head]: ``sink_rate`` (mean ``α_i0``), ``last_token_rate`` (mean attention
+    on the last real token), ``key_score`` (mean over documents of the Gu key score of the
+    sink), ``sink_head_doc_share`` (share of documents where the head is a sink head);
+    ``sink_head`` [layer, head] bool: corpus key score > ``threshold``; ``sink_head_share``
+    [layer]: share of heads with ``sink_head``; ``doc_sink_head_share`` [layer]: mean over
+    documents of the per-document share.
+
+    Geometry: ``anti_hist`` [layer, head, n_bins] on ``anti_edges``, ``anti_mean``
+    [layer, head]; ``rho_hist`` [layer, head, n_bins] on ``rho_edges``; ``rho_alpha_hist``
+    [layer, n_bins, n_bins] (ρ* rows on ``rho_edges``, observed ``α_i0`` columns on
+    ``alpha_edges``); ``rho_mean`` (mean of ``clamp(ρ*, 0, 1)``), ``alpha_on_rho`` (mean
+    ``α_i0`` over the same queries), ``rho_in_unit`` (share with 0 < ρ* < 1),
+    ``over_sink`` (share with ``α_i0 > clamp(ρ*, 0, 1)``), all [layer, head].
+
+    Intervention (analytic): ``head_delta_norm``, ``head_rel_delta_norm``
+    (``Δ‖o^h‖/‖o^h‖``), ``head_delta_cos`` [layer, head]; ``delta_norm``,
+    ``rel_delta_norm``, ``delta_cos`` [layer] for the layer output. The model-level
+    effect (ΔPPL) comes from :func:`zero_sink_value`.
+    """
+
+    kind: ClassVar[str] = "sink_stats"
+
+    layers: list
+    causal: bool
+    sink_index: int
+    threshold: float
+    sink_rate: Tensor
+    last_token_rate: Tensor
+    key_score: Tensor
+    sink_head: Tensor
+    sink_head_doc_share: Tensor
+    sink_head_share: Tensor
+    doc_sink_head_share: Tensor
+    anti_hist: Tensor
+    anti_edges: Tensor
+    anti_mean: Tensor
+    rho_hist: Tensor
+    rho_edges: Tensor
+    rho_alpha_hist: Tensor
+    alpha_edges: Tensor
+    rho_mean: Tensor
+    alpha_on_rho: Tensor
+    rho_in_unit: Tensor
+    over_sink: Tensor
+    head_delta_norm: Tensor
+    head_rel_delta_norm: Tensor
+    head_delta_cos: Tensor
+    delta_norm: Tensor
+    rel_delta_norm: Tensor
+    delta_cos: Tensor
+    n_queries: Tensor
+    n_docs: int = 0
+    model_name: str = ""
+
+    def summary_rows(self) -> list[dict]:
+        """One row per layer (head means unless stated)."""
+        rows = []
+        for li, layer in enumerate(self.layers):
+            rows.append({
+                "layer": int(layer),
+                "sink_rate": float(self.sink_rate[li].mean()),
+                "max_head_sink_rate": float(self.sink_rate[li].max()),
+                "last_token_rate": float(self.last_token_rate[li].mean()),
+                "sink_head_share": float(self.sink_head_share[li]),
+                "cos(v0,s)": float(self.anti_mean[li].mean()),
+                "rho*_clamped": float(self.rho_mean[li].mean()),
+                "alpha_i0_same_q": float(self.alpha_on_rho[li].mean()),
+                "rho*_in_(0,1)": float(self.rho_in_unit[li].mean()),
+                "over_sink_share": float(self.over_sink[li].mean()),
+                "rel_delta_norm": float(self.rel_delta_norm[li]),
+                "delta_cos": float(self.delta_cos[li]),
+            })
+        return rows
+
+    # -------------------------------------------------------------- plots
+    def plot_rates(self):
+        """Heat maps (layer × head) of the sink rate and the Gu key score; sink heads
+        (key score > threshold) are marked with a dot."""
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
+        for ax, (m, title) in zip(axes, ((self.sink_rate, "sink rate  mean_i α_i0"),
+                                         (self.key_score, "Gu key score of token 0"))):
+            im = ax.imshow(m.numpy(), aspect="auto", cmap="magma", vmin=0, vmax=1)
+            ys, xs = torch.nonzero(self.sink_head, as_tuple=True)
+            ax.scatter(xs.numpy(), ys.numpy(), s=10, c="cyan", marker="o",
+                       label=f"key score > {self.threshold}")
+            ax.set_yticks(range(len(self.layers)), [str(x) for x in self.layers])
+            ax.set_xlabel("head")
+            ax.set_ylabel("layer")
+            ax.set_title(title, fontsize=9)
+            fig.colorbar(im, ax=ax, shrink=0.85)
+        axes[1].legend(fontsize=7, loc="upper right")
+        fig.suptitle(f"attention sinks — {self.model_name}", fontsize=10)
+        return fig
+
+    def plot_rho_star(self):
+        """Left: histogram of ρ* per layer (all heads). Right: 2-D histogram of ρ* against
+        the observed α_i0 (all layers), with the diagonal ρ* = α_i0."""
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+        edges = self.rho_edges.numpy()
+        centers = 0.5 * (edges[1:] + edges[:-1])
+        for li, layer in enumerate(self.layers):
+            h = self.rho_hist[li].sum(0)
+            axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"L{layer}")
+        axes[0].axvspan(0, 1, color="grey", alpha=0.1)
+        axes[0].set_xlabel("ρ* (end bins collect values outside [−1, 2])")
+        axes[0].set_ylabel("share of queries")
+        axes[0].set_title("optimal sink rate ρ* per query", fontsize=9)
+        axes[0].legend(fontsize=7)
+        h2 = self.rho_alpha_hist.sum(0)
+        a_e = self.alpha_edges.numpy()
+        axes[1].imshow(torch.log1p(h2).numpy(), origin="lower", aspect="auto", cmap="Blues",
+                       extent=(a_e[0], a_e[-1], edges[0], edges[-1]))
+        axes[1].plot([0, 1], [0, 1], color="red", lw=0.8, label="ρ* = α_i0")
+        axes[1].set_xlabel("observed α_i0")
+        axes[1].set_ylabel("ρ*")
+        axes[1].set_title("ρ* vs observed sink rate (log count)", fontsize=9)
+        axes[1].legend(fontsize=7)
+        fig.tight_layout()
+        return fig
+
+    def plot_anti_alignment(self):
+        """Distribution of cos(ṽ_0, s_i) per layer (all heads), and its mean per head."""
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+        edges = self.anti_edges.numpy()
+        centers = 0.5 * (edges[1:] + edges[:-1])
+        for li, layer in enumerate(self.layers):
+            h = self.anti_hist[li].sum(0)
+            axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"L{layer}")
+        axes[0].axvline(0, color="black", lw=0.6)
+        axes[0].set_xlabel("cos(ṽ_0, s_i)")
+        axes[0].set_ylabel("share of queries")
+        axes[0].set_title("anti-alignment of the sink value and the semantic vector", fontsize=9)
+        axes[0].legend(fontsize=7)
+        im = axes[1].imshow(self.anti_mean.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1)
+        axes[1].set_yticks(range(len(self.layers)), [str(x) for x in self.layers])
+        axes[1].set_xlabel("head")
+        axes[1].set_ylabel("layer")
+        axes[1].set_title("mean cos(ṽ_0, s_i)", fontsize=9)
+        fig.colorbar(im, ax=axes[1], shrink=0.85)
+        fig.tight_layout()
+        return fig
+
+
+class SinkProbe(Probe):
+    """Sink rates, Gu key scores, anti-alignment, ρ* and the analytic zero-sink intervention.
+
+    layers: layers to read (default all); sink_index: the sink key (0); threshold: sink-head
+    threshold on the key score (0.3, Gu et al.); n_bins: histogram bins.
+    """
+
+    name: ClassVar[str] = "sinks"
+
+    def __init__(
+        self,
+        layers: Optional[Sequence[int]] = None,
+        sink_index: int = 0,
+        threshold: float = 0.3,
+        n_bins: int = 40,
+        name: Optional[str] = None,
+    ):
+        super().__init__()
+        if n_bins < 2:
+            raise ValueError(f"n_bins must be >= 2, got {n_bins}")
+        self.layers = None if layers is None else sorted(set(int(x) for x in layers))
+        self.sink_index = int(sink_index)
+        self.threshold = float(threshold)
+        self.n_bins = int(n_bins)
+        if name is not None:
+            self.name = name  # type: ignore[misc]
+        self._W: dict[int, Tensor] = {}
+
+    def requires(self, view: ModelView) -> dict[int, set[str]]:
+        layers = self.layers if self.layers is not None else list(range(view.n_layers))
+        self.layers = layers
+        return {layer: {"pattern", "v"} for layer in layers}
+
+    def update(self, cap: LayerCapture) -> None:
+        assert cap.pattern is not None and cap.v is not None and self.view is not None
+        layer = cap.layer
+        W = self._W.get(layer)
+        if W is None:
+            W = self._W[layer] = self.view.weights(layer).W_O
+        p = cap.pattern.float()
+        qm = cap.mask
+        g = sink_geometry(
+            p, cap.v, W.to(p.device), causal=self.view.causal,
+            query_mask=None if bool(qm.all()) else qm, sink_index=self.sink_index,
+            threshold=self.threshold,
+        )
+        b, H, T = g.anti_alignment.shape
+        nb = self.n_bins
+        acc = self.accumulate
+        real = qm[:, None, :].expand(b, H, T)
+        n_q = qm.sum().double()
+        acc(f"{layer}.n_q", n_q.reshape(1).cpu())
+        acc(f"{layer}.n_docs", torch.tensor([float(b)], dtype=torch.float64))
+        acc(f"{layer}.rate", (g.sink_rate * qm.sum(-1, keepdim=True)).sum(0).double().cpu())
+        last = (qm.sum(-1) - 1).clamp_min(0)  # [b]
+        a_last = p.gather(-1, last.view(b, 1, 1, 1).expand(b, H, T, 1)).squeeze(-1)
+        acc(f"{layer}.last", (a_last * real).sum((0, 2)).double().cpu())
+        ks = g.key_score[..., self.sink_index]  # [b, H]
+        acc(f"{layer}.key", ks.sum(0).double().cpu())
+        acc(f"{layer}.sink_doc", g.sink_head.sum(0).double().cpu())
+        head = torch.arange(H, device=p.device).view(1, H, 1).expand(b, H, T)
+        cpu = lambda t: t.cpu()  # noqa: E731
+        acc(f"{layer}.anti_hist", cpu(_hist(g.anti_alignment, g.anti_alignment_valid, head, H,
+                                            *ANTI_RANGE, nb)))
+        acc(f"{layer}.anti_sum", cpu((g.anti_alignment * g.anti_alignment_valid).sum((0, 2)).double()))
+        acc(f"{layer}.anti_n", cpu(g.anti_alignment_valid.sum((0, 2)).double()))
+        ok = g.rho_star_valid
+        rho, a0 = g.rho_star, p[..., self.sink_index]
+        acc(f"{layer}.rho_hist", cpu(_hist(rho, ok, head, H, *RHO_RANGE, nb)))
+        r_bin = _bin(rho[ok], *RHO_RANGE, nb)
+        a_bin = _bin(a0[ok], *ALPHA_RANGE, nb)
+        acc(f"{layer}.rho_alpha", cpu(torch.bincount(r_bin * nb + a_bin, minlength=nb * nb)
+                                      .reshape(nb, nb).double()))
+        rc = rho.clamp(0.0, 1.0)
+        acc(f"{layer}.rho_n", cpu(ok.sum((0, 2)).double()))
+        acc(f"{layer}.rho_sum", cpu((rc * ok).sum((0, 2)).double()))
+        acc(f"{layer}.alpha_on_rho", cpu((a0 * ok).sum((0, 2)).double()))
+        acc(f"{layer}.rho_unit", cpu((ok & (rho > 0) & (rho < 1)).sum((0, 2)).double()))
+        acc(f"{layer}.over", cpu((ok & (a0 > rc)).sum((0, 2)).double()))
+        # analytic intervention, per head
+        on = g.head_output_norm
+        acc(f"{layer}.hdn", cpu((g.head_delta_norm * real).sum((0, 2)).double()))
+        rel_ok = real & (on > 0)
+        rel = torch.where(rel_ok, g.head_delta_norm / torch.where(rel_ok, on, 1.0), 0.0)
+        acc(f"{layer}.hrel", cpu(rel.sum((0, 2)).double()))
+        acc(f"{layer}.hrel_n", cpu(rel_ok.sum((0, 2)).double()))
+        acc(f"{layer}.hdc", cpu((g.head_delta_cos * g.head_delta_cos_valid).sum((0, 2)).double()))
+        acc(f"{layer}.hdc_n", cpu(g.head_delta_cos_valid.sum((0, 2)).double()))
+        # layer level
+        lo = g.output_norm
+        lrel_ok = qm & (lo > 0)
+        lrel = torch.where(lrel_ok, g.delta_norm / torch.where(lrel_ok, lo, 1.0), 0.0)
+        acc(f"{layer}.ldn", cpu((g.delta_norm * qm).sum().double().reshape(1)))
+        acc(f"{layer}.lrel", cpu(lrel.sum().double().reshape(1)))
+        acc(f"{layer}.lrel_n", cpu(lrel_ok.sum().double().reshape(1)))
+        acc(f"{layer}.ldc", cpu((g.delta_cos * g.delta_cos_valid).sum().double().reshape(1)))
+        acc(f"{layer}.ldc_n", cpu(g.delta_cos_valid.sum().double().reshape(1)))
+        acc(f"{layer}.share", cpu(g.sink_head_share.sum().double().reshape(1)))
+
+    def result(self) -> SinkStats:
+        self._require_state()
+        s = self.state
+        layers = list(self.layers or [])
+
+        def st(key: str) -> Tensor:
+            return torch.stack([s[f"{layer}.{key}"] for layer in layers])
+
+        def div(a: Tensor, b: Tensor) -> Tensor:
+            return torch.where(b > 0, a / b.clamp_min(1e-300), 0.0).float()
+
+        n_q = st("n_q")  # [L, 1]
+        n_docs = st("n_docs")  # [L, 1]
+        key = div(st("key"), n_docs)
+        sink_head = key > self.threshold
+        nb = self.n_bins
+        view = self.view
+        return SinkStats(
+            layers=layers,
+            causal=view.causal if view is not None else True,
+            sink_index=self.sink_index,
+            threshold=self.threshold,
+            sink_rate=div(st("rate"), n_q),
+            last_token_rate=div(st("last"), n_q),
+            key_score=key,
+            sink_head=sink_head,
+            sink_head_doc_share=div(st("sink_doc"), n_docs),
+            sink_head_share=sink_head.float().mean(-1),
+            doc_sink_head_share=div(st("share"), n_docs)[:, 0],
+            anti_hist=st("anti_hist").float(),
+            anti_edges=torch.linspace(*ANTI_RANGE, nb + 1),
+            anti_mean=div(st("anti_sum"), st("anti_n")),
+            rho_hist=st("rho_hist").float(),
+            rho_edges=torch.linspace(*RHO_RANGE, nb + 1),
+            rho_alpha_hist=st("rho_alpha").float(),
+            alpha_edges=torch.linspace(*ALPHA_RANGE, nb + 1),
+            rho_mean=div(st("rho_sum"), st("rho_n")),
+            alpha_on_rho=div(st("alpha_on_rho"), st("rho_n")),
+            rho_in_unit=div(st("rho_unit"), st("rho_n")),
+            over_sink=div(st("over"), st("rho_n")),
+            head_delta_norm=div(st("hdn"), n_q),
+            head_rel_delta_norm=div(st("hrel"), st("hrel_n")),
+            head_delta_cos=div(st("hdc"), st("hdc_n")),
+            delta_norm=div(st("ldn"), n_q)[:, 0],
+            rel_delta_norm=div(st("lrel"), st("lrel_n"))[:, 0],
+            delta_cos=div(st("ldc"), st("ldc_n"))[:, 0],
+            n_queries=n_q[:, 0].long(),
+            n_docs=int(n_docs[0, 0]) if len(layers) else 0,
+            model_name=view.name if view is not None else "",
+        )
+
+
+# ----------------------------------------------------------------------------- ΔPPL
+@register_result
+@dataclasses.dataclass
+class SinkInterventionResult(Result):
+    """Model-level effect of zeroing the sink's projected value ``ṽ_0`` (every head).
+
+    settings: ``"layer l"`` for each layer alone, then ``"all layers"``; ``delta``
+    [setting]: ΔPPL (decoders) or mean embedding distance ``1 − cos(e', e)`` (encoders);
+    ``clean``: clean PPL (decoders) or 0.
+    """
+
+    kind: ClassVar[str] = "sink_intervention"
+
+    metric: str
+    settings: list
+    delta: Tensor
+    clean: float
+    sink_index: int = 0
+    n_docs: int = 0
+    model_name: str = ""
+
+    def rows(self) -> list[dict]:
+        name = "ΔPPL" if self.metric == "delta_ppl" else "1 − cos(e', e)"
+        return [{"setting": s, name: float(d)} for s, d in zip(self.settings, self.delta)]
+
+
+def zero_sink_value(
+    model: Any,
+    data: Any,
+    *,
+    layers: Optional[Sequence[int]] = None,
+    sink_index: int = 0,
+    metric: Optional[str] = None,
+    batch_size: int = 8,
+    rows_per_pass: int = 64,
+    attention_mask: Optional[Tensor] = None,
+) -> SinkInterventionResult:
+    """ΔPPL (or embedding change) when the sink's projected value is zeroed.
+
+    Zeroing ``ṽ_0`` for every query is zeroing ``α_i0`` without renormalizing
+    (``o' = o − α_i0 ṽ_0``), so the intervention reuses the faithfulness hooks
+    (:func:`tl_spectral.probes.faithfulness.removal_hooks`) with the sink column removed.
+    Settings: each layer of ``layers`` (default all) alone, then all of them at once.
+    """
+    from tl_spectral.probes.faithfulness import (
+        _attn_mask, _Metric, intervention_strategy, removal_hooks,
+    )
+    from tl_spectral.probes.runner import as_corpus
+    from tl_spectral.analysis.faithfulness import allowed_mask
+
+    view = model if isinstance(model, ModelView) else ModelView(model)
+    layers = list(range(view.n_layers)) if layers is None else [int(x) for x in layers]
+    for layer in layers:
+        view._check_layer(layer)
+    corpus = as_corpus(data, attention_mask)
+    strategy = intervention_strategy(view)
+    met = _Metric(view, metric)
+    settings = [[l] for l in layers] + [layers]
+    names = [f"layer {l}" for l in layers] + ["all layers"]
+    S = len(settings)
+    dim = 2 if met.metric == "delta_ppl" else 1
+    acc = torch.zeros(S, dim, dtype=torch.float64)
+    clean_acc = torch.zeros(dim, dtype=torch.float64)
+    for start in range(0, len(corpus), batch_size):
+        tokens = corpus.tokens[start : start + batch_size]
+        mask = corpus.mask[start : start + batch_size]
+        T_b = int(mask.sum(1).max())
+        tokens, mask = tokens[:, :T_b], mask[:, :T_b]
+        if sink_index >= T_b:
+            raise ValueError(f"sink_index {sink_index} is beyond the batch length {T_b}")
+        b = tokens.shape[0]
+        clean_rows = met.run(tokens, mask, [], attn_mask=_attn_mask(view, mask))
+        allowed = allowed_mask(T_b, causal=view.causal, key_mask=mask, query_mask=mask)
+        col = torch.zeros_like(allowed)
+        col[..., sink_index] = True
+        sink_mask = (allowed & col).to(view.device)  # [b, 1, T, T]
+        none = torch.zeros_like(sink_mask)
+        per = max(1, rows_per_pass // b)
+        for c0 in range(0, S, per):
+            chunk = list(range(c0, min(S, c0 + per)))
+            masks = {}
+            for layer in layers:
+                parts = [sink_mask if layer in settings[si] else none for si in chunk]
+                masks[layer] = torch.cat(parts, 0)
+            tok_rep = tokens.repeat(len(chunk), 1)
+            mask_rep = mask.repeat(len(chunk), 1)
+            hooks = removal_hooks(view, masks, key_mask=mask_rep.to(view.device),
+                                  strategy=strategy)
+            stats = met.run(tok_rep, mask_rep, hooks, attn_mask=_attn_mask(view, mask_rep))
+            for ci, si in enumerate(chunk):
+                row = stats[ci * b : (ci + 1) * b]
+                if met.metric == "delta_ppl":
+                    acc[si] += row.sum(0)
+                else:
+                    acc[si] += (1.0 - (row * clean_rows).sum(-1)).sum()
+        if met.metric == "delta_ppl":
+            clean_acc += clean_rows.sum(0)
+    if met.metric == "delta_ppl":
+        import math
+
+        clean = math.exp(float(clean_acc[0] / clean_acc[1]))
+        delta = torch.exp(acc[:, 0] / acc[:, 1]) - clean
+    else:
+        clean = 0.0
+        delta = acc[:, 0] / len(corpus)
+    return SinkInterventionResult(
+        metric=met.metric, settings=names, delta=delta.float(), clean=clean,
+        sink_index=int(sink_index), n_docs=len(corpus), model_name=view.name,
+    )
