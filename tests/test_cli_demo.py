@@ -54,3 +54,16 @@ def test_quickstart_demo_runs(tmp_path, monkeypatch):
     runpy.run_path(str(ROOT / "demos" / "quickstart.py"), run_name="__main__")
     assert (tmp_path / "attention_stats.png").exists()
     assert (tmp_path / "attention_stats.safetensors").exists()
+
+
+def test_analyze_scale_pod_section(tmp_path):
+    from tl_spectral.cli import main
+    from tl_spectral.results import Result
+
+    out = tmp_path / "rep"
+    assert main(["analyze", "--model", "random", "--n-docs", "4", "--length", "32", "--out",
+                 str(out), "--no-progress", "--sections", "scale_pod"]) == 0
+    index = (out / "index.html").read_text()
+    assert "Scale-selective POD" in index and "head allocation" in index
+    pod = Result.load(out / "results" / "scale_pod.safetensors")
+    assert pod.n_layers == 6 and sum(r["recommended"] for r in pod.allocation) == 48
