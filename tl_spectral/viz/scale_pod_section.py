@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tl_spectral.probes import AttentionFieldProbe, Probe
-from tl_spectral.viz.report import Report
-from tl_spectral.viz.sections import ReportContext, ReportSection
+
+if TYPE_CHECKING:  # sections.py imports this module: no runtime import back
+    from tl_spectral.viz.report import Report
+    from tl_spectral.viz.sections import ReportContext
 
 
-class ScalePODSection(ReportSection):
+class ScalePODSection:
     key = "scale_pod"
     title = "Scale-selective POD of attention fields"
 

@@ -14,6 +14,7 @@ from tl_spectral.model_view import ModelView
 from tl_spectral.probes import AttentionStats, Probe
 from tl_spectral.viz.report import Report
 from tl_spectral.viz.routing_section import RoutingFilteringSection
+from tl_spectral.viz.scale_pod_section import ScalePODSection
 
 
 @dataclass
@@ -92,7 +93,11 @@ class AttentionStatsSection(ReportSection):
                            f"attention patterns of layer {layer} on the first {n} tokens of document 0")
 
 
-SECTIONS: list[Callable[[], ReportSection]] = [AttentionStatsSection, RoutingFilteringSection]
+SECTIONS: list[Callable[[], ReportSection]] = [
+    AttentionStatsSection,
+    ScalePODSection,
+    RoutingFilteringSection,
+]
 """Section factories, in report order. Later analyses append theirs."""
 
 
