@@ -6,11 +6,15 @@ Adding a probe: one new module here and one line in ``PROBES`` below.
 from tl_spectral.probes.attention_stats import AttentionStats, AttentionStatsResult
 from tl_spectral.probes.fields import AttentionFieldProbe, AttentionFields
 from tl_spectral.probes.base import LayerCapture, Probe, merge_tensor, reduce_state
+from tl_spectral.probes.contributions import ContributionProbe, ContributionStats
+from tl_spectral.probes.sinks import SinkProbe, SinkStats
 from tl_spectral.probes.runner import Corpus, as_corpus, run_probes
 
 PROBES: dict[str, type[Probe]] = {
     "attention_stats": AttentionStats,
     "attention_fields": AttentionFieldProbe,
+    "contributions": ContributionProbe,
+    "sinks": SinkProbe,
 }
 
 __all__ = [
@@ -19,6 +23,10 @@ __all__ = [
     "AttentionFields",
     "AttentionStats",
     "AttentionStatsResult",
+    "ContributionProbe",
+    "ContributionStats",
+    "SinkProbe",
+    "SinkStats",
     "Corpus",
     "LayerCapture",
     "Probe",
