@@ -351,3 +351,15 @@ def test_plots(model_result):
     for fig in figs:
         assert fig.axes
         plt.close(fig)
+
+
+def test_saturation_cap_follows_centering():
+    """White-noise fields need every mode: H* saturates at N - 1 for fluctuations, at N when
+    the fields passed are not mean-free (center=False on raw fields)."""
+    g = torch.Generator().manual_seed(0)
+    F = torch.randn(6, 8, 8, generator=g, dtype=f64) + 1.0
+    fl = scale_pod_layer(F, center=True, epsilon=0.0, coherence_queries=None)
+    assert fl.full["n_available"] == 5 and fl.H_star_saturated
+    assert fl.full["H_star_str"] == "≥ 5"
+    raw = scale_pod_layer(F, center=False, epsilon=0.0, coherence_queries=None)
+    assert raw.full["n_available"] == 6 and raw.full["H_star_str"] == "≥ 6"

@@ -26,10 +26,11 @@ Three algorithms behind one ``method`` argument, one ``rank`` argument for trunc
 ``None`` or ``-1`` keeps every nonzero mode. Eigenvalues are always reported in full
 (except for ``"randomized"``); ``rank`` only truncates the modes and coefficients kept.
 
-Eigenvalues at or below ``tol = lambda_max * N * eps`` (``eps`` of the arithmetic dtype;
-numpy's ``matrix_rank`` rule applied to the Gram matrix) are rounding noise: they are
-dropped, and ``n_available`` counts the rest. Mean-free snapshots (fluctuations) have at
-most ``N - 1`` nonzero modes.
+Eigenvalues at or below ``tol = max(lambda_max * N * eps64, eps * trace(K))`` are rounding
+noise (the first term: the eigen-solver's, numpy's ``matrix_rank`` rule in float64; the
+second: a bound on the Frobenius norm of the rounding error of a Gram built in the
+arithmetic dtype, ``eps`` its machine epsilon): they are dropped, and ``n_available`` counts
+the rest. Mean-free snapshots (fluctuations) have at most ``N - 1`` nonzero modes.
 """
 
 from __future__ import annotations
@@ -378,6 +379,11 @@ def _finish(
     )
 
 
+def _zero_tol(lam_max: float, trace: float, N: int, eps: float) -> float:
+    """Eigenvalues at or below this are rounding noise (see the module docstring)."""
+    return max(lam_max * N * torch.finfo(torch.float64).eps, eps * trace)
+
+
 def _eig_gram(gram: Tensor, eps: float) -> tuple[Tensor, Tensor, float, int]:
     """Eigen-decomposition of a PSD Gram ``[N, N]`` (float64), descending, with the
     rounding-noise eigenvalues dropped. Returns ``(lam [n], A [N, n], trace, n)``."""
@@ -390,7 +396,7 @@ def _eig_gram(gram: Tensor, eps: float) -> tuple[Tensor, Tensor, float, int]:
         )
     lam, A = torch.linalg.eigh(K)
     lam, A = lam.flip(0), A.flip(1)
-    tol = float(lam[0]) * K.shape[0] * eps
+    tol = _zero_tol(float(lam[0]), total, K.shape[0], eps)
     n = int((lam > tol).sum())
     return lam[:n].contiguous(), A[:, :n].contiguous(), total, n
 
@@ -555,7 +561,7 @@ def pod(
         total = float(X.to(torch.float64).pow(2).sum()) / N
         if not total > 0:
             raise ValueError("the snapshots have zero energy; nothing to decompose")
-        tol = float(lam_all[0]) * N * eps
+        tol = _zero_tol(float(lam_all[0]), total, N, eps)
         n = int((lam_all > tol).sum())
         lam = lam_all[:n].contiguous()
         r = resolve_rank(rank, lam, total, n)

@@ -522,7 +522,15 @@ def scale_pod_layer(
     causal = bool(lags.min() >= 0)
     # Lag-major copy Ft[tau, s, i] (centred if asked): every later step reads it contiguously.
     Ft = torch.empty(n_lags, N, T, dtype=F.dtype)
-    mean = F.mean(0, dtype=torch.float64).to(F.dtype) if center else None  # [T, n_lags]
+    mean64 = F.mean(0, dtype=torch.float64)  # [T, n_lags]
+    if center:
+        mean = mean64.to(F.dtype)
+        centered = True
+    else:  # fluctuations as passed: mean-free up to rounding? (then at most N - 1 modes)
+        mean = None
+        rms = float(F.pow(2).sum(dtype=torch.float64)) / N
+        centered = float(mean64.pow(2).sum()) <= (1e3 * torch.finfo(F.dtype).eps) ** 2 * rms
+    del mean64
     step = max(1, (1 << 22) // (T * n_lags))
     for s0 in range(0, N, step):
         blk = F[s0 : s0 + step]
@@ -596,7 +604,7 @@ def scale_pod_layer(
             dim,
             rank=n_modes,
             epsilon=epsilon,
-            centered=True,
+            centered=centered,
             eps=eps,
             clip_rank=True,
         )
