@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from conftest import make_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,8 +28,6 @@ from tl_spectral.routing import (
     native_attention_weights,
     perplexity,
 )
-
-from conftest import make_native
 
 
 def _model(norm="none", d_head=6, attention="sd", seed=0, n_layers=3, options=None):

@@ -246,7 +246,7 @@ class KernelPartAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, *, return_pattern: bool = False):
         w = self.base.weights()
-        b, p, _ = x.shape
+        _b, p, _ = x.shape
         q0 = torch.einsum("bpm,hmd->bhpd", x, w["W_Q"])
         k0 = torch.einsum("bpm,hmd->bhpd", x, w["W_K"])
         v = torch.einsum("bpm,hmd->bhpd", x, w["W_V"]) + w["b_V"][None, :, None, :]
@@ -470,7 +470,7 @@ def _checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
         if (p / "trainer_state.json").is_file() and (p / "model.safetensors").is_file():
             out.append((int(p.name.split("_")[1]), p))
     if (run_dir / "final" / "model.safetensors").is_file():
-        steps = {s for s, _ in out}
+        {s for s, _ in out}
         meta = json.loads((run_dir / "final" / "config.json").read_text())
         s = int(meta.get("metrics", {}).get("steps", -1))
         out = [(st, p) for st, p in out if st != s] + [(s, run_dir / "final")]
@@ -752,7 +752,7 @@ def run_study(out_dir: str | Path = "runs/routing_study", *, runs_dir: str | Pat
             geos["minilm"] = g
             summary["models"]["minilm"] = {"qk": _geometry_summary(g)}
     for shape in ((384, 12, 32), (128, 8, 16), (128, 4, 32)):
-        summary["baselines"]["gaussian_%d_%d_%d" % shape] = _geometry_summary(
+        summary["baselines"]["gaussian_{}_{}_{}".format(*shape)] = _geometry_summary(
             random_baseline(*shape, n_layers=2))
     for name in names or list(STUDY_RUNS):
         run = Path(runs_dir) / name
@@ -770,11 +770,13 @@ def run_study(out_dir: str | Path = "runs/routing_study", *, runs_dir: str | Pat
             entry["val_metrics_all_windows"] = meta["metrics"]
         g = model_qk_geometry(model)
         g.save(out / f"{name}_qk.safetensors")
+        g.to_csv(out / f"{name}_heads.csv")
         geos[name] = g
         entry["qk"] = _geometry_summary(g)
         if any(model.cfg.layer_attention(i) == "sd" for i in range(model.cfg.n_layers)):
             sg = model_sd_geometry(model)
             sg.save(out / f"{name}_sd.safetensors")
+            sg.to_csv(out / f"{name}_sd_heads.csv")
             sds[name] = sg
             entry["sd"] = {"layers": geometry_layer_table(sg),
                            "layers_pr": [r["rank_S"] for r in
@@ -965,8 +967,8 @@ def study_markdown(summary: dict[str, Any]) -> str:
         if "cascade_steps" not in e:
             continue
         steps = e["cascade_steps"]
-        pick = sorted(set([0, len(steps) // 4, len(steps) // 2, 3 * len(steps) // 4,
-                           len(steps) - 1]))
+        pick = sorted({0, len(steps) // 4, len(steps) // 2, 3 * len(steps) // 4,
+                           len(steps) - 1})
         for i in pick:
             vl = e["cascade_val_loss"][i]
             L.append(f"| {n} | {steps[i]} | " + " | ".join(

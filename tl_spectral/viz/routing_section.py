@@ -25,7 +25,11 @@ class RoutingFilteringSection:
         return []  # weights only
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
-        from tl_spectral.routing import UnreadableHeadsError, geometry_layer_table, model_qk_geometry
+        from tl_spectral.routing import (
+            UnreadableHeadsError,
+            geometry_layer_table,
+            model_qk_geometry,
+        )
 
         report.section(self.title)
         fold = bool(ctx.options.get("fold_ln", True))
