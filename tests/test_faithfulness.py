@@ -359,7 +359,9 @@ def test_faithfulness_result_roundtrip_and_ordering(native_noln, tmp_path):
     torch.testing.assert_close(back.sufficiency_area, res.sufficiency_area)
     order = res.ordering(0)
     assert sorted(order["comprehensiveness"]) == sorted(res.measures)
-    assert "paper_order_comprehensiveness" in order
+    po = order["paper_order"]["inter"]
+    assert po["measures"] == ["attention", "value_weighted", "output_normalized", "contribution"]
+    assert po["ties"] == 1 and isinstance(po["comprehensiveness"], bool)
     assert len(res.table(1)) == 5
     import matplotlib.pyplot as plt
 
@@ -376,3 +378,30 @@ def test_faithfulness_bad_arguments(native_ln, minilm):
         faithfulness(native_ln, tokens, level="layer")
     with pytest.raises(ValueError, match="delta_ppl needs a causal"):
         faithfulness(minilm, torch.tensor([[101, 7592, 102]]), metric="delta_ppl")
+
+
+def _synthetic(comp, suff, measures, aliases=None, mode="inter"):
+    c = torch.tensor([comp], dtype=torch.float32)
+    s = torch.tensor([suff], dtype=torch.float32)
+    z = torch.zeros(1, len(measures), 2)
+    return FaithfulnessResult(metric="delta_ppl", measures=measures, fractions=[0.0, 0.5],
+                              settings=["all layers"], comprehensiveness=z, sufficiency=z,
+                              comprehensiveness_area=c, sufficiency_area=s, clean=1.0,
+                              mode=mode, aliases=aliases or {})
+
+
+def test_ordering_detects_the_paper_order_and_ties():
+    names = ["attention", "value_weighted", "output_normalized", "contribution",
+             "contribution@intra", "output_normalized@intra"]
+    res = _synthetic([1, 2, 2, 3, 0.5, 0.4], [4, 3, 3, 1, 5, 6], names,
+                     aliases={"output_normalized": "value_weighted"})
+    o = res.ordering()
+    assert o["comprehensiveness"][0] == "contribution" and o["sufficiency"][0] == "contribution"
+    inter = o["paper_order"]["inter"]
+    assert inter["comprehensiveness"] and inter["sufficiency"] and inter["ties"] == 1
+    intra = o["paper_order"]["intra"]
+    assert intra["measures"][2:] == ["output_normalized@intra", "contribution@intra"]
+    assert not intra["comprehensiveness"] and not intra["sufficiency"]
+    # without the alias, equal areas break the strict order
+    assert not _synthetic([1, 2, 2, 3], [4, 3, 3, 1], names[:4]).ordering()["paper_order"][
+        "inter"]["comprehensiveness"]

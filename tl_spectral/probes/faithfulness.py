@@ -240,6 +240,17 @@ def _z_hooks(view: ModelView, layer: int, m: Tensor, key_mask: Optional[Tensor])
 
 
 # ----------------------------------------------------------------------------- metrics
+class _StopForward(Exception):
+    """Raised after the last hidden state is captured: the rest of the pass is not needed."""
+
+
+def by_length(corpus: Corpus) -> Corpus:
+    """The corpus sorted by decreasing length (batches then carry little padding; every
+    statistic here is a sum over documents, so the order does not matter)."""
+    order = torch.sort(corpus.mask.sum(1), descending=True, stable=True).indices
+    return Corpus(tokens=corpus.tokens[order], mask=corpus.mask[order])
+
+
 class _Metric:
     """Per-row damage statistics of one forward pass (clean or intervened)."""
 
@@ -274,11 +285,14 @@ class _Metric:
 
         def hook(t: Tensor, hook: Any = None) -> Tensor:
             cap["h"] = t.detach()
-            return t
+            raise _StopForward  # the head (a random MLM head for MiniLM) is not needed
 
-        with torch.no_grad():
-            view.run(tokens, attention_mask=attn_mask, fwd_hooks=hooks + [(name, hook)],
-                     return_type=None)
+        try:
+            with torch.no_grad():
+                view.run(tokens, attention_mask=attn_mask, fwd_hooks=hooks + [(name, hook)],
+                         return_type=None)
+        except _StopForward:
+            pass
         h = cap["h"].double()
         w = mask.to(h.device, h.dtype).unsqueeze(-1)
         e = (h * w).sum(1) / w.sum(1).clamp_min(1.0)
@@ -380,24 +394,43 @@ class FaithfulnessResult(Result):
 
     def ordering(self, setting: int = 0) -> dict:
         """Measures ordered best first (comprehensiveness: largest area; sufficiency:
-        smallest), and whether the paper's order attention < value_weighted <
-        output_normalized < contribution holds strictly for each criterion (only when all
-        four measures were evaluated)."""
+        smallest), and, per contribution mode whose four measures were all evaluated,
+        whether the paper's order attention < value_weighted < output_normalized <
+        contribution holds (``paper_order[mode][criterion]``). A pair whose removal sets
+        were identical (``aliases``) counts as a tie that does not break the order; the
+        number of such ties is reported (``paper_order[mode]["ties"]``)."""
         comp = self.comprehensiveness_area[setting].tolist()
         suff = self.sufficiency_area[setting].tolist()
         idx = range(len(self.measures))
         out: dict[str, Any] = {
             "comprehensiveness": [self.measures[i] for i in sorted(idx, key=lambda i: -comp[i])],
             "sufficiency": [self.measures[i] for i in sorted(idx, key=lambda i: suff[i])],
+            "paper_order": {},
         }
-        names = [m.partition("@")[0] if m.partition("@")[2] in ("", self.mode) else m
-                 for m in self.measures]
-        if all(p in names for p in PAPER_ORDER):
-            pos = [names.index(p) for p in PAPER_ORDER]
-            c = [comp[i] for i in pos]
-            s = [suff[i] for i in pos]
-            out["paper_order_comprehensiveness"] = all(a < b for a, b in zip(c, c[1:]))
-            out["paper_order_sufficiency"] = all(a > b for a, b in zip(s, s[1:]))
+        for mode in ("inter", "intra"):
+            chain = []
+            for base in PAPER_ORDER:
+                options = [f"{base}@{mode}"]
+                if mode == self.mode:
+                    options.insert(0, base)
+                if base in ("attention", "value_weighted"):  # mode-independent
+                    options += [base, f"{base}@inter", f"{base}@intra"]
+                found = next((o for o in options if o in self.measures), None)
+                chain.append(found)
+            if None in chain:
+                continue
+            pos = [self.measures.index(n) for n in chain]
+            res = {"measures": chain, "ties": 0}
+            for crit, vals, better in (("comprehensiveness", comp, lambda a, b: b > a),
+                                       ("sufficiency", suff, lambda a, b: b < a)):
+                ok = True
+                for (na, ia), (nb, ib) in zip(zip(chain, pos), list(zip(chain, pos))[1:]):
+                    if self.aliases.get(nb) == na or self.aliases.get(na) == nb:
+                        res["ties"] += crit == "comprehensiveness"
+                        continue
+                    ok = ok and better(vals[ia], vals[ib])
+                res[crit] = ok
+            out["paper_order"][mode] = res
         return out
 
     def plot_curves(self):
@@ -537,7 +570,7 @@ def faithfulness(
     view._check_layer(layer)
     if rows_per_pass < 1 or batch_size < 1:
         raise ValueError("batch_size and rows_per_pass must be >= 1")
-    corpus: Corpus = as_corpus(data, attention_mask)
+    corpus: Corpus = by_length(as_corpus(data, attention_mask))
     strategy = intervention_strategy(view)
     met = _Metric(view, metric)
     settings = ["all layers", f"layer {layer}"]

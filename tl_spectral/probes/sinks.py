@@ -398,7 +398,7 @@ def zero_sink_value(
     Settings: each layer of ``layers`` (default all) alone, then all of them at once.
     """
     from tl_spectral.probes.faithfulness import (
-        _attn_mask, _Metric, intervention_strategy, removal_hooks,
+        _attn_mask, _Metric, by_length, intervention_strategy, removal_hooks,
     )
     from tl_spectral.probes.runner import as_corpus
     from tl_spectral.analysis.faithfulness import allowed_mask
@@ -407,7 +407,7 @@ def zero_sink_value(
     layers = list(range(view.n_layers)) if layers is None else [int(x) for x in layers]
     for layer in layers:
         view._check_layer(layer)
-    corpus = as_corpus(data, attention_mask)
+    corpus = by_length(as_corpus(data, attention_mask))
     strategy = intervention_strategy(view)
     met = _Metric(view, metric)
     settings = [[l] for l in layers] + [layers]
