@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 
 import torch
 
-from tl_spectral.data import CharTokenizer, document_windows, tiny_shakespeare
+from tl_spectral.data import document_windows, tiny_shakespeare
 from tl_spectral.model_view import ModelView
 from tl_spectral.probes import AttentionStats, run_probes
 from tl_spectral.results import Result

@@ -68,8 +68,8 @@ def minilm():
             return TransformerBridge.boot_transformers(path, device="cpu")
     except ImportError:  # pragma: no cover
         pass
-    from transformers import AutoModelForMaskedLM, AutoTokenizer  # pragma: no cover
     from transformer_lens import HookedEncoder  # pragma: no cover
+    from transformers import AutoModelForMaskedLM, AutoTokenizer  # pragma: no cover
 
     hf = AutoModelForMaskedLM.from_pretrained(path)  # pragma: no cover
     return HookedEncoder.from_pretrained("bert-base-uncased", hf_model=hf,

@@ -8,11 +8,10 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
+from conftest import make_native
 
 from tl_spectral.probes import AttentionFieldProbe, AttentionStats, run_probes
 from tl_spectral.results import Result
-
-from conftest import make_native
 
 
 def _free_port() -> int:

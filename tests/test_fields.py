@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import make_native
 
 from tl_spectral.model_view import ModelView
 from tl_spectral.probes import run_probes
 from tl_spectral.probes.fields import AttentionFieldProbe, AttentionFields
 from tl_spectral.results import Result
-
-from conftest import make_native
 
 
 def _head_mean_patterns(model, tokens, layer):
@@ -70,7 +69,7 @@ def test_trimmed_batches_and_merge(native_ln):
     whole = AttentionFieldProbe(max_lag=7)
     r = run_probes(native_ln, docs, [whole], batch_size=2, progress=False)["attention_fields"]
     assert r.fields["2"].shape == (4, 16, 8)  # first batch (T=5) padded back to 16
-    a, b = AttentionFieldProbe(max_lag=7), AttentionFieldProbe(max_lag=7)
+    a = AttentionFieldProbe(max_lag=7)
     run_probes(native_ln, docs, [a], batch_size=1, progress=False)
     torch.testing.assert_close(a.result().mean["2"], r.mean["2"], atol=1e-6, rtol=1e-6)
     x, y = AttentionFieldProbe(max_lag=7), AttentionFieldProbe(max_lag=7)

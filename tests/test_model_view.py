@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import make_native
 
 from tl_spectral.model_view import ModelView, PatternsNotExposedError
-
-from conftest import make_native
 
 
 def _capture(model, names, tokens, **kw):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib.figure
 import pytest
 import torch
+from conftest import make_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,8 +13,6 @@ from tl_spectral.model_view import ModelView
 from tl_spectral.probes import AttentionStats, LayerCapture, Probe, run_probes
 from tl_spectral.probes.attention_stats import AttentionStatsResult
 from tl_spectral.results import Result
-
-from conftest import make_native
 
 
 def _patterns(model, tokens):

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+
 try:
     from safetensors import SafetensorError as SafetensorsError
 except ImportError:  # pragma: no cover

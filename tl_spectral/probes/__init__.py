@@ -4,11 +4,11 @@ Adding a probe: one new module here and one line in ``PROBES`` below.
 """
 
 from tl_spectral.probes.attention_stats import AttentionStats, AttentionStatsResult
-from tl_spectral.probes.fields import AttentionFieldProbe, AttentionFields
 from tl_spectral.probes.base import LayerCapture, Probe, merge_tensor, reduce_state
 from tl_spectral.probes.contributions import ContributionProbe, ContributionStats
-from tl_spectral.probes.sinks import SinkProbe, SinkStats
+from tl_spectral.probes.fields import AttentionFieldProbe, AttentionFields
 from tl_spectral.probes.runner import Corpus, as_corpus, run_probes
+from tl_spectral.probes.sinks import SinkProbe, SinkStats
 
 PROBES: dict[str, type[Probe]] = {
     "attention_stats": AttentionStats,
