@@ -141,13 +141,82 @@ class SoftmaxAttention(_QKVAttention):
         return self._merge(pattern @ v), pattern
 
 
+def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """``φ(x) = elu(x) + 1`` (positive everywhere), elementwise."""
+    return F.elu(x) + 1.0
+
+
+def linear_attention_pattern(q: torch.Tensor, k: torch.Tensor, *, causal: bool = True
+                             ) -> torch.Tensor:
+    """The attention pattern of ELU+1 linear attention, ``α_ij ∝ φ(q_i)·φ(k_j)``.
+
+    q, k: ``[..., pos, d]`` (e.g. ``[batch, head, pos, d_head]``) -> ``[..., query, key]``,
+    rows summing to 1 over ``j <= i`` (``causal``) or over every ``j``. O(pos²) memory:
+    the analysis view of :func:`causal_linear_attention`.
+    """
+    w = elu_feature_map(q) @ elu_feature_map(k).transpose(-1, -2)
+    if causal:
+        w = w.masked_fill(_causal_mask(q.shape[-2], q.device), 0.0)
+    return w / w.sum(dim=-1, keepdim=True)
+
+
+def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                            chunk_size: int = 64) -> torch.Tensor:
+    """Causal ELU+1 linear attention in O(pos) memory (SPEC B.5), chunked prefix sums.
+
+    ``o_i = Σ_{j<=i} (φ(q_i)·φ(k_j)) v_j / Σ_{j<=i} φ(q_i)·φ(k_j)``.
+
+    q, k: ``[..., pos, d]``; v: ``[..., pos, d_v]`` -> ``[..., pos, d_v]``.
+
+    Steps: 1. φ(q), φ(k); pad pos to a multiple of ``chunk_size`` C (padded keys have
+    φ(k) = 0, so they add nothing) and split into n = pos/C chunks.
+    2. within each chunk, the masked C×C product (quadratic in C only).
+    3. across chunks, the state ``Σ_{j in earlier chunks} φ(k_j) v_jᵀ`` ``[d, d_v]`` and
+    ``Σ φ(k_j)`` ``[d]`` by an exclusive cumulative sum over chunks.
+    Memory O(pos·(C + d·d_v / C)); time O(pos·C·d + pos·d·d_v).
+    """
+    if q.shape != k.shape or q.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"q, k must be [..., pos, d] of equal shape and v [..., pos, d_v]; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    *lead, p, d = q.shape
+    dv = v.shape[-1]
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
+    c = min(chunk_size, p)
+    n = -(-p // c)
+    pad = n * c - p
+    if pad:
+        fq = F.pad(fq, (0, 0, 0, pad))
+        fk = F.pad(fk, (0, 0, 0, pad))  # φ(k) = 0 on padding: no contribution
+        v = F.pad(v, (0, 0, 0, pad))
+    fq = fq.reshape(*lead, n, c, d)
+    fk = fk.reshape(*lead, n, c, d)
+    v = v.reshape(*lead, n, c, dv)
+    w = (fq @ fk.transpose(-1, -2)).masked_fill(_causal_mask(c, q.device), 0.0)  # [.., n, C, C]
+    num = w @ v
+    den = w.sum(-1)
+    kv = fk.transpose(-1, -2) @ v                      # [..., n, d, d_v]
+    ks = fk.sum(-2)                                    # [..., n, d]
+    kv_prev = kv.cumsum(-3) - kv                       # exclusive prefix over chunks
+    ks_prev = ks.cumsum(-2) - ks
+    num = num + fq @ kv_prev
+    den = den + (fq * ks_prev.unsqueeze(-2)).sum(-1)
+    out = (num / den.unsqueeze(-1)).reshape(*lead, n * c, dv)
+    return out[..., :p, :] if pad else out
+
+
 @register_attention("linear")
 class LinearAttention(_QKVAttention):
     """Causal ELU+1 linear attention (SPEC B.5), same parameters as ``"softmax"``.
 
     ``o_i = Σ_{j<=i} (φ(q_i)·φ(k_j)) v_j / Σ_{j<=i} φ(q_i)·φ(k_j)``, ``φ = elu + 1``, then W_O.
-    Computed through the explicit ``[query, key]`` pattern (exact; O(pos²) memory).
+    The forward pass is O(pos) in memory (:func:`causal_linear_attention`, chunks of
+    ``chunk_size`` positions); ``return_pattern=True`` takes the explicit ``[query, key]``
+    pattern path (:func:`linear_attention_pattern`, O(pos²)) and returns the same output.
     """
+
+    chunk_size: int = 64
 
     def __init__(self, d_model: int, n_heads: int, d_head: int, n_ctx: int, **options):
         if options:
@@ -158,11 +227,10 @@ class LinearAttention(_QKVAttention):
         """x: [batch, pos, d_model] -> [batch, pos, d_model] (and pattern [b, head, q, k])."""
         _check_input(x, self.d_model, self.n_ctx)
         q, k, v = self._split(x)
-        fq, fk = F.elu(q) + 1.0, F.elu(k) + 1.0
-        w = (fq @ fk.transpose(-1, -2)).masked_fill(_causal_mask(x.shape[1], x.device), 0.0)
-        pattern = w / w.sum(dim=-1, keepdim=True)
-        out = self._merge(pattern @ v)
-        return (out, pattern) if return_pattern else out
+        if not return_pattern:
+            return self._merge(causal_linear_attention(q, k, v, chunk_size=self.chunk_size))
+        pattern = linear_attention_pattern(q, k)
+        return self._merge(pattern @ v), pattern
 
 
 _FILTERING = ("diag", "scalar", "none")

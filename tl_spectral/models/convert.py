@@ -20,8 +20,16 @@ What the converter guarantees and how:
   TransformerLens' ``1/sqrt(d_max)`` scale gives the layer's own ``1/sqrt(d_head_l)``.
   (``hook_q`` of such a layer is therefore the scaled, padded query.)
 - **Tied embeddings** are copied into both the embedding and the unembedding.
-- **Linear attention** has no softmax equivalent inside TransformerLens: converting a model
-  with a ``"linear"`` layer raises ``NotImplementedError``.
+- **Linear attention** (SPEC B.5) becomes a standard attention layer with W_Q, W_K, W_V, W_O
+  copied (no 1/sqrt(d) correction, zero-padded when needed) plus three *permanent* hooks
+  (:func:`install_linear_pattern_hooks`): ``blocks.{l}.attn.hook_q`` and ``hook_k`` are
+  captured, and ``blocks.{l}.attn.hook_pattern`` returns the causal linear pattern
+  ``α_ij = φ(q_i)·φ(k_j) / Σ_{j'<=i} φ(q_i)·φ(k_j')`` (``φ = elu + 1``, on the layer's own
+  ``d_head`` coordinates). TransformerLens applies the pattern hook before the value matmul,
+  so the logits equal the native model's, and every probe that reads ``hook_pattern`` (hooks
+  registered later run after the permanent one) sees the linear pattern. The hooks survive
+  ``reset_hooks()``; ``reset_hooks(including_permanent=True)`` removes them and turns the
+  layer back into softmax attention over the same q, k (a different model).
 """
 
 from __future__ import annotations
@@ -50,10 +58,10 @@ def _check_model(model: GPT) -> None:
                         f"{type(model).__name__}")
     for l in range(model.cfg.n_layers):
         kind = model.cfg.layer_attention(l)
-        if kind not in ("softmax", "sd"):
+        if kind not in ("softmax", "sd", "linear"):
             raise NotImplementedError(
                 f"layer {l} uses {kind!r} attention, which TransformerLens' softmax attention "
-                "cannot express; only 'softmax' and 'sd' layers convert"
+                "cannot express; only 'softmax', 'sd' and 'linear' layers convert"
             )
 
 
@@ -69,9 +77,10 @@ def tl_attention_weights(model: GPT) -> list[dict[str, torch.Tensor]]:
         d = w["W_Q"].shape[-1]
         pad = d_max - d
         if pad:
-            scale = math.sqrt(d_max / d)
-            w["W_Q"] = w["W_Q"] * scale
-            w["b_Q"] = w["b_Q"] * scale
+            if model.cfg.layer_attention(l) != "linear":  # linear layers: hooks read raw q
+                scale = math.sqrt(d_max / d)
+                w["W_Q"] = w["W_Q"] * scale
+                w["b_Q"] = w["b_Q"] * scale
             for k in ("W_Q", "W_K", "W_V"):
                 w[k] = torch.nn.functional.pad(w[k], (0, pad))
             for k in ("b_Q", "b_K", "b_V"):
@@ -180,6 +189,7 @@ def _to_bridge(model: GPT, cfg, device, tokenizer):
             target.copy_(value.detach().to(target.dtype))
     bridge.to(device)
     bridge.eval()
+    install_linear_pattern_hooks(bridge, _linear_layers(model))
     return bridge
 
 
@@ -218,6 +228,7 @@ def _to_hooked_transformer(model: GPT, cfg, device):  # pragma: no cover - TL 3.
     ht.load_state_dict(sd, strict=False)
     ht.to(device)
     ht.eval()
+    install_linear_pattern_hooks(ht, _linear_layers(model))
     return ht
 
 
@@ -231,3 +242,68 @@ def max_logit_diff(model: GPT, tl_model, tokens: torch.Tensor) -> float:
         a = model(tokens)
         b = tl_model(tokens)
     return float((a.float() - b.float().to(a.device)).abs().max())
+
+
+# ------------------------------------------------------------------- linear attention
+def _linear_layers(model: GPT) -> dict[int, int]:
+    """{layer: d_head} of the model's ``"linear"`` attention layers."""
+    return {l: model.cfg.layer_d_head(l) for l in range(model.cfg.n_layers)
+            if model.cfg.layer_attention(l) == "linear"}
+
+
+class LinearPatternHook:
+    """Permanent hooks that turn a TransformerLens softmax attention layer into causal ELU+1
+    linear attention on the same q, k, v (SPEC B.5).
+
+    ``capture_q`` / ``capture_k`` (on ``hook_q`` / ``hook_k``, ``[batch, pos, head, d]``)
+    keep the first ``d_head`` coordinates (the rest is zero padding, where φ(0) = 1 would
+    add a constant); ``pattern`` (on ``hook_pattern``, ``[batch, head, query, key]``) returns
+    ``linear_attention_pattern(q, k)`` in place of the softmax pattern. The hook points must
+    sit before any rotary embedding and before the softmax scale (true for TransformerLens'
+    ``hook_q`` / ``hook_k``); the causal mask is the only mask applied (right padding of a
+    causal model leaves real tokens unchanged).
+    """
+
+    def __init__(self, layer: int, d_head: int):
+        self.layer, self.d_head = int(layer), int(d_head)
+        self._q: torch.Tensor | None = None
+        self._k: torch.Tensor | None = None
+
+    def capture_q(self, t: torch.Tensor, hook=None) -> torch.Tensor:
+        self._q = t[..., :self.d_head]
+        return t
+
+    def capture_k(self, t: torch.Tensor, hook=None) -> torch.Tensor:
+        self._k = t[..., :self.d_head]
+        return t
+
+    def pattern(self, pattern: torch.Tensor, hook=None) -> torch.Tensor:
+        from tl_spectral.models.attention import linear_attention_pattern
+
+        if self._q is None or self._k is None:
+            raise RuntimeError(f"layer {self.layer}: hook_pattern fired before hook_q/hook_k; "
+                               "the linear-attention hooks need TransformerLens' standard order")
+        q, k = self._q.transpose(1, 2), self._k.transpose(1, 2)  # [b, head, pos, d]
+        self._q = self._k = None
+        if k.shape[1] != q.shape[1]:  # grouped keys: repeat to the query heads
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        lin = linear_attention_pattern(q.float(), k.float())
+        return lin.to(pattern.dtype)
+
+    def names(self) -> dict[str, str]:
+        p = f"blocks.{self.layer}.attn."
+        return {"q": p + "hook_q", "k": p + "hook_k", "pattern": p + "hook_pattern"}
+
+
+def install_linear_pattern_hooks(tl_model, layers: dict[int, int]) -> list[LinearPatternHook]:
+    """Add the permanent :class:`LinearPatternHook` of every ``{layer: d_head}`` to a
+    TransformerBridge / HookedTransformer. Returns the hook objects (one per layer)."""
+    hooks = []
+    for l, d in sorted(layers.items()):
+        h = LinearPatternHook(l, d)
+        n = h.names()
+        tl_model.add_perma_hook(n["q"], h.capture_q)
+        tl_model.add_perma_hook(n["k"], h.capture_k)
+        tl_model.add_perma_hook(n["pattern"], h.pattern)
+        hooks.append(h)
+    return hooks
