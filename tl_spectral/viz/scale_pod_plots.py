@@ -355,7 +355,7 @@ def plot_tspec_hstar(result: Any):
     ts = np.array([lay.T_spec for lay in result.layers], dtype=float)
     r2 = [lay.full["tspec_r2"] for lay in result.layers]
     ax = axes[0]
-    ax.plot(x, ts, "o-", color="tab:blue")
+    ax.plot(x, ts, "o-", color="tab:blue", label="whole field")
     for xi, t, r in zip(x, ts, r2):
         if math.isfinite(t):
             ax.annotate(
