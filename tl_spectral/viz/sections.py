@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 from tl_spectral.model_view import ModelView
 from tl_spectral.probes import AttentionStats, Probe
+from tl_spectral.viz.contribution_plots import ContributionSection
 from tl_spectral.viz.report import Report
 from tl_spectral.viz.routing_section import RoutingFilteringSection
 from tl_spectral.viz.scale_pod_section import ScalePODSection
@@ -97,6 +98,7 @@ SECTIONS: list[Callable[[], ReportSection]] = [
     AttentionStatsSection,
     ScalePODSection,
     RoutingFilteringSection,
+    ContributionSection,
 ]
 """Section factories, in report order. Later analyses append theirs."""
 
