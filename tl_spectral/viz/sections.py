@@ -16,6 +16,7 @@ from tl_spectral.viz.contribution_plots import ContributionSection
 from tl_spectral.viz.report import Report
 from tl_spectral.viz.routing_section import RoutingFilteringSection
 from tl_spectral.viz.scale_pod_section import ScalePODSection
+from tl_spectral.viz.surgery_section import SurgerySection
 
 
 @dataclass
@@ -99,6 +100,7 @@ SECTIONS: list[Callable[[], ReportSection]] = [
     ScalePODSection,
     RoutingFilteringSection,
     ContributionSection,
+    SurgerySection,
 ]
 """Section factories, in report order. Later analyses append theirs."""
 

@@ -1,0 +1,231 @@
+"""The spectral-surgery study of docs/surgery.md (SPEC B.5–B.6), exactly as run.
+
+Subcommands (CPU, one thread; every result lands in runs/surgery/, figures in docs/figures/):
+
+  allocate     cascade allocation of the measured model (routing rank -> d_head per layer),
+               saved as runs/surgery/allocation.safetensors
+  train-alloc  --which uniform|cascade: train the uniform or the reallocated model with the
+               same short recipe (resumable: re-run the same command after a kill)
+  curves       ΔPPL vs k leading layers linearized (zero-shot for every model; fine-tuned
+               swapped layers for --ft-models), runs/surgery/curve_<name>.safetensors
+  evaluate     PPL of the two allocation runs on the same windows -> allocation_study
+  figures      docs/figures/surgery_*.png and runs/surgery/summary.md
+
+Recorded commands (see scripts/surgery_study.sh-style comments in docs/surgery.md):
+
+  python scripts/surgery_study.py allocate --model runs/char-shakespeare-noln --budget 0.5 --multiple 2
+  nohup nice -n 10 python scripts/surgery_study.py train-alloc --which uniform &
+  nohup nice -n 10 python scripts/surgery_study.py train-alloc --which cascade &
+  python scripts/surgery_study.py curves --ft-steps 60
+  python scripts/surgery_study.py evaluate
+  python scripts/surgery_study.py figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "runs" / "surgery"
+FIG = ROOT / "docs" / "figures"
+N_WINDOWS = 32
+
+MODELS = {  # name -> run directory of the routing/filtering issue
+    "softmax-ln": "runs/char-shakespeare",
+    "softmax-noln": "runs/char-shakespeare-noln",
+    "sd-ln": "runs/sd-char-shakespeare",
+    "sd-noln": "runs/sd-char-shakespeare-noln",
+}
+
+RECIPE = {"steps": 400, "batch_size": 16, "lr": 0.0015, "min_lr": 0.00015, "warmup_steps": 100,
+          "weight_decay": 0.1, "betas": [0.9, 0.99], "grad_clip": 1.0, "eval_every": 400,
+          "eval_windows": N_WINDOWS, "checkpoint_every": 50, "keep_checkpoints": 2,
+          "resume": True, "seed": 0, "device": "cpu", "num_threads": 1, "progress": False,
+          "log_every": 10}
+
+
+def _char_data(model_dir: Path):
+    """(train ids, val ids) of Tiny Shakespeare with the run's own character table."""
+    from tl_spectral.data import CharTokenizer, tiny_shakespeare, train_val_split
+    from tl_spectral.models.gpt import read_checkpoint_config
+
+    meta = read_checkpoint_config(model_dir)
+    tok = CharTokenizer.from_json(json.dumps(meta["tokenizer"]))
+    tr, va = train_val_split(tiny_shakespeare(), float(meta.get("data", {}).get("val_fraction", 0.1)))
+    return torch.tensor(tok.encode(tr)), torch.tensor(tok.encode(va)), meta
+
+
+def _latest(run: str) -> tuple[Path, int, bool]:
+    from tl_spectral.routing import latest_model_dir
+
+    return latest_model_dir(ROOT / run)
+
+
+def cmd_allocate(a) -> None:
+    from tl_spectral.models.gpt import load_model
+    from tl_spectral.models.surgery import cascade_allocation
+
+    d, step, fin = _latest(a.model)
+    m = load_model(d)
+    alloc = cascade_allocation(m, a.budget, multiple=a.multiple,
+                               name=f"{Path(a.model).name}@{step}")
+    OUT.mkdir(parents=True, exist_ok=True)
+    alloc.save(OUT / "allocation.safetensors")
+    (OUT / "allocation.json").write_text(json.dumps(
+        {"model_dir": str(d.relative_to(ROOT)), "step": step, "finished": fin,
+         "rank": alloc.rank, "d_head": alloc.d_head, "saving": alloc.saving}, indent=2) + "\n")
+    print(json.dumps({"d_head": alloc.d_head, "saving": alloc.saving, "rank": alloc.rank}))
+
+
+def cmd_train_alloc(a) -> None:
+    from tl_spectral.models.surgery import CascadeAllocation, train_model
+    from tl_spectral.models.train import TrainConfig
+
+    torch.set_num_threads(1)
+    alloc = CascadeAllocation.load(OUT / "allocation.safetensors")
+    info = json.loads((OUT / "allocation.json").read_text())
+    train_ids, val_ids, meta = _char_data(ROOT / info["model_dir"])
+    from tl_spectral.models.gpt import GPTConfig
+
+    base = GPTConfig.from_dict(alloc.model_config)
+    cfg = alloc.config() if a.which == "cascade" else base
+    tc = TrainConfig.from_dict({**RECIPE, "steps": a.steps, "out_dir": str(OUT / f"alloc-{a.which}")})
+    model, hist = train_model(cfg, train_ids, val_ids, tc, seed=0,
+                              extra_metadata={"tokenizer": meta["tokenizer"],
+                                              "data": meta.get("data", {})})
+    print(json.dumps({"which": a.which, "step": len(hist.train_loss),
+                      "val": hist.evals[-1] if hist.evals else None}))
+
+
+def _windows(model_dir: Path) -> torch.Tensor:
+    from tl_spectral.routing import validation_windows
+
+    return validation_windows(model_dir, "char", n_windows=N_WINDOWS)
+
+
+def cmd_curves(a) -> None:
+    from tl_spectral.models.gpt import load_model
+    from tl_spectral.models.surgery import FineTune, linearization_curve
+
+    torch.set_num_threads(1)
+    OUT.mkdir(parents=True, exist_ok=True)
+    names = a.models.split(",") if a.models else list(MODELS)
+    ft_names = set(a.ft_models.split(",")) if a.ft_models else set()
+    for name in names:
+        d, step, fin = _latest(MODELS[name])
+        m = load_model(d)
+        train_ids, _, _ = _char_data(d)
+        W = _windows(d)
+        ft = FineTune(steps=a.ft_steps, batch_size=a.ft_batch) if name in ft_names else None
+        ks = [int(k) for k in a.ks.split(",")] if a.ks else None
+        c = linearization_curve(m, W, ks=ks, train_tokens=train_ids, fine_tune=ft,
+                                name=name, progress=True)
+        c.note = f"{d.relative_to(ROOT)} (step {step}{', final' if fin else ''})"
+        suffix = "_ft" if ft is not None else ""
+        c.save(OUT / f"curve_{name}{suffix}.safetensors")
+
+
+def cmd_evaluate(a) -> None:
+    from tl_spectral.models.gpt import load_model
+    from tl_spectral.models.surgery import AllocationStudy, attention_param_count, perplexity
+    from tl_spectral.routing import latest_model_dir
+
+    torch.set_num_threads(1)
+    info = json.loads((OUT / "allocation.json").read_text())
+    W = _windows(ROOT / info["model_dir"])
+    rows = []
+    for which in ("uniform", "cascade"):
+        d, step, fin = latest_model_dir(OUT / f"alloc-{which}")
+        m = load_model(d)
+        r = perplexity(m, W)
+        rows.append({"name": f"{which}", "d_head": m.cfg.d_heads,
+                     "attention_params": attention_param_count(m.cfg),
+                     "total_params": m.num_params(), "ppl": r["ppl"], "loss": r["loss"],
+                     "steps": step})
+    st = AllocationStudy(rows=rows, recipe=RECIPE, n_windows=int(W.shape[0]),
+                         seq_len=int(W.shape[1] - 1),
+                         note=f"allocation from {info['model_dir']} (step {info['step']})")
+    st.save(OUT / "allocation_study.safetensors")
+    print(json.dumps(st.to_rows(), indent=1))
+
+
+def _md_table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    keys = list(rows[0])
+
+    def f(v):
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    out += ["| " + " | ".join(f(r.get(k, "")) for k in keys) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def cmd_figures(a) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from tl_spectral.models.surgery import (
+        AllocationStudy,
+        CascadeAllocation,
+        LinearizationCurve,
+        plot_collapse,
+    )
+
+    FIG.mkdir(parents=True, exist_ok=True)
+    md = []
+    curves = {p.stem[len("curve_"):]: LinearizationCurve.load(p)
+              for p in sorted(OUT.glob("curve_*.safetensors"))}
+    zs = [c for n, c in curves.items() if not n.endswith("_ft")]
+    ft = [c for n, c in curves.items() if n.endswith("_ft")]
+    if zs:
+        plot_collapse(zs).savefig(FIG / "surgery_collapse_zero_shot.png", dpi=120)
+    if ft:
+        plot_collapse(ft).savefig(FIG / "surgery_collapse_fine_tuned.png", dpi=120)
+    for n, c in curves.items():
+        md.append(f"### {n}  (base PPL {c.base_ppl:.4f}; {c.note})\n\n" + _md_table(c.to_rows()))
+    if (OUT / "allocation.safetensors").exists():
+        al = CascadeAllocation.load(OUT / "allocation.safetensors")
+        al.plot().savefig(FIG / "surgery_allocation.png", dpi=120)
+        md.append(f"### allocation ({al.model_name}, saving {100 * al.saving:.1f}%)\n\n"
+                  + _md_table(al.to_rows()))
+    if (OUT / "allocation_study.safetensors").exists():
+        st = AllocationStudy.load(OUT / "allocation_study.safetensors")
+        st.plot().savefig(FIG / "surgery_params_vs_ppl.png", dpi=120)
+        md.append("### allocation study\n\n" + _md_table(st.to_rows()))
+    (OUT / "summary.md").write_text("\n\n".join(md) + "\n")
+    print((OUT / "summary.md").read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("allocate")
+    p.add_argument("--model", default="runs/char-shakespeare-noln")
+    p.add_argument("--budget", type=float, default=0.5)
+    p.add_argument("--multiple", type=int, default=2)
+    p = sub.add_parser("train-alloc")
+    p.add_argument("--which", choices=("uniform", "cascade"), required=True)
+    p.add_argument("--steps", type=int, default=RECIPE["steps"])
+    p = sub.add_parser("curves")
+    p.add_argument("--models", default="", help="comma list of " + ",".join(MODELS))
+    p.add_argument("--ft-models", default="", help="models that also get fine-tuned curves")
+    p.add_argument("--ft-steps", type=int, default=60)
+    p.add_argument("--ft-batch", type=int, default=16)
+    p.add_argument("--ks", default="", help="comma list of k (default 0..n_layers)")
+    sub.add_parser("evaluate")
+    sub.add_parser("figures")
+    a = ap.parse_args(argv)
+    {"allocate": cmd_allocate, "train-alloc": cmd_train_alloc, "curves": cmd_curves,
+     "evaluate": cmd_evaluate, "figures": cmd_figures}[a.cmd](a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
