@@ -49,6 +49,7 @@ __all__ = [
     "ablate",
     "ablation_table",
     "cascade_over_training",
+    "figures_from_dir",
     "geometry_layer_table",
     "load_bpe_data",
     "model_qk_geometry",
@@ -723,17 +724,22 @@ def random_baseline(d_model: int, n_heads: int, d_head: int, n_layers: int = 1, 
 def run_study(out_dir: str | Path = "runs/routing_study", *, runs_dir: str | Path = "runs",
               fig_dir: str | Path | None = "docs/figures", n_windows: int = 64,
               names: Sequence[str] | None = None, minilm: bool = True,
-              per_layer: bool = True) -> dict[str, Any]:
+              per_layer: bool = True, merge: bool = True) -> dict[str, Any]:
     """The routing study of docs/routing_filtering.md: for MiniLM (if installed) and every
     study run found under ``runs_dir`` — QK geometry, S–D geometry, the cascade over
     training, the SPEC B.4 ablations with ΔPPL on ``n_windows`` evenly spaced validation
     windows. Results go to ``out_dir`` (one ``.safetensors`` per result and
-    ``summary.json``), figures to ``fig_dir/routing_*.png``. Returns the summary."""
+    ``summary.json``; with ``merge`` an existing summary is updated, so the study can run
+    in parts), figures (of everything in ``out_dir``) to ``fig_dir/routing_*.png``.
+    Returns the summary."""
     from tl_spectral.models import load_model
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"n_windows": n_windows, "models": {}, "baselines": {}}
+    if merge and (out / "summary.json").is_file():  # update the entries computed now
+        summary = json.loads((out / "summary.json").read_text())
+        summary["n_windows"] = n_windows
     geos: dict[str, QKGeometry] = {}
     sds: dict[str, SDGeometry] = {}
     cascades: dict[str, CascadeResult] = {}
@@ -799,8 +805,25 @@ def run_study(out_dir: str | Path = "runs/routing_study", *, runs_dir: str | Pat
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if fig_dir is not None:
-        study_figures(geos, sds, cascades, abls, fig_dir)
+        figures_from_dir(out, fig_dir)
     return summary
+
+
+def figures_from_dir(out_dir: str | Path, fig_dir: str | Path) -> list[Path]:
+    """Rebuild the study figures from the results saved in ``out_dir`` by :func:`run_study`
+    (models in the order of ``summary.json``)."""
+    out = Path(out_dir)
+    summary = json.loads((out / "summary.json").read_text())
+    geos, sds, cascades, abls = {}, {}, {}, {}
+    for name, e in summary["models"].items():
+        if "error" in e:
+            continue
+        for suffix, store in (("qk", geos), ("sd", sds), ("cascade", cascades),
+                              ("ablation", abls)):
+            p = out / f"{name}_{suffix}.safetensors"
+            if p.is_file():
+                store[name] = Result.load(p)
+    return study_figures(geos, sds, cascades, abls, fig_dir)
 
 
 def study_figures(geos: dict[str, QKGeometry], sds: dict[str, SDGeometry],
@@ -1003,6 +1026,7 @@ def main(argv: list[str] | None = None) -> int:
     sd.add_argument("--no-minilm", action="store_true")
     sd.add_argument("--no-per-layer", action="store_true")
     sd.add_argument("--threads", type=int, default=1)
+    sd.add_argument("--fresh", action="store_true", help="do not merge into summary.json")
     tb2 = sub.add_parser("tables", help="markdown tables of a study summary.json")
     tb2.add_argument("summary")
     args = ap.parse_args(argv)
@@ -1012,7 +1036,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
         summary = run_study(args.out, runs_dir=args.runs_dir, fig_dir=args.fig_dir,
                             n_windows=args.windows, names=args.models,
-                            minilm=not args.no_minilm, per_layer=not args.no_per_layer)
+                            minilm=not args.no_minilm, per_layer=not args.no_per_layer,
+                            merge=not args.fresh)
         print(json.dumps({k: v.get("ablation", {}).get("baseline_ppl") if isinstance(v, dict)
                           else None for k, v in summary["models"].items()}))
     if args.cmd == "train-bpe":
