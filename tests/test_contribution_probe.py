@@ -290,3 +290,28 @@ def test_probe_bad_arguments():
         ContributionProbe(chunk_docs=0)
     with pytest.raises(RuntimeError, match="no data"):
         ContributionProbe().result()
+
+
+def test_report_section_and_signed_view(native_ln, tmp_path):
+    from tl_spectral.viz.contribution_plots import ContributionSection, contribution_view
+    from tl_spectral.viz.sections import SECTIONS, ReportContext, build_report
+
+    assert ContributionSection in SECTIONS
+
+    class Tok:
+        def decode(self, ids):
+            return "".join(chr(97 + i % 26) for i in ids)
+
+    tokens = torch.randint(0, 50, (3, 12), generator=torch.Generator().manual_seed(9))
+    ctx = ReportContext(view=ModelView(native_ln), tokens=tokens, tokenizer=Tok(),
+                        out_dir=tmp_path / "r", results_dir=tmp_path / "r" / "results",
+                        options={"faithfulness_docs": 1})
+    index = build_report(ctx, sections=[ContributionSection()], progress=False)
+    html = index.read_text()
+    assert "Contribution weights and attention sinks" in html and "faithfulness" in html
+    assert list((tmp_path / "r" / "views").glob("contributions-layer-*.html"))
+    maps = layer_maps(native_ln, tokens[:1], layers=[1])[1]
+    view = contribution_view(maps, [str(i) for i in range(12)], clip_quantile=0.9)
+    assert "red" in view.local_src and "blue" in view.local_src
+    with pytest.raises(ValueError, match="clip_quantile"):
+        contribution_view(maps, [str(i) for i in range(12)], clip_quantile=0)

@@ -402,6 +402,9 @@ def test_ordering_detects_the_paper_order_and_ties():
     intra = o["paper_order"]["intra"]
     assert intra["measures"][2:] == ["output_normalized@intra", "contribution@intra"]
     assert not intra["comprehensiveness"] and not intra["sufficiency"]
-    # without the alias, equal areas break the strict order
-    assert not _synthetic([1, 2, 2, 3], [4, 3, 3, 1], names[:4]).ordering()["paper_order"][
-        "inter"]["comprehensiveness"]
+    # inter mode: output_normalized ranks like value_weighted by construction (a tie)
+    po = _synthetic([1, 2, 2, 3], [4, 3, 3, 1], names[:4]).ordering()["paper_order"]["inter"]
+    assert po["comprehensiveness"] and po["ties"] == 1
+    # intra mode at token level: no such identity, equal areas break the strict order
+    po = _synthetic([1, 2, 2, 3], [4, 3, 3, 1], names[:4], mode="intra").ordering()
+    assert not po["paper_order"]["intra"]["comprehensiveness"]

@@ -52,6 +52,7 @@ def brute_doc(model, doc, layer):
     d = sbar - v0
     out["rho"] = (sbar * d).sum(-1) / (d * d).sum(-1)
     out["rho_ok"] = m > 0
+    out["vratio"] = vt[:, None, 0].norm(dim=-1).expand_as(m) / sbar.norm(dim=-1)
     out["hdn"] = s.norm(dim=-1) - o_h.norm(dim=-1)
     out["hrel"] = out["hdn"] / o_h.norm(dim=-1)
     out["hdc"] = 1 - cos(o_h, s, dim=-1)
@@ -93,6 +94,8 @@ def test_sink_probe_matches_brute_force(kind):
         [((rho[h] > 0) & (rho[h] < 1))[rok[h]].double().mean() for h in range(4)]), **close)
     torch.testing.assert_close(f(res.over_sink), torch.stack(
         [(cat["a0"][h] > rho[h].clamp(0, 1))[rok[h]].double().mean() for h in range(4)]), **close)
+    torch.testing.assert_close(f(res.sink_value_ratio), torch.stack(
+        [cat["vratio"][h][rok[h]].mean() for h in range(4)]), **close)
     torch.testing.assert_close(f(res.alpha_on_rho), torch.stack(
         [cat["a0"][h][rok[h]].mean() for h in range(4)]), **close)
     torch.testing.assert_close(f(res.head_delta_norm), cat["hdn"].mean(-1), **close)

@@ -333,6 +333,26 @@ def removal_ranks(
     return ranks
 
 
+def structural_aliases(measures: Sequence[str], mode: str, level: str) -> dict[str, str]:
+    """Measures whose removal order equals value_weighted's by construction.
+
+    Removal ranks each query's sources. ``output_normalized = α ‖ṽ_j‖ / ‖o‖`` divides
+    the value-weighted score by a positive constant of the row when ``‖o‖ = ‖o_i‖`` (inter
+    mode) or when each head ranks alone (``level="head"``, ``‖o_i^h‖`` constant per head
+    and row): the same order in exact arithmetic (float rounding could only swap exact
+    near-ties). Returns ``{"output_normalized[@mode]": "value_weighted[@…]"}``.
+    """
+    vw = next((m for m in measures if m.partition("@")[0] == "value_weighted"), None)
+    out: dict[str, str] = {}
+    if vw is None:
+        return out
+    for m in measures:
+        base, eff = _parse_measure(m, mode)
+        if base == "output_normalized" and (eff == "inter" or level == "head"):
+            out[m] = vw
+    return out
+
+
 def _parse_measure(name: str, mode: str) -> tuple[str, str]:
     base, _, m = name.partition("@")
     m = m or mode
@@ -357,8 +377,9 @@ class FaithfulnessResult(Result):
     removing the top / bottom fraction of each query's sources; ``*_area``: ``[setting,
     measure]`` trapezoid area divided by the span of the fraction grid (the curve's mean);
     ``clean``: clean PPL (decoders) or 0. settings: e.g. ``["all layers", "layer 3"]``.
-    ``aliases``: measure → an earlier measure whose removal sets were identical in every
-    batch (its curves are copied, not recomputed).
+    ``aliases``: measure → a measure with the same removal order (by construction, see
+    :func:`structural_aliases`, or found identical in every batch); its curves are copied,
+    not recomputed.
     """
 
     kind: ClassVar[str] = "faithfulness"
@@ -424,8 +445,9 @@ class FaithfulnessResult(Result):
             for crit, vals, better in (("comprehensiveness", comp, lambda a, b: b > a),
                                        ("sufficiency", suff, lambda a, b: b < a)):
                 ok = True
+                same = {**structural_aliases(self.measures, self.mode, self.level), **self.aliases}
                 for (na, ia), (nb, ib) in zip(zip(chain, pos), list(zip(chain, pos))[1:]):
-                    if self.aliases.get(nb) == na or self.aliases.get(na) == nb:
+                    if same.get(nb) == na or same.get(na) == nb:
                         res["ties"] += crit == "comprehensiveness"
                         continue
                     ok = ok and better(vals[ia], vals[ib])
@@ -582,6 +604,8 @@ def faithfulness(
     acc = torch.zeros(S, M, 2, F, dim, dtype=torch.float64)
     clean_acc = torch.zeros(dim, dtype=torch.float64)
     alias_seen: Optional[dict[str, str]] = None
+    structural = structural_aliases(measures, mode, level)
+    scored = [m for m in measures if m not in structural]
     starts = range(0, len(corpus), batch_size)
     it: Any = starts
     if progress:
@@ -599,19 +623,19 @@ def faithfulness(
         allowed = allowed_mask(T_b, causal=view.causal, key_mask=mask, query_mask=mask).to(
             view.device
         )
-        scores = _measure_scores(view, caps, mask, measures, mode, level, gen)
+        scores = _measure_scores(view, caps, mask, scored, mode, level, gen)
         del caps
         ranks: dict[tuple[str, str], dict[int, Tensor]] = {}
-        for m in measures:
+        for m in scored:
             for which in WHICH:
                 ranks[m, which] = {
                     l: removal_ranks(scores[m][l], which, allowed) for l in range(view.n_layers)
                 }
         del scores
         # measures whose removal order is identical to an earlier one's in this batch
-        alias: dict[str, str] = {}
-        for mi, m in enumerate(measures):
-            for prev in measures[:mi]:
+        alias: dict[str, str] = dict(structural)
+        for mi, m in enumerate(scored):
+            for prev in scored[:mi]:
                 if prev in alias:
                     continue
                 if all(
@@ -670,8 +694,11 @@ def faithfulness(
                     acc_b[:, :, :, 0] += val
                 else:
                     acc_b[si, mi, wi, fi] += val
-        for m, prev in alias.items():
-            acc_b[:, measures.index(m), :, 1:] = acc_b[:, measures.index(prev), :, 1:]
+        for m in alias:
+            root = m
+            while root in alias:
+                root = alias[root]
+            acc_b[:, measures.index(m), :, 1:] = acc_b[:, measures.index(root), :, 1:]
         acc += acc_b
         if met.metric == "delta_ppl":
             clean_acc += clean_rows.sum(0)

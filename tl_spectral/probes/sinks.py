@@ -65,7 +65,8 @@ class SinkStats(Result):
     [layer, n_bins, n_bins] (ρ* rows on ``rho_edges``, observed ``α_i0`` columns on
     ``alpha_edges``); ``rho_mean`` (mean of ``clamp(ρ*, 0, 1)``), ``alpha_on_rho`` (mean
     ``α_i0`` over the same queries), ``rho_in_unit`` (share with 0 < ρ* < 1),
-    ``over_sink`` (share with ``α_i0 > clamp(ρ*, 0, 1)``), all [layer, head].
+    ``over_sink`` (share with ``α_i0 > clamp(ρ*, 0, 1)``), ``sink_value_ratio`` (mean of
+    ``‖ṽ_0‖ / ‖s̄_i‖``; ρ* → 1 as it → 0), all [layer, head].
 
     Intervention (analytic): ``head_delta_norm``, ``head_rel_delta_norm``
     (``Δ‖o^h‖/‖o^h‖``), ``head_delta_cos`` [layer, head]; ``delta_norm``,
@@ -97,6 +98,7 @@ class SinkStats(Result):
     alpha_on_rho: Tensor
     rho_in_unit: Tensor
     over_sink: Tensor
+    sink_value_ratio: Tensor
     head_delta_norm: Tensor
     head_rel_delta_norm: Tensor
     head_delta_cos: Tensor
@@ -117,11 +119,12 @@ class SinkStats(Result):
                 "max_head_sink_rate": float(self.sink_rate[li].max()),
                 "last_token_rate": float(self.last_token_rate[li].mean()),
                 "sink_head_share": float(self.sink_head_share[li]),
-                "cos(v0,s)": float(self.anti_mean[li].mean()),
-                "rho*_clamped": float(self.rho_mean[li].mean()),
+                "cos_v0_s": float(self.anti_mean[li].mean()),
+                "rho_star_clamped": float(self.rho_mean[li].mean()),
                 "alpha_i0_same_q": float(self.alpha_on_rho[li].mean()),
-                "rho*_in_(0,1)": float(self.rho_in_unit[li].mean()),
+                "rho_star_in_0_1": float(self.rho_in_unit[li].mean()),
                 "over_sink_share": float(self.over_sink[li].mean()),
+                "v0_over_sbar": float(self.sink_value_ratio[li].mean()),
                 "rel_delta_norm": float(self.rel_delta_norm[li]),
                 "delta_cos": float(self.delta_cos[li]),
             })
@@ -281,6 +284,11 @@ class SinkProbe(Probe):
         acc(f"{layer}.alpha_on_rho", cpu((a0 * ok).sum((0, 2)).double()))
         acc(f"{layer}.rho_unit", cpu((ok & (rho > 0) & (rho < 1)).sum((0, 2)).double()))
         acc(f"{layer}.over", cpu((ok & (a0 > rc)).sum((0, 2)).double()))
+        # ‖ṽ_0‖ / ‖s̄_i‖: a small sink value puts the minimum of the ρ-curve near ρ = 1
+        r_ok = g.curve_valid & (g.semantic_norm > 0)
+        ratio = g.sink_value_norm.unsqueeze(-1) / torch.where(r_ok, g.semantic_norm, 1.0)
+        acc(f"{layer}.vratio", cpu((ratio * r_ok).sum((0, 2)).double()))
+        acc(f"{layer}.vratio_n", cpu(r_ok.sum((0, 2)).double()))
         # analytic intervention, per head
         on = g.head_output_norm
         acc(f"{layer}.hdn", cpu((g.head_delta_norm * real).sum((0, 2)).double()))
@@ -341,6 +349,7 @@ class SinkProbe(Probe):
             alpha_on_rho=div(st("alpha_on_rho"), st("rho_n")),
             rho_in_unit=div(st("rho_unit"), st("rho_n")),
             over_sink=div(st("over"), st("rho_n")),
+            sink_value_ratio=div(st("vratio"), st("vratio_n")),
             head_delta_norm=div(st("hdn"), n_q),
             head_rel_delta_norm=div(st("hrel"), st("hrel_n")),
             head_delta_cos=div(st("hdc"), st("hdc_n")),

@@ -111,8 +111,11 @@ def faithfulness_markdown(res: Any, setting: int = 0, fmt: str = "{:.4g}") -> st
     unit = "ΔPPL" if res.metric == "delta_ppl" else "1 − cos(e', e)"
     lines = [f"| measure | comprehensiveness area ({unit}) ↑ | sufficiency area ({unit}) ↓ |",
              "|---|---|---|"]
+    from tl_spectral.probes.faithfulness import structural_aliases
+
+    same = {**structural_aliases(res.measures, res.mode, res.level), **res.aliases}
     for row in res.table(setting):
-        alias = res.aliases.get(row["measure"])
+        alias = same.get(row["measure"])
         name = row["measure"] + (f" (= {alias})" if alias else "")
         lines.append(f"| {name} | {fmt.format(row['comprehensiveness_area'])} | "
                      f"{fmt.format(row['sufficiency_area'])} |")
@@ -240,10 +243,12 @@ def contribution_study(
     measures: Sequence[str] = STUDY_MEASURES,
     batch_size: int = 8,
     seed: int = 0,
+    run_faithfulness: bool = True,
 ) -> dict:
     """Run probes, faithfulness and the sink intervention; write figures and results.
 
-    Returns a JSON-able summary with the markdown tables.
+    Returns a JSON-able summary with the markdown tables. ``run_faithfulness=False`` keeps
+    the saved faithfulness result of an earlier run (the slow part) and redoes the rest.
     """
     import matplotlib
 
@@ -294,10 +299,17 @@ def contribution_study(
     zs.save(results_dir / f"{slug}_sink_intervention.safetensors")
     out["sink_intervention"] = zs.rows()
     out["clean"] = zs.clean
-    nf = tokens.shape[0] if faith_docs is None else faith_docs
-    f = faithfulness(model, tokens[:nf], attention_mask=am[:nf], layer=layer,
-                     measures=measures, batch_size=batch_size, seed=seed)
-    f.save(results_dir / f"{slug}_faithfulness.safetensors")
+    summary_path = results_dir / f"{slug}_summary.json"
+    f_path = results_dir / f"{slug}_faithfulness.safetensors"
+    if run_faithfulness:
+        nf = tokens.shape[0] if faith_docs is None else faith_docs
+        f = faithfulness(model, tokens[:nf], attention_mask=am[:nf], layer=layer,
+                         measures=measures, batch_size=batch_size, seed=seed)
+        f.save(f_path)
+    else:
+        from tl_spectral.probes.faithfulness import FaithfulnessResult
+
+        f = FaithfulnessResult.load(f_path)
     figs["faithfulness"] = save(f.plot_curves(), "faithfulness")
     figs["faithfulness_areas"] = save(plot_faithfulness_areas(f), "faithfulness_areas")
     out["faithfulness"] = {
@@ -307,11 +319,15 @@ def contribution_study(
     }
     out["faithfulness_meta"] = {"metric": f.metric, "clean": f.clean, "strategy": f.strategy,
                                 "aliases": f.aliases, "n_docs": f.n_docs, "layer": f.layer}
+    return _finish(out, figs, summary_path)
+
+
+def _finish(out: dict, figs: dict, summary_path: Path) -> dict:
     out["markdown"] = {"stats": rows_markdown(out["stats_rows"]),
                        "sinks": rows_markdown(out["sink_rows"]),
                        "sink_intervention": rows_markdown(out["sink_intervention"], "{:.4g}")}
     out["figures"] = figs
-    (results_dir / f"{slug}_summary.json").write_text(json.dumps(out, indent=2, default=float))
+    summary_path.write_text(json.dumps(out, indent=2, default=float))
     return out
 
 
@@ -325,10 +341,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--fig-dir", default="docs/figures")
     ap.add_argument("--results-dir", default="runs/contributions")
+    ap.add_argument("--skip-faithfulness", action="store_true",
+                    help="keep the faithfulness results of an earlier run")
     args = ap.parse_args(argv)
     out = contribution_study(args.model, args.n_docs, args.length, Path(args.fig_dir),
                              Path(args.results_dir), faith_docs=args.faith_docs,
-                             layer=args.layer, batch_size=args.batch_size)
+                             layer=args.layer, batch_size=args.batch_size,
+                             run_faithfulness=not args.skip_faithfulness)
     print(out["markdown"]["stats"])
     print(out["markdown"]["sinks"])
     print(out["markdown"]["sink_intervention"])
