@@ -80,10 +80,20 @@ def test_padding_is_exact():
     torch.testing.assert_close(ws[0]["W_Q"][..., :2], orig["W_Q"] * 2.0)  # sqrt(8/2)
 
 
-def test_linear_attention_is_refused():
-    m = GPT(GPTConfig(vocab_size=5, n_layers=2, n_heads=2, d_model=8, n_ctx=8,
-                      attention=["linear", "softmax"]))
-    with pytest.raises(NotImplementedError, match="linear"):
-        to_transformer_lens(m)
-    with pytest.raises(TypeError):
+def test_foreign_model_is_refused():
+    with pytest.raises(TypeError, match="tl_spectral GPT"):
         to_transformer_lens(torch.nn.Linear(2, 2))
+
+
+def test_shipped_models_convert_bit_exactly_in_eval_mode():
+    """Eval mode performs TransformerLens' own operations: (near-)identical logits."""
+    from tl_spectral.models import zoo
+
+    for name in ("char-shakespeare", "char-shakespeare-noln"):
+        try:
+            model, tok = zoo.load_native(name)
+        except FileNotFoundError as e:
+            pytest.skip(str(e))
+        tl = to_transformer_lens(model)
+        ids = torch.tensor([tok.encode("ROMEO:\nWhat light through yonder window breaks?")])
+        assert max_logit_diff(model, tl, ids) <= 1e-5  # measured: 0.0 on this machine

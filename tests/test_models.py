@@ -56,10 +56,12 @@ def test_attention_matches_brute_force(kind):
     x = torch.randn(2, 9, 16)
     w = att.weights()
     ref, ref_pat = _brute_attention(x, **w)
-    out_fast = att(x)
+    out_fast = att(x)  # training mode: scaled_dot_product_attention
     out, pat = att(x, return_pattern=True)
+    out_eval = att.eval()(x)  # eval mode: explicit path
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out_fast, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_eval, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(pat, ref_pat, atol=1e-6, rtol=1e-5)
     assert pat.shape == (2, 3, 9, 9)
     torch.testing.assert_close(pat.sum(-1), torch.ones(2, 3, 9))
@@ -156,6 +158,20 @@ def test_gpt_forward_shapes_causality_and_loss(norm, tied):
         assert m.unembed.weight.data_ptr() == m.tok_embed.weight.data_ptr()
     if norm == "none":
         assert not any(isinstance(x, torch.nn.LayerNorm) for x in m.modules())
+
+
+@pytest.mark.parametrize("norm", ["ln", "none"])
+def test_train_and_eval_mode_compute_the_same_function(norm):
+    """Fused kernels in training mode, TransformerLens' arithmetic in eval mode."""
+    torch.manual_seed(3)
+    m = GPT(_cfg(normalization=norm, attention=["sd", "softmax"]))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+        tok = torch.randint(0, 13, (2, 20))
+        a = m.train()(tok)
+        b = m.eval()(tok)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_gpt_rejects_bad_input():

@@ -9,9 +9,11 @@ with ``forward(x, *, return_pattern=False)``:
 
 Kinds:
 
-- ``"softmax"``: standard causal multi-head attention; training uses
-  ``torch.nn.functional.scaled_dot_product_attention``; ``return_pattern=True`` takes the
-  explicit path (scores, mask, softmax) and returns the same output.
+- ``"softmax"``: standard causal multi-head attention. In training mode it uses
+  ``torch.nn.functional.scaled_dot_product_attention`` (fast); in eval mode, or with
+  ``return_pattern=True``, the explicit path (scores, mask, softmax, pattern @ v), which is
+  the arithmetic TransformerLens performs, so converted models agree to float32 round-off
+  of the same operations rather than of two different kernels.
 - ``"sd"``: S–D attention (SPEC B.2): per head ``p = x W_P + b_P`` and
   ``score_ij = p_i (S − D) p_jᵀ / sqrt(d_head)`` with ``S = Aᵀ − A`` (skew-symmetric) and
   ``D = diag(softplus(δ))``; variants ``filtering = "diag" | "scalar" | "none"`` and
@@ -132,13 +134,14 @@ class SoftmaxAttention(_QKVAttention):
         """x: [batch, pos, d_model] -> [batch, pos, d_model] (and pattern [b, head, q, k])."""
         _check_input(x, self.d_model, self.n_ctx)
         q, k, v = self._split(x)
-        if not return_pattern:
+        if self.training and not return_pattern:
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return self._merge(z)
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
         scores = scores.masked_fill(_causal_mask(x.shape[1], x.device), float("-inf"))
         pattern = scores.softmax(dim=-1)
-        return self._merge(pattern @ v), pattern
+        out = self._merge(pattern @ v)
+        return (out, pattern) if return_pattern else out
 
 
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
@@ -324,8 +327,12 @@ class SDAttention(nn.Module):
         h, d = self.n_heads, self.d_head
         pp = self.proj(x).view(b, p, h, d).transpose(1, 2)  # [b, h, p, d]
         v = self.v(x).view(b, p, h, d).transpose(1, 2)
-        q = torch.einsum("bhpd,hde->bhpe", pp, self.kernel())
-        if not return_pattern:
+        if self.training:
+            q = torch.einsum("bhpd,hde->bhpe", pp, self.kernel())
+        else:  # the folded query of SPEC B.7, as TransformerLens computes it
+            w_q, b_q = self._folded_query()
+            q = F.linear(x, w_q, b_q).view(b, p, h, d).transpose(1, 2)
+        if self.training and not return_pattern:
             z = F.scaled_dot_product_attention(q, pp, v, is_causal=True)
             pattern = None
         else:
@@ -336,21 +343,31 @@ class SDAttention(nn.Module):
         out = self.out(z.transpose(1, 2).reshape(b, p, h * d))
         return (out, pattern) if return_pattern else out
 
+    def _folded_query(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Linear-layout folded query: weight [head·d_head, d_model] = (W_P (S − D))ᵀ per
+        head, bias [head·d_head] = b_P (S − D)."""
+        h, d, dm = self.n_heads, self.d_head, self.d_model
+        kern = self.kernel()
+        w_p = self.proj.weight.view(h, d, dm).transpose(-1, -2)  # [h, dm, d]
+        w_q = (w_p @ kern).permute(0, 2, 1).reshape(h * d, dm)
+        b_q = torch.einsum("hd,hde->he", self.proj.bias.view(h, d), kern).reshape(h * d)
+        return w_q, b_q
+
     def weights(self) -> dict[str, torch.Tensor]:
         """Equivalent standard-attention weights (SPEC B.7): W_Q = W_P (S − D), W_K = W_P,
         b_Q = b_P (S − D), b_K = b_P. Shapes as :meth:`SoftmaxAttention.weights`."""
         h, d, dm = self.n_heads, self.d_head, self.d_model
         with torch.no_grad():
-            kern = self.kernel()
+            w_q, b_q = self._folded_query()
             w_p = self.proj.weight.view(h, d, dm).transpose(-1, -2)  # [h, dm, d]
             b_p = self.proj.bias.view(h, d)
             w_v = self.v.weight.view(h, d, dm).transpose(-1, -2)
             w_o = self.out.weight.view(dm, h, d).permute(1, 2, 0)
             return {
-                "W_Q": w_p @ kern,
+                "W_Q": w_q.view(h, d, dm).transpose(-1, -2).clone(),
                 "W_K": w_p.clone(),
                 "W_V": w_v.clone(),
-                "b_Q": torch.einsum("hd,hde->he", b_p, kern),
+                "b_Q": b_q.view(h, d).clone(),
                 "b_K": b_p.clone(),
                 "b_V": self.v.bias.view(h, d).clone(),
                 "W_O": w_o.clone(),

@@ -20,6 +20,11 @@ What the converter guarantees and how:
   TransformerLens' ``1/sqrt(d_max)`` scale gives the layer's own ``1/sqrt(d_head_l)``.
   (``hook_q`` of such a layer is therefore the scaled, padded query.)
 - **Tied embeddings** are copied into both the embedding and the unembedding.
+- **Exactness.** In eval mode our model computes attention and LayerNorm with the same
+  operations as TransformerLens' native model and bridge (explicit softmax pattern, the
+  folded S–D query, LayerNorm written out), so the logits of a softmax / S–D model with
+  uniform head dimensions are typically bit-identical; training mode uses fused kernels
+  (``scaled_dot_product_attention``, fused LayerNorm) that agree to float32 round-off.
 - **Linear attention** (SPEC B.5) becomes a standard attention layer with W_Q, W_K, W_V, W_O
   copied (no 1/sqrt(d) correction, zero-padded when needed) plus three *permanent* hooks
   (:func:`install_linear_pattern_hooks`): ``blocks.{l}.attn.hook_q`` and ``hook_k`` are
@@ -237,10 +242,16 @@ def _is_buffer_key(k: str) -> bool:  # pragma: no cover - TL 3.9 only
 
 
 def max_logit_diff(model: GPT, tl_model, tokens: torch.Tensor) -> float:
-    """max |model(tokens) − tl_model(tokens)| over tokens [batch, pos] (float32, no grad)."""
-    with torch.no_grad():
-        a = model(tokens)
-        b = tl_model(tokens)
+    """max |model(tokens) − tl_model(tokens)| over tokens [batch, pos] (no grad), with
+    ``model`` in eval mode (restored afterwards)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            a = model(tokens)
+            b = tl_model(tokens)
+    finally:
+        model.train(was_training)
     return float((a.float() - b.float().to(a.device)).abs().max())
 
 

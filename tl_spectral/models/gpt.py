@@ -154,8 +154,21 @@ class MLP(nn.Module):
         return self.fc_out(F.gelu(self.fc_in(x)))
 
 
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` (fused kernel) in training mode; in eval mode the same function
+    written out as TransformerLens' bridge computes it, ``(x − mean) / sqrt(var + eps) · w + b``,
+    so that converted models agree to the round-off of identical operations."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            return super().forward(x)
+        x = x - x.mean(-1, keepdim=True)
+        scale = (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+        return (x / scale) * self.weight + self.bias
+
+
 def _norm(cfg: GPTConfig) -> nn.Module:
-    return nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps) if cfg.normalization == "ln" else nn.Identity()
+    return LayerNorm(cfg.d_model, eps=cfg.ln_eps) if cfg.normalization == "ln" else nn.Identity()
 
 
 class Block(nn.Module):
