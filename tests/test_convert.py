@@ -4,6 +4,8 @@ head dimensions, softmax / S–D attention, random weights)."""
 from __future__ import annotations
 
 import pytest
+
+pytestmark = pytest.mark.tl39  # also run against TL 3.9 (HookedTransformer)
 import torch
 
 from tl_spectral.models import GPT, GPTConfig, to_transformer_lens, to_transformer_lens_config
