@@ -86,7 +86,9 @@ def load(name: str, device: str | torch.device = "cpu") -> tuple[Any, Any]:
         from tl_spectral.models.convert import to_transformer_lens
 
         model, tok = load_native(name)
-        return to_transformer_lens(model, device=device), tok
+        tl_model = to_transformer_lens(model, device=device)
+        tl_model.cfg.model_name = name  # shown by ModelView and in reports
+        return tl_model, tok
     if name == "minilm":
         return _load_minilm(device)
     raise _unknown(name)
