@@ -9,7 +9,8 @@ Dimensions: batch 1, 4 heads, d_head 64 (d_model 256), float32, CPU, one thread,
 - **explicit**: softmax through the explicit ``[T, T]`` pattern (scores, mask, softmax,
   product — what a pattern-exposing forward costs), reported beside it.
 - **module**: the whole attention modules (``make_attention("linear" | "softmax", ...)``,
-  same weights), which add the identical q/k/v/o projections (O(T·d_model²)) to both.
+  same weights, train mode so softmax takes its SDPA path), which add the identical q/k/v/o
+  projections (O(T·d_model²)) to both.
 - time: best of ``--repeats`` runs, the kinds interleaved so all see the same load.
 - memory: each (kind, T) in a fresh subprocess; the peak resident-set growth of one forward
   (the kernel's peak counter VmHWM is reset through ``/proc/self/clear_refs`` just before,
@@ -50,7 +51,9 @@ def make(kind: str, T: int):
     g = torch.Generator().manual_seed(0)
     if kind.startswith("module_"):
         torch.manual_seed(0)
-        att = make_attention(kind[len("module_"):], D_MODEL, N_HEADS, D_HEAD, T).eval()
+        # train mode (no dropout exists): softmax runs its SDPA path, as in training; in eval
+        # mode it takes the explicit TransformerLens-arithmetic path (see attention.py)
+        att = make_attention(kind[len("module_"):], D_MODEL, N_HEADS, D_HEAD, T).train()
         with torch.no_grad():
             for p in att.parameters():
                 p.normal_(0, 0.05, generator=g)

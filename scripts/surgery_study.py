@@ -14,8 +14,9 @@ Subcommands (CPU, one thread; every result lands in runs/surgery/, figures in do
 Recorded commands (see scripts/surgery_study.sh-style comments in docs/surgery.md):
 
   python scripts/surgery_study.py allocate --model runs/char-shakespeare-noln --budget 0.5 --multiple 2
-  nohup nice -n 10 python scripts/surgery_study.py train-alloc --which uniform &
-  nohup nice -n 10 python scripts/surgery_study.py train-alloc --which cascade &
+  nohup nice -n 10 python scripts/surgery_study.py train-alloc --which uniform --steps 400 &
+  nohup nice -n 10 python scripts/surgery_study.py train-alloc --which cascade --steps 400 &
+  (both stopped at step 150 and resumed with --steps 300; see the note at RECIPE)
   python scripts/surgery_study.py curves --ft-steps 60
   python scripts/surgery_study.py evaluate
   python scripts/surgery_study.py figures
@@ -42,7 +43,11 @@ MODELS = {  # name -> run directory of the routing/filtering issue
     "sd-noln": "runs/sd-char-shakespeare-noln",
 }
 
-RECIPE = {"steps": 400, "batch_size": 16, "lr": 0.0015, "min_lr": 0.00015, "warmup_steps": 100,
+# Note: both allocation runs were launched with "steps": 400; at the step-150 checkpoint
+# (lr still near its peak) both were stopped and resumed with --steps 300 (the machine was
+# too loaded to finish 400 in time), so from step 150 on the cosine follows the 300-step
+# schedule — identically for the two runs.
+RECIPE = {"steps": 300, "batch_size": 16, "lr": 0.0015, "min_lr": 0.00015, "warmup_steps": 100,
           "weight_decay": 0.1, "betas": [0.9, 0.99], "grad_clip": 1.0, "eval_every": 400,
           "eval_windows": N_WINDOWS, "checkpoint_every": 50, "keep_checkpoints": 2,
           "resume": True, "seed": 0, "device": "cpu", "num_threads": 1, "progress": False,
@@ -117,7 +122,10 @@ def cmd_curves(a) -> None:
     names = a.models.split(",") if a.models else list(MODELS)
     ft_names = set(a.ft_models.split(",")) if a.ft_models else set()
     for name in names:
-        d, step, fin = _latest(MODELS[name])
+        if a.step:
+            d, step, fin = ROOT / MODELS[name] / "checkpoints" / f"step_{a.step:07d}", a.step, False
+        else:
+            d, step, fin = _latest(MODELS[name])
         m = load_model(d)
         train_ids, _, _ = _char_data(d)
         W = _windows(d)
@@ -126,7 +134,8 @@ def cmd_curves(a) -> None:
         c = linearization_curve(m, W, ks=ks, train_tokens=train_ids, fine_tune=ft,
                                 name=name, progress=True)
         c.note = f"{d.relative_to(ROOT)} (step {step}{', final' if fin else ''})"
-        suffix = "_ft" if ft is not None else ""
+        suffix = (f"@{step}" if a.step else "") + ("_ft" if ft is not None else "")
+        c.model_name = f"{name}{'@' + str(step) if a.step else ''}"
         c.save(OUT / f"curve_{name}{suffix}.safetensors")
 
 
@@ -219,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ft-steps", type=int, default=60)
     p.add_argument("--ft-batch", type=int, default=16)
     p.add_argument("--ks", default="", help="comma list of k (default 0..n_layers)")
+    p.add_argument("--step", type=int, default=0,
+                   help="use checkpoint step_N of every run (default: final / latest)")
     sub.add_parser("evaluate")
     sub.add_parser("figures")
     a = ap.parse_args(argv)
