@@ -66,3 +66,28 @@ def test_analyze_scale_pod_section(tmp_path):
     assert "Scale-selective POD" in index and "head allocation" in index
     pod = Result.load(out / "results" / "scale_pod.safetensors")
     assert pod.n_layers == 6 and sum(r["recommended"] for r in pod.allocation) == 48
+
+
+def test_train_command_runs_and_resumes(tmp_path):
+    """`tl-spectral train --config FILE` trains, checkpoints, and resumes from the checkpoint."""
+    import json
+
+    from tl_spectral.cli import main
+
+    cfg = {
+        "name": "tiny",
+        "model": {"vocab_size": "auto", "n_layers": 1, "n_heads": 2, "d_model": 16, "d_head": 8,
+                  "n_ctx": 32, "d_mlp": 32, "normalization": "ln", "attention": "softmax"},
+        "data": {"corpus": "tiny_shakespeare", "tokenizer": "char", "val_fraction": 0.1},
+        "train": {"steps": 4, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "eval_every": 2,
+                  "eval_windows": 4, "checkpoint_every": 2, "out_dir": str(tmp_path / "run"),
+                  "seed": 0, "num_threads": 1, "progress": False, "log_every": 1},
+    }
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["train", "--config", str(path), "--no-progress"]) == 0
+    ckpts = sorted((tmp_path / "run" / "checkpoints").iterdir())
+    assert ckpts and ckpts[-1].name.endswith("4")
+    # a second call resumes from the last checkpoint instead of starting over
+    assert main(["train", "--config", str(path), "--no-progress", "--steps", "6"]) == 0
+    assert sorted((tmp_path / "run" / "checkpoints").iterdir())[-1].name.endswith("6")
