@@ -11,13 +11,18 @@ Subcommands (CPU, one thread; every result lands in runs/surgery/, figures in do
   evaluate     PPL of the two allocation runs on the same windows -> allocation_study
   figures      docs/figures/surgery_*.png and runs/surgery/summary.md
 
-Recorded commands (see scripts/surgery_study.sh-style comments in docs/surgery.md):
+Recorded commands, exactly as run for docs/surgery.md (all with OMP_NUM_THREADS=1, the
+long ones under nohup nice -n 10 ... &):
 
   python scripts/surgery_study.py allocate --model runs/char-shakespeare-noln --budget 0.5 --multiple 2
-  nohup nice -n 10 python scripts/surgery_study.py train-alloc --which uniform --steps 400 &
-  nohup nice -n 10 python scripts/surgery_study.py train-alloc --which cascade --steps 400 &
-  (both stopped at step 150 and resumed with --steps 300; see the note at RECIPE)
-  python scripts/surgery_study.py curves --ft-steps 60
+      (the run was at its step-2200 checkpoint; the final checkpoint gives the same d_head)
+  python scripts/surgery_study.py train-alloc --which uniform --steps 400   # and --which cascade
+      (both stopped at the step-150 checkpoint and resumed with --steps 300; see RECIPE)
+  python scripts/surgery_study.py curves --models softmax-ln,softmax-noln
+  python scripts/surgery_study.py curves --models softmax-noln --ft-models softmax-noln --ft-steps 100 --ks 2,4,6
+  python scripts/surgery_study.py curves --step 300     # and --step 400, --step 500
+  python scripts/surgery_study.py curves --step 500 --models sd-noln --ft-models sd-noln --ks 4,6 --ft-steps 100
+  python scripts/surgery_study.py curves --step 500 --models softmax-noln --ft-models softmax-noln --ks 4,6 --ft-steps 100
   python scripts/surgery_study.py evaluate
   python scripts/surgery_study.py figures
 """
@@ -191,12 +196,15 @@ def cmd_figures(a) -> None:
     md = []
     curves = {p.stem[len("curve_"):]: LinearizationCurve.load(p)
               for p in sorted(OUT.glob("curve_*.safetensors"))}
-    zs = [c for n, c in curves.items() if not n.endswith("_ft")]
-    ft = [c for n, c in curves.items() if n.endswith("_ft")]
-    if zs:
-        plot_collapse(zs).savefig(FIG / "surgery_collapse_zero_shot.png", dpi=120)
-    if ft:
-        plot_collapse(ft).savefig(FIG / "surgery_collapse_fine_tuned.png", dpi=120)
+    groups: dict[str, dict[str, list]] = {}  # "final" or "step400" -> zero-shot / fine-tuned
+    for n, c in curves.items():
+        base = n[:-3] if n.endswith("_ft") else n
+        g = "step" + base.split("@")[1] if "@" in base else "final"
+        groups.setdefault(g, {"zs": [], "ft": []})["ft" if n.endswith("_ft") else "zs"].append(c)
+    for g, cs in groups.items():
+        fig = plot_collapse(cs["zs"], fine_tuned=cs["ft"])
+        fig.axes[0].set_title(f"linearization of the first k layers ({g})", fontsize=10)
+        fig.savefig(FIG / f"surgery_collapse_{g}.png", dpi=120)
     for n, c in curves.items():
         md.append(f"### {n}  (base PPL {c.base_ppl:.4f}; {c.note})\n\n" + _md_table(c.to_rows()))
     if (OUT / "allocation.safetensors").exists():

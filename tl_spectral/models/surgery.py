@@ -290,25 +290,42 @@ class LinearizationCurve(Result):
 
 
 def plot_collapse(curves: Sequence[LinearizationCurve], ax: Any = None,
-                  thresholds: Sequence[float] = (0.014, 0.05)):
+                  thresholds: Sequence[float] = (0.014, 0.05),
+                  fine_tuned: Sequence[LinearizationCurve] = ()):
     """The collapse curve: relative ΔPPL (%, symlog) vs number of leading layers linearized,
     one colour per model, zero-shot solid and fine-tuned dashed; the paper's 1.4% and 5%
-    marks as horizontal lines. Returns a matplotlib Figure."""
+    marks as horizontal lines. ``fine_tuned``: further curves of which only the fine-tuned
+    line is drawn (in the colour of the zero-shot curve with the same model name).
+    Returns a matplotlib Figure."""
     import matplotlib.pyplot as plt
 
     fig, ax = (plt.subplots(figsize=(6.4, 4.0)) if ax is None else (ax.figure, ax))
-    for i, c in enumerate(curves):
-        col = f"C{i}"
-        ax.plot(c.ks, [100 * r for r in c.rel_delta()], "o-", color=col,
+    colors: dict[str, str] = {}
+
+    def color(name: str) -> str:
+        return colors.setdefault(name, f"C{len(colors)}")
+
+    def ft_line(c: LinearizationCurve) -> None:
+        steps = (c.fine_tune or {}).get("steps", "?")
+        ax.plot(c.ks, [100 * r for r in c.rel_delta("fine_tuned")], "s--",
+                color=color(c.model_name), label=f"{c.model_name} fine-tuned ({steps} steps)")
+
+    for c in curves:
+        ax.plot(c.ks, [100 * r for r in c.rel_delta()], "o-", color=color(c.model_name),
                 label=f"{c.model_name} zero-shot")
         if c.ppl_fine_tuned is not None:
-            steps = (c.fine_tune or {}).get("steps", "?")
-            ax.plot(c.ks, [100 * r for r in c.rel_delta("fine_tuned")], "s--", color=col,
-                    label=f"{c.model_name} fine-tuned ({steps} steps)")
+            ft_line(c)
+    for c in fine_tuned:
+        if c.ppl_fine_tuned is not None:
+            ft_line(c)
     for t in thresholds:
         ax.axhline(100 * t, color="gray", lw=0.8, ls=":")
         ax.text(0, 100 * t, f" {100 * t:g}%", va="bottom", fontsize=7, color="gray")
     ax.set_yscale("symlog", linthresh=1.0)
+    ticks = [t for t in (-1, 0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+             if t >= ax.get_ylim()[0] and t <= ax.get_ylim()[1]]
+    ax.set_yticks(ticks)
+    ax.set_yticklabels([f"{t:g}" for t in ticks])
     ax.set_xlabel("k (leading layers linearized)")
     ax.set_ylabel("ΔPPL / PPL (%)")
     ax.set_title("linearization of the first k layers (ELU+1)", fontsize=10)

@@ -69,13 +69,15 @@ class SurgerySection:
             report.text(f"No stored surgery study under {d}; run scripts/surgery_study.py "
                         "(see docs/surgery.md) or pass options['surgery_dir'].")
             return
-        zs = [c for n, c in curves.items() if not n.endswith("_ft")]
-        ft = [c for n, c in curves.items() if n.endswith("_ft")]
-        if zs:
-            report.figure(plot_collapse(zs), "stored study: collapse curves, zero-shot")
-        if ft:
-            report.figure(plot_collapse(ft), "stored study: collapse curves, swapped layers "
-                                             "fine-tuned")
+        groups: dict[str, dict[str, list]] = {}  # "final" / "step N" -> zero-shot, fine-tuned
+        for n, c in curves.items():
+            base = n[:-3] if n.endswith("_ft") else n
+            g = f"step {base.split('@')[1]}" if "@" in base else "final"
+            groups.setdefault(g, {"zs": [], "ft": []})["ft" if n.endswith("_ft") else "zs"].append(c)
+        for g, cs in groups.items():
+            report.figure(plot_collapse(cs["zs"], fine_tuned=cs["ft"]),
+                          f"stored study ({g} checkpoints): relative ΔPPL vs k, zero-shot "
+                          "(solid) and with the swapped layers fine-tuned (dashed)")
         for n, c in curves.items():
             report.table(c.to_rows(), f"{n}: base PPL {c.base_ppl:.4g} ({c.note})")
         if (d / "allocation.safetensors").exists():
