@@ -11,7 +11,7 @@ Dimensions: batch 1, 4 heads, d_head 64 (d_model 256), float32, CPU, one thread,
 - **module**: the whole attention modules (``make_attention("linear" | "softmax", ...)``,
   same weights, train mode so softmax takes its SDPA path), which add the identical q/k/v/o
   projections (O(T·d_model²)) to both.
-- time: best of ``--repeats`` runs, the kinds interleaved so all see the same load.
+- time: best of ``--repeats`` (default 10) runs, the kinds interleaved so all see the same load.
 - memory: each (kind, T) in a fresh subprocess; the peak resident-set growth of one forward
   (the kernel's peak counter VmHWM is reset through ``/proc/self/clear_refs`` just before,
   minus VmRSS then), in MiB. ``mem_ratio_4096 = mem_softmax(4096) / mem_linear(4096)``;
@@ -98,7 +98,7 @@ def child_memory(kind: str, T: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--child", nargs=2)
     a = ap.parse_args()
     if a.child:

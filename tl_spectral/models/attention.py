@@ -175,8 +175,9 @@ def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     φ(k) = 0, so they add nothing; padded queries φ(q) = 1, so no 0/0 reaches the
     gradient) and split into n = pos/C chunks.
     2. within each chunk, the masked C×C product (quadratic in C only).
-    3. across chunks, the state ``Σ_{j in earlier chunks} φ(k_j) [v_j, 1]ᵀ`` ``[d, d_v + 1]``
-    (numerator and denominator together) by an exclusive prefix sum over chunks.
+    3. across chunks, the states ``Σ_{j in earlier chunks} φ(k_j) v_jᵀ`` ``[d, d_v]`` and
+    ``Σ φ(k_j)`` ``[d]`` by an exclusive prefix sum over chunks (a product with a strictly
+    lower-triangular ``[n, n]`` matrix).
     Memory O(pos·(C + d·d_v / C)); time O(pos·C·d + pos·d·d_v).
     """
     if q.shape != k.shape or q.shape[:-1] != v.shape[:-1]:
@@ -187,25 +188,26 @@ def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     *lead, p, d = q.shape
     dv = v.shape[-1]
     fq, fk = elu_feature_map(q), elu_feature_map(k)
-    # a ones column on v carries the denominator through the same products as the numerator
-    v1 = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
     c = min(chunk_size, p)
     n = -(-p // c)
     pad = n * c - p
     if pad:
         fq = F.pad(fq, (0, 0, 0, pad), value=1.0)  # padded queries: a positive denominator
         fk = F.pad(fk, (0, 0, 0, pad))  # φ(k) = 0 on padded keys: no contribution
-        v1 = F.pad(v1, (0, 0, 0, pad))
+        v = F.pad(v, (0, 0, 0, pad))
     fq = fq.reshape(*lead, n, c, d)
     fk = fk.reshape(*lead, n, c, d)
-    v1 = v1.reshape(*lead, n, c, dv + 1)
+    v = v.reshape(*lead, n, c, dv)
     w = (fq @ fk.transpose(-1, -2)).masked_fill_(_causal_mask(c, q.device), 0.0)  # [.., n, C, C]
-    kv = fk.transpose(-1, -2) @ v1                     # [..., n, d, d_v + 1] per chunk
+    kv = fk.transpose(-1, -2) @ v                      # [..., n, d, d_v] per chunk
+    ks = fk.sum(-2)                                    # [..., n, d]
     # exclusive prefix over chunks as one product with a strictly lower-triangular [n, n]
     before = torch.ones(n, n, dtype=q.dtype, device=q.device).tril_(-1)
-    kv_prev = (before @ kv.reshape(*lead, n, d * (dv + 1))).reshape(*lead, n, d, dv + 1)
-    nd = (w @ v1).add_(fq @ kv_prev)                   # [..., n, C, d_v + 1]
-    out = (nd[..., :dv] / nd[..., dv:]).reshape(*lead, n * c, dv)
+    kv_prev = (before @ kv.reshape(*lead, n, d * dv)).reshape(*lead, n, d, dv)
+    ks_prev = before @ ks                              # [..., n, d]
+    num = (w @ v).add_(fq @ kv_prev)                   # [..., n, C, d_v]
+    den = w.sum(-1).add_((fq @ ks_prev.unsqueeze(-1)).squeeze(-1))  # [..., n, C]
+    out = (num / den.unsqueeze(-1)).reshape(*lead, n * c, dv)
     return out[..., :p, :] if pad else out
 
 
