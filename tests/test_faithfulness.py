@@ -273,7 +273,10 @@ def brute_curves(model, tokens, mask, measures, fractions, layer, mode="inter", 
             for l in range(L):
                 p, v, _ = caps[l]
                 maps = contribution_weights(p, v, view.weights(l).W_O, mode)
-                scores[name, l] = maps.token_level(name)
+                if name == "abs_contribution":
+                    scores[name, l] = maps.token_level("contribution").abs()
+                else:
+                    scores[name, l] = maps.token_level(name)
         per_doc.append((tok, allowed, scores))
     for si, layers in enumerate([list(range(L)), [layer]]):
         for name in measures:
@@ -315,6 +318,20 @@ def test_faithfulness_matches_unbatched_brute_force():
                     ref[si, name, "bottom", f], abs=2e-3, rel=1e-4)
     assert torch.all(res.comprehensiveness[..., 0] == 0)
     assert torch.all(res.sufficiency[..., 0] == 0)
+
+
+def test_abs_contribution_diagnostic_matches_brute_force():
+    model = make_native(n_layers=2, seed=8, normalization_type=None)
+    tokens = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    res = faithfulness(model, tokens, measures=["abs_contribution"], fractions=[0.0, 0.5],
+                       layer=0)
+    ref, _ = brute_curves(model, tokens, mask, ["abs_contribution"], [0.0, 0.5], layer=0)
+    for si in range(2):
+        assert float(res.comprehensiveness[si, 0, 1]) == pytest.approx(
+            ref[si, "abs_contribution", "top", 0.5], abs=2e-3, rel=1e-4)
+        assert float(res.sufficiency[si, 0, 1]) == pytest.approx(
+            ref[si, "abs_contribution", "bottom", 0.5], abs=2e-3, rel=1e-4)
 
 
 def test_faithfulness_encoder_embedding_distance(minilm):

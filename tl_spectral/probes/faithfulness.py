@@ -64,6 +64,10 @@ METRICS = ("delta_ppl", "embedding_distance")
 PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "contribution")
 """The paper's hierarchy of measures, worst to best."""
 DEFAULT_MEASURES = (*MEASURES, "random")
+EXTRA_MEASURES = ("random", "abs_contribution")
+"""References beside the paper's measures: ``random`` (seeded uniform scores) and
+``abs_contribution`` (``|C_ij|`` at token level, ``|c_ij^h|`` per head: a diagnostic that
+ranks strongly destructive sources as important instead of unimportant)."""
 
 _STRATEGY: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 
@@ -356,10 +360,10 @@ def structural_aliases(measures: Sequence[str], mode: str, level: str) -> dict[s
 def _parse_measure(name: str, mode: str) -> tuple[str, str]:
     base, _, m = name.partition("@")
     m = m or mode
-    if base != "random" and base not in MEASURES:
+    if base not in EXTRA_MEASURES and base not in MEASURES:
         raise ValueError(
-            f"unknown measure {name!r}; use one of {MEASURES} or 'random', optionally with a "
-            "mode suffix such as 'contribution@intra'"
+            f"unknown measure {name!r}; use one of {MEASURES + EXTRA_MEASURES}, optionally "
+            "with a mode suffix such as 'contribution@intra'"
         )
     if m not in ("intra", "inter"):
         raise ValueError(f"measure {name!r}: mode must be 'intra' or 'inter'")
@@ -533,6 +537,10 @@ def _measure_scores(
             if m not in maps:
                 maps[m] = contribution_weights(pattern, v, W_O, m, qm)
             cm = maps[m]
+            if base == "abs_contribution":
+                c = cm.token_level("contribution") if level == "token" else cm.contribution
+                out[name][layer] = c.abs()
+                continue
             out[name][layer] = cm.token_level(base) if level == "token" else cm.measure(base)
         del maps
     return out
@@ -559,8 +567,8 @@ def faithfulness(
     model: TransformerLens model or ModelView; data: anything ``as_corpus`` reads (right
     padded); layer: the one layer of the single-layer setting (default ``n_layers // 2``;
     the other setting removes in all layers at once); measures: names from
-    ``analysis.contributions.MEASURES`` or ``"random"`` (seeded uniform scores, a reference),
-    optionally suffixed ``@intra`` / ``@inter`` to override ``mode``; fractions: removal grid
+    ``analysis.contributions.MEASURES``, ``"random"`` (seeded uniform scores, a reference) or
+    ``"abs_contribution"`` (``|C_ij|``, a diagnostic), optionally suffixed ``@intra`` / ``@inter`` to override ``mode``; fractions: removal grid
     (default 0, 0.1, …, 0.9); mode: contribution mode; level: ``"token"`` (a pair (i, j) is
     ranked by the sum over heads of the measure and removed in every head) or ``"head"``
     (each head ranks and removes its own pairs); metric: ``"delta_ppl"`` (decoders, default)

@@ -276,6 +276,7 @@ def contribution_study(
     res = run_probes(model, tokens, [ContributionProbe(keep_docs=[0]), SinkProbe()],
                      attention_mask=am, batch_size=batch_size, progress=False)
     stats, sinks = res["contributions"], res["sinks"]
+    stats.model_name = sinks.model_name = name
     stats.save(results_dir / f"{slug}_contribution_stats.safetensors")
     sinks.save(results_dir / f"{slug}_sink_stats.safetensors")
     figs = {
@@ -305,11 +306,13 @@ def contribution_study(
         nf = tokens.shape[0] if faith_docs is None else faith_docs
         f = faithfulness(model, tokens[:nf], attention_mask=am[:nf], layer=layer,
                          measures=measures, batch_size=batch_size, seed=seed)
+        f.model_name = name
         f.save(f_path)
     else:
         from tl_spectral.probes.faithfulness import FaithfulnessResult
 
         f = FaithfulnessResult.load(f_path)
+        f.model_name = name
     figs["faithfulness"] = save(f.plot_curves(), "faithfulness")
     figs["faithfulness_areas"] = save(plot_faithfulness_areas(f), "faithfulness_areas")
     out["faithfulness"] = {
