@@ -141,3 +141,31 @@ def test_converted_sd_heads_are_never_unstable():
         ref = qk_geometry([blk.attn.weights()["W_Q"] for blk in m.blocks],
                           [blk.attn.weights()["W_K"] for blk in m.blocks])
         assert not ref.unstable.any()
+
+
+@pytest.mark.parametrize("name,norm", [("sd-char-shakespeare", "ln"),
+                                       ("sd-char-shakespeare-noln", "none")])
+def test_shipped_sd_checkpoints(name, norm):
+    """The shipped S–D char models: S–D attention, the recorded validation loss on a slice,
+    identical logits in TransformerLens, and S, D recovered from the converted weights."""
+    from tl_spectral.data import tiny_shakespeare, train_val_split
+    from tl_spectral.models import zoo
+
+    try:
+        model, tok = zoo.load_native(name)
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    assert model.cfg.attention == "sd" and model.cfg.normalization == norm
+    _, val = train_val_split(tiny_shakespeare(), 0.1)
+    ids = torch.tensor(tok.encode(val[: 2 * 256 + 1]))
+    w = torch.stack([ids[:257], ids[256:513]])
+    with torch.no_grad():
+        loss = model.loss(w).item()
+    assert abs(loss - zoo.checkpoint_info(name)["metrics"]["val_loss"]) < 0.3
+    tl, _ = zoo.load(name)
+    assert max_logit_diff(model, tl, w[:1, :128]) <= 1e-4
+    st = ModelView(tl).stacked_weights()
+    S, D = recover_sd_from_qk(st["W_Q"][:2], st["W_K"][:2])
+    S_true, D_true = _true_sd(model)
+    torch.testing.assert_close(S, torch.stack(S_true[:2]), atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(D, torch.stack(D_true[:2]), atol=1e-3, rtol=1e-3)

@@ -26,7 +26,8 @@ def no_network(monkeypatch):
 
 
 def test_available_and_unknown_name():
-    assert zoo.available() == ["char-shakespeare", "char-shakespeare-noln", "minilm"]
+    assert zoo.available() == ["char-shakespeare", "char-shakespeare-noln", "sd-char-shakespeare",
+                               "sd-char-shakespeare-noln", "minilm"]
     with pytest.raises(ValueError, match="known models"):
         zoo.load("gpt-17")
     with pytest.raises(ValueError, match="char-shakespeare"):

