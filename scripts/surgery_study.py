@@ -20,9 +20,10 @@ long ones under nohup nice -n 10 ... &):
       (both stopped at the step-150 checkpoint and resumed with --steps 300; see RECIPE)
   python scripts/surgery_study.py curves --models softmax-ln,softmax-noln
   python scripts/surgery_study.py curves --models softmax-noln --ft-models softmax-noln --ft-steps 100 --ks 2,4,6
-  python scripts/surgery_study.py curves --step 300     # and --step 400, --step 500
+  python scripts/surgery_study.py curves --step 300     # and --step 400, 500, 1000
   python scripts/surgery_study.py curves --step 500 --models sd-noln --ft-models sd-noln --ks 4,6 --ft-steps 100
   python scripts/surgery_study.py curves --step 500 --models softmax-noln --ft-models softmax-noln --ks 4,6 --ft-steps 100
+  (the same two fine-tuned commands with --step 1000: the S–D runs' final checkpoint)
   python scripts/surgery_study.py evaluate
   python scripts/surgery_study.py figures
 """
