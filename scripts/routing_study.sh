@@ -33,6 +33,21 @@ for name in bpe-sd-noln bpe-softmax-noln; do
 done
 wait
 
-# --- the study (after all six runs, the two reference runs included, have finished)
-OMP_NUM_THREADS=1 python -m tl_spectral.routing study --out runs/routing_study \
-  --fig-dir docs/figures --windows 64
+# --- the study. Run in three parts as the runs finished (each part merges into
+# runs/routing_study/summary.json; the figures are rebuilt from everything saved there);
+# one call without --models does the same at once.
+OMP_NUM_THREADS=1 nice -n 15 python -m tl_spectral.routing study --out runs/routing_study \
+  --fig-dir docs/figures --windows 64 --models char-shakespeare char-shakespeare-noln
+OMP_NUM_THREADS=1 nice -n 15 python -m tl_spectral.routing study --out runs/routing_study \
+  --fig-dir docs/figures --windows 64 --no-minilm --models bpe-softmax-noln bpe-sd-noln
+OMP_NUM_THREADS=1 nice -n 15 python -m tl_spectral.routing study --out runs/routing_study \
+  --fig-dir docs/figures --windows 64 --no-minilm --models sd-char-shakespeare sd-char-shakespeare-noln
+# the tables of docs/routing_filtering.md
+python -m tl_spectral.routing tables runs/routing_study/summary.json
+
+# --- ship the S–D char models
+for name in sd-char-shakespeare sd-char-shakespeare-noln; do
+  mkdir -p "tl_spectral/models/checkpoints/$name"
+  cp "runs/$name/final/model.safetensors" "runs/$name/final/config.json" \
+     "tl_spectral/models/checkpoints/$name/"
+done

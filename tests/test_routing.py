@@ -263,7 +263,9 @@ def test_cascade_over_training(tmp_path):
     torch.testing.assert_close(c.rank_S[-1], model_sd_geometry(m).eff_rank_S)
     back = CascadeResult.load(c.save(tmp_path / "c.safetensors"))
     torch.testing.assert_close(back.rank(), c.rank())
-    assert c.plot() is not None
+    assert c.plot() is not None and c.plot(which="R") is not None
+    with pytest.raises(ValueError, match="which"):
+        c.plot(which="Q")
     with pytest.raises(FileNotFoundError):
         cascade_over_training(tmp_path / "nothing")
 
@@ -380,4 +382,5 @@ def test_study_on_a_tiny_run(tmp_path):
     assert "error" in s["models"]["char-shakespeare"]  # absent runs are reported
     assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == [
         "routing_ablations.png", "routing_cascade_depth.png", "routing_cascade_training.png",
-        "routing_qk_geometry.png", "routing_sd_geometry.png"]
+        "routing_cascade_training_R.png", "routing_qk_geometry.png", "routing_sd_geometry.png"]
+    assert len(e["cascade_rank_R_mean"]) == 3

@@ -445,19 +445,25 @@ class CascadeResult(Result):
         """The routing rank followed by the cascade: S for S–D models, else R. [n, layer, head]"""
         return self.rank_S if self.rank_S is not None else self.rank_R
 
-    def plot(self, ax: Any = None):
-        """Mean routing rank per layer vs training step (one line per layer). Figure."""
+    def plot(self, ax: Any = None, which: str = "auto"):
+        """Mean routing rank per layer vs training step (one line per layer). ``which``:
+        "auto" (S for S–D models, else R), "S" or "R". Returns a Figure."""
         import matplotlib.pyplot as plt
 
+        if which not in ("auto", "S", "R"):
+            raise ValueError(f"which must be 'auto', 'S' or 'R', got {which!r}")
+        if which == "S" and self.rank_S is None:
+            raise ValueError(f"{self.run_name} has no S–D layer: plot which='R'")
+        use_s = self.rank_S is not None and which != "R"
         fig, ax = plt.subplots(figsize=(5, 3.4)) if ax is None else (ax.figure, ax)
-        r = self.rank().double().mean(-1).numpy()
+        r = (self.rank_S if use_s else self.rank_R).double().mean(-1).numpy()
         cmap = plt.get_cmap("viridis")
         L = r.shape[1]
         for l in range(L):
             ax.plot(self.steps.numpy(), r[:, l], "o-", ms=2.5, color=cmap(l / max(1, L - 1)),
                     label=f"L{l}")
         ax.set_xlabel("training step")
-        ax.set_ylabel("routing rank of " + ("S" if self.rank_S is not None else "R"))
+        ax.set_ylabel("routing rank of " + ("S" if use_s else "R (W_Q W_Kᵀ)"))
         ax.set_title(self.run_name, fontsize=9)
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
@@ -794,6 +800,7 @@ def run_study(out_dir: str | Path = "runs/routing_study", *, runs_dir: str | Pat
         cascades[name] = c
         entry["cascade_steps"] = c.steps.tolist()
         entry["cascade_rank_mean"] = c.rank().double().mean(-1).tolist()
+        entry["cascade_rank_R_mean"] = c.rank_R.double().mean(-1).tolist()
         entry["cascade_val_loss"] = c.val_loss.tolist()
         win = validation_windows(mdir, STUDY_RUNS.get(name, "char"), n_windows=n_windows)
         a = ablation_table(model, win, name=name, per_layer=per_layer)
@@ -803,6 +810,9 @@ def run_study(out_dir: str | Path = "runs/routing_study", *, runs_dir: str | Pat
                              "rows": a.rows, "n_windows": a.n_windows, "seq_len": a.seq_len}
         summary["models"][name] = entry
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    order = ["minilm", *STUDY_RUNS]
+    summary["models"] = dict(sorted(summary["models"].items(), key=lambda kv: (
+        order.index(kv[0]) if kv[0] in order else len(order))))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if fig_dir is not None:
         figures_from_dir(out, fig_dir)
@@ -864,10 +874,13 @@ def study_figures(geos: dict[str, QKGeometry], sds: dict[str, SDGeometry],
         save(fig, "sd_geometry")
     if cascades:  # the cascade by depth (final) and over training
         fig, ax = plt.subplots(figsize=(6.5, 4))
-        for n, c in cascades.items():
-            r = c.rank()[-1].double().mean(-1).numpy()
-            ax.plot(range(len(r)), r, "o-" if c.rank_S is not None else "s--",
-                    label=f"{n} ({'S' if c.rank_S is not None else 'R'})")
+        for j, (n, c) in enumerate(cascades.items()):
+            col = f"C{j}"
+            r = c.rank_R[-1].double().mean(-1).numpy()
+            ax.plot(range(len(r)), r, "s--", color=col, label=f"{n} (R)")
+            if c.rank_S is not None:
+                r = c.rank_S[-1].double().mean(-1).numpy()
+                ax.plot(range(len(r)), r, "o:", color=col, alpha=0.6, label=f"{n} (S)")
         ax.set_xlabel("layer")
         ax.set_ylabel("routing rank (entropy), mean over heads")
         ax.set_title("Routing rank by depth at the last checkpoint")
@@ -883,6 +896,14 @@ def study_figures(geos: dict[str, QKGeometry], sds: dict[str, SDGeometry],
             a.axis("off")
         fig.tight_layout()
         save(fig, "cascade_training")
+        fig, axes = plt.subplots((k + 1) // 2, 2, figsize=(11, 3.3 * ((k + 1) // 2)),
+                                 squeeze=False)
+        for a, c in zip(axes.ravel(), cascades.values()):
+            c.plot(ax=a, which="R")
+        for a in axes.ravel()[k:]:
+            a.axis("off")
+        fig.tight_layout()
+        save(fig, "cascade_training_R")
     if abls:
         fig, ax = plt.subplots(figsize=(8, 3.8))
         kinds = list(ABLATIONS_SD) + list(ABLATIONS_SOFTMAX)
@@ -981,8 +1002,9 @@ def study_markdown(summary: dict[str, Any]) -> str:
                 L.append(f"| {n} | {k.replace('_', ' ')} | "
                          + " | ".join(f"{x['delta_ppl']:+.3g}" for x in rows) + " |")
     L.append("")
-    L.append("Routing rank per layer over training (mean over heads; S for S–D, R for softmax; "
-             "val loss in nats where the run evaluated):")
+    L.append("Routing rank per layer over training (entropy effective rank, mean over heads; "
+             "S–D models: rank of S / rank of R = W_P S W_Pᵀ; softmax: rank of R; val loss in "
+             "nats where the run evaluated):")
     L.append("")
     L.append("| model | step | " + " | ".join(f"L{i}" for i in range(n_layers)) + " | val loss |")
     L.append("|---|---|" + "---|" * n_layers + "---|")
@@ -992,11 +1014,16 @@ def study_markdown(summary: dict[str, Any]) -> str:
         steps = e["cascade_steps"]
         pick = sorted({0, len(steps) // 4, len(steps) // 2, 3 * len(steps) // 4,
                            len(steps) - 1})
+        is_sd = "sd" in e
         for i in pick:
             vl = e["cascade_val_loss"][i]
-            L.append(f"| {n} | {steps[i]} | " + " | ".join(
-                f"{x:.1f}" for x in e["cascade_rank_mean"][i]) + " | "
-                + (f"{vl:.3f}" if vl > 0 else "") + " |")
+            if is_sd and "cascade_rank_R_mean" in e:
+                cells = [f"{a:.1f} / {b:.1f}" for a, b in zip(e["cascade_rank_mean"][i],
+                                                             e["cascade_rank_R_mean"][i])]
+            else:
+                cells = [f"{x:.1f}" for x in e["cascade_rank_mean"][i]]
+            L.append(f"| {n} | {steps[i]} | " + " | ".join(cells) + " | "
+                     + (f"{vl:.3f}" if vl > 0 else "") + " |")
     L.append("")
     L.append("| Gaussian W_Q, W_K (d_model, heads, d_head) | routing fraction | rank R (entropy "
              "/ PR) / capacity | unstable heads |")
