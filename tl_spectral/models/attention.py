@@ -176,8 +176,8 @@ def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     gradient) and split into n = pos/C chunks.
     2. within each chunk, the masked C×C product (quadratic in C only).
     3. across chunks, the states ``Σ_{j in earlier chunks} φ(k_j) v_jᵀ`` ``[d, d_v]`` and
-    ``Σ φ(k_j)`` ``[d]`` by an exclusive prefix sum over chunks (a product with a strictly
-    lower-triangular ``[n, n]`` matrix).
+    ``Σ φ(k_j)`` ``[d]`` by an exclusive prefix sum over chunks (cumulative sum minus the
+    chunk's own state).
     Memory O(pos·(C + d·d_v / C)); time O(pos·C·d + pos·d·d_v).
     """
     if q.shape != k.shape or q.shape[:-1] != v.shape[:-1]:
@@ -201,10 +201,9 @@ def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     w = (fq @ fk.transpose(-1, -2)).masked_fill_(_causal_mask(c, q.device), 0.0)  # [.., n, C, C]
     kv = fk.transpose(-1, -2) @ v                      # [..., n, d, d_v] per chunk
     ks = fk.sum(-2)                                    # [..., n, d]
-    # exclusive prefix over chunks as one product with a strictly lower-triangular [n, n]
-    before = torch.ones(n, n, dtype=q.dtype, device=q.device).tril_(-1)
-    kv_prev = (before @ kv.reshape(*lead, n, d * dv)).reshape(*lead, n, d, dv)
-    ks_prev = before @ ks                              # [..., n, d]
+    # exclusive prefix over chunks: inclusive cumulative sum minus the chunk itself
+    kv_prev = kv.cumsum(dim=-3).sub_(kv)               # [..., n, d, d_v]
+    ks_prev = ks.cumsum(dim=-2).sub_(ks)               # [..., n, d]
     num = (w @ v).add_(fq @ kv_prev)                   # [..., n, C, d_v]
     den = w.sum(-1).add_((fq @ ks_prev.unsqueeze(-1)).squeeze(-1))  # [..., n, C]
     out = (num / den.unsqueeze(-1)).reshape(*lead, n * c, dv)
