@@ -6,7 +6,7 @@ naive d_model computation, (c) peak memory.
     attention pattern through ``hook_pattern``), same batches, same run. Model: a random
     ``TransformerBridge.boot_native`` with the char-shakespeare shape (6 layers, 8 heads,
     d_model 128, context 256), batches of 16 × 256 tokens. Both sides run ``repeats``
-    times, interleaved, single-threaded (the 2-core machine is shared; multi-threaded
+    times (default 5), interleaved, single-threaded (the 2-core machine is shared; multi-threaded
     elementwise kernels stall on each other); the ratio is of the best times (the least
     disturbed run of each side). Target <= 1.5.
 (b) ``speedup_vs_naive`` / ``max_abs_diff``: ``bench_naive`` from
@@ -139,7 +139,7 @@ def bench_overhead(repeats: int = 3, threads: int = 1) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mem", help=argparse.SUPPRESS)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-memory", action="store_true")
     args = ap.parse_args()
     if args.mem:

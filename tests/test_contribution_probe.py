@@ -188,7 +188,7 @@ def test_probe_statistics_match_brute_force(kind, mode):
           "encoder": {"attention_dir": "bidirectional"}}[kind]
     model = make_native(n_layers=2, n_heads=4, seed=11, **kw)
     docs = _docs([14, 10, 7], seed=1)  # right padded inside one batch
-    probe = ContributionProbe(mode=mode, rank_queries=5, rank_per_head=True)
+    probe = ContributionProbe(mode=mode, rank_queries=5, rank_per_head=True, rank_stride=1)
     res = run_probes(model, docs, [probe], batch_size=3, progress=False)["contributions"]
     layer = 1
     ref = brute_stats(model, docs, layer, mode, T_batch=14, rank_queries=5)
@@ -228,9 +228,12 @@ def test_probe_sum_identity_and_attention_means(native_ln):
 def test_probe_kept_maps_and_merge(native_gqa, tmp_path):
     docs = _docs([12, 12, 12, 12], seed=3)
     tokens = torch.stack(docs)
-    full = ContributionProbe(keep_docs=[2])
+    # rank_stride=1: shards run apart number their documents from 0 (a distributed run
+    # keeps global indices), so strided selection would differ between the two runs
+    full = ContributionProbe(keep_docs=[2], rank_stride=1)
     run_probes(native_gqa, tokens, [full], batch_size=2, progress=False)
-    a, b = ContributionProbe(keep_docs=[2]), ContributionProbe(keep_docs=[2])
+    a = ContributionProbe(keep_docs=[2], rank_stride=1)
+    b = ContributionProbe(keep_docs=[2], rank_stride=1)
     run_probes(native_gqa, tokens[:2], [a], batch_size=2, progress=False)
     run_probes(native_gqa, tokens[2:], [b], batch_size=2, progress=False)
     # shard b saw document 2 as its index 0: kept maps follow the shard's own indices
@@ -263,7 +266,7 @@ def test_probe_on_minilm_matches_brute_force(minilm):
             torch.tensor([101, 7592, 2088, 102])]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = run_probes(minilm, docs, [ContributionProbe(layers=[4], rank_queries=4)],
+        res = run_probes(minilm, docs, [ContributionProbe(layers=[4], rank_queries=4, rank_stride=1)],
                          batch_size=2, progress=False)["contributions"]
         ref = brute_stats(minilm, docs, 4, "inter", T_batch=8, rank_queries=4)
     torch.testing.assert_close(res.source_mean[0].double(), ref["src"], atol=1e-4, rtol=1e-3)
@@ -286,6 +289,8 @@ def test_probe_bad_arguments():
         ContributionProbe(mode="cross")
     with pytest.raises(ValueError, match="rank_queries"):
         ContributionProbe(rank_queries=-1)
+    with pytest.raises(ValueError, match="rank_stride"):
+        ContributionProbe(rank_stride=0)
     with pytest.raises(ValueError, match="chunk_docs"):
         ContributionProbe(chunk_docs=0)
     with pytest.raises(RuntimeError, match="no data"):

@@ -89,20 +89,22 @@ def contribution_map(
 
 def _lag_sums(m: Tensor) -> tuple[Tensor, Tensor]:
     """Diagonal sums of ``m [..., T, T]`` (query, key): ``pos[..., ℓ] = Σ_j m[j+ℓ, j]`` (i − j
-    = ℓ ≥ 0) and ``neg[..., ℓ] = Σ_i m[i, i+ℓ]`` (j − i = ℓ; ``neg[..., 0]`` = 0)."""
+    = ℓ ≥ 0) and ``neg[..., ℓ] = Σ_i m[i, i+ℓ]`` (j − i = ℓ; ``neg[..., 0]`` = 0).
+
+    Skew trick: flip the key axis (anti-diagonals become diagonals), pad each row with T
+    zeros, and read the flat buffer as ``[T, 2T − 1]`` rows: column ``c`` then holds the
+    entries with ``i − j = c − (T − 1)``, and one contiguous sum over rows gives every lag.
+    """
     T = m.shape[-1]
     lead = m.shape[:-2]
-    flat = m.reshape(-1, T, T)
-
-    def diag(x: Tensor) -> Tensor:
-        pad = torch.zeros(x.shape[0], 2 * T, T, dtype=x.dtype, device=x.device)
-        pad[:, :T] = x
-        view = pad.as_strided((x.shape[0], T, T), (2 * T * T, T, T + 1))
-        return view.sum(-1)
-
-    pos = diag(flat)
-    neg = diag(flat.transpose(-1, -2).contiguous())
-    neg[:, 0] = 0
+    x = m.reshape(-1, T, T).flip(-1)
+    n = x.shape[0]
+    pad = torch.zeros(n, T, 2 * T, dtype=m.dtype, device=m.device)
+    pad[..., :T] = x
+    skew = pad.view(n, -1)[:, : T * (2 * T - 1)].view(n, T, 2 * T - 1).sum(1)  # [n, 2T − 1]
+    pos = skew[:, T - 1 :]
+    neg = torch.zeros_like(pos)
+    neg[:, 1:] = skew[:, : T - 1].flip(-1)
     return pos.reshape(*lead, T), neg.reshape(*lead, T)
 
 
@@ -314,7 +316,8 @@ class ContributionProbe(Probe):
     full maps (four measures per head + token level) are kept for views; rank_queries:
     queries per document (evenly spaced over positions ≥ 2) used for the rank
     correlations (0 = none), at token level and, with ``rank_per_head``, per head (8 times
-    the sorting; off by default); chunk_docs: documents per chunk of the streaming map (a
+    the sorting; off by default), on every ``rank_stride``-th document of the corpus (by
+    corpus index, so independent of batching); chunk_docs: documents per chunk of the streaming map (a
     memory/speed knob: small chunks stay in cache; no effect on the values).
     """
 
@@ -329,6 +332,7 @@ class ContributionProbe(Probe):
         name: Optional[str] = None,
         chunk_docs: int = 2,
         rank_per_head: bool = False,
+        rank_stride: int = 4,
     ):
         super().__init__()
         if mode not in ("intra", "inter"):
@@ -343,6 +347,9 @@ class ContributionProbe(Probe):
             raise ValueError(f"chunk_docs must be >= 1, got {chunk_docs}")
         self.chunk_docs = int(chunk_docs)
         self.rank_per_head = bool(rank_per_head)
+        if rank_stride < 1:
+            raise ValueError(f"rank_stride must be >= 1, got {rank_stride}")
+        self.rank_stride = int(rank_stride)
         if name is not None:
             self.name = name  # type: ignore[misc]
         self._W: dict[int, Tensor] = {}
@@ -375,11 +382,17 @@ class ContributionProbe(Probe):
         allow = torch.ones(T, T, dtype=torch.bool, device=p.device)
         if causal:
             allow = allow.tril()
-        pairs = allow & qm[:, :, None] & qm[:, None, :]  # [b, q, k]
-        pair_count = pairs.sum(0).double()  # [q, k]
+        if padless:
+            pair_count = allow.double() * b  # [q, k]
+        else:
+            pairs = allow & qm[:, :, None] & qm[:, None, :]  # [b, q, k]
+            pair_count = pairs.double().sum(0)
 
-        # contribution map in chunks of documents (each chunk stays in cache)
+        # contribution map in chunks of documents (each chunk stays in cache); sums over
+        # the batch are in-place adds of the hot chunk (a reduction over a short leading
+        # axis is several times slower)
         cs = torch.zeros(H + 1, T, T, dtype=p.dtype, device=p.device)  # Σ_b c, Σ_b C
+        ps = torch.zeros(H, T, T, dtype=p.dtype, device=p.device)  # Σ_b α
         neg = torch.zeros(H + 1, dtype=torch.float64, device=p.device)  # Σ c⁻
         n_neg = torch.zeros(H + 1, dtype=torch.float64, device=p.device)  # #{c < 0}
         step = self.chunk_docs
@@ -390,16 +403,18 @@ class ContributionProbe(Probe):
             )
             n_b = c.shape[0]
             C = c.sum(1)  # [n, q, k] token level
-            cs[:H] += c.sum(0)
-            cs[H] += C.sum(0)
+            for d in range(n_b):
+                cs[:H] += c[d]
+                cs[H] += C[d]
+                ps += p[i + d]
             c.clamp_(max=0.0)
             C.clamp_(max=0.0)
             neg[:H] += c.view(n_b, H, -1).sum(-1).sum(0).double()
             neg[H] += C.sum().double()
-            n_neg[:H] -= torch.sign(c).view(n_b, H, -1).sum(-1).sum(0).double()
-            n_neg[H] -= torch.sign(C).sum().double()
+            # count: every negative entry (c ∈ [−1, 0) after clamping below at −1) floors to −1
+            n_neg[:H] -= c.clamp_(min=-1.0).floor_().view(n_b, H, -1).sum(-1).sum(0).double()
+            n_neg[H] -= C.clamp_(min=-1.0).floor_().sum().double()
             del c, C
-        ps = p.sum(0)  # [H, q, k]
         acc = self.accumulate
         acc(f"{layer}.src_c", cs.sum(1).double().cpu())
         acc(f"{layer}.src_a", ps.sum(1).double().cpu())
@@ -415,7 +430,10 @@ class ContributionProbe(Probe):
         del cs, ps
 
         if self.rank_queries > 0 and T >= 3:
-            self._rank_update(layer, p, cap.v, W, qm, allow, causal)
+            sel = (cap.doc_index % self.rank_stride == 0).nonzero().flatten()
+            if sel.numel():
+                idx = sel.to(p.device)
+                self._rank_update(layer, p[idx], cap.v[idx], W, qm[idx], allow, causal)
         if self.keep_docs:
             self._keep_update(layer, p, cap, W)
 

@@ -273,7 +273,8 @@ def contribution_study(
 
     out: dict[str, Any] = {"model": name, "n_docs": int(tokens.shape[0]),
                            "n_tokens": int(am.sum()), "length": int(tokens.shape[1])}
-    res = run_probes(model, tokens, [ContributionProbe(keep_docs=[0]), SinkProbe()],
+    probes = [ContributionProbe(keep_docs=[0], rank_stride=1), SinkProbe()]
+    res = run_probes(model, tokens, probes,
                      attention_mask=am, batch_size=batch_size, progress=False)
     stats, sinks = res["contributions"], res["sinks"]
     stats.model_name = sinks.model_name = name
