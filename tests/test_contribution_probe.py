@@ -6,11 +6,11 @@ import warnings
 
 import pytest
 import torch
+from conftest import make_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import spearmanr
 
-from conftest import make_native
 from tl_spectral.analysis.contributions import MEASURES, contribution_weights
 from tl_spectral.model_view import ModelView
 from tl_spectral.probes import PROBES, run_probes

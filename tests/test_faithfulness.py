@@ -12,10 +12,10 @@ import warnings
 
 import pytest
 import torch
+from conftest import make_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import make_native
 from tl_spectral.analysis.contributions import contribution_weights
 from tl_spectral.analysis.faithfulness import allowed_mask, removal_counts, removal_mask
 from tl_spectral.model_view import ModelView

@@ -8,8 +8,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
-
 from conftest import make_native
+
 from tl_spectral.model_view import ModelView
 from tl_spectral.probes import PROBES, run_probes
 from tl_spectral.probes.sinks import SinkInterventionResult, SinkProbe, SinkStats, zero_sink_value

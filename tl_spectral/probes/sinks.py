@@ -406,11 +406,15 @@ def zero_sink_value(
     (:func:`tl_spectral.probes.faithfulness.removal_hooks`) with the sink column removed.
     Settings: each layer of ``layers`` (default all) alone, then all of them at once.
     """
+    from tl_spectral.analysis.faithfulness import allowed_mask
     from tl_spectral.probes.faithfulness import (
-        _attn_mask, _Metric, by_length, intervention_strategy, removal_hooks,
+        _attn_mask,
+        _Metric,
+        by_length,
+        intervention_strategy,
+        removal_hooks,
     )
     from tl_spectral.probes.runner import as_corpus
-    from tl_spectral.analysis.faithfulness import allowed_mask
 
     view = model if isinstance(model, ModelView) else ModelView(model)
     layers = list(range(view.n_layers)) if layers is None else [int(x) for x in layers]

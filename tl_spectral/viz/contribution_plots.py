@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
-from torch import Tensor
 
-from tl_spectral.analysis.contributions import MEASURES, ContributionMaps
+from tl_spectral.analysis.contributions import ContributionMaps
 from tl_spectral.probes import ContributionProbe, Probe, SinkProbe
 
 if TYPE_CHECKING:  # sections.py imports this module: no runtime import back
