@@ -239,3 +239,16 @@ def test_load_foreign_files(tmp_path):
     bad.write_bytes(b"not a safetensors file at all")
     with pytest.raises(ValueError, match="not a readable safetensors"):
         Result.load(bad)
+
+
+def test_result_load_in_a_fresh_interpreter(native_ln, tmp_path):
+    """Result.load finds every result kind without the caller importing its module."""
+    import subprocess
+    import sys
+
+    r = run_probes(native_ln, torch.randint(0, 50, (2, 6)), [AttentionStats()], progress=False)
+    path = r["attention_stats"].save(tmp_path / "s.safetensors")
+    code = (f"from tl_spectral.results import Result; r = Result.load({str(path)!r}); "
+            "print(type(r).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "AttentionStatsResult"

@@ -95,6 +95,8 @@ class Result:
         if header.get("format") != _FORMAT:
             raise ValueError(f"{path}: unknown result format {header.get('format')!r}")
         kind = header["kind"]
+        if kind not in _REGISTRY:
+            _import_result_modules()
         target = _REGISTRY.get(kind)
         if target is None:
             raise ValueError(f"{path}: unknown result kind {kind!r}; known: {sorted(_REGISTRY)}")
@@ -112,6 +114,26 @@ class Result:
                 fields[key] = t
         names = {f.name for f in dataclasses.fields(target)}
         return target(**{k: v for k, v in fields.items() if k in names})
+
+
+_RESULT_MODULES = (
+    "tl_spectral.probes",
+    "tl_spectral.analysis.pod",
+    "tl_spectral.analysis.scale_pod",
+    "tl_spectral.analysis.contributions",
+    "tl_spectral.analysis.sinks",
+    "tl_spectral.geometry.qk",
+    "tl_spectral.routing",
+    "tl_spectral.models.surgery",
+)
+
+
+def _import_result_modules() -> None:
+    """Import every module that defines Result kinds, so ``Result.load`` knows them all."""
+    import importlib
+
+    for name in _RESULT_MODULES:
+        importlib.import_module(name)
 
 
 def register_result(cls: type[Result]) -> type[Result]:
