@@ -314,22 +314,12 @@ def ablate(model: Any, kind: str, layers: Sequence[int] | None = None) -> Any:
     return m
 
 
-@torch.no_grad()
 def perplexity(model: nn.Module, windows: torch.Tensor, *, batch_size: int = 16) -> dict[str, float]:
     """Mean next-token cross-entropy (nats) and its exponential over ``windows``
-    ``[n, seq_len + 1]`` (every target counted once, equal weight)."""
-    if windows.dim() != 2 or windows.shape[1] < 2:
-        raise ValueError(f"windows must be [n, seq_len+1], got {tuple(windows.shape)}")
-    model.eval()
-    tot, n = 0.0, 0
-    for s in range(0, windows.shape[0], batch_size):
-        w = windows[s:s + batch_size]
-        logits = model(w[:, :-1])
-        tot += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                     w[:, 1:].reshape(-1), reduction="sum"))
-        n += w[:, 1:].numel()
-    loss = tot / n
-    return {"loss": loss, "ppl": math.exp(loss)}
+    ``[n, seq_len + 1]``: :func:`tl_spectral.models.surgery.perplexity` (one implementation)."""
+    from tl_spectral.models.surgery import perplexity as _perplexity
+
+    return _perplexity(model, windows, batch_size=batch_size)
 
 
 @register_result
