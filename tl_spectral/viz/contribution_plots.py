@@ -194,11 +194,13 @@ class ContributionSection:
 # ----------------------------------------------------------------------------- study
 def wiki_sentences(n: int, seed: int = 0, min_words: int = 8, max_words: int = 40) -> list[str]:
     """``n`` real sentences (``min_words``–``max_words`` words) drawn from the shared
-    Wikipedia excerpt (``/work/shared/data/wiki_excerpt.txt`` or ``TL_SPECTRAL_WIKI``)."""
+    Wikipedia excerpt (``../shared/data/wiki_excerpt.txt`` beside the repository, or the
+    path in ``TL_SPECTRAL_WIKI``)."""
     import os
     import random
 
-    path = Path(os.environ.get("TL_SPECTRAL_WIKI", "/work/shared/data/wiki_excerpt.txt"))
+    default = Path(__file__).resolve().parents[3] / "shared" / "data" / "wiki_excerpt.txt"
+    path = Path(os.environ.get("TL_SPECTRAL_WIKI", str(default)))
     if not path.is_file():
         raise FileNotFoundError(f"no Wikipedia excerpt at {path}; set TL_SPECTRAL_WIKI")
     sents = []
