@@ -11,7 +11,9 @@ Dimensions: batch 1, 4 heads, d_head 64 (d_model 256), float32, CPU, one thread,
 - **module**: the whole attention modules (``make_attention("linear" | "softmax", ...)``,
   same weights, train mode so softmax takes its SDPA path), which add the identical q/k/v/o
   projections (O(T·d_model²)) to both.
-- time: best of ``--repeats`` (default 10) runs, the kinds interleaved so all see the same load.
+- time: best of ``--repeats`` (default 10) runs, the kinds interleaved so all see the same load;
+  each timed call follows an untimed call of the same kind, so no kind pays for the cache
+  and allocator state the previous kind left (the explicit softmax touches ~0.5 GB).
 - memory: each (kind, T) in a fresh subprocess; the peak resident-set growth of one forward
   (the kernel's peak counter VmHWM is reset through ``/proc/self/clear_refs`` just before,
   minus VmRSS then), in MiB. ``mem_ratio_4096 = mem_softmax(4096) / mem_linear(4096)``;
@@ -114,6 +116,7 @@ def main() -> None:
             best = {k: float("inf") for k in fns}
             for _ in range(a.repeats):
                 for k, f in fns.items():
+                    f()  # warm: no kind pays for the previous kind's cache/allocator state
                     t0 = time.perf_counter()
                     f()
                     best[k] = min(best[k], time.perf_counter() - t0)

@@ -33,6 +33,30 @@ def test_chunked_equals_quadratic_reference(p, chunk, d, dv, seed):
     torch.testing.assert_close(linear_attention_pattern(q, k) @ v, ref)
 
 
+@pytest.mark.parametrize("chunk", [1, 2])  # 300 and 150 chunks: past the matmul limit
+def test_many_chunks_take_the_cumsum_prefix_and_agree(chunk):
+    from tl_spectral.models import attention as A
+
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(1, 2, 300, 3, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(1, 2, 300, 2, generator=g, dtype=torch.float64)
+    assert 300 // chunk > A._PREFIX_MATMUL_MAX
+    ref = linear_attention_pattern(q, k) @ v
+    torch.testing.assert_close(causal_linear_attention(q, k, v, chunk_size=chunk), ref)
+
+
+@given(n=st.integers(1, 300), rest=st.integers(1, 4), seed=st.integers(0, 1000))
+@settings(max_examples=20, deadline=None)
+def test_exclusive_prefix_both_paths(n, rest, seed):
+    from tl_spectral.models.attention import _exclusive_prefix
+
+    x = torch.randn(2, n, rest, 3, generator=torch.Generator().manual_seed(seed),
+                    dtype=torch.float64)
+    brute = torch.stack([x[:, :m].sum(1) for m in range(n)], dim=1)
+    torch.testing.assert_close(_exclusive_prefix(x, dim=1), brute)
+    torch.testing.assert_close(_exclusive_prefix(x, dim=-3), brute)
+
+
 def test_pattern_is_causal_and_normalised():
     q, k = torch.randn(2, 5, 9, 4, dtype=torch.float64), torch.randn(2, 5, 9, 4, dtype=torch.float64)
     a = linear_attention_pattern(q, k)
