@@ -47,6 +47,7 @@ MODELS = {  # name -> run directory of the routing/filtering issue
     "softmax-noln": "runs/char-shakespeare-noln",
     "sd-ln": "runs/sd-char-shakespeare",
     "sd-noln": "runs/sd-char-shakespeare-noln",
+    "sd-noln-long": "runs/sd-char-shakespeare-noln-long",  # small initial A, 2,600 steps
 }
 
 # Note: both allocation runs were launched with "steps": 400; at the step-150 checkpoint
@@ -86,8 +87,8 @@ def cmd_allocate(a) -> None:
     alloc = cascade_allocation(m, a.budget, multiple=a.multiple,
                                name=f"{Path(a.model).name}@{step}")
     OUT.mkdir(parents=True, exist_ok=True)
-    alloc.save(OUT / "allocation.safetensors")
-    (OUT / "allocation.json").write_text(json.dumps(
+    alloc.save(OUT / f"allocation{_tag(a)}.safetensors")
+    (OUT / f"allocation{_tag(a)}.json").write_text(json.dumps(
         {"model_dir": str(d.relative_to(ROOT)), "step": step, "finished": fin,
          "rank": alloc.rank, "d_head": alloc.d_head, "saving": alloc.saving}, indent=2) + "\n")
     print(json.dumps({"d_head": alloc.d_head, "saving": alloc.saving, "rank": alloc.rank}))
@@ -98,19 +99,27 @@ def cmd_train_alloc(a) -> None:
     from tl_spectral.models.train import TrainConfig
 
     torch.set_num_threads(1)
-    alloc = CascadeAllocation.load(OUT / "allocation.safetensors")
-    info = json.loads((OUT / "allocation.json").read_text())
+    alloc = CascadeAllocation.load(OUT / f"allocation{_tag(a)}.safetensors")
+    info = json.loads((OUT / f"allocation{_tag(a)}.json").read_text())
     train_ids, val_ids, meta = _char_data(ROOT / info["model_dir"])
     from tl_spectral.models.gpt import GPTConfig
 
     base = GPTConfig.from_dict(alloc.model_config)
     cfg = alloc.config() if a.which == "cascade" else base
-    tc = TrainConfig.from_dict({**RECIPE, "steps": a.steps, "out_dir": str(OUT / f"alloc-{a.which}")})
+    recipe = {**RECIPE, "steps": a.steps, "warmup_steps": a.warmup, "eval_every": a.eval_every}
+    out = OUT / f"alloc{_tag(a)}-{a.which}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe.json").write_text(json.dumps(recipe, indent=1) + "\n")
+    tc = TrainConfig.from_dict({**recipe, "out_dir": str(out)})
     model, hist = train_model(cfg, train_ids, val_ids, tc, seed=0,
                               extra_metadata={"tokenizer": meta["tokenizer"],
                                               "data": meta.get("data", {})})
     print(json.dumps({"which": a.which, "step": len(hist.train_loss),
                       "val": hist.evals[-1] if hist.evals else None}))
+
+
+def _tag(a) -> str:
+    return f"_{a.tag}" if getattr(a, "tag", "") else ""
 
 
 def _windows(model_dir: Path) -> torch.Tensor:
@@ -151,21 +160,25 @@ def cmd_evaluate(a) -> None:
     from tl_spectral.routing import latest_model_dir
 
     torch.set_num_threads(1)
-    info = json.loads((OUT / "allocation.json").read_text())
+    info = json.loads((OUT / f"allocation{_tag(a)}.json").read_text())
     W = _windows(ROOT / info["model_dir"])
     rows = []
+    recipe = RECIPE
     for which in ("uniform", "cascade"):
-        d, step, fin = latest_model_dir(OUT / f"alloc-{which}")
+        run = OUT / f"alloc{_tag(a)}-{which}"
+        if (run / "recipe.json").exists():
+            recipe = json.loads((run / "recipe.json").read_text())
+        d, step, fin = latest_model_dir(run)
         m = load_model(d)
         r = perplexity(m, W)
         rows.append({"name": f"{which}", "d_head": m.cfg.d_heads,
                      "attention_params": attention_param_count(m.cfg),
                      "total_params": m.num_params(), "ppl": r["ppl"], "loss": r["loss"],
                      "steps": step})
-    st = AllocationStudy(rows=rows, recipe=RECIPE, n_windows=int(W.shape[0]),
+    st = AllocationStudy(rows=rows, recipe=recipe, n_windows=int(W.shape[0]),
                          seq_len=int(W.shape[1] - 1),
                          note=f"allocation from {info['model_dir']} (step {info['step']})")
-    st.save(OUT / "allocation_study.safetensors")
+    st.save(OUT / f"allocation_study{_tag(a)}.safetensors")
     print(json.dumps(st.to_rows(), indent=1))
 
 
@@ -208,15 +221,18 @@ def cmd_figures(a) -> None:
         fig.savefig(FIG / f"surgery_collapse_{g}.png", dpi=120)
     for n, c in curves.items():
         md.append(f"### {n}  (base PPL {c.base_ppl:.4f}; {c.note})\n\n" + _md_table(c.to_rows()))
-    if (OUT / "allocation.safetensors").exists():
-        al = CascadeAllocation.load(OUT / "allocation.safetensors")
-        al.plot().savefig(FIG / "surgery_allocation.png", dpi=120)
-        md.append(f"### allocation ({al.model_name}, saving {100 * al.saving:.1f}%)\n\n"
-                  + _md_table(al.to_rows()))
-    if (OUT / "allocation_study.safetensors").exists():
-        st = AllocationStudy.load(OUT / "allocation_study.safetensors")
-        st.plot().savefig(FIG / "surgery_params_vs_ppl.png", dpi=120)
-        md.append("### allocation study\n\n" + _md_table(st.to_rows()))
+    for p in sorted(OUT.glob("allocation*.safetensors")):
+        tag = p.stem.split("allocation_study" if "study" in p.stem else "allocation")[1]
+        if "study" in p.stem:
+            st = AllocationStudy.load(p)
+            st.plot().savefig(FIG / f"surgery_params_vs_ppl{tag}.png", dpi=120)
+            md.append(f"### allocation study{tag} ({st.note}; {st.recipe.get('steps')} steps)"
+                      "\n\n" + _md_table(st.to_rows()))
+        else:
+            al = CascadeAllocation.load(p)
+            al.plot().savefig(FIG / f"surgery_allocation{tag}.png", dpi=120)
+            md.append(f"### allocation{tag} ({al.model_name}, saving {100 * al.saving:.1f}%)"
+                      "\n\n" + _md_table(al.to_rows()))
     (OUT / "summary.md").write_text("\n\n".join(md) + "\n")
     print((OUT / "summary.md").read_text())
 
@@ -228,9 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="runs/char-shakespeare-noln")
     p.add_argument("--budget", type=float, default=0.5)
     p.add_argument("--multiple", type=int, default=2)
+    p.add_argument("--tag", default="", help="name of this allocation (files allocation_<tag>.*)")
     p = sub.add_parser("train-alloc")
     p.add_argument("--which", choices=("uniform", "cascade"), required=True)
     p.add_argument("--steps", type=int, default=RECIPE["steps"])
+    p.add_argument("--warmup", type=int, default=RECIPE["warmup_steps"])
+    p.add_argument("--eval-every", type=int, default=RECIPE["eval_every"])
+    p.add_argument("--tag", default="", help="which allocation (see allocate --tag)")
     p = sub.add_parser("curves")
     p.add_argument("--models", default="", help="comma list of " + ",".join(MODELS))
     p.add_argument("--ft-models", default="", help="models that also get fine-tuned curves")
@@ -239,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ks", default="", help="comma list of k (default 0..n_layers)")
     p.add_argument("--step", type=int, default=0,
                    help="use checkpoint step_N of every run (default: final / latest)")
-    sub.add_parser("evaluate")
+    sub.add_parser("evaluate").add_argument("--tag", default="")
     sub.add_parser("figures")
     a = ap.parse_args(argv)
     {"allocate": cmd_allocate, "train-alloc": cmd_train_alloc, "curves": cmd_curves,
