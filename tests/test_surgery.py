@@ -218,6 +218,34 @@ def test_cascade_allocation_from_measured_rank_and_conversion(tmp_path):
         a.plot()
 
 
+def test_effective_routing_rank_of_sd_model_brute_force():
+    """source='R' on an S–D model: the rank of the skew part of W_P (S − D) W_Pᵀ per head."""
+    from tl_spectral.models.surgery import measured_routing_rank
+
+    m = gpt("sd", d_head=4, normalization="none").double()
+    rank = measured_routing_rank(m, source="R")
+    for l, blk in enumerate(m.blocks):
+        att = blk.attn
+        h, d = att.n_heads, att.d_head
+        W_P = att.proj.weight.detach().view(h, d, -1).transpose(1, 2)  # [head, d_model, d]
+        K = att.kernel().detach()
+        ranks = []
+        for i in range(h):
+            M = W_P[i] @ K[i] @ W_P[i].T
+            sv = torch.linalg.svdvals((M - M.T) / 2)
+            sv = sv[sv > 1e-12 * sv.max()]
+            p_ = sv / sv.sum()
+            ranks.append(math.exp(-(p_ * p_.log()).sum().item()))
+        assert rank[l] == pytest.approx(sum(ranks) / h, rel=1e-6)
+    # S itself is d_head × d_head; R lives in the residual space but has the same rank bound
+    a = cascade_allocation(m, 1.0, multiple=1, source="R", name="sd")
+    assert a.source == "R" and all(r <= 4 + 1e-6 for r in a.rank)
+    with pytest.raises(ValueError, match="source"):
+        measured_routing_rank(m, source="W")
+    with pytest.raises(ValueError, match="source='S'"):
+        measured_routing_rank(gpt("softmax"), source="S")
+
+
 def test_cascade_allocation_bad_input():
     m = gpt("sd", d_head=8)
     with pytest.raises(ValueError, match="budget"):

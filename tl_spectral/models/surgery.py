@@ -443,16 +443,31 @@ def attention_param_count(cfg: GPTConfig, d_heads: Sequence[int] | None = None) 
     return int(total)
 
 
-def measured_routing_rank(model: GPT, measure: str = "entropy") -> list[float]:
+_SOURCES = ("auto", "S", "R")
+
+
+def measured_routing_rank(model: GPT, measure: str = "entropy", source: str = "auto"
+                          ) -> list[float]:
     """Per layer, the mean over heads of the routing rank: the effective rank of S for S–D
     layers (SPEC B.3), of R = (M − Mᵀ)/2 for softmax layers (SPEC B.1, LayerNorm folded).
-    ``measure``: "entropy" (Roy–Vetterli) or "participation". Returns ``[n_layers]`` floats."""
+    ``measure``: "entropy" (Roy–Vetterli) or "participation". ``source``: "auto" (S for
+    S–D models, R for softmax ones), "S", or "R" — for an S–D model R is its *effective*
+    routing ``W_P S W_Pᵀ`` in the residual space (the skew part of ``M = W_P (S − D) W_Pᵀ``).
+    Returns ``[n_layers]`` floats."""
     from tl_spectral.routing import model_qk_geometry, model_sd_geometry
 
     if measure not in ("entropy", "participation"):
         raise ValueError(f"measure must be 'entropy' or 'participation', got {measure!r}")
+    if source not in _SOURCES:
+        raise ValueError(f"source must be one of {_SOURCES}, got {source!r}")
     kinds = {model.cfg.layer_attention(l) for l in range(model.cfg.n_layers)}
-    if kinds == {"sd"}:
+    if source == "S" and kinds != {"sd"}:
+        raise ValueError(f"source='S' needs a model whose layers are all 'sd', got kinds "
+                         f"{sorted(kinds)}; use source='R'")
+    if source == "R" and kinds <= {"sd", "softmax"} and kinds:
+        g = model_qk_geometry(model)
+        r = g.eff_rank_R if measure == "entropy" else g.pr_R
+    elif kinds == {"sd"}:
         g = model_sd_geometry(model)
         r = g.eff_rank_S if measure == "entropy" else g.pr_S
     elif kinds == {"softmax"}:
@@ -500,6 +515,7 @@ class CascadeAllocation(Result):
     params_uniform: int
     params_allocated: int
     model_config: dict
+    source: str = "auto"
 
     @property
     def saving(self) -> float:
@@ -522,7 +538,8 @@ class CascadeAllocation(Result):
         x = torch.arange(len(self.rank)).numpy()
         ax.bar(x - 0.2, self.d_head_uniform, 0.4, color="lightgray", label="uniform d_head")
         ax.bar(x + 0.2, self.d_head, 0.4, color="tab:blue", label="allocated d_head")
-        ax.plot(x, self.rank, "ko-", label=f"routing rank ({self.measure})")
+        what = {"S": "of S", "R": "of R"}.get(self.source, "")
+        ax.plot(x, self.rank, "ko-", label=f"routing rank {what} ({self.measure})".replace("  ", " "))
         ax.set_xlabel("layer")
         ax.set_ylabel("dimension")
         ax.set_title(f"{self.model_name}: {100 * self.saving:.0f}% fewer attention parameters",
@@ -533,15 +550,17 @@ class CascadeAllocation(Result):
 
 
 def cascade_allocation(model: GPT, budget: float = 0.5, *, measure: str = "entropy",
-                       multiple: int = 4, d_min: int | None = None, d_max: int | None = None,
-                       rank: Sequence[float] | None = None, name: str = "model"
-                       ) -> CascadeAllocation:
+                       source: str = "auto", multiple: int = 4, d_min: int | None = None,
+                       d_max: int | None = None, rank: Sequence[float] | None = None,
+                       name: str = "model") -> CascadeAllocation:
     """Head dimension per layer in proportion to the measured routing rank (SPEC B.6).
 
     Steps: 1. ``rank_l`` = mean over heads of the routing rank of layer l
     (:func:`measured_routing_rank`, or the given ``rank``); the head dimension it needs is
-    ``n_l = rank_l`` for S–D (S is d_head × d_head) and ``rank_l / 2`` for softmax (R has
-    rank <= 2·d_head). 2. for a scale ``s``,
+    ``n_l = rank_l`` for S–D (S is d_head × d_head, and its effective routing
+    ``W_P S W_Pᵀ`` has rank <= d_head) and ``rank_l / 2`` for softmax (R has
+    rank <= 2·d_head). ``source`` ("auto" | "S" | "R") picks the matrix whose rank is
+    measured (see :func:`measured_routing_rank`). 2. for a scale ``s``,
     ``d_l(s) = clip(multiple · ceil(max(s · n_l, n_l) / multiple), d_min, d_max)`` —
     never below the need. 3. the largest ``s`` (bisection) whose attention
     parameter count is at most ``budget`` × the uniform model's.
@@ -562,7 +581,10 @@ def cascade_allocation(model: GPT, budget: float = 0.5, *, measure: str = "entro
     d_max = max(cfg.d_heads) if d_max is None else int(d_max)
     if not 1 <= d_min <= d_max:
         raise ValueError(f"need 1 <= d_min <= d_max, got d_min={d_min}, d_max={d_max}")
-    r = measured_routing_rank(model, measure) if rank is None else [float(x) for x in rank]
+    if rank is None:
+        r = measured_routing_rank(model, measure, source)
+    else:
+        r = [float(x) for x in rank]
     if len(r) != cfg.n_layers or any(not math.isfinite(x) or x < 0 for x in r):
         raise ValueError(f"rank must hold {cfg.n_layers} finite non-negative values, got {r}")
     # the head dimension a rank needs: S (S–D) is d_head × d_head, so rank <= d_head; R of a
@@ -594,7 +616,7 @@ def cascade_allocation(model: GPT, budget: float = 0.5, *, measure: str = "entro
                 hi = mid
     d = dims(lo)
     return CascadeAllocation(
-        model_name=name, measure=measure, rank=r, d_head_uniform=cfg.d_heads, d_head=d,
+        model_name=name, measure=measure, source=source, rank=r, d_head_uniform=cfg.d_heads, d_head=d,
         budget=float(budget), scale=float(lo), multiple=multiple, d_min=d_min, d_max=d_max,
         params_uniform=uniform, params_allocated=attention_param_count(cfg, d),
         model_config=cfg.to_dict())
