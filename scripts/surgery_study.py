@@ -147,7 +147,7 @@ def cmd_curves(a) -> None:
         ft = FineTune(steps=a.ft_steps, batch_size=a.ft_batch) if name in ft_names else None
         ks = [int(k) for k in a.ks.split(",")] if a.ks else None
         c = linearization_curve(m, W, ks=ks, train_tokens=train_ids, fine_tune=ft,
-                                name=name, progress=True)
+                                control=a.control and ft is not None, name=name, progress=True)
         c.note = f"{d.relative_to(ROOT)} (step {step}{', final' if fin else ''})"
         suffix = (f"@{step}" if a.step else "") + ("_ft" if ft is not None else "")
         c.model_name = f"{name}{'@' + str(step) if a.step else ''}"
@@ -257,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ft-steps", type=int, default=60)
     p.add_argument("--ft-batch", type=int, default=16)
     p.add_argument("--ks", default="", help="comma list of k (default 0..n_layers)")
+    p.add_argument("--control", action="store_true",
+                   help="with --ft-models: also fine-tune the same layers without linearizing")
     p.add_argument("--step", type=int, default=0,
                    help="use checkpoint step_N of every run (default: final / latest)")
     sub.add_parser("evaluate").add_argument("--tag", default="")

@@ -160,6 +160,40 @@ def test_linearization_curve_with_fine_tune():
     assert c.ks == [0, 1] and len(c.ppl_fine_tuned) == 2
     assert c.ppl_fine_tuned[0] == c.base_ppl and math.isfinite(c.ppl_fine_tuned[1])
     assert c.max_k_within(1e9, "fine_tuned") == 1
+    with pytest.raises(ValueError, match="control"):
+        c.rel_delta("control")
+
+
+def test_linearization_curve_control_is_the_same_fine_tune_without_swap(tmp_path):
+    from tl_spectral.models.surgery import fine_tune_layers
+
+    m = gpt("softmax", n_layers=2)
+    ids = torch.randint(0, V, (400,), generator=torch.Generator().manual_seed(2))
+    ft = FineTune(steps=3, batch_size=2, seq_len=16)
+    W = windows()
+    c = linearization_curve(m, W, ks=[2], train_tokens=ids, fine_tune=ft, control=True)
+    m2 = load_model_copy(m, tmp_path)
+    fine_tune_layers(m2, [0, 1], ids, ft)
+    assert c.ppl_control == [c.base_ppl, pytest.approx(perplexity(m2, W)["ppl"], rel=1e-9)]
+    lin = linearize(m, [0, 1], train_tokens=ids, fine_tune=ft)
+    assert c.ppl_fine_tuned[1] == pytest.approx(perplexity(lin, W)["ppl"], rel=1e-9)
+    assert c.rel_delta("fine_tuned_vs_control")[1] == pytest.approx(
+        c.ppl_fine_tuned[1] / c.ppl_control[1] - 1)
+    # the fine-tune moved the control (it is not the untouched model)
+    assert c.ppl_control[1] != c.base_ppl
+    c.save(tmp_path / "c.safetensors")
+    assert LinearizationCurve.load(tmp_path / "c.safetensors").ppl_control == c.ppl_control
+    assert "delta_fine_tuned_vs_control_%" in c.to_rows()[1]
+    plot_collapse([c])
+    with pytest.raises(ValueError, match="control=True compares fine-tunes"):
+        linearization_curve(m, W, control=True)
+    with pytest.raises(ValueError, match="which must be"):
+        c.rel_delta("bogus")
+
+
+def load_model_copy(m, tmp_path):
+    save_model(m, tmp_path / "copy")
+    return load_model(tmp_path / "copy")
 
 
 @pytest.mark.parametrize("kind", ["softmax", "sd"])

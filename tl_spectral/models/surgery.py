@@ -237,7 +237,10 @@ class LinearizationCurve(Result):
     Fields: ``model_name``, ``attention`` (the model's kind, "softmax" / "sd"),
     ``normalization``, ``n_layers``, ``ks`` (list of k), ``base_ppl`` (k = 0),
     ``ppl_zero_shot`` (per k), ``ppl_fine_tuned`` (per k, or None), ``fine_tune`` (the
-    :class:`FineTune` as a dict, or None), ``n_windows``, ``seq_len``, ``note``.
+    :class:`FineTune` as a dict, or None), ``n_windows``, ``seq_len``, ``note``,
+    ``ppl_control`` (per k, or None): the same fine-tune of the same k layers *without*
+    linearization — the control that separates the cost of linear attention from the
+    effect of the extra training steps.
     """
 
     kind: ClassVar[str] = "linearization_curve"
@@ -254,14 +257,26 @@ class LinearizationCurve(Result):
     n_windows: int = 0
     seq_len: int = 0
     note: str = ""
+    ppl_control: list | None = None
+
+    _WHICH = ("zero_shot", "fine_tuned", "control", "fine_tuned_vs_control")
 
     def rel_delta(self, which: str = "zero_shot") -> list[float]:
-        """ΔPPL / PPL(k=0) per k, for ``which`` = "zero_shot" or "fine_tuned"."""
-        ppl = self.ppl_zero_shot if which == "zero_shot" else self.ppl_fine_tuned
-        if ppl is None:
+        """Relative ΔPPL per k. ``which``: "zero_shot", "fine_tuned", "control" (each
+        against PPL(k=0)), or "fine_tuned_vs_control" (fine-tuned linearized model against
+        the control fine-tune of the same layers without linearization)."""
+        if which not in self._WHICH:
+            raise ValueError(f"which must be one of {self._WHICH}, got {which!r}")
+        ppl = {"zero_shot": self.ppl_zero_shot, "fine_tuned": self.ppl_fine_tuned,
+               "control": self.ppl_control,
+               "fine_tuned_vs_control": self.ppl_fine_tuned}[which]
+        ref = (self.ppl_control if which == "fine_tuned_vs_control"
+               else [self.base_ppl] * len(self.ks))
+        if ppl is None or ref is None:
             raise ValueError(f"this curve has no {which!r} PPL; run linearization_curve with "
-                             "fine_tune=FineTune(...)")
-        return [p / self.base_ppl - 1.0 for p in ppl]
+                             "fine_tune=FineTune(...)" + (", control=True" if "control" in which
+                                                           else ""))
+        return [p / r - 1.0 for p, r in zip(ppl, ref)]
 
     def max_k_within(self, tol: float, which: str = "zero_shot") -> int:
         """The largest k such that every k' <= k stays within ``tol`` relative ΔPPL."""
@@ -281,6 +296,11 @@ class LinearizationCurve(Result):
             if ft is not None:
                 r["ppl_fine_tuned"] = self.ppl_fine_tuned[i]
                 r["delta_fine_tuned_%"] = 100 * ft[i]
+            if self.ppl_control is not None:
+                r["ppl_control"] = self.ppl_control[i]
+                r["delta_control_%"] = 100 * self.rel_delta("control")[i]
+                r["delta_fine_tuned_vs_control_%"] = 100 * self.rel_delta(
+                    "fine_tuned_vs_control")[i]
             rows.append(r)
         return rows
 
@@ -309,6 +329,10 @@ def plot_collapse(curves: Sequence[LinearizationCurve], ax: Any = None,
         steps = (c.fine_tune or {}).get("steps", "?")
         ax.plot(c.ks, [100 * r for r in c.rel_delta("fine_tuned")], "s--",
                 color=color(c.model_name), label=f"{c.model_name} fine-tuned ({steps} steps)")
+        if c.ppl_control is not None:
+            ax.plot(c.ks, [100 * r for r in c.rel_delta("control")], "x:",
+                    color=color(c.model_name), label=f"{c.model_name} control (same fine-tune, "
+                    "no swap)")
 
     for c in curves:
         ax.plot(c.ks, [100 * r for r in c.rel_delta()], "o-", color=color(c.model_name),
@@ -336,11 +360,14 @@ def plot_collapse(curves: Sequence[LinearizationCurve], ax: Any = None,
 
 def linearization_curve(model: GPT, windows: torch.Tensor, *, ks: Sequence[int] | None = None,
                         train_tokens: torch.Tensor | None = None,
-                        fine_tune: FineTune | int | None = None, name: str = "model",
-                        batch_size: int = 16, progress: bool = False) -> LinearizationCurve:
+                        fine_tune: FineTune | int | None = None, control: bool = False,
+                        name: str = "model", batch_size: int = 16, progress: bool = False
+                        ) -> LinearizationCurve:
     """PPL on ``windows`` ``[n, seq_len + 1]`` with the first ``k`` layers linearized, for
     ``k`` in ``ks`` (default ``0..n_layers``); zero-shot, and after a fine-tune of the
-    swapped layers when ``fine_tune`` is given (each k fine-tuned from the original model)."""
+    swapped layers when ``fine_tune`` is given (each k fine-tuned from the original model).
+    ``control``: with a fine-tune, also fine-tune the same k layers of the original model
+    *without* swapping them (same steps, data and seed) — ``ppl_control``."""
     if not isinstance(model, GPT):
         raise TypeError(f"expected a tl_spectral GPT, got {type(model).__name__}")
     L = model.cfg.n_layers
@@ -354,7 +381,10 @@ def linearization_curve(model: GPT, windows: torch.Tensor, *, ks: Sequence[int] 
     do_ft = fine_tune is not None and fine_tune.steps > 0
     if do_ft and train_tokens is None:
         raise ValueError("fine-tuned curves need train_tokens")
+    if control and not do_ft:
+        raise ValueError("control=True compares fine-tunes: pass fine_tune=FineTune(...) too")
     zs, ft = [], [] if do_ft else None
+    ctl = [] if control else None
     for k in ks:
         m = linearize(model, list(range(k)))
         zs.append(perplexity(m, windows, batch_size=batch_size)["ppl"])
@@ -365,15 +395,23 @@ def linearization_curve(model: GPT, windows: torch.Tensor, *, ks: Sequence[int] 
                 m = linearize(model, list(range(k)), train_tokens=train_tokens,
                               fine_tune=fine_tune)
                 ft.append(perplexity(m, windows, batch_size=batch_size)["ppl"])
+        if ctl is not None:
+            if k == 0:
+                ctl.append(zs[-1])
+            else:
+                m = copy.deepcopy(model)
+                fine_tune_layers(m, list(range(k)), train_tokens, fine_tune)
+                ctl.append(perplexity(m, windows, batch_size=batch_size)["ppl"])
         if progress:
             print(f"[{name}] k={k}: zero-shot {zs[-1]:.4f}"
-                  + (f", fine-tuned {ft[-1]:.4f}" if do_ft else ""), flush=True)
+                  + (f", fine-tuned {ft[-1]:.4f}" if do_ft else "")
+                  + (f", control {ctl[-1]:.4f}" if ctl is not None else ""), flush=True)
     kinds = sorted({model.cfg.layer_attention(l) for l in range(L)})
     return LinearizationCurve(
         model_name=name, attention="+".join(kinds), normalization=model.cfg.normalization,
         n_layers=L, ks=ks, base_ppl=zs[0], ppl_zero_shot=zs, ppl_fine_tuned=ft,
         fine_tune=dataclasses.asdict(fine_tune) if do_ft else None,
-        n_windows=int(windows.shape[0]), seq_len=int(windows.shape[1] - 1))
+        n_windows=int(windows.shape[0]), seq_len=int(windows.shape[1] - 1), ppl_control=ctl)
 
 
 @torch.no_grad()
