@@ -94,8 +94,20 @@ def cmd_allocate(a) -> None:
     print(json.dumps({"d_head": alloc.d_head, "saving": alloc.saving, "rank": alloc.rank}))
 
 
+def _matched_d_head(alloc) -> int:
+    """The uniform d_head (a multiple of the allocation's ``multiple``) whose attention
+    parameter count is closest to the cascade allocation's: the equal-budget control."""
+    from tl_spectral.models.gpt import GPTConfig
+    from tl_spectral.models.surgery import attention_param_count
+
+    base = GPTConfig.from_dict(alloc.model_config)
+    cands = range(alloc.multiple, max(alloc.d_head_uniform) + 1, alloc.multiple)
+    return min(cands, key=lambda d: abs(attention_param_count(base, [d] * base.n_layers)
+                                        - alloc.params_allocated))
+
+
 def cmd_train_alloc(a) -> None:
-    from tl_spectral.models.surgery import CascadeAllocation, train_model
+    from tl_spectral.models.surgery import CascadeAllocation, allocated_config, train_model
     from tl_spectral.models.train import TrainConfig
 
     torch.set_num_threads(1)
@@ -105,7 +117,12 @@ def cmd_train_alloc(a) -> None:
     from tl_spectral.models.gpt import GPTConfig
 
     base = GPTConfig.from_dict(alloc.model_config)
-    cfg = alloc.config() if a.which == "cascade" else base
+    if a.which == "cascade":
+        cfg = alloc.config()
+    elif a.which == "matched":
+        cfg = allocated_config(base, [_matched_d_head(alloc)] * base.n_layers)
+    else:
+        cfg = base
     recipe = {**RECIPE, "steps": a.steps, "warmup_steps": a.warmup, "eval_every": a.eval_every}
     out = OUT / f"alloc{_tag(a)}-{a.which}"
     out.mkdir(parents=True, exist_ok=True)
@@ -164,14 +181,17 @@ def cmd_evaluate(a) -> None:
     W = _windows(ROOT / info["model_dir"])
     rows = []
     recipe = RECIPE
-    for which in ("uniform", "cascade"):
+    for which in ("uniform", "cascade", "matched"):
         run = OUT / f"alloc{_tag(a)}-{which}"
+        if which == "matched" and not run.exists():
+            continue
         if (run / "recipe.json").exists():
             recipe = json.loads((run / "recipe.json").read_text())
         d, step, fin = latest_model_dir(run)
         m = load_model(d)
         r = perplexity(m, W)
-        rows.append({"name": f"{which}", "d_head": m.cfg.d_heads,
+        name = f"uniform-{m.cfg.d_heads[0]}" if which == "matched" else which
+        rows.append({"name": name, "d_head": m.cfg.d_heads,
                      "attention_params": attention_param_count(m.cfg),
                      "total_params": m.num_params(), "ppl": r["ppl"], "loss": r["loss"],
                      "steps": step})
@@ -246,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--multiple", type=int, default=2)
     p.add_argument("--tag", default="", help="name of this allocation (files allocation_<tag>.*)")
     p = sub.add_parser("train-alloc")
-    p.add_argument("--which", choices=("uniform", "cascade"), required=True)
+    p.add_argument("--which", choices=("uniform", "cascade", "matched"), required=True,
+                   help="matched: uniform d_head with about the cascade's attention parameters")
     p.add_argument("--steps", type=int, default=RECIPE["steps"])
     p.add_argument("--warmup", type=int, default=RECIPE["warmup_steps"])
     p.add_argument("--eval-every", type=int, default=RECIPE["eval_every"])
