@@ -9,7 +9,8 @@ Subcommands (CPU, one thread; every result lands in runs/surgery/, figures in do
   curves       ΔPPL vs k leading layers linearized (zero-shot for every model; fine-tuned
                swapped layers for --ft-models), runs/surgery/curve_<name>.safetensors
   evaluate     PPL of the two allocation runs on the same windows -> allocation_study
-  figures      docs/figures/surgery_*.png and runs/surgery/summary.md
+  figures      docs/figures/surgery_*.png and runs/surgery/summary.md; copies the result
+               files to docs/results/surgery (read by the report when runs/surgery is absent)
 
 Recorded commands, exactly as run for docs/surgery.md (all with OMP_NUM_THREADS=1, the
 long ones under nohup nice -n 10 ... &):
@@ -40,6 +41,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "surgery"
 FIG = ROOT / "docs" / "figures"
+PUB = ROOT / "docs" / "results" / "surgery"
 N_WINDOWS = 32
 
 MODELS = {  # name -> run directory of the routing/filtering issue
@@ -255,6 +257,14 @@ def cmd_figures(a) -> None:
                       "\n\n" + _md_table(al.to_rows()))
     (OUT / "summary.md").write_text("\n\n".join(md) + "\n")
     print((OUT / "summary.md").read_text())
+    # publish the (small) result files with the repository: the report reads them when a
+    # checkout has no runs/surgery of its own
+    import shutil
+
+    PUB.mkdir(parents=True, exist_ok=True)
+    for p in [*OUT.glob("curve_*.safetensors"), *OUT.glob("allocation*.safetensors"),
+              *OUT.glob("allocation*.json"), OUT / "summary.md"]:
+        shutil.copy2(p, PUB / p.name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,8 @@
    curve — PPL of the report's documents with the first k layers' patterns replaced by the
    ELU+1 linear pattern ``α_ij ∝ φ(q_i)·φ(k_j)`` (:func:`~tl_spectral.models.surgery.
    tl_linearization_curve`, pattern hooks; no probe needed).
-2. The stored study (``ctx.options["surgery_dir"]``, default ``runs/surgery``, written by
+2. The stored study (``ctx.options["surgery_dir"]``, default ``runs/surgery`` if present,
+   else the published copy ``docs/results/surgery``, written by
    ``scripts/surgery_study.py``): the collapse curves of the S–D and softmax models,
    the cascade allocation and attention parameters vs PPL. Absent files are skipped with a
    sentence saying how to produce them.
@@ -18,6 +19,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # sections.py imports this module: no runtime import back
     from tl_spectral.viz.report import Report
     from tl_spectral.viz.sections import ReportContext
+
+
+def _default_study_dir() -> Path:
+    """``runs/surgery`` when this checkout has run the study, else the copy published with
+    the repository (``docs/results/surgery``, written by ``surgery_study.py figures``)."""
+    local = Path("runs/surgery")
+    if local.is_dir() and any(local.glob("*.safetensors")):
+        return local
+    return Path(__file__).resolve().parents[2] / "docs" / "results" / "surgery"
 
 
 class SurgerySection:
@@ -62,10 +72,10 @@ class SurgerySection:
             report.table(curve.to_rows(), "PPL with the first k layers linearized (zero-shot)")
             report.figure(curve.plot(), "relative ΔPPL vs k for the report's model")
 
-        d = Path(ctx.options.get("surgery_dir", "runs/surgery"))
+        d = Path(ctx.options.get("surgery_dir") or _default_study_dir())
         curves = {p.stem[len("curve_"):]: LinearizationCurve.load(p)
                   for p in sorted(d.glob("curve_*.safetensors"))} if d.is_dir() else {}
-        if not curves and not (d / "allocation_study.safetensors").exists():
+        if not curves and not any(d.glob("allocation_study*.safetensors")):
             report.text(f"No stored surgery study under {d}; run scripts/surgery_study.py "
                         "(see docs/surgery.md) or pass options['surgery_dir'].")
             return
@@ -80,11 +90,14 @@ class SurgerySection:
                           "(solid) and with the swapped layers fine-tuned (dashed)")
         for n, c in curves.items():
             report.table(c.to_rows(), f"{n}: base PPL {c.base_ppl:.4g} ({c.note})")
-        if (d / "allocation.safetensors").exists():
-            al = CascadeAllocation.load(d / "allocation.safetensors")
-            report.figure(al.plot(), f"cascade allocation of {al.model_name}")
-            report.table(al.to_rows(), "routing rank and head dimension per layer")
-        if (d / "allocation_study.safetensors").exists():
-            st = AllocationStudy.load(d / "allocation_study.safetensors")
-            report.figure(st.plot(), "attention parameters vs PPL (same recipe)")
-            report.table(st.to_rows(), f"allocation study: {st.note}")
+        for p in sorted(d.glob("allocation*.safetensors")):
+            if p.stem.startswith("allocation_study"):
+                st = AllocationStudy.load(p)
+                report.figure(st.plot(), f"attention parameters vs PPL, same recipe "
+                              f"({st.recipe.get('steps', '?')} steps)")
+                report.table(st.to_rows(), f"allocation study: {st.note}")
+            else:
+                al = CascadeAllocation.load(p)
+                report.figure(al.plot(), f"cascade allocation of {al.model_name}")
+                report.table(al.to_rows(), f"routing rank and head dimension per layer "
+                             f"({al.model_name})")
