@@ -8,6 +8,7 @@ Subcommands (CPU, one thread; every result lands in runs/surgery/, figures in do
                same short recipe (resumable: re-run the same command after a kill)
   curves       ΔPPL vs k leading layers linearized (zero-shot for every model; fine-tuned
                swapped layers for --ft-models), runs/surgery/curve_<name>.safetensors
+  cascade      --model RUN: routing rank per layer over the run's checkpoints (figure)
   evaluate     PPL of the two allocation runs on the same windows -> allocation_study
   figures      docs/figures/surgery_*.png and runs/surgery/summary.md; copies the result
                files to docs/results/surgery (read by the report when runs/surgery is absent)
@@ -86,7 +87,7 @@ def cmd_allocate(a) -> None:
 
     d, step, fin = _latest(a.model)
     m = load_model(d)
-    alloc = cascade_allocation(m, a.budget, multiple=a.multiple,
+    alloc = cascade_allocation(m, a.budget, multiple=a.multiple, source=a.source,
                                name=f"{Path(a.model).name}@{step}")
     OUT.mkdir(parents=True, exist_ok=True)
     alloc.save(OUT / f"allocation{_tag(a)}.safetensors")
@@ -171,6 +172,36 @@ def cmd_curves(a) -> None:
         suffix = (f"@{step}" if a.step else "") + ("_ft" if ft is not None else "")
         c.model_name = f"{name}{'@' + str(step) if a.step else ''}"
         c.save(OUT / f"curve_{name}{suffix}.safetensors")
+
+
+def cmd_cascade(a) -> None:
+    """Routing rank per layer over training (every checkpoint) of --model: the figure
+    docs/figures/surgery_cascade_<name>.png and runs/surgery/cascade_<name>.safetensors."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tl_spectral.routing import cascade_over_training
+
+    torch.set_num_threads(1)
+    name = Path(a.model).name
+    res = cascade_over_training(ROOT / a.model, name=name)
+    res.save(OUT / f"cascade_{name}.safetensors")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    res.plot(ax=axes[0])
+    res.plot(ax=axes[1], which="R")
+    axes[0].set_title(f"{name}: entropy rank of S (d_head × d_head)", fontsize=9)
+    axes[1].set_title(f"{name}: rank of the effective routing W_P S W_Pᵀ", fontsize=9)
+    fig.tight_layout()
+    FIG.mkdir(parents=True, exist_ok=True)
+    fig.savefig(FIG / f"surgery_cascade_{name}.png", dpi=120)
+    last = res.rank().double().mean(-1)[-1].tolist()
+    frac = (res.routing_fraction_S if res.routing_fraction_S is not None
+            else res.routing_fraction_R).double().mean(-1)[-1].tolist()
+    print(json.dumps({"steps": res.steps.tolist()[-1], "rank_last": last,
+                      "rank_R_last": res.rank_R.double().mean(-1)[-1].tolist(),
+                      "routing_fraction_last": frac}))
 
 
 def cmd_evaluate(a) -> None:
@@ -273,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("allocate")
     p.add_argument("--model", default="runs/char-shakespeare-noln")
     p.add_argument("--budget", type=float, default=0.5)
+    p.add_argument("--source", default="auto", choices=("auto", "S", "R"),
+                   help="routing matrix whose rank is measured (R: effective, for S–D)")
     p.add_argument("--multiple", type=int, default=2)
     p.add_argument("--tag", default="", help="name of this allocation (files allocation_<tag>.*)")
     p = sub.add_parser("train-alloc")
@@ -293,9 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step", type=int, default=0,
                    help="use checkpoint step_N of every run (default: final / latest)")
     sub.add_parser("evaluate").add_argument("--tag", default="")
+    sub.add_parser("cascade").add_argument("--model", required=True, help="a run directory")
     sub.add_parser("figures")
     a = ap.parse_args(argv)
     {"allocate": cmd_allocate, "train-alloc": cmd_train_alloc, "curves": cmd_curves,
+     "cascade": cmd_cascade,
      "evaluate": cmd_evaluate, "figures": cmd_figures}[a.cmd](a)
     return 0
 
