@@ -286,6 +286,7 @@ def cmd_figures(a) -> None:
             al.plot().savefig(FIG / f"surgery_allocation{tag}.png", dpi=120)
             md.append(f"### allocation{tag} ({al.model_name}, saving {100 * al.saving:.1f}%)"
                       "\n\n" + _md_table(al.to_rows()))
+    _combined_params_figure()
     (OUT / "summary.md").write_text("\n\n".join(md) + "\n")
     print((OUT / "summary.md").read_text())
     # publish the (small) result files with the repository: the report reads them when a
@@ -296,6 +297,43 @@ def cmd_figures(a) -> None:
     for p in [*OUT.glob("curve_*.safetensors"), *OUT.glob("allocation*.safetensors"),
               *OUT.glob("allocation*.json"), OUT / "summary.md"]:
         shutil.copy2(p, PUB / p.name)
+
+
+def _combined_params_figure() -> None:
+    """Attention parameters vs PPL of every 2,600-step allocation study in one figure
+    (docs/figures/surgery_params_vs_ppl_all.png): one colour per study, the uniform model
+    joined to each reduced variant."""
+    import matplotlib.pyplot as plt
+
+    from tl_spectral.models.surgery import AllocationStudy
+
+    studies = {p.stem[len("allocation_study_"):]: AllocationStudy.load(p)
+               for p in sorted(OUT.glob("allocation_study_*.safetensors"))}
+    if not studies:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    marks = {"uniform": "o", "cascade": "*", "uniform-": "s"}
+    for i, (tag, st) in enumerate(studies.items()):
+        rows = st.to_rows()
+        base = rows[0]
+        for r in rows:
+            m = next(v for k, v in marks.items() if r["name"].startswith(k))
+            ax.scatter(r["attention_params"], r["ppl"], marker=m, s=90 if m == "*" else 45,
+                       color=f"C{i}", zorder=3)
+            ax.annotate(f"{r['name']} [{r['d_head']}]", (r["attention_params"], r["ppl"]),
+                        fontsize=6.5, textcoords="offset points", xytext=(5, 3))
+            if r is not base:
+                ax.plot([base["attention_params"], r["attention_params"]],
+                        [base["ppl"], r["ppl"]], color=f"C{i}", lw=0.8, alpha=0.6)
+        ax.plot([], [], color=f"C{i}", label=f"{tag}: {st.note}")
+    ax.set_xlabel("attention parameters")
+    ax.set_ylabel("validation PPL (32 windows × 256)")
+    ax.set_title("cascade allocation vs uniform (★ cascade, ■ uniform at the cascade's budget)",
+                 fontsize=9)
+    ax.legend(fontsize=6.5, loc="upper right")
+    ax.margins(x=0.3, y=0.25)
+    fig.tight_layout()
+    fig.savefig(FIG / "surgery_params_vs_ppl_all.png", dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
