@@ -126,12 +126,13 @@ def cmd_train_alloc(a) -> None:
         cfg = allocated_config(base, [_matched_d_head(alloc)] * base.n_layers)
     else:
         cfg = base
-    recipe = {**RECIPE, "steps": a.steps, "warmup_steps": a.warmup, "eval_every": a.eval_every}
-    out = OUT / f"alloc{_tag(a)}-{a.which}"
+    recipe = {**RECIPE, "steps": a.steps, "warmup_steps": a.warmup, "eval_every": a.eval_every,
+              "seed": a.seed}
+    out = OUT / f"alloc{_tag(a)}-{a.which}{f'-s{a.seed}' if a.seed else ''}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.json").write_text(json.dumps(recipe, indent=1) + "\n")
     tc = TrainConfig.from_dict({**recipe, "out_dir": str(out)})
-    model, hist = train_model(cfg, train_ids, val_ids, tc, seed=0,
+    model, hist = train_model(cfg, train_ids, val_ids, tc, seed=a.seed,
                               extra_metadata={"tokenizer": meta["tokenizer"],
                                               "data": meta.get("data", {})})
     print(json.dumps({"which": a.which, "step": len(hist.train_loss),
@@ -214,16 +215,19 @@ def cmd_evaluate(a) -> None:
     W = _windows(ROOT / info["model_dir"])
     rows = []
     recipe = RECIPE
-    for which in ("uniform", "cascade", "matched"):
-        run = OUT / f"alloc{_tag(a)}-{which}"
-        if which == "matched" and not run.exists():
-            continue
-        if (run / "recipe.json").exists():
+    runs = [("uniform", OUT / f"alloc{_tag(a)}-uniform")]
+    for which in ("cascade", "matched"):
+        runs += [(which, p) for p in sorted(OUT.glob(f"alloc{_tag(a)}-{which}*"))
+                 if p.is_dir() and not p.name.endswith("-check")]
+    for which, run in runs:
+        seed = run.name.rsplit("-s", 1)[1] if "-s" in run.name.split(which)[-1] else ""
+        if not seed and (run / "recipe.json").exists():
             recipe = json.loads((run / "recipe.json").read_text())
         d, step, fin = latest_model_dir(run)
         m = load_model(d)
         r = perplexity(m, W)
         name = f"uniform-{m.cfg.d_heads[0]}" if which == "matched" else which
+        name += f" (seed {seed})" if seed else ""
         rows.append({"name": name, "d_head": m.cfg.d_heads,
                      "attention_params": attention_param_count(m.cfg),
                      "total_params": m.num_params(), "ppl": r["ppl"], "loss": r["loss"],
@@ -353,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=RECIPE["warmup_steps"])
     p.add_argument("--eval-every", type=int, default=RECIPE["eval_every"])
     p.add_argument("--tag", default="", help="which allocation (see allocate --tag)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="initialisation and data-order seed (runs with seed != 0 get -s<seed>)")
     p = sub.add_parser("curves")
     p.add_argument("--models", default="", help="comma list of " + ",".join(MODELS))
     p.add_argument("--ft-models", default="", help="models that also get fine-tuned curves")
