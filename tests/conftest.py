@@ -74,3 +74,12 @@ def minilm():
     hf = AutoModelForMaskedLM.from_pretrained(path)  # pragma: no cover
     return HookedEncoder.from_pretrained("bert-base-uncased", hf_model=hf,
                                          tokenizer=AutoTokenizer.from_pretrained(path))  # pragma: no cover
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Tests draw many figures; close them so none outlives its test."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
