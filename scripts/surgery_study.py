@@ -216,6 +216,8 @@ def cmd_evaluate(a) -> None:
     rows = []
     recipe = RECIPE
     runs = [("uniform", OUT / f"alloc{_tag(a)}-uniform")]
+    runs += [("uniform", p) for p in sorted(OUT.glob(f"alloc{_tag(a)}-uniform-s*"))
+             if p.is_dir()]
     for which in ("cascade", "matched"):
         runs += [(which, p) for p in sorted(OUT.glob(f"alloc{_tag(a)}-{which}*"))
                  if p.is_dir() and not p.name.endswith("-check")]
