@@ -306,9 +306,9 @@ def cmd_figures(a) -> None:
 
 
 def _combined_params_figure() -> None:
-    """Attention parameters vs PPL of every 2,600-step allocation study in one figure
-    (docs/figures/surgery_params_vs_ppl_all.png): one colour per study, the uniform model
-    joined to each reduced variant."""
+    """Attention parameters vs PPL of the 2,600-step allocation studies, one panel per family
+    (docs/figures/surgery_params_vs_ppl_all.png): ★ cascade, ■ equal-budget uniform,
+    ● full uniform; open markers for seed 1."""
     import matplotlib.pyplot as plt
 
     from tl_spectral.models.surgery import AllocationStudy
@@ -317,27 +317,32 @@ def _combined_params_figure() -> None:
                for p in sorted(OUT.glob("allocation_study_*.safetensors"))}
     if not studies:
         return
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    marks = {"uniform": "o", "cascade": "*", "uniform-": "s"}
-    for i, (tag, st) in enumerate(studies.items()):
-        rows = st.to_rows()
-        base = rows[0]
-        for r in rows:
-            m = next(v for k, v in marks.items() if r["name"].startswith(k))
-            ax.scatter(r["attention_params"], r["ppl"], marker=m, s=90 if m == "*" else 45,
-                       color=f"C{i}", zorder=3)
-            ax.annotate(f"{r['name']} [{r['d_head']}]", (r["attention_params"], r["ppl"]),
-                        fontsize=6.5, textcoords="offset points", xytext=(5, 3))
-            if r is not base:
-                ax.plot([base["attention_params"], r["attention_params"]],
-                        [base["ppl"], r["ppl"]], color=f"C{i}", lw=0.8, alpha=0.6)
-        ax.plot([], [], color=f"C{i}", label=f"{tag}: {st.note}")
-    ax.set_xlabel("attention parameters")
-    ax.set_ylabel("validation PPL (32 windows × 256)")
-    ax.set_title("cascade allocation vs uniform (★ cascade, ■ uniform at the cascade's budget)",
-                 fontsize=9)
-    ax.legend(fontsize=6.5, loc="upper right")
-    ax.margins(x=0.3, y=0.25)
+    fams = {"softmax": [t for t in studies if not t.startswith("sd")],
+            "S–D": [t for t in studies if t.startswith("sd")]}
+    fams = {k: v for k, v in fams.items() if v}
+    fig, axes = plt.subplots(1, len(fams), figsize=(5.2 * len(fams), 4.0), squeeze=False)
+    marks = {"uniform-": "s", "uniform": "o", "cascade": "*"}
+    for ax, (fam, tags) in zip(axes[0], fams.items()):
+        for i, tag in enumerate(tags):
+            st = studies[tag]
+            src = "rank of S" if tag == "sdS" else ("effective routing rank" if tag == "sd"
+                                                    else "rank of R")
+            for r in st.to_rows():
+                m = next(v for k, v in marks.items() if r["name"].startswith(k))
+                seed1 = "seed" in r["name"]
+                ax.scatter(r["attn_params_%"], r["ppl"], marker=m, s=110 if m == "*" else 50,
+                           facecolors="none" if seed1 else f"C{i}", edgecolors=f"C{i}",
+                           zorder=3)
+                if not seed1 and r["name"] != "uniform":
+                    ax.annotate(r["d_head"], (r["attn_params_%"], r["ppl"]), fontsize=6.5,
+                                textcoords="offset points", xytext=(6, -3))
+            ax.plot([], [], "*", color=f"C{i}", label=f"cascade from the {src}")
+        ax.set_xlabel("attention parameters (% of uniform d_head 16)")
+        ax.set_ylabel("validation PPL (32 windows × 256)")
+        ax.set_title(f"{fam}: ★ cascade, ■ uniform at equal budget, ● uniform 16; "
+                     "open = seed 1", fontsize=8)
+        ax.legend(fontsize=7)
+        ax.margins(x=0.15, y=0.2)
     fig.tight_layout()
     fig.savefig(FIG / "surgery_params_vs_ppl_all.png", dpi=120)
 
