@@ -87,7 +87,8 @@ class SurgerySection:
         for g, cs in groups.items():
             report.figure(plot_collapse(cs["zs"], fine_tuned=cs["ft"]),
                           f"stored study ({g} checkpoints): relative ΔPPL vs k, zero-shot "
-                          "(solid) and with the swapped layers fine-tuned (dashed)")
+                          "(solid), with the swapped layers fine-tuned (dashed) and, where measured, the "
+                          "control: the same fine-tune without the swap (dotted)")
         for n, c in curves.items():
             report.table(c.to_rows(), f"{n}: base PPL {c.base_ppl:.4g} ({c.note})")
         for p in sorted(d.glob("allocation*.safetensors")):
