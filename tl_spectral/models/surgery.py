@@ -117,11 +117,11 @@ class FineTune:
             raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got {self.lr}, {self.min_lr}")
 
     def lr_at(self, step: int) -> float:
-        if self.warmup_steps and step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
-        span = max(1, self.steps - self.warmup_steps)
-        frac = min(1.0, (step - self.warmup_steps) / span)
-        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * frac))
+        """The Trainer's schedule: linear warm-up, then cosine to ``min_lr``."""
+        from tl_spectral.models.train import warmup_cosine_lr
+
+        return warmup_cosine_lr(step, lr=self.lr, min_lr=self.min_lr,
+                                warmup_steps=self.warmup_steps, steps=self.steps)
 
 
 def fine_tune_layers(model: GPT, layers: Sequence[int], train_tokens: torch.Tensor,

@@ -48,6 +48,17 @@ from tl_spectral.models.gpt import (
 STATE_FORMAT = "tl_spectral.trainer/1"
 
 
+def warmup_cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int,
+                     steps: int) -> float:
+    """Learning rate of optimizer step ``step`` (0-based): linear warm-up to ``lr`` over
+    ``warmup_steps``, then a cosine from ``lr`` to ``min_lr`` at ``steps``."""
+    if warmup_steps and step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    span = max(1, steps - warmup_steps)
+    frac = min(1.0, (step - warmup_steps) / span)
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * frac))
+
+
 @dataclass
 class TrainConfig:
     """Training hyper-parameters (JSON-loadable with :meth:`from_dict`).
@@ -116,11 +127,8 @@ class TrainConfig:
 
     def lr_at(self, step: int) -> float:
         """Learning rate of optimizer step ``step`` (0-based): linear warm-up then cosine."""
-        if self.warmup_steps and step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
-        span = max(1, self.steps - self.warmup_steps)
-        frac = min(1.0, (step - self.warmup_steps) / span)
-        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1.0 + math.cos(math.pi * frac))
+        return warmup_cosine_lr(step, lr=self.lr, min_lr=self.min_lr,
+                                warmup_steps=self.warmup_steps, steps=self.steps)
 
 
 @dataclass
