@@ -24,16 +24,15 @@ of output is one JSON object.
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib.util
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
+from _bench import interleaved_times, peak_rss_growth_mib
 
 HERE = Path(__file__).resolve().parent
 BATCH, T, N_BATCHES = 16, 256, 3
@@ -82,30 +81,12 @@ def probe(model, tokens):
     return run_probes(model, tokens, [ContributionProbe()], batch_size=BATCH, progress=False)
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def _mem_child(side: str) -> None:
     torch.set_num_threads(1)
     model, tokens = build(1)
     fn = plain if side == "plain" else probe
     fn(model, tokens[:2, :16])  # load kernels and allocator paths
-    gc.collect()
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:
-        pass
-    before = _status_kib("VmRSS")
-    out = fn(model, tokens)
-    peak = _status_kib("VmHWM")
-    del out
-    print(max(0.0, (peak - before) / 1024))
+    print(peak_rss_growth_mib(lambda: fn(model, tokens)))
 
 
 def _peak(side: str) -> float:
@@ -122,14 +103,9 @@ def bench_overhead(repeats: int = 3, threads: int = 1) -> dict:
         model, tokens = build()
         plain(model, tokens[:BATCH])
         probe(model, tokens[:BATCH])
-        t_plain, t_probe = [], []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            plain(model, tokens)
-            t_plain.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            probe(model, tokens)
-            t_probe.append(time.perf_counter() - t0)
+        t = interleaved_times({"plain": lambda: plain(model, tokens),
+                               "probe": lambda: probe(model, tokens)}, repeats)
+        t_plain, t_probe = t["plain"], t["probe"]
     finally:
         torch.set_num_threads(old)
     return {"overhead_ratio": min(t_probe) / min(t_plain), "plain_s": min(t_plain),

@@ -30,7 +30,6 @@ for ``benchmarks/contributions.py``.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
@@ -39,6 +38,7 @@ import sys
 import time
 
 import torch
+from _bench import peak_rss_growth_mib
 
 from tl_spectral.analysis.contributions import contribution_weights
 
@@ -99,37 +99,14 @@ def _best_time(fn, args, repeats):
     return best
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def _child_peak(impl: str, mode: str, cfg: dict) -> float:
-    """Run in a fresh process: extra peak RSS (MiB) of one call of ``impl``.
-
-    ``getrusage(...).ru_maxrss`` is not usable here: Linux keeps it across ``execve``, so a
-    child started by a process that already ran the naive code would inherit that peak.
-    The per-address-space high-water mark ``VmHWM`` starts fresh in the new process and is
-    reset to the current RSS just before the call (``echo 5 > /proc/self/clear_refs``).
-    """
+    """Run in a fresh process: extra peak RSS (MiB) of one call of ``impl``
+    (:func:`_bench.peak_rss_growth_mib`)."""
     fn = naive_contributions if impl == "naive" else fast_contributions
     small = make_layer(**{**cfg, "T": 8})
     fn(*small, mode)  # load BLAS / allocator paths before measuring
     inputs = make_layer(**cfg)
-    gc.collect()
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:
-        pass  # then VmHWM covers the whole (small) child run before the call too
-    before = _status_kib("VmRSS")
-    out = fn(*inputs, mode)
-    peak = _status_kib("VmHWM")
-    del out
-    return max(0.0, (peak - before) / 1024)
+    return peak_rss_growth_mib(lambda: fn(*inputs, mode))
 
 
 def measure_peak_mb(impl: str, mode: str, cfg: dict) -> float:

@@ -29,10 +29,10 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+from _bench import interleaved_times, peak_rss_growth_mib
 
 D_MODEL, N_HEADS, D_HEAD = 256, 4, 64
 KINDS = ("linear", "softmax", "softmax_explicit", "module_linear", "module_softmax")
@@ -71,25 +71,12 @@ def make(kind: str, T: int):
     raise ValueError(kind)
 
 
-def _status(key: str) -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(key):
-                return int(line.split()[1]) / 1024.0
-    raise RuntimeError(f"{key} not in /proc/self/status")
-
-
 def measure_memory(kind: str, T: int) -> float:
     """(child) MiB of peak RSS growth during one forward of ``kind`` at length T."""
     torch.set_num_threads(1)
     with torch.no_grad():
         make(kind, 64)()  # warm-up: kernels, allocator
-        f = make(kind, T)
-        before = _status("VmRSS")
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")  # reset the peak counter VmHWM to the current RSS
-        f()
-        return _status("VmHWM") - before
+        return peak_rss_growth_mib(make(kind, T))
 
 
 def child_memory(kind: str, T: int) -> float:
@@ -113,13 +100,8 @@ def main() -> None:
         with torch.no_grad():
             torch.testing.assert_close(fns["softmax"](), fns["softmax_explicit"](),
                                        atol=1e-5, rtol=1e-4)
-            best = {k: float("inf") for k in fns}
-            for _ in range(a.repeats):
-                for k, f in fns.items():
-                    f()  # warm: no kind pays for the previous kind's cache/allocator state
-                    t0 = time.perf_counter()
-                    f()
-                    best[k] = min(best[k], time.perf_counter() - t0)
+            times = interleaved_times(fns, a.repeats, warm_each=True)
+            best = {k: min(v) for k, v in times.items()}
         for k, v in best.items():
             res[f"t_{k}_{T}_ms"] = round(1000 * v, 2)
         res[f"speedup_{T}"] = round(best["softmax"] / best["linear"], 2)

@@ -15,7 +15,8 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
+
+from _bench import interleaved_times
 
 N_BATCHES = int(os.environ.get("BENCH_BATCHES", "4"))
 BATCH, T = 16, 256
@@ -65,14 +66,9 @@ def main() -> None:
     model, tokens = build()
     plain(model, tokens[:BATCH])
     probes(model, tokens[:BATCH])
-    t_plain, t_probe = [], []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        plain(model, tokens)
-        t_plain.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        probes(model, tokens)
-        t_probe.append(time.perf_counter() - t0)
+    t = interleaved_times({"plain": lambda: plain(model, tokens),
+                           "probes": lambda: probes(model, tokens)}, 3)
+    t_plain, t_probe = t["plain"], t["probes"]
     mp, mq = statistics.median(t_plain), statistics.median(t_probe)
     mem = {}
     for mode in ("plain", "probes"):
