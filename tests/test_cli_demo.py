@@ -28,17 +28,20 @@ def test_analyze_random_model_offline_report(tmp_path):
     assert (out / "results" / "attention_stats.safetensors").exists()
 
 
-def test_analyze_errors(tmp_path):
+def test_analyze_errors(tmp_path, capsys):
     from tl_spectral.cli import main
 
-    with pytest.raises(SystemExit, match="context"):
-        main(["analyze", "--model", "random", "--length", "999", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="unknown sections"):
-        main(["analyze", "--model", "random", "--n-docs", "2", "--length", "32",
-              "--sections", "nope", "--out", str(tmp_path)])
-    with pytest.raises(FileNotFoundError):
-        main(["analyze", "--model", "random", "--corpus", str(tmp_path / "missing.txt"),
-              "--out", str(tmp_path)])
+    def err(argv):
+        assert main(argv) == 2
+        return capsys.readouterr().err
+
+    assert "context" in err(["analyze", "--model", "random", "--length", "999", "--out",
+                             str(tmp_path / "a")])
+    assert "unknown sections" in err(["analyze", "--model", "random", "--n-docs", "2",
+                                      "--length", "32", "--sections", "nope", "--out",
+                                      str(tmp_path / "b")])
+    assert "missing.txt" in err(["analyze", "--model", "random", "--corpus",
+                                 str(tmp_path / "missing.txt"), "--out", str(tmp_path / "c")])
 
 
 def test_cli_help_runs():

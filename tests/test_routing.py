@@ -1,5 +1,6 @@
-"""tl_spectral.routing: model-level QK geometry, B.4 ablations, cascade over training,
-top-K BPE data, errors for unreadable heads."""
+"""Model-level QK geometry (geometry.model), B.4 ablations (models.ablations), the cascade over
+training (geometry.cascade), top-K BPE (data.topk_bpe), errors for unreadable heads, and the
+routing study (tl_spectral_studies.routing)."""
 
 from __future__ import annotations
 
@@ -13,19 +14,20 @@ from hypothesis import strategies as st
 
 from tl_spectral.geometry.qk import sd_geometry
 from tl_spectral.models import GPT, GPTConfig, to_transformer_lens
-from tl_spectral.routing import (
-    AblationResult,
-    CascadeResult,
-    KernelPartAttention,
-    TopKBPE,
+from tl_spectral.data.topk_bpe import TopKBPE
+from tl_spectral.geometry.cascade import CascadeResult, cascade_over_training
+from tl_spectral.geometry.model import (
     UnreadableHeadsError,
-    ablate,
-    ablation_table,
-    cascade_over_training,
     geometry_layer_table,
     model_qk_geometry,
     model_sd_geometry,
     native_attention_weights,
+)
+from tl_spectral.models.ablations import (
+    AblationResult,
+    KernelPartAttention,
+    ablate,
+    ablation_table,
     perplexity,
 )
 
@@ -352,13 +354,9 @@ def test_report_section(tmp_path, native_ln):
 def test_study_on_a_tiny_run(tmp_path):
     """run_study end to end on a 3-step S–D char run named like a study run."""
     from tl_spectral.models.train import run_from_config
-    from tl_spectral.routing import (
-        latest_model_dir,
-        minimal_rank_share,
-        random_baseline,
-        run_study,
-        validation_windows,
-    )
+    from tl_spectral.geometry.cascade import latest_model_dir
+    from tl_spectral.geometry.model import random_baseline
+    from tl_spectral_studies.routing import minimal_rank_share, run_study, validation_windows
 
     doc = {"model": {"vocab_size": "auto", "n_layers": 2, "n_heads": 2, "d_model": 16,
                      "d_head": 4, "n_ctx": 16, "d_mlp": 32, "normalization": "none",
@@ -376,10 +374,15 @@ def test_study_on_a_tiny_run(tmp_path):
     assert minimal_rank_share(torch.tensor([[2.0, 2.5], [4.0, 5.0]])) == 0.5
     assert abs(float(random_baseline(64, 2, 8, n_layers=2).routing_fraction.mean()) - 0.5) < 0.1
     s = run_study(tmp_path / "out", runs_dir=tmp_path / "runs", fig_dir=tmp_path / "fig",
-                  n_windows=2, minilm=False, per_layer=False)
+                  n_windows=2, minilm=False, per_layer=False,
+                  names=["sd-char-shakespeare-noln", "char-shakespeare", "bpe-sd-noln"])
     e = s["models"]["sd-char-shakespeare-noln"]
     assert e["step"] == 3 and e["sd"]["all_stable"] and e["cascade_steps"] == [1, 2, 3]
-    assert "error" in s["models"]["char-shakespeare"]  # absent runs are reported
+    # absent runs: shipped models come from the zoo (no cascade), others are reported
+    z = s["models"]["char-shakespeare"]
+    assert z["model_dir"] == "zoo:char-shakespeare" and "cascade_steps" not in z
+    assert z["ablation"]["baseline_ppl"] < 10
+    assert "retrain" in s["models"]["bpe-sd-noln"]["error"]
     assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == [
         "routing_ablations.png", "routing_cascade_depth.png", "routing_cascade_training.png",
         "routing_cascade_training_R.png", "routing_qk_geometry.png", "routing_sd_geometry.png"]

@@ -325,3 +325,5 @@ def test_report_section_renders(tmp_path):
     out = rep.write(tmp_path / "r")
     html = out.read_text()
     assert "Spectral surgery" in html and "curve" in html.lower()
+    # only the analysed model: a stored study given in the options is not shown
+    assert "curve_tiny" not in html and "stored study" not in html

@@ -1,16 +1,32 @@
-"""Command line: ``tl-spectral analyze`` (HTML report) and ``tl-spectral train``."""
+"""Command line: ``tl-spectral analyze | train | study NAME | geometry | --version``.
+
+Every user error is one line on stderr with exit status 2 (``--debug`` anywhere on the
+command line shows the traceback instead). Arguments are validated before a model loads.
+The studies (``tl-spectral study NAME``) live in a separate package that registers itself
+under the ``tl_spectral.studies`` entry points; the library never imports it.
+"""
 
 from __future__ import annotations
 
-import argparse
+import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+from tl_spectral.usage import ArgumentParser, UsageError
+
 DEFAULT_MODEL = "char-shakespeare"
+#: Report sections, in report order (``--sections``); tests keep it equal to viz.sections.
+SECTION_KEYS = ("attention_stats", "scale_pod", "routing_filtering", "contributions", "surgery")
+#: The file that marks a folder as a report written by ``tl-spectral analyze``.
+REPORT_MARKER = ".tl_spectral_report.json"
+MAX_DOCS = 1_000_000
 
 
+# ------------------------------------------------------------------------- models, corpora
 def random_reference_model(seed: int = 0):
     """A seeded random TransformerBridge of the char-shakespeare size (6L, 8H, d 128, ctx 256)."""
     from transformer_lens.config import TransformerBridgeConfig
@@ -26,120 +42,421 @@ def random_reference_model(seed: int = 0):
     return TransformerBridge.boot_native(cfg, model_name="random-6L"), tok
 
 
-def load_model(name: str) -> tuple[Any, Any]:
-    """A TransformerLens model and its tokenizer from a zoo name, "random" or an HF folder."""
+def resolve_model(name: str) -> tuple[str, str]:
+    """(kind, target) for ``--model``: ("zoo", name), ("random", "random") or ("hf", folder).
+
+    A bare name is looked up in the zoo first (a local folder of the same name does not
+    shadow it); a local Hugging Face folder is given as a path (with a ``/`` or starting
+    with ``.``), holding ``config.json``. Raises :class:`UsageError` otherwise."""
+    from tl_spectral.models import zoo
+
     if name == "random":
-        return random_reference_model()
+        return "random", name
+    if name in zoo.available():
+        return "zoo", name
+    looks_like_path = "/" in name or name.startswith(".") or os.sep in name
     p = Path(name)
-    if p.is_dir() and (p / "config.json").exists():
+    if looks_like_path and p.is_dir() and (p / "config.json").is_file():
+        return "hf", str(p)
+    if looks_like_path and p.exists():
+        raise UsageError(f"--model {name}: no config.json in that folder; pass a Hugging Face "
+                         "model folder (save_pretrained output)")
+    hint = f" (for the local folder, pass ./{name})" if p.is_dir() else ""
+    raise UsageError(f"unknown model {name!r}{hint}; pass a zoo name "
+                     f"({', '.join(zoo.available())}), 'random', or the path of a local Hugging "
+                     "Face folder")
+
+
+def load_model(name: str) -> tuple[Any, Any]:
+    """A TransformerLens model and its tokenizer from a zoo name, "random" or an HF folder
+    (see :func:`resolve_model`)."""
+    kind, target = resolve_model(name)
+    if kind == "random":
+        return random_reference_model()
+    if kind == "hf":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformer_lens.model_bridge import TransformerBridge
 
-        model = TransformerBridge.boot_transformers(str(p), device="cpu")
+        model = TransformerBridge.boot_transformers(target, device="cpu")
         return model, model.tokenizer
+    from tl_spectral.models import zoo
+
+    return zoo.load(target)
+
+
+def check_corpus(corpus: str) -> None:
+    """``--corpus``: 'shakespeare' or an existing, non-empty UTF-8 file (else UsageError
+    naming the file and, for bad UTF-8, the byte offset)."""
+    if corpus in ("shakespeare", "tiny-shakespeare"):
+        return
+    p = Path(corpus)
+    if not p.exists():
+        raise UsageError(f"--corpus {corpus}: no such file; pass 'shakespeare' (bundled) or "
+                         "the path of a UTF-8 text file")
+    if not p.is_file():
+        raise UsageError(f"--corpus {corpus} is not a file; pass a UTF-8 text file")
+    raw = p.read_bytes()
+    if not raw.strip():
+        raise UsageError(f"--corpus {corpus} is empty; pass a UTF-8 text file with text in it")
     try:
-        from tl_spectral import zoo
-    except ImportError:  # the zoo arrives with the reference models
-        zoo = None
-    if zoo is not None:
-        return zoo.load(name)
-    if name == DEFAULT_MODEL:
-        print("note: the trained reference model is not available; using a seeded random one",
-              file=sys.stderr)
-        return random_reference_model()
-    raise SystemExit(
-        f"unknown model {name!r}: pass 'random', a zoo name, or a local Hugging Face folder"
-    )
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"--corpus {corpus} is not UTF-8 text: byte 0x{raw[e.start]:02x} at "
+                         f"byte offset {e.start} ({e.reason}); convert it to UTF-8 (e.g. iconv "
+                         "-f latin1 -t utf-8)") from None
 
 
 def load_corpus(corpus: str) -> str:
-    from tl_spectral.data import load_text, tiny_shakespeare
+    """The text of ``--corpus`` ('shakespeare' = the bundled Tiny Shakespeare)."""
+    from tl_spectral.data import tiny_shakespeare
 
+    check_corpus(corpus)
     if corpus in ("shakespeare", "tiny-shakespeare"):
         return tiny_shakespeare()
-    return load_text(corpus, min_chars=100)
+    return Path(corpus).read_text(encoding="utf-8")
 
 
+def check_out_dir(out: Path, overwrite: bool) -> None:
+    """``--out``: a folder we may write a report into. A file, an unwritable place, or a
+    non-empty folder that is not a tl_spectral report are refused; an earlier report only
+    with ``overwrite``."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; pass a folder for the report")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / REPORT_MARKER).is_file():
+            raise UsageError(f"--out {out} is a non-empty folder that is not a tl_spectral "
+                             "report; pass an empty or new folder")
+        if not overwrite:
+            raise UsageError(f"--out {out} holds an earlier report; pass --overwrite to "
+                             "replace it whole, or choose another folder")
+    base = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
+    if not base.is_dir():
+        raise UsageError(f"--out {out}: {base} is a file, not a folder; pass a folder")
+    try:  # a real probe: permission bits say little when running as root
+        tempfile.TemporaryDirectory(dir=base).cleanup()
+    except OSError as e:
+        raise UsageError(f"--out {out}: {base} is not writable ({e.strerror}); pass a folder "
+                         "you can write to") from None
+
+
+def _int_in(ap: ArgumentParser, name: str, value: int, lo: int, hi: int) -> None:
+    if not lo <= value <= hi:
+        raise UsageError(f"{ap.prog}: --{name} {value} is out of range; pass an integer in "
+                         f"[{lo}, {hi:,}]")
+
+
+# ------------------------------------------------------------------------------- analyze
 def analyze(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = ArgumentParser(
         prog="tl-spectral analyze",
         description="Run tl_spectral's probes on a model and corpus; write an offline HTML report.",
     )
+    from tl_spectral.models.zoo import available
+
     ap.add_argument("--model", default=DEFAULT_MODEL,
-                    help=f"zoo name (default {DEFAULT_MODEL}; also char-shakespeare-noln, minilm), "
-                         "'random', or a local Hugging Face folder")
+                    help=f"zoo name ({', '.join(available())}; default {DEFAULT_MODEL}), "
+                         "'random', or the path of a local Hugging Face folder (./name)")
     ap.add_argument("--corpus", default="shakespeare",
                     help="'shakespeare' (bundled) or the path of a UTF-8 text file")
     ap.add_argument("--n-docs", type=int, default=64, help="number of document windows")
     ap.add_argument("--length", type=int, default=256,
                     help="tokens per window (at most the model's context)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="draw windows at random offsets (they may overlap) instead of "
+                         "disjoint ones, for corpora too short for --n-docs × --length")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sections", default="all",
-                    help="comma-separated section keys, or 'all'")
+                    help=f"comma-separated section keys ({', '.join(SECTION_KEYS)}) or 'all'")
+    ap.add_argument("--faithfulness-docs", type=int, default=0,
+                    help="also compute faithfulness curves on that many documents (slow)")
     ap.add_argument("--out", default="tl_spectral_report", help="output folder")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace an earlier report in --out (whole: no stale files)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
+    # --- every argument is checked before the model loads
+    _int_in(ap, "n-docs", args.n_docs, 1, MAX_DOCS)
+    _int_in(ap, "length", args.length, 2, 1 << 20)
+    _int_in(ap, "batch-size", args.batch_size, 1, 1 << 16)
+    _int_in(ap, "faithfulness-docs", args.faithfulness_docs, 0, args.n_docs)
+    sections = list(SECTION_KEYS)
+    if args.sections != "all":
+        sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+        bad = [s for s in sections if s not in SECTION_KEYS]
+        if bad or not sections:
+            raise UsageError(f"unknown sections {bad or [args.sections]}; known: "
+                             f"{', '.join(SECTION_KEYS)} (or 'all')")
+    kind, target = resolve_model(args.model)
+    check_corpus(args.corpus)
+    out = Path(args.out)
+    check_out_dir(out, args.overwrite)
+
     import torch
 
-    from tl_spectral.data import document_windows
+
+    torch.manual_seed(args.seed)
+    text = load_corpus(args.corpus)
+    tokenizer = None
+    if kind == "zoo":  # the char models' tokenizer and context, before their weights
+        from tl_spectral.models import zoo
+
+        if target in zoo.SHIPPED:
+            info = zoo.checkpoint_info(target)
+            n_ctx = int(info["model"]["n_ctx"])
+            if args.length > n_ctx:
+                raise UsageError(f"--length {args.length} is longer than {target}'s context of "
+                                 f"{n_ctx}; pass --length {n_ctx} or less")
+            tokenizer = zoo._char_tokenizer(info)
+    windows = None
+    if tokenizer is not None:
+        windows = _windows(text, tokenizer, args)
+    model, tokenizer = load_model(args.model)
+
     from tl_spectral.model_view import ModelView
     from tl_spectral.viz.sections import SECTIONS, ReportContext, build_report
 
-    torch.manual_seed(args.seed)
-    model, tokenizer = load_model(args.model)
     view = ModelView(model)
-    length = args.length
-    if length > view.n_ctx:
-        raise SystemExit(
-            f"--length {length} is longer than the model's context of {view.n_ctx}; "
-            f"pass --length {view.n_ctx} or less"
-        )
-    text = load_corpus(args.corpus)
-    windows = document_windows(text, tokenizer, args.n_docs, length, seed=args.seed)
+    if args.length > view.n_ctx:
+        raise UsageError(f"--length {args.length} is longer than the model's context of "
+                         f"{view.n_ctx}; pass --length {view.n_ctx} or less")
+    if windows is None:
+        windows = _windows(text, tokenizer, args)
     secs = [f() for f in SECTIONS]
-    if args.sections != "all":
-        wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
-        known = {s.key for s in secs}
-        bad = [w for w in wanted if w not in known]
-        if bad:
-            raise SystemExit(f"unknown sections {bad}; known: {sorted(known)}")
-        secs = [s for s in secs if s.key in wanted]
-    out = Path(args.out)
-    ctx = ReportContext(
-        view=view, tokens=windows.tokens, tokenizer=tokenizer, out_dir=out,
-        results_dir=out / "results",
-        options={"meta": {"corpus": args.corpus, "seed": args.seed}},
-    )
-    ctx.results_dir.mkdir(parents=True, exist_ok=True)
-    index = build_report(ctx, secs, batch_size=args.batch_size, progress=not args.no_progress)
-    print(index.resolve())
+    secs = [s for s in secs if s.key in sections]
+    # write into a fresh sibling folder, then swap it in: an earlier report is replaced
+    # whole (no stale files) and nothing is lost if this run fails half-way
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        ctx = ReportContext(
+            view=view, tokens=windows.tokens, tokenizer=tokenizer, out_dir=tmp,
+            results_dir=tmp / "results",
+            options={"meta": {"corpus": args.corpus, "seed": args.seed},
+                     "faithfulness_docs": args.faithfulness_docs},
+        )
+        ctx.results_dir.mkdir(parents=True, exist_ok=True)
+        build_report(ctx, secs, batch_size=args.batch_size, progress=not args.no_progress)
+        (tmp / REPORT_MARKER).write_text(json.dumps({
+            "tool": "tl-spectral analyze", "model": args.model, "corpus": args.corpus,
+            "n_docs": args.n_docs, "length": args.length, "seed": args.seed}) + "\n")
+        _swap_in(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print((out / "index.html").resolve())
     return 0
 
 
+def _windows(text: str, tokenizer, args):
+    from tl_spectral.data import document_windows
+
+    try:
+        return document_windows(text, tokenizer, args.n_docs, args.length, seed=args.seed,
+                                overlap=args.overlap)
+    except ValueError as e:
+        hint = "" if args.overlap else "; or pass --overlap to draw overlapping windows"
+        raise UsageError(f"--corpus {args.corpus}: {e}{hint}") from None
+
+
+def _swap_in(new: Path, out: Path) -> None:
+    """Replace ``out`` (an earlier report, or absent/empty) by the folder ``new``."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+    os.replace(new, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------- train
 def train(argv: Optional[list[str]] = None) -> int:
+    argv = list(argv or [])
+    ap = ArgumentParser(prog="tl-spectral train", add_help=False)
+    ap.add_argument("--config")
+    ap.add_argument("--steps", type=int)
+    known, _ = ap.parse_known_args(argv)
+    if known.config is not None and "-h" not in argv and "--help" not in argv:
+        p = Path(known.config)
+        if not p.is_file():
+            raise UsageError(f"tl-spectral train: no config file at {p}; pass --config FILE "
+                             "(a JSON file with model/data/train sections, e.g. configs/"
+                             "char-shakespeare.json)")
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UsageError(f"tl-spectral train: {p} is not valid JSON ({e})") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
+            raise UsageError(f"tl-spectral train: {p} has no 'model' section; a config holds "
+                             '{"model": {...}, "data": {...}, "train": {...}}')
+        from tl_spectral.models.gpt import GPTConfig
+        from tl_spectral.models.train import TrainConfig
+
+        try:
+            mdoc = {k: v for k, v in doc["model"].items() if v != "auto"}
+            if "vocab_size" not in mdoc:
+                mdoc["vocab_size"] = 2
+            GPTConfig.from_dict(mdoc)
+            TrainConfig.from_dict(dict(doc.get("train", {})))
+        except (TypeError, ValueError, KeyError) as e:
+            raise UsageError(f"tl-spectral train: {p}: {e}") from None
+    if known.steps is not None and known.steps < 1:
+        raise UsageError(f"tl-spectral train: --steps {known.steps} is out of range; pass a "
+                         "positive number of optimizer steps")
     from tl_spectral.models.train import train_cli
 
-    return int(train_cli(list(argv or [])) or 0)
+    return int(train_cli(argv) or 0)
 
 
-COMMANDS = {"analyze": analyze, "train": train}
+# ----------------------------------------------------------------------------- geometry
+def geometry(argv: Optional[list[str]] = None) -> int:
+    ap = ArgumentParser(prog="tl-spectral geometry",
+                        description="Per-head routing/filtering geometry of a model's QK "
+                                    "weights (SPEC B.1): a table, a CSV and a figure.")
+    ap.add_argument("--model", default=DEFAULT_MODEL,
+                    help="zoo name, 'random', or the path of a local Hugging Face folder")
+    ap.add_argument("--out", default=None,
+                    help="folder for heads.csv, layers.csv and geometry.png (default: print only)")
+    ap.add_argument("--no-fold-ln", action="store_true", help="do not fold the normalization")
+    ap.add_argument("--allow-rotary", action="store_true",
+                    help="analyse rotary models anyway (the kernel at offset 0)")
+    args = ap.parse_args(argv)
+    kind, target = resolve_model(args.model)
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; pass a folder")
+
+    from tl_spectral.geometry.model import (
+        UnreadableHeadsError,
+        geometry_layer_table,
+        model_qk_geometry,
+    )
+    from tl_spectral.models import zoo
+
+    if kind == "zoo" and target in zoo.SHIPPED:
+        model, _ = zoo.load_native(target)  # native weights: S–D layers stay readable
+    else:
+        model, _ = load_model(args.model)
+    try:
+        geo = model_qk_geometry(model, fold_ln=not args.no_fold_ln,
+                                allow_rotary=args.allow_rotary)
+    except UnreadableHeadsError as e:
+        raise UsageError(f"tl-spectral geometry --model {args.model}: {e}") from None
+    rows = geometry_layer_table(geo)
+    keys = list(rows[0])
+    print(f"# {args.model}: QK geometry per layer (means over heads)")
+    print(",".join(keys))
+    for r in rows:
+        print(",".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in keys))
+    if out is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        out.mkdir(parents=True, exist_ok=True)
+        geo.to_csv(out / "heads.csv")
+        with open(out / "layers.csv", "w", encoding="utf-8") as f:
+            f.write(",".join(keys) + "\n")
+            for r in rows:
+                f.write(",".join(str(r[k]) for k in keys) + "\n")
+        fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+        geo.plot_budget(ax=axes[0])
+        geo.plot_routing_rank(ax=axes[1], show_capacity=True)
+        geo.plot_eigenvalues(ax=axes[2])
+        fig.suptitle(args.model, fontsize=10)
+        fig.tight_layout()
+        fig.savefig(out / "geometry.png", dpi=100)
+        plt.close(fig)
+        print(out.resolve())
+    return 0
+
+
+# -------------------------------------------------------------------------------- study
+STUDY_GROUP = "tl_spectral.studies"
+
+
+def _study_entry_points() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=STUDY_GROUP)}
+
+
+def study(argv: Optional[list[str]] = None) -> int:
+    argv = list(argv or [])
+    eps = _study_entry_points()
+    names = sorted(eps)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: tl-spectral study NAME [--quick] [--out DIR] [options]\n\n"
+              "The paper reproductions; NAME is one of: " + ", ".join(names or ["(none)"])
+              + "\n'tl-spectral study NAME --help' for the options of each.")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in eps:
+        if not eps:
+            raise UsageError("no studies are installed (the tl_spectral_studies package "
+                             "ships with tl-spectral; reinstall it)")
+        raise UsageError(f"unknown study {name!r}; use one of {', '.join(names)}")
+    module = eps[name].load()
+    return int(module.main(rest, prog=f"tl-spectral study {name}") or 0)
+
+
+# --------------------------------------------------------------------------------- main
+COMMANDS = {"analyze": analyze, "train": train, "study": study, "geometry": geometry}
+
+USAGE = """usage: tl-spectral {analyze,train,study,geometry} [options] | --version
+
+  analyze    run the probes on a model and corpus, write an offline HTML report
+  train      train a model of the project's GPT family from a JSON config
+  study      the paper reproductions: study NAME (routing, surgery, scale-pod, contributions)
+  geometry   per-head routing/filtering table of a model's QK weights (CSV + figure)
+
+'tl-spectral <command> --help' for the options of each; --debug shows tracebacks."""
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: tl-spectral {analyze,train} [options]\n\n"
-              "  analyze   run the probes on a model and corpus, write an offline HTML report\n"
-              "  train     train a model of the project's GPT family from a JSON config\n\n"
-              "'tl-spectral <command> --help' for the options of each.")
+        print(USAGE)
+        return 0
+    if argv[0] in ("--version", "-V"):
+        from tl_spectral import __version__
+
+        print(f"tl-spectral {__version__}")
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
-        print(f"unknown command {cmd!r}; use one of {sorted(COMMANDS)}", file=sys.stderr)
+        print(f"tl-spectral: unknown command {cmd!r}; use one of {', '.join(COMMANDS)}",
+              file=sys.stderr)
         return 2
-    return COMMANDS[cmd](rest)
+    try:
+        return COMMANDS[cmd](rest)
+    except KeyboardInterrupt:
+        print("tl-spectral: interrupted", file=sys.stderr)
+        return 130
+    except (UsageError, ValueError, OSError) as e:
+        if debug:
+            raise
+        msg = _one_line(e)
+        print(msg if msg.startswith("tl-spectral") else f"tl-spectral {cmd}: error: {msg}",
+              file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - an internal error: one line, --debug for more
+        if debug:
+            raise
+        print(f"tl-spectral {cmd}: internal error ({type(e).__name__}): {_one_line(e)} "
+              "(run again with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    msg = str(e) or type(e).__name__
+    if isinstance(e, FileNotFoundError) and e.filename and str(e.filename) not in msg:
+        msg = f"{msg}: {e.filename}"
+    return " ".join(msg.split())
 
 
 if __name__ == "__main__":  # pragma: no cover

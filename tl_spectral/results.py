@@ -123,7 +123,8 @@ _RESULT_MODULES = (
     "tl_spectral.analysis.contributions",
     "tl_spectral.analysis.sinks",
     "tl_spectral.geometry.qk",
-    "tl_spectral.routing",
+    "tl_spectral.geometry.cascade",
+    "tl_spectral.models.ablations",
     "tl_spectral.models.surgery",
 )
 

@@ -4,7 +4,9 @@
   (``"softmax"``, ``"sd"``, ``"linear"``) and head dimension per layer; LayerNorm or none.
 - :class:`Trainer` / :class:`TrainConfig` (``train.py``): AdamW, warm-up + cosine, exact resume.
 - :func:`to_transformer_lens` (``convert.py``): same logits inside TransformerLens.
-- ``tl_spectral.zoo`` (``zoo.py``): the shipped checkpoints, offline.
+- :mod:`~tl_spectral.models.ablations`: the SPEC B.4 ablations with ΔPPL.
+- :mod:`~tl_spectral.models.surgery`: linearization and cascade allocation (SPEC B.5–B.6).
+- ``tl_spectral.models.zoo`` (``zoo.py``, also ``tl_spectral.zoo``): the shipped checkpoints, offline.
 
 ``convert`` and ``zoo`` import TransformerLens lazily (only when called).
 """

@@ -492,7 +492,7 @@ def measured_routing_rank(model: GPT, measure: str = "entropy", source: str = "a
     S–D models, R for softmax ones), "S", or "R" — for an S–D model R is its *effective*
     routing ``W_P S W_Pᵀ`` in the residual space (the skew part of ``M = W_P (S − D) W_Pᵀ``).
     Returns ``[n_layers]`` floats."""
-    from tl_spectral.routing import model_qk_geometry, model_sd_geometry
+    from tl_spectral.geometry.model import model_qk_geometry, model_sd_geometry
 
     if measure not in ("entropy", "participation"):
         raise ValueError(f"measure must be 'entropy' or 'participation', got {measure!r}")

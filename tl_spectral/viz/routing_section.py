@@ -1,6 +1,6 @@
 """Report section: routing/filtering weight geometry of every head (SPEC B.1, B.3).
 
-Weights only (no probe): ``tl_spectral.routing.model_qk_geometry`` of the report's model
+Weights only (no probe): ``tl_spectral.geometry.model.model_qk_geometry`` of the report's model
 with LayerNorm folded; per-layer table, spectral budget, routing-rank cascade, eigenvalues
 in the complex plane, and the per-head table saved as CSV + safetensors under ``results/``.
 Models whose heads cannot be read get a paragraph saying which and why instead.
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # sections.py imports this module: no runtime import back
+if TYPE_CHECKING:
+    from tl_spectral.viz.context import ReportContext
     from tl_spectral.viz.report import Report
-    from tl_spectral.viz.sections import ReportContext
 
 
 class RoutingFilteringSection:
@@ -25,7 +25,7 @@ class RoutingFilteringSection:
         return []  # weights only
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
-        from tl_spectral.routing import (
+        from tl_spectral.geometry.model import (
             UnreadableHeadsError,
             geometry_layer_table,
             model_qk_geometry,

@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from tl_spectral.probes import AttentionFieldProbe, Probe
 
-if TYPE_CHECKING:  # sections.py imports this module: no runtime import back
+if TYPE_CHECKING:
+    from tl_spectral.viz.context import ReportContext
     from tl_spectral.viz.report import Report
-    from tl_spectral.viz.sections import ReportContext
 
 
 class ScalePODSection:

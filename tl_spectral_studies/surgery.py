@@ -1,6 +1,13 @@
 """The spectral-surgery study of docs/surgery.md (SPEC B.5–B.6), exactly as run.
 
-Subcommands (CPU, one thread; every result lands in runs/surgery/, figures in docs/figures/):
+``tl-spectral study surgery [--quick] --out DIR``: the zero-shot collapse curve and the cascade
+allocation of the shipped ``char-shakespeare-noln`` and ``sd-char-shakespeare-noln`` models, into
+DIR (no training; ``--quick`` uses 8 windows).
+
+The full study works on training runs under ``--root`` (``ROOT/runs/...``, see docs/surgery.md)
+with these subcommands (CPU, one thread; results in ``--work`` (default ROOT/runs/surgery),
+figures in ``--fig-dir`` (default WORK/figures), ``figures --publish DIR`` copies the small
+result files to DIR, e.g. docs/results/surgery):
 
   allocate     cascade allocation of the measured model (routing rank -> d_head per layer),
                saved as runs/surgery/allocation.safetensors
@@ -16,33 +23,36 @@ Subcommands (CPU, one thread; every result lands in runs/surgery/, figures in do
 Recorded commands, exactly as run for docs/surgery.md (all with OMP_NUM_THREADS=1, the
 long ones under nohup nice -n 10 ... &):
 
-  python scripts/surgery_study.py allocate --model runs/char-shakespeare-noln --budget 0.5 --multiple 2
+  tl-spectral study surgery allocate --model runs/char-shakespeare-noln --budget 0.5 --multiple 2
       (the run was at its step-2200 checkpoint; the final checkpoint gives the same d_head)
-  python scripts/surgery_study.py train-alloc --which uniform --steps 400   # and --which cascade
+  tl-spectral study surgery train-alloc --which uniform --steps 400   # and --which cascade
       (both stopped at the step-150 checkpoint and resumed with --steps 300; see RECIPE)
-  python scripts/surgery_study.py curves --models softmax-ln,softmax-noln
-  python scripts/surgery_study.py curves --models softmax-noln --ft-models softmax-noln --ft-steps 100 --ks 2,4,6
-  python scripts/surgery_study.py curves --step 300     # and --step 400, 500, 1000
-  python scripts/surgery_study.py curves --step 500 --models sd-noln --ft-models sd-noln --ks 4,6 --ft-steps 100
-  python scripts/surgery_study.py curves --step 500 --models softmax-noln --ft-models softmax-noln --ks 4,6 --ft-steps 100
+  tl-spectral study surgery curves --models softmax-ln,softmax-noln
+  tl-spectral study surgery curves --models softmax-noln --ft-models softmax-noln --ft-steps 100 --ks 2,4,6
+  tl-spectral study surgery curves --step 300     # and --step 400, 500, 1000
+  tl-spectral study surgery curves --step 500 --models sd-noln --ft-models sd-noln --ks 4,6 --ft-steps 100
+  tl-spectral study surgery curves --step 500 --models softmax-noln --ft-models softmax-noln --ks 4,6 --ft-steps 100
   (the same two fine-tuned commands with --step 1000: the S–D runs' final checkpoint)
-  python scripts/surgery_study.py evaluate
-  python scripts/surgery_study.py figures
+  tl-spectral study surgery evaluate
+  tl-spectral study surgery figures
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from tl_spectral.usage import ArgumentParser
+
+NAME = "surgery"
+# Set by main() from --root / --work / --fig-dir / --publish (the subcommands read them).
+ROOT = Path(".")
 OUT = ROOT / "runs" / "surgery"
-FIG = ROOT / "docs" / "figures"
-PUB = ROOT / "docs" / "results" / "surgery"
+FIG = OUT / "figures"
+PUB: Path | None = None
 N_WINDOWS = 32
 
 MODELS = {  # name -> run directory of the routing/filtering issue
@@ -64,6 +74,14 @@ RECIPE = {"steps": 300, "batch_size": 16, "lr": 0.0015, "min_lr": 0.00015, "warm
           "log_every": 10}
 
 
+def _rel(d: Path) -> str:
+    """``d`` relative to ROOT when it lies under it (as recorded in the result files)."""
+    try:
+        return str(Path(d).resolve().relative_to(ROOT.resolve()))
+    except ValueError:
+        return str(d)
+
+
 def _char_data(model_dir: Path):
     """(train ids, val ids) of Tiny Shakespeare with the run's own character table."""
     from tl_spectral.data import CharTokenizer, tiny_shakespeare, train_val_split
@@ -76,7 +94,7 @@ def _char_data(model_dir: Path):
 
 
 def _latest(run: str) -> tuple[Path, int, bool]:
-    from tl_spectral.routing import latest_model_dir
+    from tl_spectral.geometry.cascade import latest_model_dir
 
     return latest_model_dir(ROOT / run)
 
@@ -92,7 +110,7 @@ def cmd_allocate(a) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     alloc.save(OUT / f"allocation{_tag(a)}.safetensors")
     (OUT / f"allocation{_tag(a)}.json").write_text(json.dumps(
-        {"model_dir": str(d.relative_to(ROOT)), "step": step, "finished": fin,
+        {"model_dir": _rel(d), "step": step, "finished": fin,
          "rank": alloc.rank, "d_head": alloc.d_head, "saving": alloc.saving}, indent=2) + "\n")
     print(json.dumps({"d_head": alloc.d_head, "saving": alloc.saving, "rank": alloc.rank}))
 
@@ -144,7 +162,7 @@ def _tag(a) -> str:
 
 
 def _windows(model_dir: Path) -> torch.Tensor:
-    from tl_spectral.routing import validation_windows
+    from tl_spectral_studies.routing import validation_windows
 
     return validation_windows(model_dir, "char", n_windows=N_WINDOWS)
 
@@ -169,7 +187,7 @@ def cmd_curves(a) -> None:
         ks = [int(k) for k in a.ks.split(",")] if a.ks else None
         c = linearization_curve(m, W, ks=ks, train_tokens=train_ids, fine_tune=ft,
                                 control=a.control and ft is not None, name=name, progress=True)
-        c.note = f"{d.relative_to(ROOT)} (step {step}{', final' if fin else ''})"
+        c.note = f"{_rel(d)} (step {step}{', final' if fin else ''})"
         suffix = (f"@{step}" if a.step else "") + ("_ft" if ft is not None else "")
         c.model_name = f"{name}{'@' + str(step) if a.step else ''}"
         c.save(OUT / f"curve_{name}{suffix}.safetensors")
@@ -183,7 +201,7 @@ def cmd_cascade(a) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tl_spectral.routing import cascade_over_training
+    from tl_spectral.geometry.cascade import cascade_over_training
 
     torch.set_num_threads(1)
     name = Path(a.model).name
@@ -206,9 +224,9 @@ def cmd_cascade(a) -> None:
 
 
 def cmd_evaluate(a) -> None:
+    from tl_spectral.geometry.cascade import latest_model_dir
     from tl_spectral.models.gpt import load_model
     from tl_spectral.models.surgery import AllocationStudy, attention_param_count, perplexity
-    from tl_spectral.routing import latest_model_dir
 
     torch.set_num_threads(1)
     info = json.loads((OUT / f"allocation{_tag(a)}.json").read_text())
@@ -266,7 +284,6 @@ def cmd_figures(a) -> None:
     )
 
     FIG.mkdir(parents=True, exist_ok=True)
-    md = []
     curves = {p.stem[len("curve_"):]: LinearizationCurve.load(p)
               for p in sorted(OUT.glob("curve_*.safetensors"))}
     groups: dict[str, dict[str, list]] = {}  # "final" or "step400" -> zero-shot / fine-tuned
@@ -278,25 +295,20 @@ def cmd_figures(a) -> None:
         fig = plot_collapse(cs["zs"], fine_tuned=cs["ft"])
         fig.axes[0].set_title(f"linearization of the first k layers ({g})", fontsize=10)
         fig.savefig(FIG / f"surgery_collapse_{g}.png", dpi=120)
-    for n, c in curves.items():
-        md.append(f"### {n}  (base PPL {c.base_ppl:.4f}; {c.note})\n\n" + _md_table(c.to_rows()))
     for p in sorted(OUT.glob("allocation*.safetensors")):
         tag = p.stem.split("allocation_study" if "study" in p.stem else "allocation")[1]
         if "study" in p.stem:
-            st = AllocationStudy.load(p)
-            st.plot().savefig(FIG / f"surgery_params_vs_ppl{tag}.png", dpi=120)
-            md.append(f"### allocation study{tag} ({st.note}; {st.recipe.get('steps')} steps)"
-                      "\n\n" + _md_table(st.to_rows()))
+            AllocationStudy.load(p).plot().savefig(FIG / f"surgery_params_vs_ppl{tag}.png",
+                                                   dpi=120)
         else:
-            al = CascadeAllocation.load(p)
-            al.plot().savefig(FIG / f"surgery_allocation{tag}.png", dpi=120)
-            md.append(f"### allocation{tag} ({al.model_name}, saving {100 * al.saving:.1f}%)"
-                      "\n\n" + _md_table(al.to_rows()))
+            CascadeAllocation.load(p).plot().savefig(FIG / f"surgery_allocation{tag}.png",
+                                                     dpi=120)
     _combined_params_figure()
-    (OUT / "summary.md").write_text("\n\n".join(md) + "\n")
+    (OUT / "summary.md").write_text(markdown(OUT))
     print((OUT / "summary.md").read_text())
-    # publish the (small) result files with the repository: the report reads them when a
-    # checkout has no runs/surgery of its own
+    if PUB is None:
+        return
+    # publish the (small) result files with the repository (docs/results/surgery)
     import shutil
 
     PUB.mkdir(parents=True, exist_ok=True)
@@ -347,9 +359,81 @@ def _combined_params_figure() -> None:
     fig.savefig(FIG / "surgery_params_vs_ppl_all.png", dpi=120)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def markdown(results_dir: str | Path) -> str:
+    """The study's tables (collapse curves, allocations, allocation studies) from the result
+    files in ``results_dir`` (``docs/results/surgery`` for the docs)."""
+    from tl_spectral.models.surgery import AllocationStudy, CascadeAllocation, LinearizationCurve
+
+    d = Path(results_dir)
+    md = []
+    for p in sorted(d.glob("curve_*.safetensors")):
+        c = LinearizationCurve.load(p)
+        n = p.stem[len("curve_"):]
+        md.append(f"### {n}  (base PPL {c.base_ppl:.4f}; {c.note})\n\n" + _md_table(c.to_rows()))
+    for p in sorted(d.glob("allocation*.safetensors")):
+        tag = p.stem.split("allocation_study" if "study" in p.stem else "allocation")[1]
+        if "study" in p.stem:
+            st = AllocationStudy.load(p)
+            md.append(f"### allocation study{tag} ({st.note}; {st.recipe.get('steps')} steps)"
+                      "\n\n" + _md_table(st.to_rows()))
+        else:
+            al = CascadeAllocation.load(p)
+            md.append(f"### allocation{tag} ({al.model_name}, saving {100 * al.saving:.1f}%)"
+                      "\n\n" + _md_table(al.to_rows()))
+    return "\n\n".join(md) + "\n"
+
+
+def run_study(out_dir: str | Path, *, quick: bool = False, budget: float = 0.5,
+              fig_dir: str | Path | None = None) -> dict:
+    """The surgery study on the shipped models, without training: for ``char-shakespeare-noln``
+    (softmax) and ``sd-char-shakespeare-noln`` (S–D) the zero-shot linearization curve on
+    validation windows (``N_WINDOWS``, 8 with ``quick``) and the cascade allocation at
+    ``budget``. Writes ``curve_<model>.safetensors``, ``allocation_<model>.safetensors``,
+    ``summary.md`` and figures; returns a JSON-able summary."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from tl_spectral.models import zoo
+    from tl_spectral.models.surgery import cascade_allocation, linearization_curve, plot_collapse
+    from tl_spectral_studies._common import save_figures
+    from tl_spectral_studies.routing import validation_windows
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    n_win = 8 if quick else N_WINDOWS
+    summary: dict = {"n_windows": n_win, "budget": budget, "models": {}}
+    curves, figs = [], {}
+    for name in ("char-shakespeare-noln", "sd-char-shakespeare-noln"):
+        model, _ = zoo.load_native(name)
+        d = zoo.checkpoint_dir(name)
+        win = validation_windows(d, "char", n_windows=n_win)
+        c = linearization_curve(model.eval(), win, name=name)
+        c.note = f"zoo:{name}, {n_win} validation windows, zero-shot"
+        c.save(out / f"curve_{name}.safetensors")
+        curves.append(c)
+        al = cascade_allocation(model, budget, multiple=2, name=name)
+        al.save(out / f"allocation_{name}.safetensors")
+        figs[f"allocation_{name}"] = al.plot()
+        summary["models"][name] = {"base_ppl": c.base_ppl, "within_5pct": c.max_k_within(0.05),
+                                   "d_head": al.d_head, "saving": al.saving}
+    figs["collapse"] = plot_collapse(curves)
+    save_figures(figs, Path(fig_dir) if fig_dir else out / "figures", "surgery", dpi=110)
+    (out / "summary.md").write_text(markdown(out))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    return summary
+
+
+def main(argv: Sequence[str], prog: str = "tl-spectral study surgery") -> int:
+    global ROOT, OUT, FIG, PUB
+    from tl_spectral_studies._common import add_run_arguments, prepare_out
+
+    ap = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    add_run_arguments(ap, default_out="tl_spectral_study_surgery")
+    ap.add_argument("--budget", type=float, default=0.5)
+    ap.add_argument("--root", default=".", help="folder holding the training runs (runs/...)")
+    ap.add_argument("--work", default=None, help="results of the subcommands "
+                    "(default ROOT/runs/surgery)")
+    sub = ap.add_subparsers(dest="cmd")
     p = sub.add_parser("allocate")
     p.add_argument("--model", default="runs/char-shakespeare-noln")
     p.add_argument("--budget", type=float, default=0.5)
@@ -378,13 +462,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="use checkpoint step_N of every run (default: final / latest)")
     sub.add_parser("evaluate").add_argument("--tag", default="")
     sub.add_parser("cascade").add_argument("--model", required=True, help="a run directory")
-    sub.add_parser("figures")
-    a = ap.parse_args(argv)
+    sub.add_parser("figures").add_argument(
+        "--publish", default=None, help="copy the result files there (docs/results/surgery)")
+    a = ap.parse_args(list(argv))
+    if a.cmd is None:
+        out = prepare_out(a.out, NAME, overwrite=a.overwrite)
+        print(json.dumps(run_study(out, quick=a.quick, budget=a.budget, fig_dir=a.fig_dir),
+                         default=float))
+        print(out.resolve())
+        return 0
+    ROOT = Path(a.root)
+    OUT = Path(a.work) if a.work else ROOT / "runs" / "surgery"
+    FIG = Path(a.fig_dir) if a.fig_dir else OUT / "figures"
+    PUB = Path(a.publish) if getattr(a, "publish", None) else None
     {"allocate": cmd_allocate, "train-alloc": cmd_train_alloc, "curves": cmd_curves,
      "cascade": cmd_cascade,
      "evaluate": cmd_evaluate, "figures": cmd_figures}[a.cmd](a)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

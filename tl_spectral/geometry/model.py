@@ -1,0 +1,198 @@
+"""Routing and filtering at the model level (SPEC B.1–B.3): ``geometry.qk`` for every head of a
+TransformerLens model (normalization folded) or of a native :class:`~tl_spectral.models.GPT`,
+``geometry.sd_geometry`` of a native S–D model, and the per-layer table of either.
+
+- :func:`model_qk_geometry` — the kernel ``M = W_Q W_Kᵀ`` of every head.
+- :func:`model_sd_geometry` — the routing rank of S and the eigenvalues of S − D.
+- :func:`geometry_layer_table` — per-layer rows (routing fraction, ranks, stability).
+- :func:`random_baseline` — the no-structure reference of i.i.d. Gaussian weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from tl_spectral.geometry.qk import (
+    DEFAULT_ZERO_RTOL,
+    QKGeometry,
+    SDGeometry,
+    qk_geometry,
+    sd_geometry,
+)
+
+__all__ = [
+    "UnreadableHeadsError",
+    "geometry_layer_table",
+    "model_qk_geometry",
+    "model_sd_geometry",
+    "native_attention_weights",
+    "random_baseline",
+]
+
+
+class UnreadableHeadsError(ValueError):
+    """The QK geometry of some heads of this model is not defined or not readable."""
+
+
+# -------------------------------------------------------------- model-level geometry
+def _is_native_gpt(model: Any) -> bool:
+    from tl_spectral.models.gpt import GPT
+
+    return isinstance(model, GPT)
+
+
+def _fold_ln1(w: dict[str, torch.Tensor], ln: nn.Module) -> dict[str, torch.Tensor]:
+    """Fold a LayerNorm (gain g, bias b) into W_Q/W_K/W_V [head, d_model, d_head] and their
+    biases, then centre the weights over d_model (TransformerLens fold_ln + centring)."""
+    g = ln.weight.detach().to(torch.float64)
+    b = ln.bias.detach().to(torch.float64)
+    out = dict(w)
+    for wn, bn in (("W_Q", "b_Q"), ("W_K", "b_K"), ("W_V", "b_V")):
+        W = w[wn].to(torch.float64)
+        out[bn] = w[bn].to(torch.float64) + torch.einsum("m,hmd->hd", b, W)
+        Wf = W * g[None, :, None]
+        out[wn] = Wf - Wf.mean(dim=1, keepdim=True)
+    return out
+
+
+def native_attention_weights(model: Any, *, fold_ln: bool = True) -> list[dict[str, torch.Tensor]]:
+    """Per layer, the TransformerLens-layout weights of a native GPT's attention (no
+    zero-padding; S–D layers as W_Q = W_P (S − D), W_K = W_P), the pre-attention LayerNorm
+    folded in when ``fold_ln`` (W_Q/W_K/W_V ``[head, d_model, d_head_l]``, b_Q/b_K
+    ``[head, d_head_l]``). Raises :class:`UnreadableHeadsError` for linear-attention layers."""
+    bad = [(i, blk.attn.__class__.__name__) for i, blk in enumerate(model.blocks)
+           if model.cfg.layer_attention(i) not in ("softmax", "sd")]
+    if bad:
+        raise UnreadableHeadsError(
+            "cannot read the QK geometry of layers "
+            + ", ".join(f"{i} ({name}, kind {model.cfg.layer_attention(i)!r})" for i, name in bad)
+            + ": their score is not a bilinear form x_i W_Q W_Kᵀ x_jᵀ (linear attention scores "
+            "φ(q)·φ(k) with φ = elu + 1), so M = W_Q W_Kᵀ does not describe them; analyse the "
+            "softmax / S–D layers of a model without linear layers")
+    out = []
+    for blk in model.blocks:
+        w = {k: v.detach() for k, v in blk.attn.weights().items()}
+        if fold_ln and isinstance(blk.ln1, nn.LayerNorm):
+            w = _fold_ln1(w, blk.ln1)
+        out.append(w)
+    return out
+
+
+def _check_positional(model: Any, allow_rotary: bool) -> None:
+    pe = str(getattr(getattr(model, "cfg", None), "positional_embedding_type", "standard"))
+    if pe in ("rotary", "alibi") and not allow_rotary:
+        raise UnreadableHeadsError(
+            f"this model uses {pe!r} positional embeddings: its score between positions i and "
+            f"j is x_i W_Q P(i − j) W_Kᵀ x_jᵀ with a position-dependent P, so W_Q W_Kᵀ alone is "
+            "only the kernel at offset 0; pass allow_rotary=True to analyse that kernel anyway")
+
+
+def model_qk_geometry(
+    model: Any,
+    *,
+    fold_ln: bool = True,
+    biases: bool = True,
+    allow_rotary: bool = False,
+    zero_rtol: float = DEFAULT_ZERO_RTOL,
+) -> QKGeometry:
+    """``geometry.qk`` for every head of a model (SPEC B.1): the kernel ``M = W_Q W_Kᵀ``.
+
+    model: a TransformerLens model (TransformerBridge / HookedTransformer / HookedEncoder,
+        or a :class:`~tl_spectral.model_view.ModelView`) — weights are read through
+        ``ModelView.stacked_weights(fold_ln=fold_ln)`` — or a native
+        :class:`~tl_spectral.models.GPT` (its own weights, LayerNorm folded the same way;
+        unequal ``d_head`` per layer stay unpadded).
+    fold_ln: fold the pre-attention LayerNorm (pre-LN models only; post-LN encoders such as
+        BERT/MiniLM read the residual stream directly and are analysed as they are).
+    biases: also report ``key_bias_norm`` / ``query_bias_norm`` (see ``qk_geometry``).
+    allow_rotary: analyse rotary/ALiBi models anyway (the kernel at offset 0).
+
+    Returns a :class:`QKGeometry` with ``[layer, head, ...]`` fields. Raises
+    :class:`UnreadableHeadsError` (a ``ValueError``) naming the layers whose heads cannot be
+    read and why (linear attention, no W_Q exposed, rotary positions, non-finite weights).
+    """
+    if _is_native_gpt(model):
+        ws = native_attention_weights(model, fold_ln=fold_ln)
+        WQ, WK = [w["W_Q"] for w in ws], [w["W_K"] for w in ws]
+        bq = [w["b_Q"] for w in ws] if biases else None
+        bk = [w["b_K"] for w in ws] if biases else None
+        names = [f"L{i}" for i in range(len(ws))]
+    else:
+        from tl_spectral.model_view import ModelView, PatternsNotExposedError
+
+        view = model if isinstance(model, ModelView) else ModelView(model)
+        _check_positional(view.model, allow_rotary)
+        try:
+            st = view.stacked_weights(fold_ln=fold_ln)
+        except PatternsNotExposedError as e:
+            raise UnreadableHeadsError(
+                f"cannot read the query/key weights of {view.name}: {e}. The QK geometry "
+                "needs W_Q and W_K per head (TransformerLens layout)") from e
+        WQ, WK = st["W_Q"], st["W_K"]
+        bq, bk = (st["b_Q"], st["b_K"]) if biases else (None, None)
+        names = [f"L{i}" for i in range(view.n_layers)]
+    try:
+        return qk_geometry(WQ, WK, b_Q=bq, b_K=bk, layer_names=names, zero_rtol=zero_rtol)
+    except ValueError as e:
+        raise UnreadableHeadsError(f"the model's heads cannot be analysed: {e}") from e
+
+
+def model_sd_geometry(model: Any, *, zero_rtol: float = DEFAULT_ZERO_RTOL) -> SDGeometry:
+    """``geometry.sd_geometry`` of the S–D layers of a native GPT (SPEC B.2–B.3): the
+    routing rank of every head's S (the spectral cascade) and the eigenvalues of S − D.
+    Layer names are ``L{index}`` of the S–D layers only. Raises ``ValueError`` if the
+    model has no S–D layer."""
+    if not _is_native_gpt(model):
+        raise TypeError(
+            f"model_sd_geometry needs a native tl_spectral GPT, got {type(model).__name__}; "
+            "for a converted TransformerLens model use "
+            "geometry.qk.recover_sd_from_qk(W_Q, W_K) on its (unfolded) weights")
+    idx = [i for i in range(model.cfg.n_layers) if model.cfg.layer_attention(i) == "sd"]
+    if not idx:
+        raise ValueError("the model has no S–D attention layer (attention='sd')")
+    with torch.no_grad():
+        S = [model.blocks[i].attn.S().detach() for i in idx]
+        D = [model.blocks[i].attn.D().detach() for i in idx]
+    return sd_geometry(S, D, layer_names=[f"L{i}" for i in idx], zero_rtol=zero_rtol)
+
+
+def geometry_layer_table(geo: QKGeometry | SDGeometry, *, measure: str = "entropy"
+                         ) -> list[dict[str, Any]]:
+    """Per-layer rows: routing fraction (mean over heads), routing rank (mean ± std over
+    heads, entropy or participation-ratio measure), capacity, and for QK geometry the share
+    of unstable heads and of positive-real eigenvalues; for S–D the share of stable heads."""
+    if measure not in ("entropy", "participation"):
+        raise ValueError(f"measure must be 'entropy' or 'participation', got {measure!r}")
+    rows = []
+    if isinstance(geo, SDGeometry):
+        rk = geo.eff_rank_S if measure == "entropy" else geo.pr_S
+        for i, name in enumerate(geo.layer_names):
+            rows.append({"layer": name, "d_head": int(geo.d_head[i]),
+                         "routing_fraction": float(geo.routing_fraction[i].mean()),
+                         "rank_S": float(rk[i].mean()), "rank_S_std": float(rk[i].std(0)),
+                         "rank_S_min": float(rk[i].min()), "rank_S_max": float(rk[i].max()),
+                         "stable_share": float(geo.stable[i].double().mean())})
+        return rows
+    rk = geo.eff_rank_R if measure == "entropy" else geo.pr_R
+    for i, name in enumerate(geo.layer_names):
+        rows.append({"layer": name, "d_head": int(geo.d_head[i]),
+                     "capacity": int(geo.routing_capacity[i]),
+                     "routing_fraction": float(geo.routing_fraction[i].mean()),
+                     "rank_R": float(rk[i].mean()), "rank_R_std": float(rk[i].std(0)),
+                     "rank_F": float(geo.eff_rank_F[i].mean()),
+                     "unstable_share": float(geo.unstable[i].double().mean()),
+                     "positive_eig_share": float(geo.positive_share[i].mean())})
+    return rows
+
+
+
+def random_baseline(d_model: int, n_heads: int, d_head: int, n_layers: int = 1, seed: int = 0
+                    ) -> QKGeometry:
+    """QK geometry of i.i.d. Gaussian W_Q, W_K of the given shape (the no-structure
+    reference: routing fraction ≈ 0.5)."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (n_layers, n_heads, d_model, d_head)
+    return qk_geometry(torch.randn(shape, generator=g), torch.randn(shape, generator=g))

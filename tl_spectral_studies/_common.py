@@ -1,0 +1,105 @@
+"""What every study shares: its output folder, explicit data folders, markdown tables."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tl_spectral.usage import UsageError
+
+#: The marker file that identifies a folder written by ``tl-spectral study NAME``.
+MARKER = ".tl_spectral_study.json"
+
+
+class StudyUsageError(UsageError):
+    """A study was called with arguments it cannot use (shown as one line by the CLI)."""
+
+
+def add_run_arguments(ap: argparse.ArgumentParser, *, default_out: str) -> None:
+    """The arguments every study's run takes: ``--out``, ``--fig-dir``, ``--quick``,
+    ``--overwrite``."""
+    ap.add_argument("--out", default=default_out,
+                    help=f"output folder for results and figures (default {default_out})")
+    ap.add_argument("--fig-dir", default=None,
+                    help="folder for the figures (default OUT/figures)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a small run of every step (minutes on a CPU), for checking the set-up")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace an existing folder that is not this study's output")
+
+
+def prepare_out(out: str | Path, name: str, *, overwrite: bool = False,
+                update: bool = True) -> Path:
+    """Create (or reuse) a study's output folder and mark it as ``name``'s.
+
+    An empty or missing folder is used as is. A folder already marked as this study's is
+    updated in place (studies run in parts merge into it) unless ``update`` is False, when
+    it is replaced only with ``overwrite``. Any other non-empty folder is refused unless
+    ``overwrite``: then it is emptied first. A path that is a file is refused."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise StudyUsageError(f"--out {out} is a file; pass a folder")
+    if out.is_dir() and any(out.iterdir()):
+        marker = out / MARKER
+        ours = marker.is_file() and _marker_name(marker) == name
+        if not (ours and update):
+            if not overwrite:
+                what = "an earlier output of this study" if ours else \
+                    "a folder that is not this study's output"
+                raise StudyUsageError(
+                    f"--out {out} is {what} and is not empty; pass --overwrite to replace it "
+                    "or choose another folder")
+            shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text(json.dumps({"study": name}) + "\n")
+    return out
+
+
+def _marker_name(marker: Path) -> str | None:
+    try:
+        return json.loads(marker.read_text()).get("study")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def require_data_dir(path: str | Path | None, what: str) -> Path:
+    """An explicit data folder that exists; a clear error naming ``what`` it must hold."""
+    if not path:
+        raise StudyUsageError(f"this step needs {what}: pass --data-dir DIR "
+                              "(the project's shared data folder)")
+    p = Path(path)
+    if not p.is_dir():
+        raise StudyUsageError(f"--data-dir {p} is not a folder; it must hold {what}")
+    return p
+
+
+def md_table(rows: Sequence[dict[str, Any]], fmt: str = "{:.3g}",
+             keys: Sequence[str] | None = None) -> str:
+    """A markdown table of ``rows`` (dicts with the same keys); floats through ``fmt``."""
+    if not rows:
+        return ""
+    keys = list(keys or rows[0].keys())
+    out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for r in rows:
+        out.append("| " + " | ".join(
+            fmt.format(r[k]) if isinstance(r.get(k), float) else str(r.get(k, ""))
+            for k in keys) + " |")
+    return "\n".join(out)
+
+
+def save_figures(figs: dict[str, Any], fig_dir: Path, prefix: str, dpi: int = 100) -> dict:
+    """Save matplotlib figures as ``fig_dir/{prefix}_{key}.png``, close them; key -> path."""
+    import matplotlib.pyplot as plt
+
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for key, fig in figs.items():
+        p = fig_dir / f"{prefix}_{key}.png"
+        fig.savefig(p, dpi=dpi, bbox_inches="tight")
+        plt.close(fig)
+        paths[key] = p.name
+    return paths

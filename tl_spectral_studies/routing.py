@@ -1,0 +1,573 @@
+"""The routing/filtering study of docs/routing_filtering.md (SPEC part B).
+
+For MiniLM (if installed), the project's shipped char models and every training run found under
+``runs_dir``: QK geometry, S–D geometry, the cascade over training, the SPEC B.4 ablations with
+ΔPPL on validation windows. Also the subword (GPT-2 BPE, top-K vocabulary) training of the
+study's BPE models.
+
+    tl-spectral study routing --out DIR [--quick] [--runs-dir runs] [--data-dir ../shared/data]
+    tl-spectral study routing train-bpe --config configs/bpe-sd-noln.json --data-dir ../shared/data
+    tl-spectral study routing tables DIR/summary.json
+
+Results go to ``DIR`` (one ``.safetensors`` per result and ``summary.json``), figures to
+``DIR/figures`` (or ``--fig-dir``); :func:`markdown` renders the doc tables from ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tl_spectral.data.topk_bpe import TopKBPE
+from tl_spectral.geometry.cascade import (
+    CascadeResult,
+    cascade_over_training,
+    latest_model_dir,
+)
+from tl_spectral.geometry.model import (
+    geometry_layer_table,
+    model_qk_geometry,
+    model_sd_geometry,
+    random_baseline,
+)
+from tl_spectral.geometry.qk import QKGeometry, SDGeometry
+from tl_spectral.models.ablations import (
+    ABLATIONS_SD,
+    ABLATIONS_SOFTMAX,
+    AblationResult,
+    ablation_table,
+)
+from tl_spectral.results import Result
+from tl_spectral.usage import ArgumentParser
+from tl_spectral_studies._common import add_run_arguments, prepare_out, require_data_dir
+
+NAME = "routing"
+
+
+def _corpus_text(name: str, data_dir: Path) -> str:
+    from tl_spectral.data import load_austen, load_wikipedia
+
+    if name == "austen":
+        return load_austen(data_dir / "austen.txt")
+    if name == "wikipedia":
+        return load_wikipedia(data_dir / "wiki_excerpt.txt")
+    raise ValueError(f"unknown corpus {name!r}; use 'austen' or 'wikipedia'")
+
+
+def load_bpe_data(data: dict[str, Any], cache_dir: str | Path | None = None):
+    """(tokenizer, train_ids [n_train], val_ids [n_val]) for a ``data`` section
+    ``{"corpora": ["austen", "wikipedia"], "data_dir": ..., "top_k": 4096,
+    "val_fraction": 0.1}``. Each corpus is split into a leading train and a trailing
+    validation part; the parts are encoded with GPT-2 BPE and concatenated in the given
+    order. The vocabulary is fitted on the train part only. ``cache_dir``: encoded GPT-2
+    ids are cached there (``bpe_ids.pt``) so that a resumed run does not re-encode."""
+    from tl_spectral.data import BPETokenizer, train_val_split
+
+    data_dir = require_data_dir(data.get("data_dir"), "the BPE corpora (austen.txt, "
+                                "wiki_excerpt.txt, gpt2.tiktoken)")
+    ranks = data_dir / "gpt2.tiktoken"
+    corpora = list(data.get("corpora", ["austen", "wikipedia"]))
+    frac = float(data.get("val_fraction", 0.1))
+    top_k = int(data.get("top_k", 4096))
+    cache = Path(cache_dir) / "bpe_ids.pt" if cache_dir else None
+    key = json.dumps({"corpora": corpora, "val_fraction": frac})
+    ids = None
+    if cache is not None and cache.is_file():
+        blob = torch.load(cache, weights_only=True)
+        if isinstance(blob, dict) and blob.get("key") == key:
+            ids = blob["train"], blob["val"]
+    if ids is None:
+        bpe = BPETokenizer(ranks)
+        tr, va = [], []
+        for c in corpora:
+            t, v = train_val_split(_corpus_text(c, data_dir), frac)
+            tr.append(torch.tensor(bpe.encode(t), dtype=torch.long))
+            va.append(torch.tensor(bpe.encode(v), dtype=torch.long))
+        ids = torch.cat(tr), torch.cat(va)
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"key": key, "train": ids[0], "val": ids[1]}, cache)
+    tok = TopKBPE.fit(ranks, ids[0], top_k)
+    return tok, tok.map_ids(ids[0]), tok.map_ids(ids[1])
+
+
+def run_bpe_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None = None):
+    """Train a GPT on the BPE data of ``doc["data"]`` (see :func:`load_bpe_data`) with the
+    project's Trainer (checkpoints + exact resume in ``train.out_dir``); at the end write
+    ``out_dir/final`` (model, tokenizer with its kept ids, metrics on every validation
+    window). Returns (trainer, history)."""
+    from tl_spectral.models import GPT, GPTConfig, save_model
+    from tl_spectral.models.train import TrainConfig, Trainer, _all_windows
+
+    train_cfg = TrainConfig.from_dict({**doc["train"], **(overrides or {})})
+    torch.manual_seed(train_cfg.seed)
+    if train_cfg.num_threads:
+        torch.set_num_threads(train_cfg.num_threads)
+    tok, train_ids, val_ids = load_bpe_data(doc.get("data", {}), cache_dir=train_cfg.out_dir)
+    mdoc = dict(doc["model"])
+    if mdoc.get("vocab_size") in (None, "auto"):
+        mdoc["vocab_size"] = tok.vocab_size
+    model = GPT(GPTConfig.from_dict(mdoc))
+    tok_doc = json.loads(tok.to_json())
+    trainer = Trainer(model, train_ids, val_ids, train_cfg,
+                      extra_metadata={"tokenizer": tok_doc, "data": doc.get("data", {})})
+    history = trainer.fit()
+    if trainer.out_dir is not None:
+        full = trainer.evaluate(_all_windows(trainer))
+        unk = float((val_ids == tok.unk_id).float().mean())
+        save_model(trainer.model, trainer.out_dir / "final", extra={
+            "tokenizer": tok_doc, "data": doc.get("data", {}), "train": train_cfg.to_dict(),
+            "metrics": {**full, "steps": trainer.step, "tokens_seen": history.tokens_seen,
+                        "val_unk_fraction": unk,
+                        "eval": "all validation windows of seq_len+1, stride seq_len"}})
+    return trainer, history
+
+
+# ---------------------------------------------------------------------------- study
+#: The models of the routing study (docs/routing_filtering.md) and their data kind.
+STUDY_RUNS = {
+    "char-shakespeare": "char", "char-shakespeare-noln": "char",
+    "sd-char-shakespeare": "char", "sd-char-shakespeare-noln": "char",
+    "bpe-softmax-noln": "bpe", "bpe-sd-noln": "bpe",
+}
+
+
+def validation_windows(model_dir: str | Path, kind: str, *, n_windows: int | None = None,
+                       data_dir: str | Path | None = None) -> torch.Tensor:
+    """Validation windows ``[n, seq_len + 1]`` (stride seq_len, the trainer's evaluation
+    windows) of a study run: ``kind`` "char" (bundled Tiny Shakespeare, last 10%, the
+    run's own character table) or "bpe" (Austen + Wikipedia, last 10% of each, the run's
+    top-K BPE). ``n_windows``: that many evenly spaced windows (None = all)."""
+    from tl_spectral.data import CharTokenizer, tiny_shakespeare, train_val_split
+    from tl_spectral.models.gpt import read_checkpoint_config
+
+    meta = read_checkpoint_config(model_dir)
+    seq = int(meta.get("train", {}).get("seq_len") or meta["model"]["n_ctx"])
+    data = meta.get("data", {})
+    if kind == "char":
+        tok = CharTokenizer.from_json(json.dumps(meta["tokenizer"]))
+        _, val = train_val_split(tiny_shakespeare(), float(data.get("val_fraction", 0.1)))
+        ids = torch.tensor(tok.encode(val))
+    elif kind == "bpe":
+        if data_dir is not None:
+            data = {**data, "data_dir": str(data_dir)}
+        tok, _, ids = load_bpe_data(data, cache_dir=Path(model_dir).parents[
+            0 if Path(model_dir).name == "final" else 1])
+        if tok.keep != list(meta["tokenizer"]["keep"]):
+            raise ValueError(f"{model_dir}: the refitted top-K vocabulary differs from the run's")
+    else:
+        raise ValueError(f"kind must be 'char' or 'bpe', got {kind!r}")
+    n = (ids.numel() - 1) // seq
+    starts = torch.arange(n) * seq
+    if n_windows is not None and n_windows < n:
+        starts = starts[torch.linspace(0, n - 1, n_windows).round().long()]
+    return ids[starts[:, None] + torch.arange(seq + 1)[None, :]]
+
+
+def minimal_rank_share(rank: torch.Tensor, threshold: float = 3.0) -> float:
+    """Share of layers whose mean routing rank (``rank`` ``[layer, head]``) is at most
+    ``threshold`` (*choice*: 3 = one rotation plane plus slack; the paper's "minimal
+    spectral rank" is rank 2)."""
+    return float((rank.double().mean(-1) <= threshold).double().mean())
+
+
+def _geometry_summary(geo: QKGeometry) -> dict[str, Any]:
+    return {"n_heads_total": int(geo.n_layers * geo.n_heads),
+            "unstable_heads": int(geo.unstable.sum()),
+            "routing_fraction_mean": float(geo.routing_fraction.mean()),
+            "rank_R_mean": float(geo.eff_rank_R.mean()), "pr_R_mean": float(geo.pr_R.mean()),
+            "capacity": int(geo.routing_capacity.max()),
+            "positive_eig_share_mean": float(geo.positive_share.mean()),
+            "layers": geometry_layer_table(geo),
+            "layers_pr": [r["rank_R"] for r in geometry_layer_table(geo, measure="participation")]}
+
+
+def run_study(out_dir: str | Path, *, runs_dir: str | Path | None = None,
+              fig_dir: str | Path | None = None, n_windows: int = 64,
+              names: Sequence[str] | None = None, minilm: bool = True,
+              per_layer: bool = True, merge: bool = True, data_dir: str | Path | None = None,
+              quick: bool = False) -> dict[str, Any]:
+    """The routing study of docs/routing_filtering.md: for MiniLM (if installed) and every
+    study model — QK geometry, S–D geometry, the cascade over training, the SPEC B.4 ablations
+    with ΔPPL on ``n_windows`` evenly spaced validation windows.
+
+    A model is read from its training run ``runs_dir/NAME`` when one exists (then the cascade
+    over its checkpoints is computed too), else from the zoo for the shipped char models
+    (no cascade: the zoo keeps the final weights only); BPE models need their runs and
+    ``data_dir`` (the folder of austen.txt, wiki_excerpt.txt, gpt2.tiktoken). ``quick``: the
+    shipped char models only, 8 windows, no per-layer ablations.
+
+    Results go to ``out_dir`` (one ``.safetensors`` per result and ``summary.json``; with
+    ``merge`` an existing summary is updated, so the study can run in parts), figures (of
+    everything in ``out_dir``) to ``fig_dir/routing_*.png`` (default ``out_dir/figures``).
+    Returns the summary."""
+    from tl_spectral.models import load_model, zoo
+
+    if quick:
+        names = [n for n in (names or STUDY_RUNS) if STUDY_RUNS.get(n) == "char"]
+        n_windows, per_layer = min(n_windows, 8), False
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"n_windows": n_windows, "models": {}, "baselines": {}}
+    if merge and (out / "summary.json").is_file():  # update the entries computed now
+        summary = json.loads((out / "summary.json").read_text())
+        summary["n_windows"] = n_windows
+    geos: dict[str, QKGeometry] = {}
+    sds: dict[str, SDGeometry] = {}
+    cascades: dict[str, CascadeResult] = {}
+    abls: dict[str, AblationResult] = {}
+    if minilm:
+        try:
+            enc, _ = zoo.load("minilm")
+        except Exception as e:  # noqa: BLE001 - report why and go on
+            summary["minilm_error"] = f"{type(e).__name__}: {e}"
+        else:
+            g = model_qk_geometry(enc)
+            g.save(out / "minilm_qk.safetensors")
+            g.to_csv(out / "minilm_heads.csv")
+            geos["minilm"] = g
+            summary["models"]["minilm"] = {"qk": _geometry_summary(g)}
+    for shape in ((384, 12, 32), (128, 8, 16), (128, 4, 32)):
+        summary["baselines"]["gaussian_{}_{}_{}".format(*shape)] = _geometry_summary(
+            random_baseline(*shape, n_layers=2))
+    for name in names or list(STUDY_RUNS):
+        run = Path(runs_dir) / name if runs_dir is not None else None
+        try:
+            if run is None:
+                raise FileNotFoundError(f"no runs_dir given for {name}")
+            mdir, step, finished = latest_model_dir(run)
+        except FileNotFoundError as e:
+            if name not in zoo.SHIPPED:
+                summary["models"][name] = {"error": f"{e}; retrain it (docs/routing_filtering.md)"}
+                continue
+            run, mdir = None, zoo.checkpoint_dir(name)
+            step = int(json.loads((mdir / "config.json").read_text())
+                       .get("metrics", {}).get("steps", -1))
+            finished = True
+        model = load_model(mdir).eval()
+        entry: dict[str, Any] = {"model_dir": f"zoo:{name}" if run is None else str(mdir),
+                                 "step": step, "finished": finished,
+                                 "config": model.cfg.to_dict(),
+                                 "n_params": model.num_params()}
+        meta = json.loads((mdir / "config.json").read_text())
+        if "metrics" in meta:
+            entry["val_metrics_all_windows"] = meta["metrics"]
+        g = model_qk_geometry(model)
+        g.save(out / f"{name}_qk.safetensors")
+        g.to_csv(out / f"{name}_heads.csv")
+        geos[name] = g
+        entry["qk"] = _geometry_summary(g)
+        if any(model.cfg.layer_attention(i) == "sd" for i in range(model.cfg.n_layers)):
+            sg = model_sd_geometry(model)
+            sg.save(out / f"{name}_sd.safetensors")
+            sg.to_csv(out / f"{name}_sd_heads.csv")
+            sds[name] = sg
+            entry["sd"] = {"layers": geometry_layer_table(sg),
+                           "layers_pr": [r["rank_S"] for r in
+                                         geometry_layer_table(sg, measure="participation")],
+                           "all_stable": sg.all_stable,
+                           "minimal_rank_layer_share": minimal_rank_share(sg.eff_rank_S)}
+        if run is not None:
+            c = cascade_over_training(run, name=name)
+            c.save(out / f"{name}_cascade.safetensors")
+            cascades[name] = c
+            entry["cascade_steps"] = c.steps.tolist()
+            entry["cascade_rank_mean"] = c.rank().double().mean(-1).tolist()
+            entry["cascade_rank_R_mean"] = c.rank_R.double().mean(-1).tolist()
+            entry["cascade_val_loss"] = c.val_loss.tolist()
+        win = validation_windows(mdir, STUDY_RUNS.get(name, "char"), n_windows=n_windows,
+                                 data_dir=data_dir)
+        a = ablation_table(model, win, name=name, per_layer=per_layer)
+        a.save(out / f"{name}_ablation.safetensors")
+        abls[name] = a
+        entry["ablation"] = {"baseline_ppl": a.baseline_ppl, "baseline_loss": a.baseline_loss,
+                             "rows": a.rows, "n_windows": a.n_windows, "seq_len": a.seq_len}
+        summary["models"][name] = entry
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    order = ["minilm", *STUDY_RUNS]
+    summary["models"] = dict(sorted(summary["models"].items(), key=lambda kv: (
+        order.index(kv[0]) if kv[0] in order else len(order))))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    figures_from_dir(out, fig_dir if fig_dir is not None else out / "figures")
+    return summary
+
+
+def figures_from_dir(out_dir: str | Path, fig_dir: str | Path) -> list[Path]:
+    """Rebuild the study figures from the results saved in ``out_dir`` by :func:`run_study`
+    (models in the order of ``summary.json``)."""
+    out = Path(out_dir)
+    summary = json.loads((out / "summary.json").read_text())
+    geos, sds, cascades, abls = {}, {}, {}, {}
+    for name, e in summary["models"].items():
+        if "error" in e:
+            continue
+        for suffix, store in (("qk", geos), ("sd", sds), ("cascade", cascades),
+                              ("ablation", abls)):
+            p = out / f"{name}_{suffix}.safetensors"
+            if p.is_file():
+                store[name] = Result.load(p)
+    return study_figures(geos, sds, cascades, abls, fig_dir)
+
+
+def study_figures(geos: dict[str, QKGeometry], sds: dict[str, SDGeometry],
+                  cascades: dict[str, CascadeResult], abls: dict[str, AblationResult],
+                  fig_dir: str | Path) -> list[Path]:
+    """Write the study's figures (``routing_*.png``) into ``fig_dir``; returns the paths."""
+    import matplotlib.pyplot as plt
+
+    fig_dir = Path(fig_dir)
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+
+    def save(fig, name):
+        p = fig_dir / f"routing_{name}.png"
+        fig.savefig(p, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(p)
+
+    names = list(geos)
+    if names:  # budget, rank of R, eigenvalues: one row per model
+        fig, axes = plt.subplots(len(names), 3, figsize=(15, 3.3 * len(names)), squeeze=False)
+        for i, n in enumerate(names):
+            geos[n].plot_budget(ax=axes[i, 0])
+            geos[n].plot_routing_rank(ax=axes[i, 1], show_capacity=True)
+            geos[n].plot_eigenvalues(ax=axes[i, 2])
+            for a in axes[i]:
+                a.set_title(f"{n}: {a.get_title()}", fontsize=9)
+        fig.tight_layout()
+        save(fig, "qk_geometry")
+    if sds:  # S–D: rank of S per layer and eigenvalues of S − D
+        fig, axes = plt.subplots(len(sds), 2, figsize=(10, 3.3 * len(sds)), squeeze=False)
+        for i, (n, sg) in enumerate(sds.items()):
+            sg.plot_routing_rank(ax=axes[i, 0], show_capacity=True)
+            sg.plot_eigenvalues(ax=axes[i, 1])
+            for a in axes[i]:
+                a.set_title(f"{n}: {a.get_title()}", fontsize=9)
+        fig.tight_layout()
+        save(fig, "sd_geometry")
+    if cascades:  # the cascade by depth (final) and over training
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for j, (n, c) in enumerate(cascades.items()):
+            col = f"C{j}"
+            r = c.rank_R[-1].double().mean(-1).numpy()
+            ax.plot(range(len(r)), r, "s--", color=col, label=f"{n} (R)")
+            if c.rank_S is not None:
+                r = c.rank_S[-1].double().mean(-1).numpy()
+                ax.plot(range(len(r)), r, "o:", color=col, alpha=0.6, label=f"{n} (S)")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("routing rank (entropy), mean over heads")
+        ax.set_title("Routing rank by depth at the last checkpoint")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        save(fig, "cascade_depth")
+        k = len(cascades)
+        fig, axes = plt.subplots((k + 1) // 2, 2, figsize=(11, 3.3 * ((k + 1) // 2)),
+                                 squeeze=False)
+        for a, c in zip(axes.ravel(), cascades.values()):
+            c.plot(ax=a)
+        for a in axes.ravel()[k:]:
+            a.axis("off")
+        fig.tight_layout()
+        save(fig, "cascade_training")
+        fig, axes = plt.subplots((k + 1) // 2, 2, figsize=(11, 3.3 * ((k + 1) // 2)),
+                                 squeeze=False)
+        for a, c in zip(axes.ravel(), cascades.values()):
+            c.plot(ax=a, which="R")
+        for a in axes.ravel()[k:]:
+            a.axis("off")
+        fig.tight_layout()
+        save(fig, "cascade_training_R")
+    if abls:
+        fig, ax = plt.subplots(figsize=(8, 3.8))
+        kinds = list(ABLATIONS_SD) + list(ABLATIONS_SOFTMAX)
+        width = 0.8 / max(1, len(abls))
+        for j, (n, a) in enumerate(abls.items()):
+            vals = []
+            for kd in kinds:
+                r = [x for x in a.rows if x["ablation"] == kd and x["layers"] == "all"]
+                vals.append(max(r[0]["rel_delta"], 1e-4) if r else float("nan"))
+            ax.bar([i + j * width for i in range(len(kinds))], vals, width, label=n)
+        ax.set_yscale("log")
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(kinds))])
+        ax.set_xticklabels([kd.replace("_", "\n") for kd in kinds], fontsize=8)
+        ax.set_ylabel("ΔPPL / PPL (all layers; floor 1e-4)")
+        ax.set_title("SPEC B.4 ablations")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        save(fig, "ablations")
+    return paths
+
+
+def _fmt(x: Any, nd: int = 3) -> str:
+    if isinstance(x, float):
+        return f"{x:.{nd}g}" if abs(x) < 1e4 else f"{x:.3e}"
+    return str(x)
+
+
+def study_markdown(summary: dict[str, Any]) -> str:
+    """Markdown tables of a study summary (``summary.json`` of :func:`run_study`): overview,
+    routing rank per layer, ablations, the cascade over training, Gaussian baselines."""
+    L: list[str] = []
+    models = summary["models"]
+    L.append("| model | attention | LN | params | step (finished) | val PPL | heads | unstable "
+             "| routing fraction | rank R (entropy / PR) / capacity |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
+    for n, e in models.items():
+        if "error" in e:
+            L.append(f"| {n} | — | — | — | missing: {e['error']} | | | | | |")
+            continue
+        q = e["qk"]
+        cfg = e.get("config", {})
+        att = cfg.get("attention", "softmax (BERT)")
+        ln = {"ln": "yes", "none": "no"}.get(cfg.get("normalization"), "post-LN")
+        ppl = e.get("val_metrics_all_windows", {}).get("val_ppl")
+        if ppl is None and "ablation" in e:
+            ppl = e["ablation"]["baseline_ppl"]
+        stp = f"{e['step']} ({'yes' if e['finished'] else 'no'})" if "step" in e else "—"
+        L.append(f"| {n} | {att} | {ln} | {e.get('n_params', '—')} | {stp} | "
+                 f"{_fmt(ppl) if ppl else '—'} | {q['n_heads_total']} | {q['unstable_heads']} | "
+                 f"{q['routing_fraction_mean']:.3f} | {q['rank_R_mean']:.1f} / "
+                 f"{q['pr_R_mean']:.1f} / {q['capacity']} |")
+    L.append("")
+    n_layers = max((len(e["qk"]["layers"]) for e in models.values() if "qk" in e), default=0)
+    L.append("| model | rank of | " + " | ".join(f"L{i}" for i in range(n_layers))
+             + " | minimal-rank layers |")
+    L.append("|---|---|" + "---|" * n_layers + "---|")
+    for n, e in models.items():
+        if "qk" not in e:
+            continue
+        if "sd" in e:
+            r = [x["rank_S"] for x in e["sd"]["layers"]]
+            pr = e["sd"]["layers_pr"]
+            share = f"{e['sd']['minimal_rank_layer_share']:.0%}"
+            L.append(f"| {n} | S (entropy / PR) | " + " | ".join(
+                f"{a:.1f} / {b:.1f}" for a, b in zip(r, pr)) + f" | {share} |")
+        r = [x["rank_R"] for x in e["qk"]["layers"]]
+        pr = e["qk"]["layers_pr"]
+        L.append(f"| {n} | R (entropy / PR) | " + " | ".join(
+            f"{a:.1f} / {b:.1f}" for a, b in zip(r, pr)) + " | |")
+    L.append("")
+    kinds = list(ABLATIONS_SD) + list(ABLATIONS_SOFTMAX)
+    L.append("| model | PPL (windows) | " + " | ".join(k.replace("_", " ") for k in kinds) + " |")
+    L.append("|---|---|" + "---|" * len(kinds))
+    for n, e in models.items():
+        if "ablation" not in e:
+            continue
+        a = e["ablation"]
+        cells = []
+        for k in kinds:
+            r = [x for x in a["rows"] if x["ablation"] == k and x["layers"] == "all"]
+            cells.append(f"{r[0]['delta_ppl']:+.3g} ({r[0]['rel_delta']:+.1%})" if r else "—")
+        L.append(f"| {n} | {a['baseline_ppl']:.3g} ({a['n_windows']}×{a['seq_len']}) | "
+                 + " | ".join(cells) + " |")
+    L.append("")
+    L.append("Per-layer ablations (ΔPPL when only that layer is ablated):")
+    L.append("")
+    L.append("| model | ablation | " + " | ".join(f"L{i}" for i in range(n_layers)) + " |")
+    L.append("|---|---|" + "---|" * n_layers)
+    for n, e in models.items():
+        if "ablation" not in e:
+            continue
+        for k in kinds:
+            rows = sorted((x for x in e["ablation"]["rows"] if x["ablation"] == k
+                           and x["layers"] != "all"), key=lambda x: x["layers"])
+            if rows:
+                L.append(f"| {n} | {k.replace('_', ' ')} | "
+                         + " | ".join(f"{x['delta_ppl']:+.3g}" for x in rows) + " |")
+    L.append("")
+    L.append("Routing rank per layer over training (entropy effective rank, mean over heads; "
+             "S–D models: rank of S / rank of R = W_P S W_Pᵀ; softmax: rank of R; val loss in "
+             "nats where the run evaluated):")
+    L.append("")
+    L.append("| model | step | " + " | ".join(f"L{i}" for i in range(n_layers)) + " | val loss |")
+    L.append("|---|---|" + "---|" * n_layers + "---|")
+    for n, e in models.items():
+        if "cascade_steps" not in e:
+            continue
+        steps = e["cascade_steps"]
+        pick = sorted({0, len(steps) // 4, len(steps) // 2, 3 * len(steps) // 4,
+                           len(steps) - 1})
+        is_sd = "sd" in e
+        for i in pick:
+            vl = e["cascade_val_loss"][i]
+            if is_sd and "cascade_rank_R_mean" in e:
+                cells = [f"{a:.1f} / {b:.1f}" for a, b in zip(e["cascade_rank_mean"][i],
+                                                             e["cascade_rank_R_mean"][i])]
+            else:
+                cells = [f"{x:.1f}" for x in e["cascade_rank_mean"][i]]
+            L.append(f"| {n} | {steps[i]} | " + " | ".join(cells) + " | "
+                     + (f"{vl:.3f}" if vl > 0 else "") + " |")
+    L.append("")
+    L.append("| Gaussian W_Q, W_K (d_model, heads, d_head) | routing fraction | rank R (entropy "
+             "/ PR) / capacity | unstable heads |")
+    L.append("|---|---|---|---|")
+    for n, b in summary.get("baselines", {}).items():
+        L.append(f"| {n.split('_', 1)[1].replace('_', ', ')} | {b['routing_fraction_mean']:.3f} "
+                 f"| {b['rank_R_mean']:.1f} / {b['pr_R_mean']:.1f} / {b['capacity']} | "
+                 f"{b['unstable_heads']} of {b['n_heads_total']} |")
+    return "\n".join(L) + "\n"
+
+
+def markdown(results_dir: str | Path) -> str:
+    """The doc tables of docs/routing_filtering.md from ``results_dir/summary.json``."""
+    return study_markdown(json.loads((Path(results_dir) / "summary.json").read_text()))
+
+
+# ------------------------------------------------------------------------------- CLI
+def main(argv: Sequence[str], prog: str = "tl-spectral study routing") -> int:
+    ap = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd")
+    add_run_arguments(ap, default_out="tl_spectral_study_routing")
+    ap.add_argument("--runs-dir", default=None,
+                    help="folder of the study's training runs (e.g. runs); without it the "
+                         "shipped char models are read from the zoo (no cascade)")
+    ap.add_argument("--data-dir", default=None,
+                    help="folder of austen.txt, wiki_excerpt.txt, gpt2.tiktoken (BPE models)")
+    ap.add_argument("--windows", type=int, default=64)
+    ap.add_argument("--models", nargs="*", help=f"subset of {list(STUDY_RUNS)}")
+    ap.add_argument("--no-minilm", action="store_true")
+    ap.add_argument("--no-per-layer", action="store_true")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--fresh", action="store_true", help="do not merge into summary.json")
+    tb = sub.add_parser("train-bpe", help="train a GPT on Austen + Wikipedia (top-K GPT-2 BPE)")
+    tb.add_argument("--config", required=True)
+    tb.add_argument("--data-dir", default=None, help="overrides the config's data.data_dir")
+    tb.add_argument("--steps", type=int)
+    tb.add_argument("--out-dir")
+    tb.add_argument("--no-progress", action="store_true")
+    tt = sub.add_parser("tables", help="markdown tables of a study summary.json")
+    tt.add_argument("summary")
+    args = ap.parse_args(list(argv))
+    if args.cmd == "tables":
+        print(study_markdown(json.loads(Path(args.summary).read_text())))
+        return 0
+    if args.cmd == "train-bpe":
+        doc = json.loads(Path(args.config).read_text())
+        if args.data_dir:
+            doc.setdefault("data", {})["data_dir"] = args.data_dir
+        ov: dict[str, Any] = {}
+        if args.steps:
+            ov["steps"] = args.steps
+        if args.out_dir:
+            ov["out_dir"] = args.out_dir
+        if args.no_progress:
+            ov["progress"] = False
+        trainer, history = run_bpe_from_config(doc, overrides=ov)
+        print(json.dumps({"step": trainer.step, "val_loss": history.final_val_loss,
+                          "out_dir": str(trainer.out_dir) if trainer.out_dir else None}))
+        return 0
+    out = prepare_out(args.out, NAME, overwrite=args.overwrite, update=not args.fresh)
+    torch.set_num_threads(args.threads)
+    summary = run_study(out, runs_dir=args.runs_dir, fig_dir=args.fig_dir,
+                        n_windows=args.windows, names=args.models,
+                        minilm=not args.no_minilm, per_layer=not args.no_per_layer,
+                        merge=not args.fresh, data_dir=args.data_dir, quick=args.quick)
+    (out / "tables.md").write_text(study_markdown(summary))
+    print(json.dumps({k: v.get("ablation", {}).get("baseline_ppl") if isinstance(v, dict)
+                      else None for k, v in summary["models"].items()}))
+    print(out.resolve())
+    return 0
