@@ -229,6 +229,22 @@ def _finish(out: dict, figs: dict, summary_path: Path) -> dict:
     return out
 
 
+def run_study(out_dir: str | Path, *, model: str = "char-shakespeare", n_docs: int = 32,
+              length: int = 256, fig_dir: str | Path | None = None, quick: bool = False,
+              data_dir: str | Path | None = None, **kwargs: Any) -> dict:
+    """The study on one zoo model into ``out_dir`` (figures in ``fig_dir``, default
+    ``out_dir/figures``); ``quick``: 8 windows of 64, faithfulness on 4 documents with three
+    measures. Other keyword arguments go to :func:`contribution_study`."""
+    out = Path(out_dir)
+    if quick:
+        n_docs, length = min(n_docs, 8), min(length, 64)
+        kwargs["faith_docs"] = min(kwargs.get("faith_docs") or 4, 4)
+        kwargs["measures"] = ("attention", "contribution", "random")
+    return contribution_study(model, n_docs, length,
+                              Path(fig_dir) if fig_dir else out / "figures", out,
+                              data_dir=data_dir, **kwargs)
+
+
 def markdown(results_dir: str | Path) -> str:
     """The doc tables of every ``<model>_summary.json`` under ``results_dir``."""
     parts = []
@@ -255,18 +271,11 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study contributions") -> 
     ap.add_argument("--skip-faithfulness", action="store_true",
                     help="keep the faithfulness results of an earlier run in --out")
     args = ap.parse_args(list(argv))
-    measures: Sequence[str] = STUDY_MEASURES
-    if args.quick:
-        args.n_docs, args.length = min(args.n_docs, 8), min(args.length, 64)
-        args.faith_docs = min(args.faith_docs or 4, 4)
-        measures = ("attention", "contribution", "random")
     out = prepare_out(args.out, NAME, overwrite=args.overwrite)
-    res = contribution_study(args.model, args.n_docs, args.length,
-                             Path(args.fig_dir) if args.fig_dir else out / "figures", out,
-                             faith_docs=args.faith_docs, layer=args.layer,
-                             measures=measures, batch_size=args.batch_size,
-                             run_faithfulness=not args.skip_faithfulness,
-                             data_dir=args.data_dir)
+    res = run_study(out, model=args.model, n_docs=args.n_docs, length=args.length,
+                    fig_dir=args.fig_dir, quick=args.quick, data_dir=args.data_dir,
+                    faith_docs=args.faith_docs, layer=args.layer, batch_size=args.batch_size,
+                    run_faithfulness=not args.skip_faithfulness)
     print(res["markdown"]["stats"])
     print(res["markdown"]["sinks"])
     print(res["markdown"]["sink_intervention"])

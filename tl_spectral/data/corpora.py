@@ -22,7 +22,7 @@ def load_text(path: str | Path, *, min_chars: int = 1) -> str:
     if not p.is_file():
         raise FileNotFoundError(
             f"no text file at {p}; pass the path of a UTF-8 text file "
-            "(e.g. ../shared/data/austen.txt)"
+            "(e.g. austen.txt of the shared data folder)"
         )
     text = p.read_text(encoding="utf-8", errors="strict")
     if len(text) < min_chars:

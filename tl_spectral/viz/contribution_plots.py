@@ -140,5 +140,5 @@ class ContributionSection:
             report.table(res.table(0), "faithfulness areas, all layers")
             report.table(res.table(1), f"faithfulness areas, layer {res.layer}")
         else:
-            report.text("Faithfulness curves: not computed (set the report option "
-                        "faithfulness_docs > 0; see docs/contributions.md for the results).")
+            report.text("Faithfulness curves: not computed (pass --faithfulness-docs N to "
+                        "tl-spectral analyze to compute them on N documents).")

@@ -1,0 +1,153 @@
+"""The house rules of the layout: the library (tl_spectral) never imports the studies
+(tl_spectral_studies); no module of the library imports another that imports it back; library
+code names no path outside the installed package."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB = ROOT / "tl_spectral"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _library_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in LIB.rglob("*.py")}
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every module of ``modules`` that ``path`` imports, at any depth of the file (function
+    bodies and TYPE_CHECKING blocks included): ``from a.b import c`` counts as ``a.b.c`` when
+    that is a module, else ``a.b``."""
+    me = _module_name(path)
+    pkg = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                base = ".".join([*up, base] if base else up)
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                names.append(full if full in modules else base)
+        for n in names:
+            while n and n not in modules:
+                n = n.rpartition(".")[0]
+            if n and n != me:
+                out.add(n)
+    return out
+
+
+def test_import_tl_spectral_loads_no_study():
+    code = ("import sys, tl_spectral, tl_spectral.cli, tl_spectral.viz.sections, "
+            "tl_spectral.geometry.model, tl_spectral.models.surgery, tl_spectral.models.zoo; "
+            "print(sorted(m for m in sys.modules if m.startswith('tl_spectral_studies')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_library_source_never_names_the_studies():
+    for p in LIB.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+                assert not any(m.startswith("tl_spectral_studies") for m in mods), p
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, sccs, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            sccs.append(comp)
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return [sorted(c) for c in sccs if len(c) > 1]
+
+
+def test_no_import_cycles_in_the_library():
+    mods = _library_modules()
+    graph = {m: _imports(p, mods) for m, p in mods.items()}
+    assert not find_cycles(graph), f"import cycles: {find_cycles(graph)}"
+
+
+def test_the_cycle_finder_can_fail():
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+_OUTSIDE = re.compile(r"""(\.\./shared|["'](docs|runs)/|parents\[[2-9]\])""")
+
+
+def test_library_code_names_no_path_outside_the_package():
+    """No ../shared, docs/ or runs/ path and no walking up out of the package in library code
+    (docstrings and messages may mention them; string constants used as values may not)."""
+    hits = []
+    for p in LIB.rglob("*.py"):
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        doc_nodes = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef,
+                                 ast.AsyncFunctionDef)) and ast.get_docstring(node):
+                doc_nodes.add(id(node.body[0].value))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if id(node) in doc_nodes:
+                    continue
+                if re.search(r"^(\.\./shared|docs/|runs/)", node.value):
+                    hits.append((p.name, node.value))
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            if "parents[" in line and re.search(r"parents\[[2-9]\]", line):
+                hits.append((p.name, i, line.strip()))
+    assert not hits, hits
+
+
+def test_studies_are_registered_as_entry_points():
+    from importlib.metadata import entry_points
+
+    from tl_spectral_studies import STUDIES
+
+    eps = {ep.name: ep.value for ep in entry_points(group="tl_spectral.studies")}
+    assert eps == STUDIES
+    import importlib
+
+    for mod in STUDIES.values():
+        m = importlib.import_module(mod)
+        assert callable(m.main) and callable(m.markdown) and callable(m.run_study)
