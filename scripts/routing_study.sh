@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 # so the runs are exactly 1000-step runs.
 for name in sd-char-shakespeare sd-char-shakespeare-noln; do
   mkdir -p "runs/$name"
-  OMP_NUM_THREADS=1 nohup nice -n 15 python -m tl_spectral.models.train \
+  OMP_NUM_THREADS=1 nohup nice -n 15 tl-spectral train \
     --config "configs/$name.json" --no-progress >> "runs/$name/stdout.log" 2>&1 &
 done
 
@@ -28,22 +28,22 @@ done
 # cosine schedule is the 600-step one (lr 1.490e-3 -> 1.467e-3 at the switch).
 for name in bpe-sd-noln bpe-softmax-noln; do
   mkdir -p "runs/$name"
-  OMP_NUM_THREADS=1 nohup nice -n 15 python -m tl_spectral.routing train-bpe \
-    --config "configs/$name.json" --no-progress >> "runs/$name/stdout.log" 2>&1 &
+  OMP_NUM_THREADS=1 nohup nice -n 15 tl-spectral study routing train-bpe \
+    --config "configs/$name.json" --data-dir ../shared/data --no-progress >> "runs/$name/stdout.log" 2>&1 &
 done
 wait
 
 # --- the study. Run in three parts as the runs finished (each part merges into
 # runs/routing_study/summary.json; the figures are rebuilt from everything saved there);
 # one call without --models does the same at once.
-OMP_NUM_THREADS=1 nice -n 15 python -m tl_spectral.routing study --out runs/routing_study \
-  --fig-dir docs/figures --windows 64 --models char-shakespeare char-shakespeare-noln
-OMP_NUM_THREADS=1 nice -n 15 python -m tl_spectral.routing study --out runs/routing_study \
-  --fig-dir docs/figures --windows 64 --no-minilm --models bpe-softmax-noln bpe-sd-noln
-OMP_NUM_THREADS=1 nice -n 15 python -m tl_spectral.routing study --out runs/routing_study \
-  --fig-dir docs/figures --windows 64 --no-minilm --models sd-char-shakespeare sd-char-shakespeare-noln
+OMP_NUM_THREADS=1 nice -n 15 tl-spectral study routing --out runs/routing_study \
+  --runs-dir runs --data-dir ../shared/data --fig-dir docs/figures --windows 64 --models char-shakespeare char-shakespeare-noln
+OMP_NUM_THREADS=1 nice -n 15 tl-spectral study routing --out runs/routing_study \
+  --runs-dir runs --data-dir ../shared/data --fig-dir docs/figures --windows 64 --no-minilm --models bpe-softmax-noln bpe-sd-noln
+OMP_NUM_THREADS=1 nice -n 15 tl-spectral study routing --out runs/routing_study \
+  --runs-dir runs --data-dir ../shared/data --fig-dir docs/figures --windows 64 --no-minilm --models sd-char-shakespeare sd-char-shakespeare-noln
 # the tables of docs/routing_filtering.md
-python -m tl_spectral.routing tables runs/routing_study/summary.json
+tl-spectral study routing tables runs/routing_study/summary.json
 
 # --- ship the S–D char models
 for name in sd-char-shakespeare sd-char-shakespeare-noln; do

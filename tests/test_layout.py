@@ -151,3 +151,33 @@ def test_studies_are_registered_as_entry_points():
     for mod in STUDIES.values():
         m = importlib.import_module(mod)
         assert callable(m.main) and callable(m.markdown) and callable(m.run_study)
+
+
+def test_architecture_doc_names_real_functions():
+    """Every `tl_spectral....` name in docs/architecture.md resolves (one hop to the code)."""
+    import importlib
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    names = set(re.findall(r"`(tl_spectral(?:_studies)?(?:\.\w+)+)`", text))
+    for extra in re.findall(r"`(tl_spectral\.[\w.]+)`, ((?:`\w+`(?:, )?)+)", text):
+        mod = extra[0].rsplit(".", 1)[0]
+        names |= {f"{mod}.{n}" for n in re.findall(r"`(\w+)`", extra[1])}
+    names.discard("tl_spectral.studies")  # the entry-point group, not a module
+    assert len(names) > 20
+    missing = []
+    for name in sorted(names):
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[i:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                missing.append(name)
+            break
+        else:
+            missing.append(name)
+    assert not missing, missing
