@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tl_spectral.usage import ArgumentParser
-from tl_spectral_studies._common import add_run_arguments, md_table, prepare_out, save_figures
+from tl_spectral_studies._common import add_run_arguments, prepare_out, save_figures
 
 NAME = "scale-pod"
 
@@ -85,13 +85,31 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
     return summary
 
 
+_DOC_HEADER = ("| layer (paper numbering) | dominant scales a* | E fine (a ≤ 7) | E medium | "
+               "E coarse (a ≥ 20) | T_spec = 1/β (R²) | H*(0.1) | heads: recommended / uniform |\n"
+               "|---|---|---|---|---|---|---|---|")
+
+
+def table_markdown(summary: dict[str, Any]) -> str:
+    """The per-layer table of one run (the format of docs/scale_pod.md)."""
+    rows = [_DOC_HEADER]
+    for r in summary["table"]:
+        scales = ", ".join(f"{a:.1f}" for a in r["dominant_scales"])
+        rows.append(f"| {r['layer']} ({r['layer'] + 1}) | {scales} | {r['E_fine']:.2f} | "
+                    f"{r['E_medium']:.2f} | {r['E_coarse']:.2f} | {r['T_spec']:.2f} "
+                    f"({r['tspec_r2']:.2f}) | {r['H_star']} | {r['recommended_heads']} / "
+                    f"{r['uniform_heads']} |")
+    return "\n".join(rows)
+
+
 def markdown(results_dir: str | Path) -> str:
-    """The per-layer table of every ``scale_pod_*.json`` under ``results_dir``."""
+    """The per-layer table of every ``scale_pod_*.json`` under ``results_dir``, each under a
+    heading naming the model, N and T."""
     parts = []
     for p in sorted(Path(results_dir).glob("scale_pod_*.json")):
         s = json.loads(p.read_text())
-        parts.append(f"### {s['model']}, N = {s['n_docs']} windows of {s['length']} "
-                     f"({s.get('windows_from', '?')})\n\n" + md_table(s["table"]))
+        parts.append(f"### {s['model']}, N = {s['n_docs']}, T = {s['length']} "
+                     f"(windows from the {s.get('windows_from', '?')})\n\n" + table_markdown(s))
     return "\n\n".join(parts) + "\n"
 
 
@@ -115,6 +133,6 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study scale-pod") -> int:
                   seed=args.seed, fig_dir=args.fig_dir)
     print(f"{s['view']}; {s['n_docs']} windows of {s['length']} ({s['windows_from']}); "
           f"forward {s['forward_s']:.1f} s, analysis {s['analysis_s']:.1f} s")
-    print(md_table(s["table"]))
+    print(table_markdown(s))
     print(Path(out).resolve())
     return 0
