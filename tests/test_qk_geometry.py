@@ -430,3 +430,22 @@ def test_recover_sd_from_model_attention_weights():
     assert torch.allclose(s_rec[0], s_true, atol=1e-4)
     assert torch.allclose(d_rec[0], d_true, atol=1e-4)
     assert sd_geometry(s_rec, d_rec).all_stable
+
+
+def test_factored_matrix_input_equals_factors():
+    """qk_geometry(model.QK) — a TransformerLens FactoredMatrix — equals the factor path."""
+    from transformer_lens import FactoredMatrix
+
+    g = torch.Generator().manual_seed(3)
+    WQ = torch.randn(2, 3, 12, 4, generator=g)
+    WK = torch.randn(2, 3, 12, 4, generator=g)
+    fm = FactoredMatrix(WQ, WK.transpose(-1, -2))
+    a, b = qk_geometry(fm), qk_geometry(WQ, WK)
+    assert torch.allclose(a.routing_fraction, b.routing_fraction, atol=1e-12)
+    assert torch.allclose(a.eff_rank_R, b.eff_rank_R, atol=1e-12)
+    one = qk_geometry(FactoredMatrix(WQ[1, 2], WK[1, 2].T))  # a single head
+    assert torch.allclose(one.routing_fraction[0, 0], b.routing_fraction[1, 2], atol=1e-12)
+    with pytest.raises(ValueError, match="FactoredMatrix"):
+        qk_geometry(fm, WK)
+    with pytest.raises(ValueError, match="needs W_K"):
+        qk_geometry(WQ)

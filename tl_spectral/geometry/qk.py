@@ -433,9 +433,25 @@ def _bias_layers(
     return layers
 
 
+def _is_factored(x: Any) -> bool:
+    """A TransformerLens ``FactoredMatrix`` (``A @ B``), recognised without importing TL."""
+    return type(x).__name__ == "FactoredMatrix" and hasattr(x, "A") and hasattr(x, "B")
+
+
+def _factors_of(fm: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W_Q ``[layer, head, d_model, d_head]``, W_K) of a QK ``FactoredMatrix`` ``A @ B`` with
+    ``A = W_Q`` and ``B = W_Kᵀ`` (TransformerLens' ``model.QK``, ``[layer, head, ...]``,
+    ``[head, ...]`` or one matrix)."""
+    A, B = fm.A.detach(), fm.B.detach()
+    wk = B.transpose(-1, -2)
+    while A.ndim < 4:
+        A, wk = A.unsqueeze(0), wk.unsqueeze(0)
+    return A, wk
+
+
 def qk_geometry(
     W_Q: Any,
-    W_K: Any,
+    W_K: Any = None,
     *,
     b_Q: Any = None,
     b_K: Any = None,
@@ -447,7 +463,9 @@ def qk_geometry(
 
     Args:
         W_Q: ``[layer, head, d_model, d_head]``, or a list with one ``[head, d_model, d_head_l]``
-            tensor per layer (``d_head`` may then differ across layers).
+            tensor per layer (``d_head`` may then differ across layers). Or the kernel itself
+            as a TransformerLens ``FactoredMatrix`` (``model.QK``: ``A = W_Q``, ``B = W_Kᵀ``;
+            ``[layer, head, …]``, ``[head, …]`` or one head), with ``W_K`` left out.
         W_K: ``[layer, kv_head, d_model, d_head]`` (or a per-layer list). Grouped-query
             attention: if ``kv_head < head`` each key head is repeated for its group of
             ``head // kv_head`` consecutive query heads (``repeat_interleave``, HF/Llama order).
@@ -470,6 +488,14 @@ def qk_geometry(
     Fold LayerNorm weights into ``W_Q``/``W_K`` first (TransformerLens' ``fold_ln``) for the
     geometry of the kernel the residual stream actually sees.
     """
+    if _is_factored(W_Q):
+        if W_K is not None:
+            raise ValueError("qk_geometry got a FactoredMatrix for W_Q and also W_K; pass the "
+                             "FactoredMatrix (model.QK) alone, or the two factors")
+        W_Q, W_K = _factors_of(W_Q)
+    elif W_K is None:
+        raise ValueError("qk_geometry needs W_K (or pass a FactoredMatrix such as model.QK "
+                         "as its only argument)")
     q_layers = _as_layers(W_Q, "W_Q", 3, "head, d_model, d_head")
     k_layers = _as_layers(W_K, "W_K", 3, "kv_head, d_model, d_head")
     if len(q_layers) != len(k_layers):

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tl_spectral.data.inputs import as_token_tensor
 from tl_spectral.models.gpt import GPT
 from tl_spectral.models.surgery import perplexity
 from tl_spectral.results import Result, register_result
@@ -96,6 +97,13 @@ def ablate(model: Any, kind: str, layers: Sequence[int] | None = None) -> Any:
         raise ValueError(f"unknown ablation {kind!r}; S–D: {ABLATIONS_SD}, "
                          f"softmax: {ABLATIONS_SOFTMAX}")
     cands = [i for i in range(model.cfg.n_layers) if model.cfg.layer_attention(i) == want]
+    if not cands:
+        kinds = sorted({model.cfg.layer_attention(i) for i in range(model.cfg.n_layers)})
+        fits = [k for k in (ABLATIONS_SD if "sd" in kinds else ()) + (
+            ABLATIONS_SOFTMAX if "softmax" in kinds else ())]
+        raise ValueError(f"ablation {kind!r} needs {want!r} attention layers and this model "
+                         f"has none (its layers are {kinds}); ablations that apply: "
+                         f"{fits or 'none'}")
     layers = cands if layers is None else [int(i) for i in layers]
     wrong = [i for i in layers if i not in cands]
     if wrong or not layers:
@@ -182,7 +190,8 @@ def ablation_table(model: Any, windows: torch.Tensor, *, kinds: Sequence[str] | 
     """Run the SPEC B.4 ablations of a native GPT on validation ``windows``
     ``[n, seq_len + 1]``: each ablation on all layers of its kind at once, and (``per_layer``)
     on each such layer alone. ``kinds`` default: every ablation that applies to the model's
-    attention kinds."""
+    attention kinds. ``windows``: a tensor, lists of ids or ``DocumentWindows``."""
+    windows = as_token_tensor(windows, "windows", min_len=2)
     kinds_present = {model.cfg.layer_attention(i) for i in range(model.cfg.n_layers)}
     if kinds is None:
         kinds = [k for k in ABLATIONS_SD if "sd" in kinds_present] + \

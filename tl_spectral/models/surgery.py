@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tl_spectral.data.inputs import as_token_tensor
 from tl_spectral.models.attention import LinearAttention, make_attention
 from tl_spectral.models.gpt import GPT, GPTConfig
 from tl_spectral.results import Result, register_result
@@ -212,9 +213,9 @@ def linearize(model: GPT, layers: Sequence[int] | int, *, train_tokens: torch.Te
 def perplexity(model: nn.Module, windows: torch.Tensor, *, batch_size: int = 16
                ) -> dict[str, float]:
     """Mean next-token cross-entropy ``loss`` (nats) and ``ppl`` over ``windows``
-    ``[n, seq_len + 1]`` (every target counted once). The model is put in eval mode."""
-    if windows.dim() != 2 or windows.shape[1] < 2:
-        raise ValueError(f"windows must be [n, seq_len+1], got {tuple(windows.shape)}")
+    ``[n, seq_len + 1]`` (a tensor, lists of ids or ``DocumentWindows``; every target counted
+    once). The model is put in eval mode."""
+    windows = as_token_tensor(windows, "windows", min_len=2)
     model.eval()
     tot, n = 0.0, 0
     device = next(model.parameters()).device
@@ -370,6 +371,7 @@ def linearization_curve(model: GPT, windows: torch.Tensor, *, ks: Sequence[int] 
     *without* swapping them (same steps, data and seed) — ``ppl_control``."""
     if not isinstance(model, GPT):
         raise TypeError(f"expected a tl_spectral GPT, got {type(model).__name__}")
+    windows = as_token_tensor(windows, "windows", min_len=2)
     L = model.cfg.n_layers
     ks = list(range(L + 1)) if ks is None else sorted({int(k) for k in ks})
     if any(not 0 <= k <= L for k in ks):
@@ -429,6 +431,7 @@ def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int
     from tl_spectral.model_view import ModelView
     from tl_spectral.models.convert import LinearPatternHook
 
+    tokens = as_token_tensor(tokens, "tokens", min_len=2)
     view = model if isinstance(model, ModelView) else ModelView(model)
     if not view.causal:
         raise ValueError(f"{view.name} is not a causal language model; the ΔPPL curve needs "
