@@ -456,15 +456,6 @@ def load_model(directory: str | Path, map_location: str | torch.device = "cpu") 
     directory = Path(directory)
     doc = read_checkpoint_config(directory)
     cfg = GPTConfig.from_dict(doc["model"])
-    expected_sha = doc.get("weights_sha256")
-    if expected_sha is not None and (directory / WEIGHTS_NAME).is_file():
-        got = sha256_file(directory / WEIGHTS_NAME)
-        if got != expected_sha:
-            raise ValueError(
-                f"{directory / WEIGHTS_NAME} does not belong to {directory / CONFIG_NAME} "
-                f"(sha256 {got[:12]}..., config.json expects {str(expected_sha)[:12]}...): "
-                "the checkpoint is corrupted or mixes files of two saves"
-            )
     state = load_state_file(directory / WEIGHTS_NAME)
     model = GPT(cfg)
     expected = model_state(model)
@@ -491,5 +482,14 @@ def load_model(directory: str | Path, map_location: str | torch.device = "cpu") 
     for k, v in state.items():
         if not torch.isfinite(v).all():
             raise ValueError(f"{directory / WEIGHTS_NAME}: tensor {k} holds NaN/inf values")
+    expected_sha = doc.get("weights_sha256")
+    if expected_sha is not None:
+        got = sha256_file(directory / WEIGHTS_NAME)
+        if got != expected_sha:
+            raise ValueError(
+                f"{directory / WEIGHTS_NAME} does not belong to {directory / CONFIG_NAME} "
+                f"(sha256 {got[:12]}..., config.json expects {str(expected_sha)[:12]}...): "
+                "the checkpoint is corrupted or mixes files of two saves"
+            )
     model.load_state_dict(state, strict=not cfg.tied_embeddings)
     return model.to(map_location)

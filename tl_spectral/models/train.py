@@ -334,12 +334,12 @@ class Trainer:
             if _step_of(ck) is None or not (ck / "trainer_state.json").is_file():
                 continue
             try:
-                meta = json.loads((ck / "trainer_state.json").read_text())
+                meta = _read_meta(ck)
                 model = json.loads((ck / "config.json").read_text()).get("model")
-            except (OSError, ValueError):
-                continue  # an unreadable checkpoint: resume reports it
-            if not isinstance(meta, dict):
-                continue
+            except (OSError, ValueError, AttributeError):
+                continue  # a damaged checkpoint: resume reports it
+            if meta.get("meta_sha256") is not None and meta.get("run_id") == self.run_id:
+                continue  # verified as this run's; a damaged config.json is resume's to report
             why = self._foreign_reason(meta.get("run_id"), model, meta.get("train"))
             if why:
                 return f"checkpoint {ck} belongs to another run ({why})"
@@ -373,11 +373,17 @@ class Trainer:
                     "fresh out_dir, or pass --overwrite (TrainConfig.overwrite=True) to "
                     "delete them")
         if self.rank == 0 and self.out_dir.is_dir():
-            leftovers = list(self.out_dir.glob(".tmp_*"))
+            leftovers = [p for pat in (".tmp_final_*", f".tmp_{RUN_FILE}", ".tmp_log.jsonl",
+                                       ".old_final_*")
+                         for p in self.out_dir.glob(pat)]
             if (self.out_dir / "checkpoints").is_dir():
-                leftovers += list((self.out_dir / "checkpoints").glob(".tmp_step_*"))
+                leftovers += [p for pat in (".tmp_step_*", ".old_step_*")
+                              for p in (self.out_dir / "checkpoints").glob(pat)]
             for p in leftovers:
-                shutil.rmtree(p, ignore_errors=True)
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
         self._barrier()
 
     def _write_run_file(self) -> None:
@@ -619,14 +625,13 @@ class Trainer:
             step = _step_of(p)
             if step is None or not p.is_dir():
                 continue
-            run_id = None
-            for f, key in (("trainer_state.json", "run_id"), ("config.json", "run_id")):
+            try:
+                run_id = _read_meta(p).get("run_id")
+            except (CorruptCheckpointError, OSError):
                 try:
-                    run_id = json.loads((p / f).read_text()).get(key)
+                    run_id = json.loads((p / "config.json").read_text()).get("run_id")
                 except (OSError, ValueError, AttributeError):
-                    continue
-                if run_id is not None:
-                    break
+                    run_id = None
             if run_id == self.run_id or (unreadable and run_id is None):
                 mine.append((step, p))
         return [p for _, p in sorted(mine)]
