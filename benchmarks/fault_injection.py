@@ -145,6 +145,7 @@ def _corrupt(out_dir: Path, rng: random.Random) -> Path | None:
         key = rng.choice(sorted(k for k in t if "exp_avg" in k))
         t[key] = t[key].clone()
         t[key].view(-1)[rng.randrange(t[key].numel())] = float("nan")
+        _corrupt.last = "nan:" + key  # type: ignore[attr-defined]
         save_file(t, str(f))
         meta = json.loads((ck / "trainer_state.json").read_text())
         meta["files"][f.name] = sha256_bytes(f.read_bytes())
@@ -153,6 +154,7 @@ def _corrupt(out_dir: Path, rng: random.Random) -> Path | None:
         (ck / "trainer_state.json").write_text(json.dumps(meta))
         return ck
     f = rng.choice(sorted(p for p in ck.iterdir() if p.is_file()))
+    _corrupt.last = f.name  # type: ignore[attr-defined]
     raw = bytearray(f.read_bytes())
     i = rng.randrange(len(raw))
     raw[i] ^= 1 << rng.randrange(8)
@@ -180,6 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     stats = {"trials": 0, "kills_tried": 0, "kills_timer": 0, "kills_in_save_io": 0,
              "kills_missed": 0, "corruptions_injected": 0, "corruptions_detected": 0,
+             "corruptions_overwritten": 0, "undetected": [],
              "checkpoints_broken": 0, "runs_bit_identical": 0, "logs_without_repeats": 0,
              "failures": []}
     with tempfile.TemporaryDirectory(prefix="tl_fault_") as tmp:
@@ -188,6 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
             out_dir = Path(tmp) / f"trial{trial}"
             stats["trials"] += 1
             injected: set[str] = set()
+            what: dict[str, str] = {}
             final_sha = None
             for attempt in range(args.kills + 1):
                 last = attempt == args.kills
@@ -216,6 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
                         if ck is not None:
                             stats["corruptions_injected"] += 1
                             injected.add(str(ck))
+                            what[str(ck)] = _corrupt.last  # type: ignore[attr-defined]
                     continue
                 if p.returncode != 0:
                     stats["failures"].append({"trial": trial, "rc": p.returncode,
@@ -234,6 +239,9 @@ def main(argv: list[str] | None = None) -> dict:
                     stats["failures"].append({"trial": trial, "rc": p.returncode,
                                               "stderr": err[-400:]})
             stats["runs_bit_identical"] += int(final_sha == ref_sha)
+            for ck in injected:  # damaged, never resumed from: overwritten by a later save
+                stats["corruptions_overwritten"] += 1
+                stats["undetected"].append(what[ck])
             log = out_dir / "log.jsonl"
             steps = [json.loads(x)["step"] for x in log.read_text().splitlines()
                      if "loss" in json.loads(x)] if log.is_file() else []

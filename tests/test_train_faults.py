@@ -226,7 +226,7 @@ def _rewrite_state_with_nan(ck: Path, key_part: str) -> None:
 
 
 @pytest.mark.parametrize("fault", ["bit_flip_weights", "bit_flip_adam", "nan_adam",
-                                   "nan_weights", "torn_meta"])
+                                   "nan_weights", "torn_meta", "broken_config"])
 def test_bad_latest_checkpoint_falls_back_to_previous(tmp_path, reference, fault):
     ref_state, ref_loss = reference
     a = _trainer(tmp_path)
@@ -240,6 +240,9 @@ def test_bad_latest_checkpoint_falls_back_to_previous(tmp_path, reference, fault
         _rewrite_state_with_nan(latest, "exp_avg_sq")
     elif fault == "nan_weights":
         _rewrite_state_with_nan(latest, "weights")
+    elif fault == "broken_config":
+        raw = (latest / "config.json").read_text()
+        (latest / "config.json").write_text(raw.replace('"model"', "model", 1))
     else:
         raw = (latest / "trainer_state.json").read_text()
         (latest / "trainer_state.json").write_text(raw.replace('"step": 4', '"step": 5'))

@@ -657,12 +657,6 @@ class Trainer:
         raises :class:`CorruptCheckpointError` (or ``ValueError`` for a checkpoint of
         another model) naming the problem."""
         path = Path(path)
-        doc = read_checkpoint_config(path)
-        saved_cfg = GPTConfig.from_dict(doc["model"])
-        if saved_cfg.to_dict() != self.model.cfg.to_dict():
-            raise ValueError(f"checkpoint {path} holds a different model configuration than "
-                             "the model passed to the Trainer; use a fresh out_dir or the "
-                             "same GPTConfig")
         meta = _read_meta(path)
         for name, want in (meta.get("files") or {}).items():
             f = path / name
@@ -673,6 +667,15 @@ class Trainer:
                 raise CorruptCheckpointError(
                     f"{f} fails its checksum (sha256 {got[:12]}..., recorded {want[:12]}...); "
                     "the checkpoint is corrupted")
+        try:
+            doc = read_checkpoint_config(path)
+            saved_cfg = GPTConfig.from_dict(doc["model"])
+        except (ValueError, TypeError, FileNotFoundError) as e:
+            raise CorruptCheckpointError(f"{path}/config.json: {e} (corrupted)") from None
+        if saved_cfg.to_dict() != self.model.cfg.to_dict():
+            raise ValueError(f"checkpoint {path} holds a different model configuration than "
+                             "the model passed to the Trainer; use a fresh out_dir or the "
+                             "same GPTConfig")
         if meta.get("seq_len") != self.seq_len:
             raise ValueError(f"checkpoint seq_len {meta.get('seq_len')} != {self.seq_len}")
         try:
