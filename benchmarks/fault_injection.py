@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
                     stats["kills_timer" if mode == "timer" else "kills_in_save_io"] += 1
                     if rng.random() < args.corrupt:
                         ck = _corrupt(out_dir, rng)
-                        if ck is not None:
+                        if ck is not None and str(ck) not in injected:  # count folders
                             stats["corruptions_injected"] += 1
                             injected.add(str(ck))
                             what[str(ck)] = _corrupt.last  # type: ignore[attr-defined]
