@@ -15,8 +15,11 @@ ever unpickled.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,17 +292,112 @@ def model_state(model: GPT) -> dict[str, torch.Tensor]:
     return sd
 
 
-def save_model(model: GPT, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``model.safetensors`` + ``config.json`` into ``directory``; ``extra`` entries
-    (JSON-able: tokenizer, metrics, ...) are stored in config.json beside ``"model"``."""
-    from safetensors.torch import save_file
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of the file at ``path`` (read in 1 MiB blocks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_file_durably(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and fsync it, so that a later rename publishes complete
+    bytes even after a crash."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_model_files(model: GPT, directory: str | Path,
+                      extra: dict[str, Any] | None = None) -> str:
+    """Write ``model.safetensors`` + ``config.json`` into the (existing or new) folder
+    ``directory``, not atomically; config.json records the weights' sha256 under
+    ``"weights_sha256"``. Returns that checksum. :func:`save_model` is the atomic version."""
+    from safetensors.torch import save
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(model_state(model), str(directory / WEIGHTS_NAME),
-              metadata={"format": CONFIG_FORMAT})
-    doc = {"model": model.cfg.to_dict(), **(extra or {})}
-    (directory / CONFIG_NAME).write_text(json.dumps(doc, indent=2) + "\n")
+    blob = save(model_state(model), metadata={"format": CONFIG_FORMAT})
+    digest = sha256_bytes(blob)
+    write_file_durably(directory / WEIGHTS_NAME, blob)
+    doc = {"model": model.cfg.to_dict(), **(extra or {}), "weights_sha256": digest}
+    write_file_durably(directory / CONFIG_NAME, (json.dumps(doc, indent=2) + "\n").encode())
+    return digest
+
+
+def replace_dir(src: str | Path, dst: str | Path) -> None:
+    """Publish the complete folder ``src`` under the name ``dst`` by renaming.
+
+    When ``dst`` does not exist this is one atomic ``rename``. When it does, the two are
+    exchanged atomically where the OS offers it (Linux ``renameat2(RENAME_EXCHANGE)``) and
+    the old folder, now at ``src``, is deleted; elsewhere the old folder is first renamed
+    aside, so a crash leaves either folder intact under some name, never a mixture."""
+    src, dst = Path(src), Path(dst)
+    if not dst.exists():
+        os.replace(src, dst)
+    elif _rename_exchange(src, dst):
+        shutil.rmtree(src, ignore_errors=True)
+    else:  # pragma: no cover - non-Linux fallback
+        aside = dst.with_name(f".old_{dst.name}_{os.getpid()}")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(dst, aside)
+        os.replace(src, dst)
+        shutil.rmtree(aside, ignore_errors=True)
+    _fsync_dir(dst.parent)
+
+
+def _rename_exchange(a: Path, b: Path) -> bool:
+    """Atomically swap the names ``a`` and ``b`` (Linux only); False when unsupported."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    rc = fn(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), rename_exchange)
+    return rc == 0
+
+
+def save_model(model: GPT, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``model.safetensors`` + ``config.json`` into ``directory``; ``extra`` entries
+    (JSON-able: tokenizer, metrics, ...) are stored in config.json beside ``"model"``.
+
+    Atomic: both files are written (and fsynced) into a temporary sibling folder that then
+    replaces ``directory`` by a rename, so a crash never pairs new weights with an old
+    config.json. config.json records the sha256 of the weights (``"weights_sha256"``),
+    which :func:`load_model` checks."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(f".tmp_{directory.name}_{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_model_files(model, tmp, extra)
+    _fsync_dir(tmp)
+    replace_dir(tmp, directory)
     return directory
 
 
@@ -350,8 +448,10 @@ def load_state_file(path: str | Path) -> dict[str, torch.Tensor]:
 def load_model(directory: str | Path, map_location: str | torch.device = "cpu") -> GPT:
     """Load a :class:`GPT` saved by :func:`save_model`.
 
-    Validates that the weights hold exactly the expected names and shapes; raises
-    ``ValueError`` naming the missing / unexpected / mis-shaped tensors otherwise.
+    Validates that the weights hold exactly the expected names and shapes and only finite
+    values, and (when config.json records one) that their sha256 is the recorded one;
+    raises ``ValueError`` naming the missing / unexpected / mis-shaped tensors, or the
+    mismatch, otherwise.
     """
     directory = Path(directory)
     doc = read_checkpoint_config(directory)
@@ -382,5 +482,14 @@ def load_model(directory: str | Path, map_location: str | torch.device = "cpu") 
     for k, v in state.items():
         if not torch.isfinite(v).all():
             raise ValueError(f"{directory / WEIGHTS_NAME}: tensor {k} holds NaN/inf values")
+    expected_sha = doc.get("weights_sha256")
+    if expected_sha is not None:
+        got = sha256_file(directory / WEIGHTS_NAME)
+        if got != expected_sha:
+            raise ValueError(
+                f"{directory / WEIGHTS_NAME} does not belong to {directory / CONFIG_NAME} "
+                f"(sha256 {got[:12]}..., config.json expects {str(expected_sha)[:12]}...): "
+                "the checkpoint is corrupted or mixes files of two saves"
+            )
     model.load_state_dict(state, strict=not cfg.tied_embeddings)
     return model.to(map_location)

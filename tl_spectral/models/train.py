@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,10 +44,29 @@ from tl_spectral.models.gpt import (
     load_state_file,
     model_state,
     read_checkpoint_config,
+    replace_dir,
     save_model,
+    sha256_bytes,
+    sha256_file,
+    write_file_durably,
+    write_model_files,
 )
 
 STATE_FORMAT = "tl_spectral.trainer/1"
+RUN_FILE = "run.json"
+#: TrainConfig fields that define a run (with the model configuration and the training
+#: tokens): changing any of them changes the trajectory of the weights.
+IDENTITY_FIELDS = ("steps", "batch_size", "lr", "min_lr", "warmup_steps", "weight_decay",
+                   "betas", "eps", "grad_clip", "seed")
+
+
+class RunConflictError(ValueError):
+    """``out_dir`` holds the outputs of another run (a different configuration, seed or
+    data); the new run refuses to overwrite or prune them unless ``overwrite`` is set."""
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint failed verification (checksum, NaN/inf values, unreadable files)."""
 
 
 def warmup_cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int,
@@ -70,7 +91,10 @@ class TrainConfig:
     Every ``eval_every`` steps: validation loss/perplexity on ``eval_windows`` evenly spaced
     windows of the validation tokens (None = all). Every ``checkpoint_every`` steps: a
     checkpoint in ``out_dir/checkpoints`` (the last ``keep_checkpoints`` are kept).
-    ``resume``: continue from the last complete checkpoint in ``out_dir`` if any.
+    ``resume``: continue from the last intact checkpoint of the same run in ``out_dir`` if
+    any. ``overwrite``: delete the outputs of whatever run ``out_dir`` holds (checkpoints,
+    final/, log.jsonl) and start afresh; without it a run refuses an ``out_dir`` that holds
+    another run's outputs (:class:`RunConflictError`).
     """
 
     steps: int = 1000
@@ -90,6 +114,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     out_dir: str | None = None
     resume: bool = True
+    overwrite: bool = False
     seed: int = 0
     device: str = "auto"
     num_threads: int | None = None
@@ -130,6 +155,11 @@ class TrainConfig:
         return warmup_cosine_lr(step, lr=self.lr, min_lr=self.min_lr,
                                 warmup_steps=self.warmup_steps, steps=self.steps)
 
+    def identity(self) -> dict[str, Any]:
+        """The fields of :data:`IDENTITY_FIELDS` (JSON-able): what a resume must not change."""
+        d = self.to_dict()
+        return {k: d[k] for k in IDENTITY_FIELDS}
+
 
 @dataclass
 class TrainHistory:
@@ -161,11 +191,48 @@ def _as_token_tensor(tokens, what: str, min_len: int) -> torch.Tensor:
     return t
 
 
+def _canonical(doc: Any) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def _step_of(path: Path) -> int | None:
+    """The step number of a ``step_XXXXXXX`` folder name, or None."""
+    name = path.name
+    if not name.startswith("step_") or not name[5:].isdigit():
+        return None
+    return int(name[5:])
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    """The verified ``trainer_state.json`` of checkpoint ``path``
+    (:class:`CorruptCheckpointError` when unreadable or altered)."""
+    f = path / "trainer_state.json"
+    try:
+        meta = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptCheckpointError(f"{f} is unreadable ({e}); the checkpoint is corrupted"
+                                     ) from None
+    if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT:
+        raise CorruptCheckpointError(f"{f} is not a tl_spectral trainer state (corrupted?)")
+    want = meta.get("meta_sha256")
+    if want is not None:
+        body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+        if sha256_bytes(_canonical(body).encode()) != want:
+            raise CorruptCheckpointError(f"{f} fails its checksum; the checkpoint is corrupted")
+    return meta
+
+
 class Trainer:
     """Train a :class:`GPT` on a 1-D token stream.
 
     model: a GPT (or any module with ``.cfg.n_ctx`` and ``forward(tokens)->logits``);
     train_tokens / val_tokens: 1-D int tensors (or sequences) of token ids.
+
+    Run identity (:attr:`run_id`): a hash of the model configuration, the TrainConfig
+    fields of :data:`IDENTITY_FIELDS` (seed included), ``seq_len`` and the training tokens.
+    It is written to ``out_dir/run.json`` and into every checkpoint; a trainer whose
+    ``out_dir`` holds another run's outputs raises :class:`RunConflictError` unless
+    ``overwrite`` is set, and it never overwrites or prunes another run's checkpoints.
     """
 
     def __init__(self, model: GPT, train_tokens, val_tokens, config: TrainConfig,
@@ -217,8 +284,128 @@ class Trainer:
         self.step = 0
         self.history = TrainHistory()
         self.out_dir = Path(config.out_dir) if config.out_dir else None
-        if self.out_dir is not None and config.resume:
-            self.resume()
+        self.run_identity = {
+            "model": self.model.cfg.to_dict(), "train": config.identity(),
+            "seq_len": self.seq_len,
+            "train_tokens_sha256": sha256_bytes(self.train_tokens.numpy().tobytes())}
+        self.run_id = sha256_bytes(_canonical(self.run_identity).encode())[:16]
+        self.rejected_checkpoints: list[tuple[Path, str]] = []
+        if self.out_dir is not None:
+            self._prepare_out_dir()
+            if config.resume and not config.overwrite:
+                self.resume()
+
+    # ---------------------------------------------------------------- run identity
+    def _foreign_reason(self, run_id: str | None, model: dict | None,
+                        train: dict | None) -> str | None:
+        """Why a recorded run differs from this one (None: the same run). Outputs of older
+        versions carry no run id; they are compared on model and identity fields."""
+        if run_id is not None:
+            if run_id == self.run_id:
+                return None
+        if model is not None and model != self.model.cfg.to_dict():
+            return "a different model configuration"
+        if train is not None:
+            mine = self.cfg.identity()
+            diff = sorted(k for k in mine if k in train and
+                          _canonical(train[k]) != _canonical(mine[k]))
+            if diff:
+                return "different training settings (" + ", ".join(
+                    f"{k}: {train[k]!r} there, {mine[k]!r} here" for k in diff[:4]) + ")"
+        if run_id is not None:
+            return "different data or sequence length"
+        return None
+
+    def _find_foreign_run(self) -> str | None:
+        """A description of another run's outputs in ``out_dir``, or None."""
+        assert self.out_dir is not None
+        run_file = self.out_dir / RUN_FILE
+        if run_file.is_file():
+            try:
+                doc = json.loads(run_file.read_text())
+                why = self._foreign_reason(doc.get("run_id"), doc.get("identity", {}).get(
+                    "model"), doc.get("identity", {}).get("train"))
+            except (OSError, ValueError, AttributeError):
+                why = "an unreadable run.json"
+            if why:
+                return f"{run_file} records another run ({why})"
+        root = self.out_dir / "checkpoints"
+        for ck in sorted(root.glob("step_*")) if root.is_dir() else []:
+            if _step_of(ck) is None or not (ck / "trainer_state.json").is_file():
+                continue
+            try:
+                meta = _read_meta(ck)
+                model = json.loads((ck / "config.json").read_text()).get("model")
+            except (OSError, ValueError, AttributeError):
+                continue  # a damaged checkpoint: resume reports it
+            if meta.get("meta_sha256") is not None and meta.get("run_id") == self.run_id:
+                continue  # verified as this run's; a damaged config.json is resume's to report
+            why = self._foreign_reason(meta.get("run_id"), model, meta.get("train"))
+            if why:
+                return f"checkpoint {ck} belongs to another run ({why})"
+        final = self.out_dir / "final" / "config.json"
+        if final.is_file():
+            try:
+                doc = json.loads(final.read_text())
+                why = self._foreign_reason(doc.get("run_id"), doc.get("model"),
+                                           doc.get("train"))
+            except (OSError, ValueError, AttributeError):
+                why = None
+            if why:
+                return f"{final.parent} belongs to another run ({why})"
+        return None
+
+    def _prepare_out_dir(self) -> None:
+        """Refuse another run's out_dir (or clear it with ``overwrite``), remove leftover
+        temporary folders of interrupted saves."""
+        assert self.out_dir is not None
+        if self.cfg.overwrite:
+            if self.rank == 0:
+                for name in ("checkpoints", "final"):
+                    shutil.rmtree(self.out_dir / name, ignore_errors=True)
+                for name in ("log.jsonl", RUN_FILE):
+                    (self.out_dir / name).unlink(missing_ok=True)
+        else:
+            foreign = self._find_foreign_run()
+            if foreign:
+                raise RunConflictError(
+                    f"out_dir {self.out_dir} holds another run's outputs: {foreign}; use a "
+                    "fresh out_dir, or pass --overwrite (TrainConfig.overwrite=True) to "
+                    "delete them")
+        if self.rank == 0 and self.out_dir.is_dir():
+            leftovers = [p for pat in (".tmp_final_*", f".tmp_{RUN_FILE}", ".tmp_log.jsonl",
+                                       ".old_final_*")
+                         for p in self.out_dir.glob(pat)]
+            if (self.out_dir / "checkpoints").is_dir():
+                leftovers += [p for pat in (".tmp_step_*", ".old_step_*")
+                              for p in (self.out_dir / "checkpoints").glob(pat)]
+            for p in leftovers:
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+        self._barrier()
+
+    def _write_run_file(self) -> None:
+        if self.out_dir is None or self.rank:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        doc = {"run_id": self.run_id, "identity": self.run_identity}
+        path = self.out_dir / RUN_FILE
+        try:
+            if json.loads(path.read_text()) == doc:
+                return
+        except (OSError, ValueError):
+            pass
+        tmp = self.out_dir / f".tmp_{RUN_FILE}"
+        write_file_durably(tmp, (json.dumps(doc, indent=1) + "\n").encode())
+        os.replace(tmp, path)
+
+    def _barrier(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
 
     # --------------------------------------------------------------------- optimizer
     def _make_optimizer(self) -> torch.optim.Optimizer:
@@ -288,6 +475,9 @@ class Trainer:
 
         end = self.cfg.steps if stop_at is None else min(stop_at, self.cfg.steps)
         model, cfg = self.train_module, self.cfg
+        if self.out_dir is not None and self.rank == 0:
+            self._write_run_file()
+            self._truncate_log(self.step)
         model.train()
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress or self.rank,
                    desc="train", dynamic_ncols=True)
@@ -347,6 +537,30 @@ class Trainer:
         with open(self.out_dir / "log.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def _truncate_log(self, step: int) -> None:
+        """Drop the records of ``log.jsonl`` after ``step`` (written by the interrupted
+        part of a run that resumes at ``step``), and any torn last line."""
+        if self.out_dir is None or self.rank:
+            return
+        path = self.out_dir / "log.jsonl"
+        if not path.is_file():
+            return
+        keep, changed = [], False
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+                ok = isinstance(rec, dict) and int(rec.get("step", 0)) <= step
+            except (ValueError, TypeError):
+                ok = False
+            if ok:
+                keep.append(line)
+            else:
+                changed = True
+        if changed:
+            tmp = self.out_dir / ".tmp_log.jsonl"
+            write_file_durably(tmp, "".join(x + "\n" for x in keep).encode())
+            os.replace(tmp, path)
+
     # -------------------------------------------------------------------- checkpoints
     @property
     def checkpoint_root(self) -> Path:
@@ -356,18 +570,25 @@ class Trainer:
 
     def save_checkpoint(self) -> Path | None:
         """Write ``out_dir/checkpoints/step_XXXXXXX`` (weights, config, optimizer moments,
-        data-generator state, history). Atomic: written to a temporary folder, then renamed.
-        Returns the folder (None on ranks other than 0)."""
+        data-generator state, history; ``trainer_state.json`` records the run id and the
+        sha256 of every other file). Atomic: written and fsynced in a temporary folder, then
+        renamed. Then prunes this run's checkpoints by step number to the last
+        ``keep_checkpoints`` (never another run's). Returns the folder (None on ranks
+        other than 0)."""
         if self.rank == 0:
-            from safetensors.torch import save_file
+            from safetensors.torch import save
 
+            self._write_run_file()
             root = self.checkpoint_root
             root.mkdir(parents=True, exist_ok=True)
             final = root / f"step_{self.step:07d}"
             tmp = root / f".tmp_step_{self.step:07d}"
             shutil.rmtree(tmp, ignore_errors=True)
-            save_model(self.model, tmp, extra={"train": self.cfg.to_dict(), "step": self.step,
-                                               **self.extra_metadata})
+            files: dict[str, str] = {}
+            files["model.safetensors"] = write_model_files(
+                self.model, tmp, extra={"train": self.cfg.to_dict(), "step": self.step,
+                                        "run_id": self.run_id, **self.extra_metadata})
+            files["config.json"] = sha256_file(tmp / "config.json")
             tensors: dict[str, torch.Tensor] = {
                 "rng.data": self.generator.get_state().clone()}
             params = [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -376,79 +597,168 @@ class Trainer:
                 for k, v in st.items():
                     if isinstance(v, torch.Tensor):
                         tensors[f"optim.{i}.{k}"] = v.detach().cpu().contiguous()
-            save_file(tensors, str(tmp / "trainer_state.safetensors"),
-                      metadata={"format": STATE_FORMAT})
+            blob = save(tensors, metadata={"format": STATE_FORMAT})
+            files["trainer_state.safetensors"] = sha256_bytes(blob)
+            write_file_durably(tmp / "trainer_state.safetensors", blob)
             meta = {"format": STATE_FORMAT, "step": self.step, "seq_len": self.seq_len,
                     "world_size": self.world_size, "train": self.cfg.to_dict(),
+                    "run_id": self.run_id, "files": files,
                     "history": dataclasses.asdict(self.history)}
-            (tmp / "trainer_state.json").write_text(json.dumps(meta) + "\n")
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
-            done = sorted(p for p in root.glob("step_*") if p.is_dir())
-            for old in done[:-self.cfg.keep_checkpoints]:
-                shutil.rmtree(old, ignore_errors=True)
+            meta["meta_sha256"] = sha256_bytes(_canonical(meta).encode())
+            write_file_durably(tmp / "trainer_state.json", (json.dumps(meta) + "\n").encode())
+            replace_dir(tmp, final)
+            self._prune()
         else:
             final = None
-        if self.distributed:
-            import torch.distributed as dist
-
-            dist.barrier()
+        self._barrier()
         return final
 
-    def last_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint folder in ``out_dir``, or None."""
+    def _run_checkpoints(self, *, unreadable: bool = False) -> list[Path]:
+        """This run's checkpoint folders, sorted by step number (oldest first). A folder
+        whose trainer_state.json cannot be read counts as this run's when its config.json
+        names this run, or (``unreadable=True``, for resume to report it) when neither
+        file names any run."""
         if self.out_dir is None or not self.checkpoint_root.is_dir():
-            return None
-        done = sorted(p for p in self.checkpoint_root.glob("step_*")
-                      if (p / "trainer_state.json").is_file())
+            return []
+        mine = []
+        for p in self.checkpoint_root.glob("step_*"):
+            step = _step_of(p)
+            if step is None or not p.is_dir():
+                continue
+            try:
+                run_id = _read_meta(p).get("run_id")
+            except (CorruptCheckpointError, OSError):
+                try:
+                    run_id = json.loads((p / "config.json").read_text()).get("run_id")
+                except (OSError, ValueError, AttributeError):
+                    run_id = None
+            if run_id == self.run_id or (unreadable and run_id is None):
+                mine.append((step, p))
+        return [p for _, p in sorted(mine)]
+
+    def _prune(self) -> None:
+        """Delete this run's oldest checkpoints, keeping the last ``keep_checkpoints`` by
+        step number."""
+        for old in self._run_checkpoints()[:-self.cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def last_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint folder of this run in ``out_dir`` (by step
+        number; not verified), or None."""
+        done = [p for p in self._run_checkpoints() if (p / "trainer_state.json").is_file()]
         return done[-1] if done else None
 
-    def resume(self, path: str | Path | None = None) -> bool:
-        """Load weights, optimizer moments, generator state and history from ``path`` (or
-        the last checkpoint). Returns False when there is nothing to resume from."""
-        path = Path(path) if path is not None else self.last_checkpoint()
-        if path is None:
-            return False
-        doc = read_checkpoint_config(path)
-        saved_cfg = GPTConfig.from_dict(doc["model"])
+    def verify_checkpoint(self, path: str | Path) -> tuple[dict[str, Any],
+                                                         dict[str, torch.Tensor],
+                                                         dict[str, torch.Tensor]]:
+        """Read and check checkpoint ``path`` without applying it: the sha256 of every file
+        recorded in ``trainer_state.json``, readable safetensors, names and shapes that fit
+        this model, finite weights and optimizer moments. Returns (meta, weights, state);
+        raises :class:`CorruptCheckpointError` (or ``ValueError`` for a checkpoint of
+        another model) naming the problem."""
+        path = Path(path)
+        meta = _read_meta(path)
+        for name, want in (meta.get("files") or {}).items():
+            f = path / name
+            if not f.is_file():
+                raise CorruptCheckpointError(f"{f} is missing; the checkpoint is corrupted")
+            got = sha256_file(f)
+            if got != want:
+                raise CorruptCheckpointError(
+                    f"{f} fails its checksum (sha256 {got[:12]}..., recorded {want[:12]}...); "
+                    "the checkpoint is corrupted")
+        try:
+            doc = read_checkpoint_config(path)
+            saved_cfg = GPTConfig.from_dict(doc["model"])
+        except (ValueError, TypeError, FileNotFoundError) as e:
+            raise CorruptCheckpointError(f"{path}/config.json: {e} (corrupted)") from None
         if saved_cfg.to_dict() != self.model.cfg.to_dict():
             raise ValueError(f"checkpoint {path} holds a different model configuration than "
                              "the model passed to the Trainer; use a fresh out_dir or the "
                              "same GPTConfig")
+        if meta.get("seq_len") != self.seq_len:
+            raise ValueError(f"checkpoint seq_len {meta.get('seq_len')} != {self.seq_len}")
         try:
-            meta = json.loads((path / "trainer_state.json").read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path}/trainer_state.json is unreadable ({e})") from None
-        if meta.get("format") != STATE_FORMAT:
-            raise ValueError(f"{path}/trainer_state.json is not a tl_spectral trainer state")
-        if meta["seq_len"] != self.seq_len:
-            raise ValueError(f"checkpoint seq_len {meta['seq_len']} != {self.seq_len}")
-        weights = load_state_file(path / "model.safetensors")
+            weights = load_state_file(path / "model.safetensors")
+            state = load_state_file(path / "trainer_state.safetensors")
+        except (ValueError, FileNotFoundError) as e:
+            raise CorruptCheckpointError(str(e)) from None
         expected = model_state(self.model)
         if set(weights) != set(expected) or any(weights[k].shape != expected[k].shape
                                                 for k in expected):
-            raise ValueError(f"{path}/model.safetensors does not match the model: a foreign "
-                             "or corrupted checkpoint")
-        self.model.load_state_dict(weights, strict=not self.model.cfg.tied_embeddings)
-        state = load_state_file(path / "trainer_state.safetensors")
+            raise CorruptCheckpointError(f"{path}/model.safetensors does not match the model: "
+                                         "a foreign or corrupted checkpoint")
         if "rng.data" not in state:
-            raise ValueError(f"{path}/trainer_state.safetensors lacks the generator state")
+            raise CorruptCheckpointError(f"{path}/trainer_state.safetensors lacks the "
+                                         "generator state (corrupted)")
+        for what, tensors in (("weight", weights), ("optimizer state", state)):
+            for k, v in tensors.items():
+                if v.is_floating_point() and not torch.isfinite(v).all():
+                    raise CorruptCheckpointError(
+                        f"checkpoint {path}: {what} {k} holds NaN/inf values (corrupted or "
+                        "diverged)")
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        for i, p in enumerate(params):
+            for k, v in state.items():
+                if k.startswith(f"optim.{i}.") and not k.endswith(".step") and \
+                        v.shape != p.shape:
+                    raise CorruptCheckpointError(
+                        f"optimizer state {k[6:]} has shape {tuple(v.shape)}, parameter has "
+                        f"{tuple(p.shape)}: a foreign or corrupted checkpoint")
+        return meta, weights, state
+
+    def resume(self, path: str | Path | None = None) -> bool:
+        """Load weights, optimizer moments, generator state and history from ``path`` (or
+        the newest intact checkpoint of this run). Returns False when there is nothing to
+        resume from.
+
+        Every checkpoint is verified first (:meth:`verify_checkpoint`). Without ``path``,
+        a bad newest checkpoint is reported (a warning, stderr and ``log.jsonl``) and the
+        previous one is tried, and so on; when none is intact a ``ValueError`` names them
+        all. With ``path``, a bad checkpoint raises at once."""
+        if path is not None:
+            candidates = [Path(path)]
+        else:
+            candidates = self._run_checkpoints(unreadable=True)[::-1]
+            if not candidates:
+                return False
+        self.rejected_checkpoints = []
+        for cand in candidates:
+            try:
+                meta, weights, state = self.verify_checkpoint(cand)
+            except CorruptCheckpointError as e:
+                if path is not None:
+                    raise
+                self.rejected_checkpoints.append((cand, str(e)))
+                msg = f"tl_spectral: skipping bad checkpoint {cand}: {e}"
+                warnings.warn(msg, RuntimeWarning, stacklevel=2)
+                continue
+            self._apply_checkpoint(meta, weights, state)
+            if self.rejected_checkpoints:
+                self._truncate_log(self.step)
+                for bad, why in self.rejected_checkpoints:
+                    self._log({"step": self.step, "event": "bad_checkpoint_skipped",
+                               "path": str(bad), "error": why, "resumed_from": str(cand)})
+            return True
+        raise CorruptCheckpointError(
+            f"no intact checkpoint to resume from in {self.checkpoint_root}: "
+            + "; ".join(f"{p.name}: {why}" for p, why in self.rejected_checkpoints)
+            + ". Delete them, or pass --overwrite (TrainConfig.overwrite=True) to start afresh")
+
+    def _apply_checkpoint(self, meta: dict[str, Any], weights: dict[str, torch.Tensor],
+                          state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(weights, strict=not self.model.cfg.tied_embeddings)
         self.generator.set_state(state["rng.data"])
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         for i, p in enumerate(params):
             st = {k.split(".", 2)[2]: v for k, v in state.items()
                   if k.startswith(f"optim.{i}.")}
             if st:
-                for k, v in st.items():
-                    if k != "step" and v.shape != p.shape:
-                        raise ValueError(f"optimizer state {i}.{k} has shape {tuple(v.shape)}, "
-                                         f"parameter has {tuple(p.shape)}")
                 self.optimizer.state[p] = {
                     k: (v if k == "step" else v.to(p.device)) for k, v in st.items()}
         self.step = int(meta["step"])
         h = meta.get("history", {})
         self.history = TrainHistory(**h)
-        return True
 
 
 # ------------------------------------------------------------------------------- CLI
@@ -469,7 +779,8 @@ def _load_data(data: dict[str, Any]):
 def run_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None = None
                     ) -> tuple[Trainer, TrainHistory]:
     """Build model, data and trainer from a run config (dict) and train. At the end rank 0
-    writes ``out_dir/final`` (model.safetensors + config.json with tokenizer and metrics)."""
+    writes ``out_dir/final`` atomically (model.safetensors + config.json with tokenizer,
+    metrics, run id, step and the weights' sha256)."""
     for key in ("model", "train"):
         if key not in doc:
             raise ValueError(f"the run config needs a {key!r} section")
@@ -491,6 +802,7 @@ def run_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None = N
     if trainer.out_dir is not None and trainer.rank == 0:
         save_model(trainer.model, trainer.out_dir / "final", extra={
             "tokenizer": tok_doc, "data": doc.get("data", {}), "train": train_cfg.to_dict(),
+            "run_id": trainer.run_id, "step": trainer.step,
             "metrics": {**full, "steps": trainer.step, "tokens_seen": history.tokens_seen,
                         "eval": "all validation windows of seq_len+1, stride seq_len"}})
     return trainer, history
@@ -504,7 +816,8 @@ def _all_windows(trainer: Trainer) -> torch.Tensor:
 
 def train_cli(argv: list[str]) -> int:
     """``tl-spectral train --config FILE [--out-dir DIR] [--steps N] [--device D]
-    [--no-progress]``. Returns the exit status (0 on success)."""
+    [--no-progress] [--overwrite]``. Returns the exit status (0 on success); an out_dir
+    holding another run exits with status 2 and a one-line error."""
     ap = argparse.ArgumentParser(prog="tl-spectral train",
                                  description="Train a tl_spectral GPT from a JSON run config.")
     ap.add_argument("--config", required=True, help="JSON file with model/data/train sections")
@@ -513,6 +826,8 @@ def train_cli(argv: list[str]) -> int:
     ap.add_argument("--device", help="override train.device (auto|cpu|cuda)")
     ap.add_argument("--threads", type=int, help="override train.num_threads")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="delete another run's checkpoints, final/ and log in out_dir first")
     args = ap.parse_args(argv)
     path = Path(args.config)
     if not path.is_file():
@@ -532,7 +847,12 @@ def train_cli(argv: list[str]) -> int:
         ov["num_threads"] = args.threads
     if args.no_progress:
         ov["progress"] = False
-    trainer, history = run_from_config(doc, overrides=ov)
+    if args.overwrite:
+        ov["overwrite"] = True
+    try:
+        trainer, history = run_from_config(doc, overrides=ov)
+    except RunConflictError as e:
+        ap.exit(2, f"tl-spectral train: error: {e}\n")
     if trainer.rank == 0:
         print(json.dumps({"step": trainer.step, "val_loss": history.final_val_loss,
                           "out_dir": str(trainer.out_dir) if trainer.out_dir else None}))
