@@ -411,7 +411,9 @@ def run_study(out_dir: str | Path, *, quick: bool = False, budget: float = 0.5,
         c.note = f"zoo:{name}, {n_win} validation windows, zero-shot"
         c.save(out / f"curve_{name}.safetensors")
         curves.append(c)
-        al = cascade_allocation(model, budget, multiple=2, name=name)
+        # S–D: the effective routing rank W_P S W_Pᵀ (the rank of S allows no 50% saving)
+        al = cascade_allocation(model, budget, multiple=2, name=name,
+                                source="R" if name.startswith("sd-") else "auto")
         al.save(out / f"allocation_{name}.safetensors")
         figs[f"allocation_{name}"] = al.plot()
         summary["models"][name] = {"base_ppl": c.base_ppl, "within_5pct": c.max_k_within(0.05),

@@ -56,7 +56,9 @@ STATE_FORMAT = "tl_spectral.trainer/1"
 RUN_FILE = "run.json"
 #: TrainConfig fields that define a run (with the model configuration and the training
 #: tokens): changing any of them changes the trajectory of the weights.
-IDENTITY_FIELDS = ("steps", "batch_size", "lr", "min_lr", "warmup_steps", "weight_decay",
+# ``steps`` is not part of the identity: extending (or shortening) a run is a resume of the
+# same run — its cosine schedule changes from the resumed step on, as log.jsonl records.
+IDENTITY_FIELDS = ("batch_size", "lr", "min_lr", "warmup_steps", "weight_decay",
                    "betas", "eps", "grad_clip", "seed")
 
 
