@@ -1,12 +1,79 @@
-"""tl_spectral: spectral and geometric analyses of attention as TransformerLens probes."""
+"""tl_spectral: spectral and geometric analyses of attention as TransformerLens probes.
+
+``import tl_spectral as tls`` gives the public surface (``tls.__all__``, one line each in
+docs/api.md): the probes and ``run_probes``, the analyses a user calls directly, the model
+zoo and the views. Names load on first use (PEP 562), so ``import tl_spectral`` stays cheap
+and the command line starts fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
+#: public name -> module that defines it
+_PUBLIC: dict[str, str] = {
+    # running probes inside the user's forward pass
+    "run_probes": "tl_spectral.probes.runner",
+    "Probe": "tl_spectral.probes.base",
+    "LayerCapture": "tl_spectral.probes.base",
+    "AttentionStats": "tl_spectral.probes.attention_stats",
+    "ContributionProbe": "tl_spectral.probes.contributions",
+    "SinkProbe": "tl_spectral.probes.sinks",
+    "AttentionFieldProbe": "tl_spectral.probes.fields",
+    "ModelView": "tl_spectral.model_view",
+    # data
+    "document_windows": "tl_spectral.data.windows",
+    "DocumentWindows": "tl_spectral.data.windows",
+    "CharTokenizer": "tl_spectral.data.tokenizers",
+    "tiny_shakespeare": "tl_spectral.data.corpora",
+    # analyses called directly
+    "contribution_weights": "tl_spectral.analysis.contributions",
+    "layer_maps": "tl_spectral.probes.contributions",
+    "faithfulness": "tl_spectral.probes.faithfulness",
+    "sink_geometry": "tl_spectral.analysis.sinks",
+    "zero_sink_value": "tl_spectral.probes.sinks",
+    "scale_pod": "tl_spectral.analysis.scale_pod",
+    "pod": "tl_spectral.analysis.pod",
+    "qk_geometry": "tl_spectral.geometry.qk",
+    "sd_geometry": "tl_spectral.geometry.qk",
+    "model_qk_geometry": "tl_spectral.geometry.model",
+    "model_sd_geometry": "tl_spectral.geometry.model",
+    "cascade_over_training": "tl_spectral.geometry.cascade",
+    # the project's models and surgery
+    "GPT": "tl_spectral.models.gpt",
+    "GPTConfig": "tl_spectral.models.gpt",
+    "to_transformer_lens": "tl_spectral.models.convert",
+    "ablate": "tl_spectral.models.ablations",
+    "ablation_table": "tl_spectral.models.ablations",
+    "linearize": "tl_spectral.models.surgery",
+    "linearization_curve": "tl_spectral.models.surgery",
+    "tl_linearization_curve": "tl_spectral.models.surgery",
+    "cascade_allocation": "tl_spectral.models.surgery",
+    # results and views
+    "Result": "tl_spectral.results",
+    "register_result": "tl_spectral.results",
+    "contribution_view": "tl_spectral.viz.contribution_plots",
+}
+#: public submodules
+_MODULES = {"zoo": "tl_spectral.models.zoo"}
 
-def __getattr__(name: str):
-    # ``from tl_spectral import zoo``: the model zoo, imported on first use
-    if name == "zoo":
-        from tl_spectral.models import zoo
+__all__ = sorted([*_PUBLIC, *_MODULES, "__version__"])
 
-        return zoo
-    raise AttributeError(f"module 'tl_spectral' has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        mod = importlib.import_module(_MODULES[name])
+    elif name in _PUBLIC:
+        mod = getattr(importlib.import_module(_PUBLIC[name]), name)
+    else:
+        raise AttributeError(f"module 'tl_spectral' has no attribute {name!r}; the public "
+                             "names are in tl_spectral.__all__ (docs/api.md)")
+    globals()[name] = mod
+    return mod
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -411,13 +411,18 @@ def run_study(out_dir: str | Path, *, quick: bool = False, budget: float = 0.5,
         c.note = f"zoo:{name}, {n_win} validation windows, zero-shot"
         c.save(out / f"curve_{name}.safetensors")
         curves.append(c)
+        entry = {"base_ppl": c.base_ppl, "within_5pct": c.max_k_within(0.05)}
         # S–D: the effective routing rank W_P S W_Pᵀ (the rank of S allows no 50% saving)
-        al = cascade_allocation(model, budget, multiple=2, name=name,
-                                source="R" if name.startswith("sd-") else "auto")
-        al.save(out / f"allocation_{name}.safetensors")
-        figs[f"allocation_{name}"] = al.plot()
-        summary["models"][name] = {"base_ppl": c.base_ppl, "within_5pct": c.max_k_within(0.05),
-                                   "d_head": al.d_head, "saving": al.saving}
+        try:
+            al = cascade_allocation(model, budget, multiple=2, name=name,
+                                    source="R" if name.startswith("sd-") else "auto")
+        except ValueError as e:  # the budget cannot be met by this model's ranks
+            entry["allocation_error"] = str(e)
+        else:
+            al.save(out / f"allocation_{name}.safetensors")
+            figs[f"allocation_{name}"] = al.plot()
+            entry.update(d_head=al.d_head, saving=al.saving)
+        summary["models"][name] = entry
     figs["collapse"] = plot_collapse(curves)
     save_figures(figs, Path(fig_dir) if fig_dir else out / "figures", "surgery", dpi=110)
     (out / "summary.md").write_text(markdown(out))
