@@ -57,3 +57,12 @@ def test_ablation_table_and_curves_take_document_windows():
 def test_ablate_names_what_applies():
     with pytest.raises(ValueError, match="has none.*symmetric_removal"):
         ablate(_gpt("softmax"), "filtering_collapse")
+
+
+def test_load_text_names_the_file_and_byte_offset(tmp_path):
+    from tl_spectral.data import load_text
+
+    p = tmp_path / "latin1.txt"
+    p.write_bytes(b"abc caf\xe9 au lait")
+    with pytest.raises(ValueError, match=r"latin1\.txt is not UTF-8.*byte 0xe9 at byte offset 7"):
+        load_text(p)

@@ -24,7 +24,14 @@ def load_text(path: str | Path, *, min_chars: int = 1) -> str:
             f"no text file at {p}; pass the path of a UTF-8 text file "
             "(e.g. austen.txt of the shared data folder)"
         )
-    text = p.read_text(encoding="utf-8", errors="strict")
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{p} is not UTF-8 text: byte 0x{raw[e.start]:02x} at byte offset {e.start} "
+            f"({e.reason}); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
     if len(text) < min_chars:
         raise ValueError(f"{p} holds {len(text)} characters; at least {min_chars} are needed")
     return text
