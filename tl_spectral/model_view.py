@@ -289,7 +289,8 @@ class ModelView:
         return max(1e-3, 8.0 * dtype_eps(self.dtype))
 
     @torch.no_grad()
-    def weights(self, layer: int, *, fold_ln: bool = False) -> AttentionWeights:
+    def weights(self, layer: int, *, fold_ln: bool = False,
+                device: Optional[torch.device | str] = None) -> AttentionWeights:
         """Attention weights of ``layer`` (detached float32 copies, TransformerLens layout).
 
         ``fold_ln=True`` folds the pre-attention normalization into W_Q, W_K, W_V and their
@@ -306,7 +307,11 @@ class ModelView:
         For post-LN encoders and models without normalization (or whose normalization is
         already folded, e.g. HookedTransformer's LNPre) there is nothing to fold and the
         weights are returned as they are (``folded`` False).
+
+        ``device``: where the copies go (default the CPU; pass ``view.device`` to keep them
+        on the model's device with no round trip).
         """
+        dev = torch.device("cpu") if device is None else torch.device(device)
         attn = self._attn(layer)
 
         def get(name: str, shape: tuple[int, ...]) -> Tensor:
@@ -315,12 +320,12 @@ class ModelView:
                 t = getattr(attn, "_" + name, None)
             if t is None:
                 if name.startswith("b_"):
-                    return torch.zeros(shape)
+                    return torch.zeros(shape, device=dev)
                 raise PatternsNotExposedError(
                     f"layer {layer}: the attention module exposes no {name}; "
                     "its weights cannot be read"
                 )
-            return t.detach().to(torch.float32).cpu().clone()
+            return t.detach().to(device=dev, dtype=torch.float32, copy=True)
 
         H, dm, dh = self.n_heads, self.d_model, self.d_head
         W_Q = get("W_Q", (H, dm, dh))
@@ -338,8 +343,8 @@ class ModelView:
                 new = {}
                 for Wn, bn in (("W_Q", b_Q), ("W_K", b_K), ("W_V", b_V)):
                     W = {"W_Q": W_Q, "W_K": W_K, "W_V": W_V}[Wn]
-                    bias = bn + torch.einsum("m,hmd->hd", norm.bias, W)
-                    Wf = W * norm.gain[None, :, None]
+                    bias = bn + torch.einsum("m,hmd->hd", norm.bias.to(dev), W)
+                    Wf = W * norm.gain.to(dev)[None, :, None]
                     if norm.kind == "LN":  # LayerNorm output has zero mean: centre (TL fold_ln)
                         Wf = Wf - Wf.mean(dim=1, keepdim=True)
                     new[Wn] = (Wf, bias)
@@ -347,9 +352,10 @@ class ModelView:
                 folded = True
         return AttentionWeights(W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, folded=folded)
 
-    def stacked_weights(self, *, fold_ln: bool = False) -> dict[str, Tensor]:
+    def stacked_weights(self, *, fold_ln: bool = False,
+                        device: Optional[torch.device | str] = None) -> dict[str, Tensor]:
         """All layers' weights stacked: W_Q [layer, head, d_model, d_head], etc."""
-        per = [self.weights(layer, fold_ln=fold_ln) for layer in range(self.n_layers)]
+        per = [self.weights(layer, fold_ln=fold_ln, device=device) for layer in range(self.n_layers)]
         names = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
         return {n: torch.stack([getattr(p, n) for p in per]) for n in names}
 
