@@ -252,3 +252,49 @@ def test_result_load_in_a_fresh_interpreter(native_ln, tmp_path):
             "print(type(r).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "AttentionStatsResult"
+
+
+def test_probe_state_stays_on_the_model_device(native_ln, monkeypatch):
+    """No probe update copies to the CPU: states live on the model's device (here the CPU,
+    checked by counting Tensor.cpu calls inside update), and results are CPU tensors."""
+    import contextvars
+
+    from tl_spectral.probes import AttentionFieldProbe, SinkProbe
+
+    inside = contextvars.ContextVar("inside", default=False)
+    calls: list[str] = []
+    real_cpu = torch.Tensor.cpu
+
+    def counting_cpu(self, *a, **k):
+        if inside.get():
+            import traceback
+
+            calls.append(traceback.format_stack(limit=3)[0])
+        return real_cpu(self, *a, **k)
+
+    probes = [AttentionStats(), SinkProbe(), AttentionFieldProbe()]
+    for p in probes:
+        def wrap(f):
+            def update(cap):
+                assert cap.pattern.device == cap.mask.device == cap.tokens.device \
+                    == cap.doc_index.device == ModelView(native_ln).device
+                tok = inside.set(True)
+                try:
+                    return f(cap)
+                finally:
+                    inside.reset(tok)
+            return update
+        p.update = wrap(p.update)
+    monkeypatch.setattr(torch.Tensor, "cpu", counting_cpu)
+    tokens = torch.randint(0, 50, (3, 10), generator=torch.Generator().manual_seed(0))
+    res = run_probes(native_ln, tokens, probes, batch_size=2, progress=False)
+    assert calls == []
+    dev = ModelView(native_ln).device
+    for p in probes:
+        assert all(t.device == dev for t in p.state.values())
+    assert res["attention_stats"].entropy.device.type == "cpu"
+    assert res["attention_fields"].fields["0"].device.type == "cpu"
+    # offload keeps the per-document fields in CPU memory
+    off = AttentionFieldProbe(offload=True, name="off")
+    run_probes(native_ln, tokens, [off], batch_size=2, progress=False)
+    assert off.state["0.fields"].device.type == "cpu"

@@ -109,3 +109,41 @@ def test_minilm_matches_hugging_face(no_network):
     for l in range(6):
         assert (cache[f"blocks.{l}.hook_resid_post"] - ref[l + 1])[keep].abs().max() <= 1e-5
     assert cache["blocks.0.attn.hook_pattern"].shape[:2] == (2, 12)
+
+
+def test_char_model_has_transformer_lens_idioms(tmp_path, monkeypatch, no_network):
+    """zoo.load's model carries a tokenizer: to_tokens, to_str_tokens and generate work
+    (same ids as the CharTokenizer, no BOS), and load still returns the CharTokenizer."""
+    from tl_spectral.data import CharTokenizer
+    from tl_spectral.models import GPT, GPTConfig, save_model
+
+    tok = CharTokenizer.from_text("abcdefg \n")
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layers=2, n_heads=2, d_model=16, n_ctx=32))
+    save_model(m, tmp_path / "ck", extra={"tokenizer": json.loads(tok.to_json())})
+    monkeypatch.setattr(zoo, "checkpoint_dir", lambda name: tmp_path / "ck")
+    tl_model, tok2 = zoo.load("char-shakespeare")
+    assert isinstance(tok2, CharTokenizer)
+    text = "abc d\nefg"
+    assert tl_model.to_tokens(text)[0].tolist() == tok.encode(text)
+    assert tl_model.to_str_tokens(text) == list(text)
+    torch.manual_seed(0)
+    out = tl_model.generate("abc", max_new_tokens=6, verbose=False)
+    assert isinstance(out, str) and out.startswith("abc") and len(out) == 9
+    assert set(out) <= set(tok.alphabet)
+    # and a BPE-tokenized model
+    from pathlib import Path
+
+    ranks = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpt2.tiktoken"
+    if ranks.exists():
+        from tl_spectral.data import BPETokenizer
+        from tl_spectral.models.convert import to_transformer_lens
+
+        bpe = BPETokenizer(ranks)
+        mb = GPT(GPTConfig(vocab_size=bpe.vocab_size, n_layers=1, n_heads=2, d_model=16,
+                           n_ctx=32))
+        tlb = to_transformer_lens(mb)
+        zoo.attach_tokenizer(tlb, bpe)
+        assert tlb.to_tokens("Hello world")[0].tolist() == [15496, 995]
+        assert tlb.to_str_tokens("Hello world") == ["Hello", " world"]
+        assert isinstance(tlb.generate("Hello", max_new_tokens=3, verbose=False), str)

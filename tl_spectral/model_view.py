@@ -49,6 +49,36 @@ class AttentionWeights:
     folded: bool = False
 
 
+def dtype_eps(dtype: torch.dtype) -> float:
+    """Machine epsilon of a floating dtype (float32's for non-floating ones)."""
+    if not dtype.is_floating_point:
+        dtype = torch.float32
+    return float(torch.finfo(dtype).eps)
+
+
+@dataclass
+class NormAffine:
+    """A pre-attention normalization as applied: ``gain ⊙ n(x) + bias``.
+
+    kind: "LN" (``n(x) = (x − mean) / sqrt(var + eps)``) or "RMS" (``n(x) = x /
+    sqrt(mean(x²) + eps)``); gain, bias: ``[d_model]`` float32 (bias zero for RMS).
+    """
+
+    kind: str
+    gain: Tensor
+    bias: Tensor
+    eps: float
+
+    def normalize(self, x: Tensor) -> Tensor:
+        """``n(x)`` over the last dim (no gain, no bias)."""
+        if self.kind == "LN":
+            x = x - x.mean(-1, keepdim=True)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def apply(self, x: Tensor) -> Tensor:
+        return self.normalize(x) * self.gain.to(x) + self.bias.to(x)
+
+
 def _tl_version() -> str:
     try:
         from importlib.metadata import version
@@ -169,16 +199,119 @@ class ModelView:
         return t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=dim)
 
     @torch.no_grad()
-    def weights(self, layer: int, *, fold_ln: bool = False) -> AttentionWeights:
+    def ln1_affine(self, layer: int, *, check: bool = True) -> Optional["NormAffine"]:
+        """The pre-attention normalization of ``layer`` as the model applies it, or None.
+
+        Returns a :class:`NormAffine` ``(kind, gain, bias, eps)`` (float32, CPU) with
+        ``ln1(x) = gain ⊙ n(x) + bias``, ``n(x) = (x − mean)/sqrt(var + eps)`` for
+        ``kind="LN"`` and ``n(x) = x / sqrt(mean(x²) + eps)`` for ``kind="RMS"``. Gemma's
+        RMSNorm (weight stored as ``w``, applied as ``1 + w``) gets ``gain = 1 + w``.
+        None for post-LN models, models without normalization and already-folded ones.
+
+        ``check``: run the module on a few random vectors and raise ``ValueError`` when it
+        does not compute ``gain ⊙ n(x) + bias`` within a tolerance scaled to its dtype
+        (an unknown normalization variant would otherwise be folded wrongly).
+        """
+        self._check_layer(layer)
+        if not self.pre_ln:
+            return None
+        block = self.model.blocks[layer]
+        ln = getattr(block, "ln1", None)
+        if ln is None:
+            return None
+        mod = getattr(ln, "original_component", None)
+        if not isinstance(mod, torch.nn.Module):
+            mod = ln
+        w = getattr(mod, "weight", None)
+        b = getattr(mod, "bias", None)
+        if w is None:
+            w = getattr(ln, "w", None)
+            b = getattr(ln, "b", None)
+        if not isinstance(w, Tensor):
+            return None
+        cls = type(mod).__name__
+        norm = str(self.normalization or "")
+        kind = "RMS" if ("RMS" in cls.upper() or norm.upper().startswith("RMS")) else "LN"
+        gain = w.detach().to(torch.float32).cpu()
+        offset = bool(getattr(self.cfg, "rmsnorm_uses_offset", False)) or cls.startswith("Gemma")
+        if kind == "RMS" and offset and self.backend == "bridge":
+            gain = 1.0 + gain  # Gemma: the HF module multiplies by (1 + weight)
+        bias = (torch.zeros_like(gain) if not isinstance(b, Tensor) or kind == "RMS"
+                else b.detach().to(torch.float32).cpu())
+        eps = None
+        for name in ("eps", "variance_epsilon"):
+            e = getattr(mod, name, None)
+            if isinstance(e, (int, float)):
+                eps = float(e)
+                break
+        if eps is None:
+            eps = float(getattr(self.cfg, "eps", 1e-5))
+        aff = NormAffine(kind=kind, gain=gain, bias=bias, eps=eps)
+        if check:
+            self._check_norm(layer, mod, aff)
+        return aff
+
+    def _check_norm(self, layer: int, mod: Any, aff: "NormAffine") -> None:
+        p = next(iter(mod.parameters()), None)
+        dtype = p.dtype if p is not None else self.dtype
+        device = p.device if p is not None else self.device
+        g = torch.Generator().manual_seed(1234 + layer)
+        x = torch.randn(4, self.d_model, generator=g) + 0.3
+        try:
+            y = mod(x.to(device=device, dtype=dtype))
+        except Exception:  # a module that cannot run alone: trust the declared kind
+            return
+        if isinstance(y, tuple):
+            y = y[0]
+        y = y.detach().double().cpu()
+        ref = aff.apply(x.double())
+        err = float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+        tol = 50 * dtype_eps(dtype) + 1e-5
+        if err > tol:
+            raise ValueError(
+                f"layer {layer}: cannot fold the normalization {type(mod).__name__}: it does "
+                f"not compute gain ⊙ n(x) + bias with n = {aff.kind} (relative error {err:.2e} "
+                f"> {tol:.1e}); read the weights with fold_ln=False")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Floating dtype of the model's parameters (e.g. torch.bfloat16)."""
+        for p in self.model.parameters():
+            if p.dtype.is_floating_point:
+                return p.dtype
+        return torch.float32
+
+    @property
+    def tolerance(self) -> float:
+        """A relative tolerance for checks on this model's activations: ``max(1e-3,
+        8 · eps(dtype))`` (1e-3 for float32/float64, 6.3e-2 for bfloat16, 7.8e-3 for
+        float16)."""
+        return max(1e-3, 8.0 * dtype_eps(self.dtype))
+
+    @torch.no_grad()
+    def weights(self, layer: int, *, fold_ln: bool = False,
+                device: Optional[torch.device | str] = None) -> AttentionWeights:
         """Attention weights of ``layer`` (detached float32 copies, TransformerLens layout).
 
-        ``fold_ln=True`` folds the pre-attention LayerNorm scale and bias into W_Q, W_K, W_V
-        and their biases and centres the weights over d_model (TransformerLens'
-        ``fold_ln`` + ``center`` for the input side): the folded weights act on the
-        normalized, unscaled input ``(x - mean) / std``. For post-LN encoders and models
-        without normalization there is nothing to fold and the weights are returned as
-        they are (``folded`` False).
+        ``fold_ln=True`` folds the pre-attention normalization into W_Q, W_K, W_V and their
+        biases, as the model applies it (see :meth:`ln1_affine`):
+
+        * LayerNorm ``g ⊙ (x − mean)/std + b``: gain and bias folded, then the weights are
+          centred over d_model (TransformerLens' ``fold_ln`` + ``center``); the folded
+          weights act on ``(x − mean) / std``;
+        * RMSNorm ``g ⊙ x / rms(x)`` (Llama, Qwen2, Mistral...): the gain only, no centring
+          (the RMS-normalized input has no zero-mean constraint); the folded weights act on
+          ``x / rms(x)``;
+        * Gemma's RMSNorm applies ``(1 + w) ⊙ x / rms(x)``: the gain folded is ``1 + w``.
+
+        For post-LN encoders and models without normalization (or whose normalization is
+        already folded, e.g. HookedTransformer's LNPre) there is nothing to fold and the
+        weights are returned as they are (``folded`` False).
+
+        ``device``: where the copies go (default the CPU; pass ``view.device`` to keep them
+        on the model's device with no round trip).
         """
+        dev = torch.device("cpu") if device is None else torch.device(device)
         attn = self._attn(layer)
 
         def get(name: str, shape: tuple[int, ...]) -> Tensor:
@@ -187,12 +320,12 @@ class ModelView:
                 t = getattr(attn, "_" + name, None)
             if t is None:
                 if name.startswith("b_"):
-                    return torch.zeros(shape)
+                    return torch.zeros(shape, device=dev)
                 raise PatternsNotExposedError(
                     f"layer {layer}: the attention module exposes no {name}; "
                     "its weights cannot be read"
                 )
-            return t.detach().to(torch.float32).cpu().clone()
+            return t.detach().to(device=dev, dtype=torch.float32, copy=True)
 
         H, dm, dh = self.n_heads, self.d_model, self.d_head
         W_Q = get("W_Q", (H, dm, dh))
@@ -205,29 +338,24 @@ class ModelView:
         b_O = get("b_O", (dm,))
         folded = False
         if fold_ln and self.pre_ln:
-            ln = self.model.blocks[layer].ln1
-            w = getattr(ln, "w", None)
-            b = getattr(ln, "b", None)
-            if w is None:
-                w = getattr(ln, "weight", None)
-                b = getattr(ln, "bias", None)
-            if w is not None:
-                w = w.detach().float().cpu()
-                b = torch.zeros_like(w) if b is None else b.detach().float().cpu()
+            norm = self.ln1_affine(layer)
+            if norm is not None:
                 new = {}
                 for Wn, bn in (("W_Q", b_Q), ("W_K", b_K), ("W_V", b_V)):
                     W = {"W_Q": W_Q, "W_K": W_K, "W_V": W_V}[Wn]
-                    bias = bn + torch.einsum("m,hmd->hd", b, W)
-                    Wf = W * w[None, :, None]
-                    Wf = Wf - Wf.mean(dim=1, keepdim=True)
+                    bias = bn + torch.einsum("m,hmd->hd", norm.bias.to(dev), W)
+                    Wf = W * norm.gain.to(dev)[None, :, None]
+                    if norm.kind == "LN":  # LayerNorm output has zero mean: centre (TL fold_ln)
+                        Wf = Wf - Wf.mean(dim=1, keepdim=True)
                     new[Wn] = (Wf, bias)
                 (W_Q, b_Q), (W_K, b_K), (W_V, b_V) = new["W_Q"], new["W_K"], new["W_V"]
                 folded = True
         return AttentionWeights(W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, folded=folded)
 
-    def stacked_weights(self, *, fold_ln: bool = False) -> dict[str, Tensor]:
+    def stacked_weights(self, *, fold_ln: bool = False,
+                        device: Optional[torch.device | str] = None) -> dict[str, Tensor]:
         """All layers' weights stacked: W_Q [layer, head, d_model, d_head], etc."""
-        per = [self.weights(layer, fold_ln=fold_ln) for layer in range(self.n_layers)]
+        per = [self.weights(layer, fold_ln=fold_ln, device=device) for layer in range(self.n_layers)]
         names = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
         return {n: torch.stack([getattr(p, n) for p in per]) for n in names}
 

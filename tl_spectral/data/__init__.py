@@ -12,13 +12,14 @@ from tl_spectral.data.corpora import (
     tiny_shakespeare,
     train_val_split,
 )
-from tl_spectral.data.tokenizers import BPETokenizer, CharTokenizer
+from tl_spectral.data.tokenizers import BPETokenizer, CharTokenizer, EncodeReport
 from tl_spectral.data.windows import DocumentWindows, document_windows
 
 __all__ = [
     "BPETokenizer",
     "CharTokenizer",
     "DocumentWindows",
+    "EncodeReport",
     "bundled_text_path",
     "document_windows",
     "load_austen",

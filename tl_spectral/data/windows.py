@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 
@@ -12,11 +13,14 @@ class DocumentWindows:
     """An ensemble of ``n_docs`` windows of exactly ``length`` tokens.
 
     tokens: ``[n_docs, length]`` int64; starts: ``[n_docs]`` offsets in the token stream.
+    encode_report: what a :class:`~tl_spectral.data.CharTokenizer` normalised, dropped or
+    replaced in the text (an ``EncodeReport``; None for other tokenizers).
     """
 
     tokens: torch.Tensor
     starts: torch.Tensor
     seed: int
+    encode_report: Optional[Any] = None
 
     @property
     def n_docs(self) -> int:
@@ -30,9 +34,15 @@ class DocumentWindows:
         return self.n_docs
 
 
-def encode(tokenizer, text: str) -> list[int]:
+def encode(tokenizer, text: str, unknown: Optional[str] = None) -> list[int]:
     """Token ids of ``text``: our tokenizers' ``encode``, or a Hugging Face tokenizer's
-    without special tokens (windows are cut from one running stream)."""
+    without special tokens (windows are cut from one running stream). ``unknown``: the
+    policy for characters outside a CharTokenizer's alphabet ("error" | "drop" |
+    "replace"; None = the tokenizer's default)."""
+    from tl_spectral.data.tokenizers import CharTokenizer
+
+    if isinstance(tokenizer, CharTokenizer):
+        return tokenizer.encode(text) if unknown is None else tokenizer.encode(text, unknown=unknown)
     try:
         return list(tokenizer.encode(text, add_special_tokens=False))
     except TypeError:
@@ -40,7 +50,8 @@ def encode(tokenizer, text: str) -> list[int]:
 
 
 def document_windows(
-    text: str, tokenizer, n_docs: int, length: int, seed: int = 0, *, overlap: bool = False
+    text: str, tokenizer, n_docs: int, length: int, seed: int = 0, *, overlap: bool = False,
+    unknown: Optional[str] = None,
 ) -> DocumentWindows:
     """Draw ``n_docs`` windows of exactly ``length`` tokens from ``text``.
 
@@ -48,12 +59,16 @@ def document_windows(
     ``floor(len/length)`` disjoint windows and draw ``n_docs`` of them without replacement
     (seeded); with ``overlap`` draw start offsets uniformly. Raises when the text is too
     short for the request, naming how many windows it holds.
+
+    ``unknown``: policy for characters outside a CharTokenizer's alphabet (see
+    ``CharTokenizer.encode``); what was changed is in ``DocumentWindows.encode_report``.
     """
     if n_docs < 1:
         raise ValueError(f"n_docs must be >= 1, got {n_docs}")
     if length < 2:
         raise ValueError(f"length must be >= 2 tokens, got {length}")
-    ids = torch.tensor(encode(tokenizer, text), dtype=torch.long)
+    ids = torch.tensor(encode(tokenizer, text, unknown), dtype=torch.long)
+    report = getattr(tokenizer, "last_report", None)
     g = torch.Generator().manual_seed(seed)
     n_avail = ids.numel() // length
     if not overlap:
@@ -69,4 +84,4 @@ def document_windows(
             raise ValueError(f"the text has {ids.numel()} tokens, fewer than length={length}")
         starts = torch.randint(0, ids.numel() - length + 1, (n_docs,), generator=g)
     tokens = torch.stack([ids[s : s + length] for s in starts.tolist()])
-    return DocumentWindows(tokens=tokens, starts=starts, seed=seed)
+    return DocumentWindows(tokens=tokens, starts=starts, seed=seed, encode_report=report)

@@ -14,6 +14,12 @@ name                          what
 
 ``load(name)`` returns ``(TransformerLens model, tokenizer)``; ``load_native(name)`` returns
 ``(GPT, CharTokenizer)`` for the project's own checkpoints.
+
+The TransformerLens model carries a Hugging Face tokenizer (``model.tokenizer``), so the
+usual idioms work: ``model.to_tokens(text)``, ``model.to_str_tokens(text)``,
+``model.generate(prompt)``. For the character models it is ``CharTokenizer.to_hf()`` (same
+ids; ``default_prepend_bos`` is False since they were trained without a BOS token); the
+second value returned by ``load`` is unchanged (the :class:`CharTokenizer`).
 """
 
 from __future__ import annotations
@@ -91,10 +97,27 @@ def load(name: str, device: str | torch.device = "cpu") -> tuple[Any, Any]:
         model, tok = load_native(name)
         tl_model = to_transformer_lens(model, device=device)
         tl_model.cfg.model_name = name  # shown by ModelView and in reports
+        attach_tokenizer(tl_model, tok)
         return tl_model, tok
     if name == "minilm":
         return _load_minilm(device)
     raise _unknown(name)
+
+
+def attach_tokenizer(tl_model: Any, tokenizer: Any, *, prepend_bos: bool = False) -> Any:
+    """Give a TransformerLens model a Hugging Face tokenizer so that ``to_tokens``,
+    ``to_str_tokens`` and ``generate`` work. ``tokenizer``: a Hugging Face tokenizer, or a
+    :class:`~tl_spectral.data.CharTokenizer` / :class:`~tl_spectral.data.BPETokenizer`
+    (converted with ``to_hf()``). ``prepend_bos``: the model's ``default_prepend_bos``
+    (False: the project's models are trained on running text without BOS). Returns the
+    Hugging Face tokenizer."""
+    hf = tokenizer.to_hf() if hasattr(tokenizer, "to_hf") else tokenizer
+    if hasattr(tl_model, "set_tokenizer"):  # HookedTransformer (TL 3.9)
+        tl_model.set_tokenizer(hf, default_padding_side="right")
+    else:
+        tl_model.tokenizer = hf
+    tl_model.cfg.default_prepend_bos = bool(prepend_bos)
+    return hf
 
 
 def minilm_path() -> Path:

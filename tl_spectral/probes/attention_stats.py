@@ -111,7 +111,8 @@ def _row_plogp(p: Tensor, causal: bool, n_blocks: int = 16) -> Tensor:
 class AttentionStats(Probe):
     """Entropy, distance, first-token mass and mean pattern of every head.
 
-    layers: which layers to read (default all).
+    layers: which layers to read (default all). The state stays on the model's device; the
+    result is on the CPU.
     """
 
     name: ClassVar[str] = "attention_stats"
@@ -139,16 +140,16 @@ class AttentionStats(Probe):
         ent = _row_plogp(p, causal=bool(self.view is not None and self.view.causal))  # [b, h, q]
         pos = torch.arange(T, device=p.device, dtype=torch.float32)
         lag = (pos[:, None] - pos[None, :]).abs()
-        self.accumulate(f"{layer}.entropy_sum", -(ent * qmask).sum(dim=(0, 2)).double().cpu())
-        self.accumulate(f"{layer}.distance_sum", (psum * lag).sum(dim=(1, 2)).double().cpu())
-        self.accumulate(f"{layer}.first_sum", psum[..., 0].sum(-1).double().cpu())
-        self.accumulate(f"{layer}.pattern_sum", psum.cpu())
-        self.accumulate(f"{layer}.n_queries", cap.mask.sum().double().reshape(1).cpu())
-        self.accumulate(f"{layer}.pair_count", cap.pair_mask.sum(dim=0).float().cpu())
+        self.accumulate(f"{layer}.entropy_sum", -(ent * qmask).sum(dim=(0, 2)).double())
+        self.accumulate(f"{layer}.distance_sum", (psum * lag).sum(dim=(1, 2)).double())
+        self.accumulate(f"{layer}.first_sum", psum[..., 0].sum(-1).double())
+        self.accumulate(f"{layer}.pattern_sum", psum)
+        self.accumulate(f"{layer}.n_queries", cap.mask.sum().double().reshape(1))
+        self.accumulate(f"{layer}.pair_count", cap.pair_mask.sum(dim=0).float())
 
     def result(self) -> AttentionStatsResult:
         self._require_state()
-        s = self.state
+        s = {k: v.cpu() for k, v in self.state.items()}  # state lives on the model's device
         layers = list(self.layers or [])
         T = max(s[f"{layer}.pattern_sum"].shape[-1] for layer in layers)
 

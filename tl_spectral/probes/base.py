@@ -35,6 +35,9 @@ class LayerCapture:
     pattern: [batch, head, query, key]; v: [batch, pos, head, d_head] (kv heads repeated);
     attn_in, resid_pre: [batch, pos, d_model]. tokens: [batch, pos].
     doc_index: [batch] index of each row in the corpus (for per-document state).
+    All on the model's device. Floating captures are float32 (or float64) whatever the
+    model's dtype; ``model_dtype`` is the dtype the model computed them in, and
+    :attr:`tolerance` a relative tolerance scaled to it for checks on them.
     """
 
     layer: int
@@ -45,6 +48,13 @@ class LayerCapture:
     v: Optional[Tensor] = None
     attn_in: Optional[Tensor] = None
     resid_pre: Optional[Tensor] = None
+    model_dtype: torch.dtype = torch.float32
+
+    @property
+    def tolerance(self) -> float:
+        """``max(1e-3, 8 · eps(model_dtype))``: 1e-3 in float32, 6.3e-2 in bfloat16, 7.8e-3 in
+        float16."""
+        return max(1e-3, 8.0 * float(torch.finfo(self.model_dtype).eps))
 
     @property
     def lengths(self) -> Tensor:

@@ -98,15 +98,19 @@ class AttentionFieldProbe(Probe):
     """Capture lag-coordinate attention fields of each document.
 
     layers: layers to capture (default all). per_head: keep each head's field instead of the
-    head mean. max_lag: largest |lag| kept (default T − 1: all lags).
+    head mean. max_lag: largest |lag| kept (default T − 1: all lags). offload: keep the
+    per-document fields (the large state) in CPU memory instead of on the model's device
+    (default False: every state stays on the model's device; the result is on the CPU).
     """
 
     name: ClassVar[str] = "attention_fields"
     reductions: ClassVar[dict[str, str]] = {}
 
     def __init__(self, layers: Optional[Sequence[int]] = None, *, per_head: bool = False,
-                 max_lag: Optional[int] = None, name: Optional[str] = None):
+                 max_lag: Optional[int] = None, name: Optional[str] = None,
+                 offload: bool = False):
         super().__init__()
+        self.offload = bool(offload)
         self.layers = None if layers is None else sorted(set(int(x) for x in layers))
         self.per_head = per_head
         self.max_lag = max_lag
@@ -152,17 +156,17 @@ class AttentionFieldProbe(Probe):
         key_real = mask[:, j.clamp(0, T - 1)] & inside[None]  # [b, T, n_lags]
         count = (mask[:, :, None] & key_real).to(F.dtype)
         layer = cap.layer
-        self.accumulate(f"{layer}.sum", F.sum(dim=0).cpu())
-        self.accumulate(f"{layer}.count", count.sum(dim=0).cpu())
-        self.accumulate(f"{layer}.fields", F.cpu().contiguous())
+        self.accumulate(f"{layer}.sum", F.sum(dim=0))
+        self.accumulate(f"{layer}.count", count.sum(dim=0))
+        self.accumulate(f"{layer}.fields", F.to("cpu") if self.offload else F.contiguous())
         if layer == self.layers[0]:
-            self.accumulate("doc_mask", mask.to(torch.uint8).cpu())
-            self.accumulate("doc_index", cap.doc_index.cpu())
+            self.accumulate("doc_mask", mask.to(torch.uint8))
+            self.accumulate("doc_index", cap.doc_index)
 
     def result(self) -> AttentionFields:
         self._require_state()
         assert self.layers is not None
-        s = self.state
+        s = {k: v.cpu() for k, v in self.state.items()}  # state lives on the model's device
         T = int(s["doc_mask"].shape[1])
         n_lags = int(s[f"{self.layers[0]}.count"].shape[-1])
         causal = self.view.causal if self.view is not None else True

@@ -7,22 +7,46 @@ Steps per batch:
    updated and the capture is freed;
 3. after the last layer any probe needs, the pass is stopped (no wasted compute on later
    layers or the unembedding).
+
+Precision: captures of half-precision models (bfloat16, float16) are cast to float32 before
+any probe sees them, so every analysis computes in float32 or better; the pattern check uses
+a tolerance scaled to the model's dtype (:attr:`ModelView.tolerance`). Attention weights
+that underflowed to exactly 0 in the model's own softmax are counted, and a warning names
+the layers where statistics of small weights are then not meaningful.
+
+Device: captures, masks, token ids and probe states stay on the model's device (CUDA when
+the model is on a GPU); nothing is copied to the CPU in the per-batch path. Results move to
+the CPU when they are built (``probe.result()``), i.e. for saving and plotting.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
-from tl_spectral.model_view import CAPTURE_KINDS, ModelView
+from tl_spectral.model_view import CAPTURE_KINDS, ModelView, dtype_eps
 from tl_spectral.probes.base import LayerCapture, Probe, reduce_state
 
 
 class _StopForward(Exception):
     """Raised inside the last needed hook to end the forward pass early."""
+
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def analysis_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype analyses compute in for tensors the model produced in ``dtype``: float32
+    for half precision (and float32), float64 kept."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class UnderflowWarning(UserWarning):
+    """Attention weights underflowed to 0 in a half-precision model's softmax."""
 
 
 @dataclass
@@ -190,6 +214,7 @@ def run_probes(
 
         iterator = tqdm(starts, desc=f"probes ({', '.join(names)})", unit="batch")
 
+    underflow: dict[int, Tensor] = {}
     for start in iterator:
         stop = min(start + batch_size, hi)
         tokens = corpus.tokens[start:stop]
@@ -197,8 +222,10 @@ def run_probes(
         # trim trailing all-padding columns of this batch
         T_b = int(mask.sum(dim=1).max())
         tokens, mask = tokens[:, :T_b], mask[:, :T_b]
-        doc_index = torch.arange(start, stop)
-        _run_batch(view, tokens, mask, doc_index, needs, readers, last_layer, check_finite)
+        doc_index = torch.arange(start, stop, device=view.device)
+        _run_batch(view, tokens, mask, doc_index, needs, readers, last_layer, check_finite,
+                   underflow=underflow)
+    _warn_underflow(view, underflow)
 
     if distributed:
         for p in probe_list:
@@ -215,33 +242,59 @@ def _run_batch(
     readers: dict[int, list[Probe]],
     last_layer: int,
     check_finite: bool,
+    underflow: Optional[dict[int, Tensor]] = None,
 ) -> None:
     captures: dict[int, LayerCapture] = {}
     pending = {layer: set(kinds) for layer, kinds in needs.items()}
-    mask_dev = mask.to(view.device)
+    device = view.device
+    mask_dev = mask.to(device)
+    tokens_dev = tokens.to(device)
+    doc_index = doc_index.to(device)
     padless = bool(mask.all())
+    model_dtype = view.dtype
+    half = model_dtype in HALF_DTYPES
+    # rows of a softmax in the model's dtype sum to 1 within a few of its epsilons per term
+    row_tol = max(1e-3, view.tolerance)
+    allowed: Optional[Tensor] = None
+    if half and underflow is not None:
+        T_b = tokens.shape[1]
+        allowed = mask_dev[:, None, :, None] & mask_dev[:, None, None, :]
+        if view.causal:
+            allowed = allowed & torch.ones(T_b, T_b, dtype=torch.bool, device=device).tril()
 
     def make_hook(layer: int, kind: str):
         def hook(t: Tensor, hook: Any = None) -> Tensor:
             cap = captures.get(layer)
             if cap is None:
                 cap = captures[layer] = LayerCapture(
-                    layer=layer, mask=mask_dev, tokens=tokens, doc_index=doc_index
+                    layer=layer, mask=mask_dev, tokens=tokens_dev, doc_index=doc_index,
+                    model_dtype=model_dtype,
                 )
             x = t.detach()
+            if kind == "pattern" and allowed is not None:
+                # exact zeros where the model could attend: underflow in its own softmax
+                n_zero = ((x == 0) & allowed).sum()
+                n_all = allowed.sum() * x.shape[1]
+                prev = underflow.get(layer)  # type: ignore[union-attr]
+                cur = torch.stack([n_zero, n_all]).double()
+                underflow[layer] = cur if prev is None else prev + cur  # type: ignore[index]
+            if x.dtype != analysis_dtype(x.dtype):
+                x = x.to(analysis_dtype(x.dtype))  # half precision: analyses in float32
             if kind == "v":
                 x = view.repeat_kv(x, 2)
             if kind == "pattern" and check_finite:
                 # rows of real queries must be finite and sum to 1 (one cheap reduction);
                 # catches NaN/inf and backends that silently zero NaN rows
                 rows = x.sum(-1)  # [b, h, q]
-                bad = ~(torch.isfinite(rows) & ((rows - 1.0).abs() < 1e-3))
+                bad = ~(torch.isfinite(rows) & ((rows - 1.0).abs() < row_tol))
                 if not padless:
                     bad &= mask_dev[:, None, :]
                 if bool(bad.any()):
                     raise FloatingPointError(
                         f"layer {layer}: attention pattern rows at real positions are NaN, inf "
-                        "or do not sum to 1; check the model's weights and the input tokens"
+                        f"or do not sum to 1 within {row_tol:.1e} (model dtype "
+                        f"{str(model_dtype).replace('torch.', '')}); check the model's weights "
+                        "and the input tokens"
                     )
             setattr(cap, kind, x)
             pending[layer].discard(kind)
@@ -272,4 +325,29 @@ def _run_batch(
         missing = {layer: sorted(k) for layer, k in pending.items() if k}
         raise RuntimeError(
             f"the forward pass never produced {missing}; the model does not expose these hooks"
+        )
+
+
+def _warn_underflow(view: ModelView, underflow: dict[int, Tensor], threshold: float = 1e-4) -> None:
+    """Warn when a half-precision model's softmax rounded attention weights to exactly 0."""
+    if not underflow:
+        return
+    bad = []
+    for layer, c in sorted(underflow.items()):
+        n_zero, n_all = (float(x) for x in c.tolist())
+        share = n_zero / max(n_all, 1.0)
+        if share > threshold:
+            bad.append(f"layer {layer}: {share:.2%}")
+    if bad:
+        dt = str(view.dtype).replace("torch.", "")
+        fi = torch.finfo(view.dtype)
+        warnings.warn(
+            f"{view.name} runs in {dt}: attention weights too small for {dt} (below "
+            f"~{fi.tiny * fi.eps:.0e}; relative precision {fi.eps:.1e}) underflow to exactly 0 "
+            "in the model's own softmax "
+            f"({', '.join(bad)} of the allowed query-key pairs). Statistics of small weights are "
+            "not meaningful there: the entropy and log-scale tails of the attention fields, "
+            "rank correlations among the far keys, and contribution weights and rho* of the "
+            "zeroed pairs (they are exactly 0). Load the model in float32 for these.",
+            UnderflowWarning, stacklevel=3,
         )

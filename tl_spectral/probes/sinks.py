@@ -241,13 +241,13 @@ class SinkProbe(Probe):
     def update(self, cap: LayerCapture) -> None:
         assert cap.pattern is not None and cap.v is not None and self.view is not None
         layer = cap.layer
-        W = self._W.get(layer)
-        if W is None:
-            W = self._W[layer] = self.view.weights(layer).W_O
         p = cap.pattern.float()
+        W = self._W.get(layer)
+        if W is None or W.device != p.device:  # read once, kept on the model's device
+            W = self._W[layer] = self.view.weights(layer, device=p.device).W_O
         qm = cap.mask
         g = sink_geometry(
-            p, cap.v, W.to(p.device), causal=self.view.causal,
+            p, cap.v.float(), W, causal=self.view.causal,
             query_mask=None if bool(qm.all()) else qm, sink_index=self.sink_index,
             threshold=self.threshold,
         )
@@ -256,62 +256,62 @@ class SinkProbe(Probe):
         acc = self.accumulate
         real = qm[:, None, :].expand(b, H, T)
         n_q = qm.sum().double()
-        acc(f"{layer}.n_q", n_q.reshape(1).cpu())
-        acc(f"{layer}.n_docs", torch.tensor([float(b)], dtype=torch.float64))
-        acc(f"{layer}.rate", (g.sink_rate * qm.sum(-1, keepdim=True)).sum(0).double().cpu())
+        acc(f"{layer}.n_q", n_q.reshape(1))
+        acc(f"{layer}.n_docs", torch.full((1,), float(b), dtype=torch.float64, device=p.device))
+        acc(f"{layer}.rate", (g.sink_rate * qm.sum(-1, keepdim=True)).sum(0).double())
         last = (qm.sum(-1) - 1).clamp_min(0)  # [b]
         a_last = p.gather(-1, last.view(b, 1, 1, 1).expand(b, H, T, 1)).squeeze(-1)
-        acc(f"{layer}.last", (a_last * real).sum((0, 2)).double().cpu())
+        acc(f"{layer}.last", (a_last * real).sum((0, 2)).double())
         ks = g.key_score[..., self.sink_index]  # [b, H]
-        acc(f"{layer}.key", ks.sum(0).double().cpu())
-        acc(f"{layer}.sink_doc", g.sink_head.sum(0).double().cpu())
+        acc(f"{layer}.key", ks.sum(0).double())
+        acc(f"{layer}.sink_doc", g.sink_head.sum(0).double())
         head = torch.arange(H, device=p.device).view(1, H, 1).expand(b, H, T)
-        cpu = lambda t: t.cpu()  # noqa: E731
-        acc(f"{layer}.anti_hist", cpu(_hist(g.anti_alignment, g.anti_alignment_valid, head, H,
+        keep = lambda t: t  # noqa: E731  (state stays on the model's device)
+        acc(f"{layer}.anti_hist", keep(_hist(g.anti_alignment, g.anti_alignment_valid, head, H,
                                             *ANTI_RANGE, nb)))
-        acc(f"{layer}.anti_sum", cpu((g.anti_alignment * g.anti_alignment_valid).sum((0, 2)).double()))
-        acc(f"{layer}.anti_n", cpu(g.anti_alignment_valid.sum((0, 2)).double()))
+        acc(f"{layer}.anti_sum", keep((g.anti_alignment * g.anti_alignment_valid).sum((0, 2)).double()))
+        acc(f"{layer}.anti_n", keep(g.anti_alignment_valid.sum((0, 2)).double()))
         ok = g.rho_star_valid
         rho, a0 = g.rho_star, p[..., self.sink_index]
-        acc(f"{layer}.rho_hist", cpu(_hist(rho, ok, head, H, *RHO_RANGE, nb)))
+        acc(f"{layer}.rho_hist", keep(_hist(rho, ok, head, H, *RHO_RANGE, nb)))
         r_bin = _bin(rho[ok], *RHO_RANGE, nb)
         a_bin = _bin(a0[ok], *ALPHA_RANGE, nb)
-        acc(f"{layer}.rho_alpha", cpu(torch.bincount(r_bin * nb + a_bin, minlength=nb * nb)
+        acc(f"{layer}.rho_alpha", keep(torch.bincount(r_bin * nb + a_bin, minlength=nb * nb)
                                       .reshape(nb, nb).double()))
         rc = rho.clamp(0.0, 1.0)
-        acc(f"{layer}.rho_n", cpu(ok.sum((0, 2)).double()))
-        acc(f"{layer}.rho_sum", cpu((rc * ok).sum((0, 2)).double()))
-        acc(f"{layer}.alpha_on_rho", cpu((a0 * ok).sum((0, 2)).double()))
-        acc(f"{layer}.rho_unit", cpu((ok & (rho > 0) & (rho < 1)).sum((0, 2)).double()))
-        acc(f"{layer}.over", cpu((ok & (a0 > rc)).sum((0, 2)).double()))
+        acc(f"{layer}.rho_n", keep(ok.sum((0, 2)).double()))
+        acc(f"{layer}.rho_sum", keep((rc * ok).sum((0, 2)).double()))
+        acc(f"{layer}.alpha_on_rho", keep((a0 * ok).sum((0, 2)).double()))
+        acc(f"{layer}.rho_unit", keep((ok & (rho > 0) & (rho < 1)).sum((0, 2)).double()))
+        acc(f"{layer}.over", keep((ok & (a0 > rc)).sum((0, 2)).double()))
         # ‖ṽ_0‖ / ‖s̄_i‖: a small sink value puts the minimum of the ρ-curve near ρ = 1
         r_ok = g.curve_valid & (g.semantic_norm > 0)
         ratio = g.sink_value_norm.unsqueeze(-1) / torch.where(r_ok, g.semantic_norm, 1.0)
-        acc(f"{layer}.vratio", cpu((ratio * r_ok).sum((0, 2)).double()))
-        acc(f"{layer}.vratio_n", cpu(r_ok.sum((0, 2)).double()))
+        acc(f"{layer}.vratio", keep((ratio * r_ok).sum((0, 2)).double()))
+        acc(f"{layer}.vratio_n", keep(r_ok.sum((0, 2)).double()))
         # analytic intervention, per head
         on = g.head_output_norm
-        acc(f"{layer}.hdn", cpu((g.head_delta_norm * real).sum((0, 2)).double()))
+        acc(f"{layer}.hdn", keep((g.head_delta_norm * real).sum((0, 2)).double()))
         rel_ok = real & (on > 0)
         rel = torch.where(rel_ok, g.head_delta_norm / torch.where(rel_ok, on, 1.0), 0.0)
-        acc(f"{layer}.hrel", cpu(rel.sum((0, 2)).double()))
-        acc(f"{layer}.hrel_n", cpu(rel_ok.sum((0, 2)).double()))
-        acc(f"{layer}.hdc", cpu((g.head_delta_cos * g.head_delta_cos_valid).sum((0, 2)).double()))
-        acc(f"{layer}.hdc_n", cpu(g.head_delta_cos_valid.sum((0, 2)).double()))
+        acc(f"{layer}.hrel", keep(rel.sum((0, 2)).double()))
+        acc(f"{layer}.hrel_n", keep(rel_ok.sum((0, 2)).double()))
+        acc(f"{layer}.hdc", keep((g.head_delta_cos * g.head_delta_cos_valid).sum((0, 2)).double()))
+        acc(f"{layer}.hdc_n", keep(g.head_delta_cos_valid.sum((0, 2)).double()))
         # layer level
         lo = g.output_norm
         lrel_ok = qm & (lo > 0)
         lrel = torch.where(lrel_ok, g.delta_norm / torch.where(lrel_ok, lo, 1.0), 0.0)
-        acc(f"{layer}.ldn", cpu((g.delta_norm * qm).sum().double().reshape(1)))
-        acc(f"{layer}.lrel", cpu(lrel.sum().double().reshape(1)))
-        acc(f"{layer}.lrel_n", cpu(lrel_ok.sum().double().reshape(1)))
-        acc(f"{layer}.ldc", cpu((g.delta_cos * g.delta_cos_valid).sum().double().reshape(1)))
-        acc(f"{layer}.ldc_n", cpu(g.delta_cos_valid.sum().double().reshape(1)))
-        acc(f"{layer}.share", cpu(g.sink_head_share.sum().double().reshape(1)))
+        acc(f"{layer}.ldn", keep((g.delta_norm * qm).sum().double().reshape(1)))
+        acc(f"{layer}.lrel", keep(lrel.sum().double().reshape(1)))
+        acc(f"{layer}.lrel_n", keep(lrel_ok.sum().double().reshape(1)))
+        acc(f"{layer}.ldc", keep((g.delta_cos * g.delta_cos_valid).sum().double().reshape(1)))
+        acc(f"{layer}.ldc_n", keep(g.delta_cos_valid.sum().double().reshape(1)))
+        acc(f"{layer}.share", keep(g.sink_head_share.sum().double().reshape(1)))
 
     def result(self) -> SinkStats:
         self._require_state()
-        s = self.state
+        s = {k: v.cpu() for k, v in self.state.items()}  # state lives on the model's device
         layers = list(self.layers or [])
 
         def st(key: str) -> Tensor:

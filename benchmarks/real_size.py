@@ -1,0 +1,158 @@
+"""All four probes in one pass on a GPT-2-small-shaped model vs the plain forward pass.
+
+Model: random TransformerBridge (boot_native), 12 layers, 12 heads, d_model 768, d_head 64,
+LayerNorm, d_vocab 50,257, n_ctx 1,024; T = 1,024, batch 2 (one batch).
+Probes: AttentionStats, ContributionProbe, SinkProbe, AttentionFieldProbe, in one
+run_probes pass, on the model's device (CUDA when available).
+
+overhead_ratio = time(run_probes) / time(plain forward), same run, interleaved; target <= 2.0.
+peak_mem_ratio = peak memory of run_probes / of the plain forward: CUDA max allocated on a
+GPU; on the CPU, in a fresh subprocess each, the resident set after the model is built plus
+the peak RSS growth of one call (VmHWM reset before it, _bench.peak_rss_growth_mib); target
+<= 1.5. time_exponent: least-squares slope of log(probe time) on log T over T = 256, 512,
+1,024, probe time = time(run_probes) − time(plain forward) (expected ≈ 2: every probe is
+O(T²) per head); time_exponent_total: the same for time(run_probes).
+Knobs: BENCH_REPEATS (default 3), BENCH_DEVICE (default cuda if available).
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+from _bench import interleaved_times, peak_rss_growth_mib, proc_status_kib
+
+BATCH = 2
+T_MAX = 1024
+TS = (256, 512, 1024)
+REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
+
+
+def device() -> str:
+    import torch
+
+    return os.environ.get("BENCH_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
+
+
+def build():
+    import torch
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+
+    torch.manual_seed(0)
+    cfg = TransformerBridgeConfig(d_model=768, d_head=64, n_layers=12, n_ctx=T_MAX, n_heads=12,
+                                  d_vocab=50257, act_fn="gelu_new", normalization_type="LN",
+                                  seed=0, device=device())
+    model = TransformerBridge.boot_native(cfg).to(device()).eval()
+    tokens = torch.randint(0, 50257, (BATCH, T_MAX), generator=torch.Generator().manual_seed(1))
+    return model, tokens
+
+
+def sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and device().startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def plain(model, tokens):
+    import torch
+
+    with torch.no_grad():
+        model(tokens.to(device()), return_type=None)
+    sync()
+
+
+def probes(model, tokens):
+    from tl_spectral.probes import (
+        AttentionFieldProbe,
+        AttentionStats,
+        ContributionProbe,
+        SinkProbe,
+        run_probes,
+    )
+
+    res = run_probes(model, tokens,
+                     [AttentionStats(), ContributionProbe(), SinkProbe(), AttentionFieldProbe()],
+                     batch_size=BATCH, progress=False)
+    sync()
+    return res
+
+
+def mem_child(mode: str) -> None:
+    model, tokens = build()
+    fn = plain if mode == "plain" else probes
+    fn(model, tokens[:, :64])  # warm-up allocations of the model itself
+    base = proc_status_kib("VmRSS")
+    growth = peak_rss_growth_mib(lambda: fn(model, tokens))  # VmHWM reset before the call
+    print(json.dumps({"max_kb": base + growth * 1024, "growth_mib": growth}))
+
+
+def cuda_peak(model, tokens, fn) -> int:
+    import torch
+
+    fn(model, tokens)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    fn(model, tokens)
+    return torch.cuda.max_memory_allocated()
+
+
+def slope(xs, ys) -> float:
+    lx = [math.log(x) for x in xs]
+    ly = [math.log(max(y, 1e-9)) for y in ys]
+    mx, my = statistics.mean(lx), statistics.mean(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--mem":
+        mem_child(sys.argv[2])
+        return
+    model, tokens = build()
+    dev = device()
+    per_t = {}
+    for T in TS:
+        tok = tokens[:, :T]
+        plain(model, tok)
+        probes(model, tok)
+        t = interleaved_times({"plain": lambda: plain(model, tok),
+                               "probes": lambda: probes(model, tok)}, REPEATS)
+        per_t[T] = (statistics.median(t["plain"]), statistics.median(t["probes"]))
+        print(f"T={T}: plain {per_t[T][0]:.3f} s, four probes {per_t[T][1]:.3f} s", flush=True)
+    if dev.startswith("cuda"):
+        mp = cuda_peak(model, tokens, plain)
+        mq = cuda_peak(model, tokens, probes)
+        mem_ratio, mem_note = mq / mp, {"plain_peak_mib": round(mp / 2**20, 1),
+                                        "probes_peak_mib": round(mq / 2**20, 1)}
+    else:
+        del model
+        mem = {}
+        for mode in ("plain", "probes"):
+            out = subprocess.run([sys.executable, __file__, "--mem", mode], capture_output=True,
+                                 text=True, check=True).stdout.strip().splitlines()[-1]
+            mem[mode] = json.loads(out)["max_kb"]
+        mem_ratio = mem["probes"] / mem["plain"]
+        mem_note = {"plain_max_rss_mib": round(mem["plain"] / 1024, 1),
+                    "probes_max_rss_mib": round(mem["probes"] / 1024, 1)}
+    tp, tq = per_t[T_MAX]
+    extra = [per_t[T][1] - per_t[T][0] for T in TS]
+    print(json.dumps({
+        "device": dev, "model": "gpt2-small-shaped random (12L, 12H, d_model 768)",
+        "batch": BATCH, "T": T_MAX,
+        "overhead_ratio": round(tq / tp, 3),
+        "peak_mem_ratio": round(mem_ratio, 3),
+        "time_exponent": round(slope(TS, extra), 3),
+        "time_exponent_total": round(slope(TS, [per_t[T][1] for T in TS]), 3),
+        "plain_s": round(tp, 3), "probes_s": round(tq, 3),
+        "repeats": REPEATS, **mem_note,
+    }))
+
+
+if __name__ == "__main__":
+    main()
