@@ -251,12 +251,21 @@ def analyze(argv: Optional[list[str]] = None) -> int:
 def _windows(text: str, tokenizer, args):
     from tl_spectral.data import document_windows
 
+    from tl_spectral.data import CharTokenizer
+
+    # a char model's alphabet is small: common Unicode punctuation is normalised to ASCII and
+    # what is still unknown is dropped, with a one-line note of what was dropped
+    unknown = "drop" if isinstance(tokenizer, CharTokenizer) else None
     try:
-        return document_windows(text, tokenizer, args.n_docs, args.length, seed=args.seed,
-                                overlap=args.overlap)
+        w = document_windows(text, tokenizer, args.n_docs, args.length, seed=args.seed,
+                             overlap=args.overlap, unknown=unknown)
     except ValueError as e:
         hint = "" if args.overlap else "; or pass --overlap to draw overlapping windows"
         raise UsageError(f"--corpus {args.corpus}: {e}{hint}") from None
+    report = getattr(w, "encode_report", None)
+    if report is not None and report.changed:
+        print(f"note: {report.note()}", file=sys.stderr)
+    return w
 
 
 def _swap_in(new: Path, out: Path) -> None:
