@@ -63,8 +63,9 @@ def capture_doc(model, tokens, layer):
     return got["p"], got["v"]
 
 
-def brute_stats(model, docs, layer, mode, T_batch, rank_queries):
-    """Corpus statistics from per-document (unpadded) brute-force maps."""
+def brute_stats(model, docs, layer, mode, T_batch, rank_queries, negative_rtol=1e-6):
+    """Corpus statistics from per-document (unpadded) brute-force maps; rank queries at
+    ``round(linspace(2, L − 1, min(n, L − 2)))`` of each document's own length ``L``."""
     view = ModelView(model)
     H, causal = view.n_heads, view.causal
     W_O = view.weights(layer).W_O
@@ -73,20 +74,20 @@ def brute_stats(model, docs, layer, mode, T_batch, rank_queries):
     src_n = torch.zeros(T, dtype=torch.float64)
     lag = {}
     neg_n = torch.zeros(H + 1, dtype=torch.float64)
+    neg_n0 = torch.zeros(H + 1, dtype=torch.float64)
     neg = torch.zeros(H + 1, dtype=torch.float64)
     absum = torch.zeros(H + 1, dtype=torch.float64)
     pairs = 0
     M = len(MEASURES)
     rho = torch.zeros(H + 1, M, M, dtype=torch.float64)
     rows = torch.zeros(H + 1, dtype=torch.float64)
-    n = min(rank_queries, T - 2)
-    qidx = torch.linspace(2, T - 1, n).round().long().unique().tolist()
     for doc in docs:
         p, v = capture_doc(model, doc[None], layer)
         maps = brute_maps(p, v, W_O, mode)
         c = maps["contribution"]
         cc = torch.cat([c, c.sum(0, keepdim=True)])  # [H+1, q, k]
         L = doc.numel()
+        tau = negative_rtol * cc.abs().sum(-1)  # [H+1, q]
         for i in range(L):
             for j in range(L):
                 if causal and j > i:
@@ -96,14 +97,15 @@ def brute_stats(model, docs, layer, mode, T_batch, rank_queries):
                 key = i - j
                 s, k = lag.get(key, (torch.zeros(H + 1, dtype=torch.float64), 0))
                 lag[key] = (s + cc[:, i, j], k + 1)
-                neg_n += (cc[:, i, j] < 0).double()
+                neg_n += (cc[:, i, j] < -tau[:, i]).double()
+                neg_n0 += (cc[:, i, j] < 0).double()
                 neg += cc[:, i, j].clamp(max=0).abs()
                 absum += cc[:, i, j].abs()
                 pairs += 1
         tok = {m: torch.cat([maps[m], maps[m].sum(0, keepdim=True)]) for m in MEASURES}
+        n = min(rank_queries, L - 2)
+        qidx = torch.linspace(2, L - 1, n).round().long().unique().tolist() if n > 0 else []
         for i in qidx:
-            if i >= L:
-                continue
             keys = list(range(i + 1)) if causal else list(range(L))
             if len(keys) < 3:
                 continue
@@ -115,6 +117,7 @@ def brute_stats(model, docs, layer, mode, T_batch, rank_queries):
                                       tok[MEASURES[b]][h, i, keys].numpy()).statistic
                         rho[h, a, b] += r
     return dict(src=src / src_n.clamp_min(1), src_n=src_n, lag=lag, neg_frac=neg_n / pairs,
+                neg_frac0=neg_n0 / pairs,
                 neg_mass=neg / absum, rho=rho / rows.clamp_min(1)[:, None, None])
 
 
@@ -201,6 +204,9 @@ def test_probe_statistics_match_brute_force(kind, mode):
         assert float(res.lag_count[li, pos]) == k
         torch.testing.assert_close(res.lag_mean[li, :, pos].double(), s / k, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(res.negative_fraction[li].double(), ref["neg_frac"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(res.negative_fraction_raw[li].double(), ref["neg_frac0"], atol=1e-6,
+                               rtol=0)
+    assert res.negative_rtol == 1e-6
     torch.testing.assert_close(res.negative_mass[li].double(), ref["neg_mass"], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(res.rank_corr[li].double(), ref["rho"], atol=1e-5, rtol=1e-5)
     if kind == "encoder":
@@ -320,3 +326,123 @@ def test_report_section_and_signed_view(native_ln, tmp_path):
     assert "red" in view.local_src and "blue" in view.local_src
     with pytest.raises(ValueError, match="clip_quantile"):
         contribution_view(maps, [str(i) for i in range(12)], clip_quantile=0)
+
+
+# ----------------------------------------------------------------------------- batching (#15.5)
+_RAGGED_MODEL: dict = {}
+
+
+def _ragged_model():
+    if "m" not in _RAGGED_MODEL:
+        _RAGGED_MODEL["m"] = make_native(n_layers=2, n_heads=4, seed=5)
+    return _RAGGED_MODEL["m"]
+
+
+def _assert_same_stats(a, b, atol=1e-6):
+    for f in ("rank_corr", "rank_rows", "negative_fraction", "negative_fraction_raw",
+              "negative_mass", "source_mean", "source_count", "lag_mean", "lag_count"):
+        torch.testing.assert_close(getattr(a, f), getattr(b, f), atol=atol, rtol=1e-5, msg=f)
+
+
+def test_rank_query_positions_follow_each_document():
+    from tl_spectral.probes.contributions import rank_query_positions
+
+    qidx, ok = rank_query_positions([40, 5, 2, 3, 256], 8)
+    rows = [qidx[i][ok[i]].tolist() for i in range(5)]
+    assert rows[0] == torch.linspace(2, 39, 8).round().long().tolist()
+    assert rows[1] == [2, 3, 4]  # min(8, L − 2) = 3 queries over 2 … 4
+    assert rows[2] == [] and rows[3] == [2]
+    assert rows[4] == torch.linspace(2, 255, 8).round().long().tolist()
+    assert all(max(r, default=0) < L for r, L in zip(rows, [40, 5, 2, 3, 256]))
+
+
+def test_rank_statistics_do_not_depend_on_batch_size():
+    # a 40-token document is sampled at the same 8 queries alone and inside a batch padded
+    # further; before, batch 11 sampled every document on the batch's padded length
+    g = torch.Generator().manual_seed(3)
+    docs = [torch.randint(0, 50, (n,), generator=g) for n in (40, 5, 23, 3, 17, 31, 2, 12, 28, 9, 36)]
+    res = [
+        run_probes(_ragged_model(), docs, [ContributionProbe(rank_stride=1, rank_per_head=True)],
+                   batch_size=bs, progress=False)["contributions"]
+        for bs in (1, 11)
+    ]
+    _assert_same_stats(*res)
+    assert float(res[0].rank_rows[0, -1]) == sum(min(8, n - 2) for n in
+                                                 (40, 5, 23, 3, 17, 31, 12, 28, 9, 36))
+
+
+@settings(max_examples=6, deadline=None)
+@given(lengths=st.lists(st.integers(1, 30), min_size=2, max_size=7),
+       bs=st.integers(1, 7), rank_queries=st.integers(1, 9), seed=st.integers(0, 100))
+def test_rank_statistics_batch_invariance_property(lengths, bs, rank_queries, seed):
+    docs = _docs(lengths, seed)
+
+    def run(b):
+        probe = ContributionProbe(rank_queries=rank_queries, rank_stride=2)
+        return run_probes(_ragged_model(), docs, [probe], batch_size=b,
+                          progress=False)["contributions"]
+
+    _assert_same_stats(run(1), run(bs))
+
+
+# ----------------------------------------------------------------------------- negatives (#15.6)
+@settings(max_examples=40, deadline=None)
+@given(q=st.integers(1, 5), k=st.integers(1, 9), seed=st.integers(0, 10_000),
+       rtol=st.sampled_from([1e-6, 1e-4]))
+def test_row_negatives_skip_round_off(q, k, seed, rtol):
+    from tl_spectral.probes.contributions import _row_negatives
+
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randn(2, 3, q, k, generator=g, dtype=torch.float64)
+    tiny = torch.rand(2, 3, q, k, generator=g, dtype=torch.float64) < 0.4
+    tiny[..., 0] = False  # every row keeps one entry of ordinary size
+    mass = c.abs().masked_fill(tiny, 0).sum(-1, keepdim=True)
+    # round-off-sized entries: |c| ≤ rtol/10 of the row's mass (either sign)
+    c = torch.where(tiny, c.sign() * mass * rtol * 0.1 * torch.rand(c.shape, generator=g,
+                                                                     dtype=torch.float64), c)
+    strict, anyneg = _row_negatives(c, rtol)
+    tau = rtol * c.abs().sum(-1, keepdim=True)
+    assert strict.tolist() == (c < -tau).sum((0, 2, 3)).double().tolist()
+    assert anyneg.tolist() == (c < 0).sum((0, 2, 3)).double().tolist()
+    assert strict.tolist() == ((c < 0) & ~tiny).sum((0, 2, 3)).double().tolist()
+
+
+def test_negative_fraction_threshold_is_relative_to_the_row(native_ln):
+    docs = _docs([14, 9, 11], seed=4)
+    strict = run_probes(native_ln, docs, [ContributionProbe(rank_queries=0)], batch_size=3,
+                        progress=False)["contributions"]
+    loose = run_probes(native_ln, docs, [ContributionProbe(rank_queries=0, negative_rtol=0.0)],
+                       batch_size=3, progress=False)["contributions"]
+    big = run_probes(native_ln, docs, [ContributionProbe(rank_queries=0, negative_rtol=0.05)],
+                     batch_size=3, progress=False)["contributions"]
+    assert strict.negative_rtol == 1e-6 and loose.negative_rtol == 0.0
+    torch.testing.assert_close(loose.negative_fraction, loose.negative_fraction_raw)
+    torch.testing.assert_close(strict.negative_fraction_raw, loose.negative_fraction_raw)
+    assert bool((big.negative_fraction <= strict.negative_fraction).all())
+    assert bool((strict.negative_fraction <= strict.negative_fraction_raw).all())
+    assert bool((big.negative_fraction < big.negative_fraction_raw).any())
+    # by hand at token level from the maps, with τ_i = 0.05 Σ_j |C_ij|
+    maps = layer_maps(native_ln, torch.nn.utils.rnn.pad_sequence(docs, batch_first=True),
+                      attention_mask=torch.nn.utils.rnn.pad_sequence(
+                          [torch.ones_like(d) for d in docs], batch_first=True))
+    for li, layer in enumerate(big.layers):
+        C = maps[layer].token.double()
+        tau = 0.05 * C.abs().sum(-1, keepdim=True)
+        pairs = float(big.source_count[li].sum())
+        want = float((C < -tau).sum()) / pairs
+        assert float(big.negative_fraction[li, -1]) == pytest.approx(want, abs=2.5 / pairs)
+    row = strict.summary_rows()[0]
+    assert "neg_pair_share_tau0" in row
+    with pytest.raises(ValueError, match="negative_rtol"):
+        ContributionProbe(negative_rtol=-1)
+
+
+def test_old_result_files_load_with_tau_zero(native_ln, tmp_path):
+    # files written before negative_fraction_raw existed hold the τ = 0 share
+    res = run_probes(native_ln, _docs([8, 6], seed=5), [ContributionProbe(rank_queries=2)],
+                     batch_size=2, progress=False)["contributions"]
+    res.negative_fraction_raw = None
+    res.negative_rtol = 0.0
+    back = Result.load(res.save(tmp_path / "old"))
+    assert back.negative_fraction_raw is None and back.negative_rtol == 0.0
+    assert "neg_pair_share_tau0" not in back.summary_rows()[0]

@@ -98,3 +98,43 @@ def test_reduce_cat_max_sum(tmp_path):
         assert torch.equal(s["rows"][2:], torch.full((3, 5), 2.0))
         assert s["peak"].tolist() == [1.0, 10.0]
         assert s["total"].tolist() == [3.0]
+
+
+def _ragged_corpus():
+    g = torch.Generator().manual_seed(13)
+    return [torch.randint(0, 50, (n,), generator=g) for n in (40, 5, 23, 3, 17, 31, 2, 12, 28, 9, 36)]
+
+
+def _contrib_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from tl_spectral.probes.contributions import ContributionProbe
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        res = run_probes(make_native(n_layers=2, seed=11), _ragged_corpus(),
+                         [ContributionProbe(rank_stride=2, rank_per_head=True)], batch_size=3,
+                         progress=False)["contributions"]
+        res.save(os.path.join(out_dir, f"contrib{rank}.safetensors"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_contribution_statistics_two_processes_equal_one(tmp_path):
+    # ragged documents: each process pads its batches to other lengths than one process
+    # does; the sampled rank queries follow each document's own length, so the Spearman
+    # statistics (and every other field) agree to float32 round-off
+    from tl_spectral.probes.contributions import ContributionProbe
+
+    mp.spawn(_contrib_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    single = run_probes(make_native(n_layers=2, seed=11), _ragged_corpus(),
+                        [ContributionProbe(rank_stride=2, rank_per_head=True)], batch_size=11,
+                        progress=False)["contributions"]
+    for rank in range(2):
+        r = Result.load(tmp_path / f"contrib{rank}.safetensors")
+        for f in ("rank_corr", "rank_rows", "negative_fraction", "negative_fraction_raw",
+                  "negative_mass", "source_mean", "source_count", "lag_mean", "lag_count"):
+            torch.testing.assert_close(getattr(r, f), getattr(single, f), atol=1e-6, rtol=1e-5,
+                                       msg=f)

@@ -206,3 +206,67 @@ def test_result_roundtrip_and_dict(tmp_path):
 def test_plot_spectrum():
     fig = pod(_low_rank(N=30, dim=40, rank=10, decay=0.7, noise=1e-3)).plot_spectrum()
     assert fig.axes
+
+
+# ----------------------------------------------------------------------------- randomized accuracy
+def _with_spectrum(N, dim, lam, seed):
+    g = torch.Generator().manual_seed(seed)
+    U = torch.linalg.qr(torch.randn(N, lam.numel(), generator=g, dtype=f64))[0]
+    V = torch.linalg.qr(torch.randn(dim, lam.numel(), generator=g, dtype=f64))[0]
+    return (U * (lam * N).sqrt()) @ V.T
+
+
+def _spectrum(kind: str, n: int) -> torch.Tensor:
+    k = torch.arange(1, n + 1, dtype=f64)
+    if kind == "flat":  # λ10/λ1 = 0.83 over the top 20, then a 1/k tail
+        return torch.where(k <= 20, k**-0.081, 20**-0.081 * (k / 20) ** -1.0)
+    if kind == "flat_all":  # λ10/λ1 = 0.83 and no decay to speak of anywhere
+        return k**-0.081
+    return k**-2.0  # steep: λ10/λ1 = 0.01
+
+
+@settings(max_examples=6, deadline=None)
+@given(kind=st.sampled_from(["flat", "flat_all", "steep"]), seed=st.integers(0, 1000),
+       sketch_seed=st.integers(0, 3), k=st.sampled_from([5, 10]))
+def test_randomized_top_k_meets_the_accuracy_target(kind, seed, sketch_seed, k):
+    N, dim = 120, 180
+    X = _with_spectrum(N, dim, _spectrum(kind, N), seed)
+    exact = pod(X, method="snapshots")
+    r = pod(X, k, method="randomized", seed=sketch_seed)  # default tol = 1e-3
+    rel = ((r.eigenvalues - exact.eigenvalues[:k]).abs() / exact.eigenvalues[:k]).max()
+    assert float(rel) <= 1e-3
+    assert 0.0 <= r.eigen_rel_error <= 1e-3
+    assert exact.eigen_rel_error == 0.0
+    torch.testing.assert_close(r.total_energy, exact.total_energy)
+
+
+def test_randomized_fixed_iterations_underestimate_flat_spectra():
+    # the former defaults (10 oversamples, 4 power iterations, no target) miss a flat top by
+    # percents; the accuracy target fixes it, and leaves steep spectra as they were
+    N, dim = 300, 400
+    X = _with_spectrum(N, dim, _spectrum("flat", N), 1)
+    ex = torch.linalg.svdvals(X)[:10] ** 2 / N
+    fixed = pod(X, 10, method="randomized", tol=None)
+    adaptive = pod(X, 10, method="randomized")
+    assert float(((ex - fixed.eigenvalues) / ex).max()) > 5e-3
+    assert float(((ex - adaptive.eigenvalues).abs() / ex).max()) <= 1e-3
+    assert math.isnan(fixed.eigen_rel_error)
+    Xs = _with_spectrum(N, dim, _spectrum("steep", N), 1)
+    a, b = pod(Xs, 10, method="randomized", tol=None), pod(Xs, 10, method="randomized")
+    assert torch.equal(a.eigenvalues, b.eigenvalues)  # converged within the 4 iterations
+
+
+def test_randomized_warns_when_the_budget_is_too_small():
+    X = _with_spectrum(200, 300, _spectrum("flat_all", 200), 2)
+    with pytest.warns(UserWarning, match="tol=0.001"):
+        r = pod(X, 10, method="randomized", n_power_iter=0, max_power_iter=3)
+    assert r.eigen_rel_error > 1e-3 or math.isinf(r.eigen_rel_error)
+    with pytest.raises(ValueError, match="tol"):
+        pod(X, 10, method="randomized", tol=0.0)
+
+
+def test_randomized_result_round_trip_keeps_the_error_estimate(tmp_path):
+    X = _with_spectrum(120, 150, _spectrum("steep", 120), 3)
+    r = pod(X, 6, method="randomized")
+    back = Result.load(r.save(tmp_path / "rp"))
+    assert back.eigen_rel_error == r.eigen_rel_error

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -48,11 +49,22 @@ class Result:
     kind: ClassVar[str] = "result"
 
     # ------------------------------------------------------------------ save / load
-    def save(self, path: str | Path) -> Path:
-        """Write the result to ``path`` (a ``.safetensors`` file). Returns the path."""
-        path = Path(path)
-        if path.suffix != ".safetensors":
-            path = path.with_suffix(".safetensors")
+    def save(self, path: str | Path, *, overwrite: bool = False) -> Path:
+        """Write the result to a ``.safetensors`` file. Returns the path written.
+
+        The suffix ``.safetensors`` is appended unless ``path`` already ends with it, never
+        substituted for another one: ``"a.v1"`` and ``"a.v2"`` write ``a.v1.safetensors`` and
+        ``a.v2.safetensors``; ``"x"`` and ``"x.safetensors"`` both write ``x.safetensors``.
+        An existing file is refused (``FileExistsError``) unless ``overwrite=True``. The
+        file is written beside its target and renamed into place (a crash leaves the old
+        file whole), with the permissions of any file the user creates (``0o666`` less
+        the umask), not safetensors' ``0o600``.
+        """
+        path = result_path(path)
+        if path.exists() and not overwrite:
+            raise FileExistsError(
+                f"{path} exists; pass overwrite=True to replace it, or choose another name"
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         tensors: dict[str, torch.Tensor] = {}
         meta: dict[str, Any] = {}
@@ -69,7 +81,17 @@ class Result:
             else:
                 meta[f.name] = _to_jsonable(value)
         header = {"format": _FORMAT, "kind": self.kind, "fields": meta}
-        save_file(tensors, str(path), metadata={"tl_spectral": json.dumps(header)})
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            save_file(tensors, str(tmp), metadata={"tl_spectral": json.dumps(header)})
+            os.chmod(tmp, 0o666 & ~_umask())
+            if overwrite:
+                os.replace(tmp, path)
+            else:
+                _link_exclusive(tmp, path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
         return path
 
     @classmethod
@@ -91,10 +113,23 @@ class Result:
             ) from exc
         if raw is None:
             raise ValueError(f"{path} is a safetensors file but not a tl_spectral result")
-        header = json.loads(raw)
+        try:
+            header = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{path}: the tl_spectral metadata is not valid JSON ({exc}); the file is "
+                "damaged or was not written by Result.save()"
+            ) from None
+        if not isinstance(header, dict):
+            raise ValueError(
+                f"{path}: the tl_spectral metadata is a JSON {type(header).__name__}, not an "
+                "object with 'format', 'kind' and 'fields'"
+            )
         if header.get("format") != _FORMAT:
             raise ValueError(f"{path}: unknown result format {header.get('format')!r}")
-        kind = header["kind"]
+        kind = header.get("kind")
+        if not isinstance(kind, str):
+            raise ValueError(f"{path}: the metadata has no result kind (got {kind!r})")
         if kind not in _REGISTRY:
             _import_result_modules()
         target = _REGISTRY.get(kind)
@@ -102,19 +137,88 @@ class Result:
             raise ValueError(f"{path}: unknown result kind {kind!r}; known: {sorted(_REGISTRY)}")
         if cls is not Result and not issubclass(target, cls):
             raise ValueError(f"{path} holds a {kind!r} result, not a {cls.kind!r} one")
-        fields = dict(header["fields"])
+        fields = header.get("fields")
+        if not isinstance(fields, dict):
+            raise ValueError(
+                f"{path}: the metadata 'fields' of this {kind!r} result is "
+                f"{type(fields).__name__}, not an object of field values"
+            )
+        fields = dict(fields)
         dict_names = fields.pop("__tensor_dicts__", [])
+        if not isinstance(dict_names, list) or not all(isinstance(n, str) for n in dict_names):
+            raise ValueError(f"{path}: metadata '__tensor_dicts__' must be a list of field names")
         for name in dict_names:
             fields[name] = {}
         for key, t in tensors.items():
             if "::" in key:
                 name, sub = key.split("::", 1)
-                fields.setdefault(name, {})[sub] = t
+                if not isinstance(fields.setdefault(name, {}), dict):
+                    raise ValueError(f"{path}: tensor {key!r} belongs to field {name!r}, which "
+                                     "the metadata holds as a plain value")
+                fields[name][sub] = t
             else:
                 fields[key] = t
         names = {f.name for f in dataclasses.fields(target)}
-        return target(**{k: v for k, v in fields.items() if k in names})
+        required = {
+            f.name
+            for f in dataclasses.fields(target)
+            if f.init
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
+        }
+        missing = sorted(required - set(fields))
+        if missing:
+            raise ValueError(
+                f"{path}: this {kind!r} result lacks the field(s) {missing}; the file is "
+                "damaged or was written by an incompatible version"
+            )
+        try:
+            return target(**{k: v for k, v in fields.items() if k in names})
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            raise ValueError(
+                f"{path}: cannot rebuild the {kind!r} result from its fields "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
 
+
+def result_path(path: str | Path) -> Path:
+    """The file :meth:`Result.save` writes for ``path``: ``.safetensors`` appended unless
+    already there (``"a.v1"`` → ``a.v1.safetensors``)."""
+    path = Path(path)
+    if not path.name.endswith(".safetensors"):
+        path = path.with_name(path.name + ".safetensors")
+    return path
+
+
+def _umask() -> int:
+    """The process umask (read from /proc where possible: setting it to read it is racy
+    under threads)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _link_exclusive(tmp: Path, path: Path) -> None:
+    """Move ``tmp`` to ``path`` unless ``path`` exists (atomically where hard links work)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(
+            f"{path} exists; pass overwrite=True to replace it, or choose another name"
+        ) from None
+    except OSError:  # no hard links on this file system
+        if path.exists():
+            raise FileExistsError(
+                f"{path} exists; pass overwrite=True to replace it, or choose another name"
+            ) from None
+        os.replace(tmp, path)
 
 _RESULT_MODULES = (
     "tl_spectral.probes",

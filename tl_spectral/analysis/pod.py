@@ -16,8 +16,19 @@ Three algorithms behind one ``method`` argument, one ``rank`` argument for trunc
 * ``"direct"`` (``N > dim``): thin SVD ``X = U S V^T``, ``lambda_k = S_k^2 / N``,
   ``phi_k = V_k``, ``c = U S``.
 * ``"randomized"`` (top-k only, for large ``N``; Halko, Martinsson & Tropp 2011): Gaussian
-  sketch of ``k + n_oversamples`` columns, ``n_power_iter`` QR-stabilised power iterations,
-  SVD of the small projected matrix. Only the first ``k`` eigenvalues are computed; the
+  sketch of ``k + n_oversamples`` columns, at least ``n_power_iter`` QR-stabilised power
+  iterations, SVD of the small projected matrix. With an accuracy target ``tol`` (default
+  1e-3) the iteration goes on until an a posteriori estimate of the relative error of each
+  of the top-k eigenvalues is below ``tol``: the Ritz values ``θ_j`` of the sketch are
+  tracked after every iteration; they converge geometrically, so with the last changes
+  ``δ`` and their ratio ``ρ`` (the rate) the remaining error is about ``δ ρ / (1 − ρ)``
+  (counted twice, for safety). When the rate is too slow to reach ``tol`` within 10 more
+  iterations (flat spectra: the rate of ``λ_j`` is ``(λ_{ℓ+1} / λ_j)²`` for a sketch of
+  ``ℓ`` columns) the oversampling is doubled with fresh Gaussian columns; a sketch of
+  ``min(N, dim)`` columns is exact. The estimate is reported as ``eigen_rel_error`` (a
+  warning if ``max_power_iter`` iterations do not reach ``tol``). ``tol=None`` runs exactly
+  ``n_power_iter`` iterations with fixed oversampling (the former behaviour).
+  Only the first ``k`` eigenvalues are computed; the
   total energy ``trace(K) = ||X||_F^2 / N`` is still exact, so energy fractions are exact,
   and ``H*`` / ``T_spec`` use the modes available (reported as lower bounds / flagged).
 
@@ -183,6 +194,9 @@ class PODResult(Result):
     a mean-free ensemble of ``N`` snapshots can hold (``N`` if not mean-free), or the top-k
     computed by the randomized method; print ``H_star_str`` ("≥ 149"). ``beta``, ``T_spec``,
     ``tspec_r2``, ``tspec_n_fit``: the power-law fit of :func:`spectral_concentration`.
+    ``eigen_rel_error``: for the randomized method, the a posteriori estimate of the largest
+    relative error of the computed eigenvalues (0 for the exact methods; NaN when the
+    iteration could not estimate it, e.g. ``tol=None``).
     """
 
     kind: ClassVar[str] = "pod"
@@ -204,6 +218,7 @@ class PODResult(Result):
     T_spec: float
     tspec_r2: float
     tspec_n_fit: int
+    eigen_rel_error: float = 0.0
 
     # ------------------------------------------------------------------ derived
     @property
@@ -355,6 +370,7 @@ def _finish(
     complete: bool,
     epsilon: float,
     mean: Tensor | None,
+    eigen_rel_error: float = 0.0,
 ) -> PODResult:
     H, sat = _h_star(lam, epsilon, total, N, centered, complete)
     fit = spectral_concentration(lam, total_energy=total)
@@ -376,6 +392,7 @@ def _finish(
         T_spec=fit["T_spec"],
         tspec_r2=fit["r2"],
         tspec_n_fit=int(fit["n_fit"]),
+        eigen_rel_error=float(eigen_rel_error),
     )
 
 
@@ -468,20 +485,101 @@ def _gram(X: Tensor, dtype: torch.dtype, chunk_cols: int = 8192) -> Tensor:
     return K
 
 
-def _randomized(X: Tensor, k: int, p: int, q: int, seed: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Top-k SVD of ``X [N, dim]`` (Halko et al. Alg. 4.4). Returns ``(U [N,k], S [k], Vh [k,dim])``."""
+def _randomized(
+    X: Tensor,
+    k: int,
+    p: int,
+    q: int,
+    seed: int,
+    tol: float | None = None,
+    max_iter: int = 100,
+) -> tuple[Tensor, Tensor, Tensor, float]:
+    """Top-k SVD of ``X [N, dim]`` (Halko et al. Alg. 4.4), adaptive when ``tol`` is set
+    (see the module docstring). Returns ``(U [N,k], S [k], Vh [k,dim], rel_error)`` with
+    ``rel_error`` the estimated largest relative error of ``S²`` (0 when exact, NaN when
+    not estimated)."""
     N, dim = X.shape
-    ell = min(k + p, N, dim)
+    n_max = min(N, dim)
+    ell = min(k + p, n_max)
     g = torch.Generator().manual_seed(seed)
     Omega = torch.randn(dim, ell, generator=g, dtype=X.dtype)
     Q, _ = torch.linalg.qr(X @ Omega)
-    for _ in range(q):
-        Z, _ = torch.linalg.qr(X.T @ Q)
+    floor = 10.0 * torch.finfo(X.dtype).eps
+    hist: list[Tensor] = []  # top-k Ritz values θ = σ² after each iteration (since growth)
+    err = math.nan
+    it = 0
+    while True:
+        Y = X.T @ Q  # [dim, ell]; B = Yᵀ
+        if tol is None:
+            if it >= q:
+                break
+        else:
+            if ell >= n_max:  # Q spans the range of X: the sketch is exact
+                err = 0.0
+                break
+            th = torch.linalg.eigvalsh((Y.T @ Y).to(torch.float64)).flip(0)[:k].clamp_min(0.0)
+            hist.append(th)
+            err, rate = _ritz_error(hist, floor)
+            if it >= q and err <= tol:
+                break
+            if it >= max_iter:
+                import warnings
+
+                warnings.warn(
+                    f"randomized POD: {max_iter} power iterations with {ell} columns reached an "
+                    f"estimated relative eigenvalue error of {err:.2g}, not tol={tol:g}; use "
+                    "method='snapshots' or raise n_oversamples / max_power_iter",
+                    stacklevel=3,
+                )
+                break
+            if _too_slow(err, rate, tol, len(hist)) and ell < n_max:
+                grow = min(n_max, k + 2 * max(ell - k, 1)) - ell
+                Om = torch.randn(dim, grow, generator=g, dtype=X.dtype)
+                Q, _ = torch.linalg.qr(torch.cat([Q, X @ Om], 1))
+                ell += grow
+                hist = []
+                continue
+        Z, _ = torch.linalg.qr(Y)
         Q, _ = torch.linalg.qr(X @ Z)
-    B = Q.T @ X  # [ell, dim]
-    Ub, S, Vh = torch.linalg.svd(B, full_matrices=False)
+        it += 1
+    Ub, S, Vh = torch.linalg.svd(Y.T, full_matrices=False)
     U = Q @ Ub
-    return U[:, :k], S[:k], Vh[:k]
+    return U[:, :k], S[:k], Vh[:k], err
+
+
+def _ritz_error(hist: list[Tensor], floor: float) -> tuple[float, float]:
+    """A posteriori relative error of the latest Ritz values ``hist[-1]`` and the worst
+    convergence rate, from their last changes (geometric extrapolation). Needs three
+    iterates; ``(inf, nan)`` before, or while the changes do not shrink yet."""
+    if len(hist) < 3:
+        return math.inf, math.nan
+    th = hist[-1]
+    scale = th.clamp_min(torch.finfo(torch.float64).tiny)
+    d1 = (hist[-1] - hist[-2]).abs()
+    d0 = (hist[-2] - hist[-3]).abs()
+    at_floor = d1 <= floor * scale  # converged to round-off
+    rate = torch.where(d0 > 0, d1 / d0.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
+    if len(hist) >= 4:  # the slower of the last two rates (rates settle from above or below)
+        dm = (hist[-3] - hist[-4]).abs()
+        rate = torch.maximum(rate, torch.where(dm > 0, d0 / dm.clamp_min(1e-300), 0.0))
+    slow = (rate >= 1.0) & ~at_floor
+    if bool(slow.any()):
+        return math.inf, float(rate.max())
+    est = torch.where(at_floor, d1, 2.0 * d1 * rate / (1.0 - rate).clamp_min(1e-12)) / scale
+    live = ~at_floor
+    worst = float(rate[live].max()) if bool(live.any()) else 0.0
+    return float(est.max()), worst
+
+
+def _too_slow(err: float, rate: float, tol: float, n_hist: int) -> bool:
+    """Whether the sketch should grow, after ``n_hist`` iterations with its current size:
+    the estimated iterations left to reach ``tol`` exceed 10 at the current rate, or the
+    changes have not started to shrink after 6 iterations."""
+    if err <= tol or n_hist < 3:
+        return False
+    if math.isfinite(err) and 0.0 < rate < 1.0:
+        return math.log(tol / err) / math.log(rate) > 10.0
+    return n_hist >= 6
 
 
 def pod(
@@ -495,6 +593,8 @@ def pod(
     n_oversamples: int = 10,
     n_power_iter: int = 4,
     seed: int = 0,
+    tol: float | None = 1e-3,
+    max_power_iter: int = 100,
 ) -> PODResult:
     """POD of the snapshots ``X: [N, dim]`` (rows = snapshots).
 
@@ -509,6 +609,10 @@ def pod(
         always float64). Modes are returned in this dtype.
     The snapshots count as mean-free (``centered``: at most ``N - 1`` modes) when
     ``center=True`` or their mean is below ``1e3 eps`` of their RMS norm.
+    n_oversamples, n_power_iter, seed, tol, max_power_iter: the randomized method (its
+    initial oversampling, least number of power iterations, sketch seed, target relative
+    accuracy of the top-k eigenvalues — ``None`` for the fixed iteration count — and the
+    most power iterations); see the module docstring. The exact methods ignore them.
     """
     X = _check_snapshots(X)
     N, dim = X.shape
@@ -596,7 +700,11 @@ def pod(
         total = float(Xd.to(torch.float64).pow(2).sum()) / N
         if not total > 0:
             raise ValueError("the snapshots have zero energy; nothing to decompose")
-        U, S, Vh = _randomized(Xd, int(rank), n_oversamples, n_power_iter, seed)
+        if tol is not None and not 0.0 < tol < 1.0:
+            raise ValueError(f"tol must lie in (0, 1) or be None (got {tol})")
+        U, S, Vh, rel_err = _randomized(
+            Xd, int(rank), n_oversamples, n_power_iter, seed, tol, max_power_iter
+        )
         lam = S.to(torch.float64) ** 2 / N
         modes = Vh.clone()
         coeffs = (U * S).to(torch.float64)
@@ -614,6 +722,7 @@ def pod(
             complete=complete,
             epsilon=epsilon,
             mean=mean,
+            eigen_rel_error=rel_err,
         )
     raise ValueError(
         f"method must be 'auto', 'snapshots', 'direct' or 'randomized' (got {method!r})"

@@ -133,6 +133,39 @@ def _spearman_rows(
     return rho, ok
 
 
+def rank_query_positions(lengths: Sequence[int] | Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """Query positions sampled for the rank correlations, per document, from its own
+    length ``L`` (never the batch's padded length): ``round(linspace(2, L − 1, min(n, L − 2)))``
+    without repeats (none when ``L < 3``).
+
+    Returns ``(qidx [batch, m] long, ok [batch, m] bool)``: the positions of each document,
+    left-aligned and padded with position 0 where ``ok`` is False (``m`` the longest list).
+    """
+    ls = [int(x) for x in (lengths.tolist() if isinstance(lengths, Tensor) else lengths)]
+    rows = []
+    for L in ls:
+        k = min(n, L - 2)
+        rows.append(torch.linspace(2, L - 1, k).round().long().unique() if k > 0
+                    else torch.zeros(0, dtype=torch.long))
+    m = max((r.numel() for r in rows), default=0)
+    qidx = torch.zeros(len(ls), m, dtype=torch.long)
+    ok = torch.zeros(len(ls), m, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        qidx[i, : r.numel()] = r
+        ok[i, : r.numel()] = True
+    return qidx, ok
+
+
+def _row_negatives(c: Tensor, rtol: float) -> tuple[Tensor, Tensor]:
+    """Counts of negative entries of ``c [..., key]`` summed over every axis but ``dim 1``
+    (heads) of a ``[n, h, q, k]`` map: ``(#{c < −τ_row}, #{c < 0})`` with
+    ``τ_row = rtol · Σ_key |c|`` per row (float64 ``[h]`` each)."""
+    tau = c.abs().sum(-1, keepdim=True).mul_(rtol)
+    strict = (c < -tau).sum((0, 2, 3)).double()
+    anyneg = (c < 0).sum((0, 2, 3)).double()
+    return strict, anyneg
+
+
 # ----------------------------------------------------------------------------- result
 @register_result
 @dataclasses.dataclass
@@ -147,11 +180,17 @@ class ContributionStats(Result):
       pos]: the same mean of ``α_ij``; ``source_count`` [layer, pos] pairs averaged;
     * ``lag_mean`` / ``lag_attention`` / ``lag_count``: the same by lag ``ℓ = i − j``, on the
       axis ``lags`` (``0 … T−1`` for causal models, ``−(T−1) … T−1`` for bidirectional ones);
-    * ``negative_fraction`` [layer, head+1]: share of allowed pairs with ``c < 0``;
-      ``negative_mass`` [layer, head+1]: ``Σ|c_neg| / Σ|c|``;
+    * ``negative_fraction`` [layer, head+1]: share of allowed pairs with ``c_ij < −τ_i``,
+      ``τ_i = negative_rtol · Σ_j |c_ij|`` (the query's row of the map counted: ``c^h`` for
+      head ``h``, ``C`` at token level; ``negative_rtol`` = 1e-6 by default, about 8 float32
+      epsilons of the row's absolute mass, so round-off zeros are not counted);
+      ``negative_fraction_raw``: the same share at ``τ = 0`` (every ``c < 0``; ``None`` in
+      files written before it existed, whose ``negative_fraction`` is this τ = 0 count and
+      whose ``negative_rtol`` reads 0); ``negative_mass`` [layer, head+1]: ``Σ|c_neg| / Σ|c|``;
     * ``rank_corr`` [layer, head+1, 4, 4]: mean Spearman correlation between the measures
       (order ``measures``) over the sampled queries' allowed sources (ordinal ranks, ties by
-      position); ``rank_rows`` [layer, head+1] rows used (0 for heads unless
+      position; queries sampled over each document's own length, see
+      :func:`rank_query_positions`); ``rank_rows`` [layer, head+1] rows used (0 for heads unless
       ``rank_per_head``);
     * ``kept_maps``: ``"{layer}.{measure}"`` → [n_kept, head, query, key] for the documents
       ``kept_docs`` (tokens ``kept_tokens``, mask ``kept_mask``), measures as in
@@ -180,6 +219,8 @@ class ContributionStats(Result):
     kept_tokens: Optional[Tensor] = None
     kept_mask: Optional[Tensor] = None
     kept_maps: dict = dataclasses.field(default_factory=dict)
+    negative_fraction_raw: Optional[Tensor] = None
+    negative_rtol: float = 0.0
 
     # -------------------------------------------------------------- access
     def maps(self, layer: int, doc: int = 0) -> ContributionMaps:
@@ -211,6 +252,8 @@ class ContributionStats(Result):
         for li, layer in enumerate(self.layers):
             row: dict[str, Any] = {"layer": int(layer)}
             row["neg_pair_share"] = float(self.negative_fraction[li, -1])
+            if self.negative_fraction_raw is not None:
+                row["neg_pair_share_tau0"] = float(self.negative_fraction_raw[li, -1])
             row["neg_mass_share"] = float(self.negative_mass[li, -1])
             row["C_on_first_token"] = float(self.source_mean[li, -1, 0])
             row["attn_on_first_token"] = float(self.source_attention[li, :, 0].mean())
@@ -295,7 +338,9 @@ class ContributionStats(Result):
         fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), constrained_layout=True)
         H = self.negative_fraction.shape[1] - 1
         xt = [str(h) for h in range(H)] + ["Σh"]
-        for ax, (m, title) in zip(axes, ((self.negative_fraction, "share of pairs with c < 0"),
+        what = (f"share of pairs with c < −{self.negative_rtol:g}·Σ|c_row|" if self.negative_rtol
+                else "share of pairs with c < 0")
+        for ax, (m, title) in zip(axes, ((self.negative_fraction, what),
                                          (self.negative_mass, "negative mass Σ|c⁻| / Σ|c|"))):
             im = ax.imshow(m.numpy(), aspect="auto", cmap="viridis", vmin=0)
             ax.set_xticks(range(H + 1), xt, fontsize=7)
@@ -314,11 +359,14 @@ class ContributionProbe(Probe):
     layers: layers to read (default all); mode: ``"inter"`` (default, token level
     ``C_ij`` rows sum to 1) or ``"intra"``; keep_docs: corpus indices of documents whose
     full maps (four measures per head + token level) are kept for views; rank_queries:
-    queries per document (evenly spaced over positions ≥ 2) used for the rank
+    queries per document (evenly spaced over positions 2 … L − 1 of the document's own
+    length L, so independent of batching and padding) used for the rank
     correlations (0 = none), at token level and, with ``rank_per_head``, per head (8 times
     the sorting; off by default), on every ``rank_stride``-th document of the corpus (by
     corpus index, so independent of batching); chunk_docs: documents per chunk of the streaming map (a
-    memory/speed knob: small chunks stay in cache; no effect on the values).
+    memory/speed knob: small chunks stay in cache; no effect on the values);
+    negative_rtol: relative threshold of ``negative_fraction`` (a pair counts as negative
+    when ``c_ij < −negative_rtol · Σ_j |c_ij|``, see :class:`ContributionStats`).
     """
 
     name: ClassVar[str] = "contributions"
@@ -333,6 +381,7 @@ class ContributionProbe(Probe):
         chunk_docs: int = 2,
         rank_per_head: bool = False,
         rank_stride: int = 4,
+        negative_rtol: float = 1e-6,
     ):
         super().__init__()
         if mode not in ("intra", "inter"):
@@ -350,6 +399,9 @@ class ContributionProbe(Probe):
         if rank_stride < 1:
             raise ValueError(f"rank_stride must be >= 1, got {rank_stride}")
         self.rank_stride = int(rank_stride)
+        if not 0.0 <= negative_rtol < 1.0:
+            raise ValueError(f"negative_rtol must lie in [0, 1), got {negative_rtol}")
+        self.negative_rtol = float(negative_rtol)
         if name is not None:
             self.name = name  # type: ignore[misc]
         self._W: dict[int, Tensor] = {}
@@ -394,7 +446,8 @@ class ContributionProbe(Probe):
         cs = torch.zeros(H + 1, T, T, dtype=p.dtype, device=p.device)  # Σ_b c, Σ_b C
         ps = torch.zeros(H, T, T, dtype=p.dtype, device=p.device)  # Σ_b α
         neg = torch.zeros(H + 1, dtype=torch.float64, device=p.device)  # Σ c⁻
-        n_neg = torch.zeros(H + 1, dtype=torch.float64, device=p.device)  # #{c < 0}
+        n_neg = torch.zeros(H + 1, dtype=torch.float64, device=p.device)  # #{c < −τ_row}
+        n_neg0 = torch.zeros(H + 1, dtype=torch.float64, device=p.device)  # #{c < 0}
         step = self.chunk_docs
         for i in range(0, b, step):
             c = contribution_map(
@@ -407,13 +460,14 @@ class ContributionProbe(Probe):
                 cs[:H] += c[d]
                 cs[H] += C[d]
                 ps += p[i + d]
+            for sl, m in ((slice(0, H), c), (slice(H, H + 1), C[:, None])):
+                strict, anyneg = _row_negatives(m, self.negative_rtol)
+                n_neg[sl] += strict
+                n_neg0[sl] += anyneg
             c.clamp_(max=0.0)
             C.clamp_(max=0.0)
             neg[:H] += c.view(n_b, H, -1).sum(-1).sum(0).double()
             neg[H] += C.sum().double()
-            # count: every negative entry (c ∈ [−1, 0) after clamping below at −1) floors to −1
-            n_neg[:H] -= c.clamp_(min=-1.0).floor_().view(n_b, H, -1).sum(-1).sum(0).double()
-            n_neg[H] -= C.clamp_(min=-1.0).floor_().sum().double()
             del c, C
         acc = self.accumulate
         acc(f"{layer}.src_c", cs.sum(1).double().cpu())
@@ -426,6 +480,7 @@ class ContributionProbe(Probe):
         acc(f"{layer}.sum_c", cs.view(H + 1, -1).sum(-1).double().cpu())
         acc(f"{layer}.neg_sum", neg.cpu())
         acc(f"{layer}.neg_n", n_neg.cpu())
+        acc(f"{layer}.neg_n0", n_neg0.cpu())
         acc(f"{layer}.pairs", pair_count.sum().reshape(1).cpu())
         del cs, ps
 
@@ -433,18 +488,23 @@ class ContributionProbe(Probe):
             sel = (cap.doc_index % self.rank_stride == 0).nonzero().flatten()
             if sel.numel():
                 idx = sel.to(p.device)
-                self._rank_update(layer, p[idx], cap.v[idx], W, qm[idx], allow, causal)
+                self._rank_update(layer, p[idx], cap.v[idx], W, qm[idx], causal)
         if self.keep_docs:
             self._keep_update(layer, p, cap, W)
 
-    def _rank_update(self, layer, p, v, W, qm, allow, causal) -> None:
-        T = p.shape[-1]
-        n = min(self.rank_queries, T - 2)
-        qidx = torch.linspace(2, T - 1, n).round().long().unique().to(p.device)
-        maps = contribution_weights(p[:, :, qidx], v, W, self.mode, qm[:, qidx])
-        allowed = allow[qidx][None] & qm[:, qidx, None] & qm[:, None, :]  # [b, n, k]
+    def _rank_update(self, layer, p, v, W, qm, causal) -> None:
+        b, H, T, _ = p.shape
+        qidx, qok = rank_query_positions(qm.sum(1).cpu(), self.rank_queries)
         M = len(MEASURES)
-        H = p.shape[1]
+        if qidx.shape[1] == 0:
+            return
+        qidx, qok = qidx.to(p.device), qok.to(p.device)
+        rows_p = p.gather(2, qidx[:, None, :, None].expand(b, H, qidx.shape[1], T))
+        maps = contribution_weights(rows_p, v, W, self.mode, qok)
+        keys = torch.arange(T, device=p.device)
+        allowed = qok[:, :, None] & qm[:, None, :]  # [b, n, k]
+        if causal:
+            allowed = allowed & (keys[None, None, :] <= qidx[:, :, None])
         sums = torch.zeros(H + 1, M, M, dtype=torch.float64)
         rows = torch.zeros(H + 1, dtype=torch.float64)
         al_h = allowed[:, None].expand(-1, H, -1, -1)
@@ -506,7 +566,7 @@ class ContributionProbe(Probe):
             return torch.where(den > 0, num / den.clamp_min(1e-300), 0.0).float()
 
         src_c, src_a, src_n, lag_c, lag_a, lag_n = [], [], [], [], [], []
-        negf, negm, rc, rr = [], [], [], []
+        negf, negf0, negm, rc, rr = [], [], [], [], []
         M = len(MEASURES)
         for layer in layers:
             n = get(layer, "src_n")
@@ -519,6 +579,8 @@ class ContributionProbe(Probe):
             lag_a.append(mean(lag_axis(layer, "a"), ln))
             pairs = s[f"{layer}.pairs"]
             negf.append(mean(s[f"{layer}.neg_n"], pairs.expand_as(s[f"{layer}.neg_n"])))
+            if f"{layer}.neg_n0" in s:
+                negf0.append(mean(s[f"{layer}.neg_n0"], pairs.expand_as(s[f"{layer}.neg_n0"])))
             neg = -s[f"{layer}.neg_sum"]
             absum = s[f"{layer}.sum_c"] + 2 * neg
             negm.append(mean(neg, absum))
@@ -549,6 +611,8 @@ class ContributionProbe(Probe):
             lags=lags,
             negative_fraction=torch.stack(negf),
             negative_mass=torch.stack(negm),
+            negative_fraction_raw=torch.stack(negf0) if len(negf0) == len(layers) else None,
+            negative_rtol=self.negative_rtol,
             rank_corr=torch.stack(rc),
             rank_rows=torch.stack(rr).float(),
             model_name=self.view.name if self.view is not None else "",
