@@ -54,7 +54,7 @@ fig = stats.plot()
 fig.savefig(OUT / "attention_stats.png", dpi=100)
 
 # %% Save and load back
-path = stats.save(OUT / "attention_stats.safetensors")
+path = stats.save(OUT / "attention_stats.safetensors", overwrite=True)  # rerunnable
 again = Result.load(path)
 assert torch.equal(again.entropy, stats.entropy)
 print("saved to", path)

@@ -64,7 +64,7 @@ def hf_config(family: str, *, n_layers: int = 2, d_model: int = 32, n_heads: int
 
 def char_tokenizer(vocab: int = VOCAB):
     """A fast character-level tokenizer with ``vocab`` ids (id 0 = <pad>/<unk>/bos/eos)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     chars = list(_ALPHABET)[: vocab - 1]

@@ -12,8 +12,6 @@ from conftest import make_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tl_spectral.geometry.qk import sd_geometry
-from tl_spectral.models import GPT, GPTConfig, to_transformer_lens
 from tl_spectral.data.topk_bpe import TopKBPE
 from tl_spectral.geometry.cascade import CascadeResult, cascade_over_training
 from tl_spectral.geometry.model import (
@@ -23,6 +21,8 @@ from tl_spectral.geometry.model import (
     model_sd_geometry,
     native_attention_weights,
 )
+from tl_spectral.geometry.qk import sd_geometry
+from tl_spectral.models import GPT, GPTConfig, to_transformer_lens
 from tl_spectral.models.ablations import (
     AblationResult,
     KernelPartAttention,
@@ -222,7 +222,7 @@ def test_ablation_errors_and_noops():
         torch.testing.assert_close(ablate(m, "filtering_collapse")(tok), m(tok))
     with pytest.raises(ValueError, match="unknown ablation"):
         ablate(m, "bogus")
-    with pytest.raises(ValueError, match="applies to 'softmax'"):
+    with pytest.raises(ValueError, match="needs 'softmax' attention layers"):
         ablate(m, "skew_removal")
     with pytest.raises(ValueError, match="layers"):
         ablate(m, "routing_removal", layers=[7])
@@ -353,9 +353,9 @@ def test_report_section(tmp_path, native_ln):
 # -------------------------------------------------------------------------- study
 def test_study_on_a_tiny_run(tmp_path):
     """run_study end to end on a 3-step S–D char run named like a study run."""
-    from tl_spectral.models.train import run_from_config
     from tl_spectral.geometry.cascade import latest_model_dir
     from tl_spectral.geometry.model import random_baseline
+    from tl_spectral.models.train import run_from_config
     from tl_spectral_studies.routing import minimal_rank_share, run_study, validation_windows
 
     doc = {"model": {"vocab_size": "auto", "n_layers": 2, "n_heads": 2, "d_model": 16,

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
+from tl_spectral.geometry.model import model_qk_geometry, model_sd_geometry
 from tl_spectral.geometry.qk import qk_geometry, recover_sd_from_qk
 from tl_spectral.model_view import ModelView
 from tl_spectral.models import GPT, GPTConfig, to_transformer_lens
 from tl_spectral.models.convert import max_logit_diff
-from tl_spectral.geometry.model import model_qk_geometry, model_sd_geometry
 
 VARIANTS = [(f, r) for f in ("diag", "scalar", "none") for r in ("skew", "none")
             if not (f == "none" and r == "none")]

@@ -249,9 +249,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
 
 
 def _windows(text: str, tokenizer, args):
-    from tl_spectral.data import document_windows
-
-    from tl_spectral.data import CharTokenizer
+    from tl_spectral.data import CharTokenizer, document_windows
 
     # a char model's alphabet is small: common Unicode punctuation is normalised to ASCII and
     # what is still unknown is dropped, with a one-line note of what was dropped

@@ -172,8 +172,8 @@ def contribution_study(
                      attention_mask=am, batch_size=batch_size, progress=False)
     stats, sinks = res["contributions"], res["sinks"]
     stats.model_name = sinks.model_name = name
-    stats.save(results_dir / f"{slug}_contribution_stats.safetensors")
-    sinks.save(results_dir / f"{slug}_sink_stats.safetensors")
+    stats.save(results_dir / f"{slug}_contribution_stats.safetensors", overwrite=True)
+    sinks.save(results_dir / f"{slug}_sink_stats.safetensors", overwrite=True)
     figs = {
         "source": save(stats.plot_source(), "source"),
         "lag": save(stats.plot_lag(), "lag"),
@@ -192,7 +192,7 @@ def contribution_study(
     out["sink_rows"] = sinks.summary_rows()
     out["sink_head_share"] = sinks.sink_head_share.tolist()
     zs = zero_sink_value(model, tokens, attention_mask=am, batch_size=batch_size)
-    zs.save(results_dir / f"{slug}_sink_intervention.safetensors")
+    zs.save(results_dir / f"{slug}_sink_intervention.safetensors", overwrite=True)
     out["sink_intervention"] = zs.rows()
     out["clean"] = zs.clean
     summary_path = results_dir / f"{slug}_summary.json"
@@ -202,7 +202,7 @@ def contribution_study(
         f = faithfulness(model, tokens[:nf], attention_mask=am[:nf], layer=layer,
                          measures=measures, batch_size=batch_size, seed=seed)
         f.model_name = name
-        f.save(f_path)
+        f.save(f_path, overwrite=True)
     else:
         from tl_spectral.probes.faithfulness import FaithfulnessResult
 

@@ -64,7 +64,7 @@ def load_bpe_data(data: dict[str, Any], cache_dir: str | Path | None = None):
     "val_fraction": 0.1}``. Each corpus is split into a leading train and a trailing
     validation part; the parts are encoded with GPT-2 BPE and concatenated in the given
     order. The vocabulary is fitted on the train part only. ``cache_dir``: encoded GPT-2
-    ids are cached there (``bpe_ids.pt``) so that a resumed run does not re-encode."""
+    ids are cached there (``bpe_ids.safetensors``) so that a resumed run does not re-encode."""
     from tl_spectral.data import BPETokenizer, train_val_split
 
     data_dir = require_data_dir(data.get("data_dir"), "the BPE corpora (austen.txt, "
@@ -73,13 +73,15 @@ def load_bpe_data(data: dict[str, Any], cache_dir: str | Path | None = None):
     corpora = list(data.get("corpora", ["austen", "wikipedia"]))
     frac = float(data.get("val_fraction", 0.1))
     top_k = int(data.get("top_k", 4096))
-    cache = Path(cache_dir) / "bpe_ids.pt" if cache_dir else None
+    cache = Path(cache_dir) / "bpe_ids.safetensors" if cache_dir else None
     key = json.dumps({"corpora": corpora, "val_fraction": frac})
     ids = None
     if cache is not None and cache.is_file():
-        blob = torch.load(cache, weights_only=True)
-        if isinstance(blob, dict) and blob.get("key") == key:
-            ids = blob["train"], blob["val"]
+        from safetensors import safe_open
+
+        with safe_open(str(cache), framework="pt") as fh:
+            if (fh.metadata() or {}).get("key") == key:
+                ids = fh.get_tensor("train"), fh.get_tensor("val")
     if ids is None:
         bpe = BPETokenizer(ranks)
         tr, va = [], []
@@ -90,7 +92,10 @@ def load_bpe_data(data: dict[str, Any], cache_dir: str | Path | None = None):
         ids = torch.cat(tr), torch.cat(va)
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"key": key, "train": ids[0], "val": ids[1]}, cache)
+            from safetensors.torch import save_file
+
+            save_file({"train": ids[0].contiguous(), "val": ids[1].contiguous()}, str(cache),
+                      metadata={"key": key})
     tok = TopKBPE.fit(ranks, ids[0], top_k)
     return tok, tok.map_ids(ids[0]), tok.map_ids(ids[1])
 
@@ -227,7 +232,7 @@ def run_study(out_dir: str | Path, *, runs_dir: str | Path | None = None,
             summary["minilm_error"] = f"{type(e).__name__}: {e}"
         else:
             g = model_qk_geometry(enc)
-            g.save(out / "minilm_qk.safetensors")
+            g.save(out / "minilm_qk.safetensors", overwrite=True)
             g.to_csv(out / "minilm_heads.csv")
             geos["minilm"] = g
             summary["models"]["minilm"] = {"qk": _geometry_summary(g)}
@@ -257,13 +262,13 @@ def run_study(out_dir: str | Path, *, runs_dir: str | Path | None = None,
         if "metrics" in meta:
             entry["val_metrics_all_windows"] = meta["metrics"]
         g = model_qk_geometry(model)
-        g.save(out / f"{name}_qk.safetensors")
+        g.save(out / f"{name}_qk.safetensors", overwrite=True)
         g.to_csv(out / f"{name}_heads.csv")
         geos[name] = g
         entry["qk"] = _geometry_summary(g)
         if any(model.cfg.layer_attention(i) == "sd" for i in range(model.cfg.n_layers)):
             sg = model_sd_geometry(model)
-            sg.save(out / f"{name}_sd.safetensors")
+            sg.save(out / f"{name}_sd.safetensors", overwrite=True)
             sg.to_csv(out / f"{name}_sd_heads.csv")
             sds[name] = sg
             entry["sd"] = {"layers": geometry_layer_table(sg),
@@ -273,7 +278,7 @@ def run_study(out_dir: str | Path, *, runs_dir: str | Path | None = None,
                            "minimal_rank_layer_share": minimal_rank_share(sg.eff_rank_S)}
         if run is not None:
             c = cascade_over_training(run, name=name)
-            c.save(out / f"{name}_cascade.safetensors")
+            c.save(out / f"{name}_cascade.safetensors", overwrite=True)
             cascades[name] = c
             entry["cascade_steps"] = c.steps.tolist()
             entry["cascade_rank_mean"] = c.rank().double().mean(-1).tolist()
@@ -282,7 +287,7 @@ def run_study(out_dir: str | Path, *, runs_dir: str | Path | None = None,
         win = validation_windows(mdir, STUDY_RUNS.get(name, "char"), n_windows=n_windows,
                                  data_dir=data_dir)
         a = ablation_table(model, win, name=name, per_layer=per_layer)
-        a.save(out / f"{name}_ablation.safetensors")
+        a.save(out / f"{name}_ablation.safetensors", overwrite=True)
         abls[name] = a
         entry["ablation"] = {"baseline_ppl": a.baseline_ppl, "baseline_loss": a.baseline_loss,
                              "rows": a.rows, "n_windows": a.n_windows, "seq_len": a.seq_len}

@@ -108,7 +108,7 @@ def cmd_allocate(a) -> None:
     alloc = cascade_allocation(m, a.budget, multiple=a.multiple, source=a.source,
                                name=f"{Path(a.model).name}@{step}")
     OUT.mkdir(parents=True, exist_ok=True)
-    alloc.save(OUT / f"allocation{_tag(a)}.safetensors")
+    alloc.save(OUT / f"allocation{_tag(a)}.safetensors", overwrite=True)
     (OUT / f"allocation{_tag(a)}.json").write_text(json.dumps(
         {"model_dir": _rel(d), "step": step, "finished": fin,
          "rank": alloc.rank, "d_head": alloc.d_head, "saving": alloc.saving}, indent=2) + "\n")
@@ -190,7 +190,7 @@ def cmd_curves(a) -> None:
         c.note = f"{_rel(d)} (step {step}{', final' if fin else ''})"
         suffix = (f"@{step}" if a.step else "") + ("_ft" if ft is not None else "")
         c.model_name = f"{name}{'@' + str(step) if a.step else ''}"
-        c.save(OUT / f"curve_{name}{suffix}.safetensors")
+        c.save(OUT / f"curve_{name}{suffix}.safetensors", overwrite=True)
 
 
 def cmd_cascade(a) -> None:
@@ -206,7 +206,7 @@ def cmd_cascade(a) -> None:
     torch.set_num_threads(1)
     name = Path(a.model).name
     res = cascade_over_training(ROOT / a.model, name=name)
-    res.save(OUT / f"cascade_{name}.safetensors")
+    res.save(OUT / f"cascade_{name}.safetensors", overwrite=True)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     res.plot(ax=axes[0])
     res.plot(ax=axes[1], which="R")
@@ -255,7 +255,7 @@ def cmd_evaluate(a) -> None:
     st = AllocationStudy(rows=rows, recipe=recipe, n_windows=int(W.shape[0]),
                          seq_len=int(W.shape[1] - 1),
                          note=f"allocation from {info['model_dir']} (step {info['step']})")
-    st.save(OUT / f"allocation_study{_tag(a)}.safetensors")
+    st.save(OUT / f"allocation_study{_tag(a)}.safetensors", overwrite=True)
     print(json.dumps(st.to_rows(), indent=1))
 
 
@@ -409,7 +409,7 @@ def run_study(out_dir: str | Path, *, quick: bool = False, budget: float = 0.5,
         win = validation_windows(d, "char", n_windows=n_win)
         c = linearization_curve(model.eval(), win, name=name)
         c.note = f"zoo:{name}, {n_win} validation windows, zero-shot"
-        c.save(out / f"curve_{name}.safetensors")
+        c.save(out / f"curve_{name}.safetensors", overwrite=True)
         curves.append(c)
         entry = {"base_ppl": c.base_ppl, "within_5pct": c.max_k_within(0.05)}
         # S–D: the effective routing rank W_P S W_Pᵀ (the rank of S allows no 50% saving)
@@ -419,7 +419,7 @@ def run_study(out_dir: str | Path, *, quick: bool = False, budget: float = 0.5,
         except ValueError as e:  # the budget cannot be met by this model's ranks
             entry["allocation_error"] = str(e)
         else:
-            al.save(out / f"allocation_{name}.safetensors")
+            al.save(out / f"allocation_{name}.safetensors", overwrite=True)
             figs[f"allocation_{name}"] = al.plot()
             entry.update(d_head=al.d_head, saving=al.saving)
         summary["models"][name] = entry

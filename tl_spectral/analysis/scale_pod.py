@@ -399,8 +399,9 @@ class ScalePODResult(Result):
             ]
         self._tensors = {}
 
-    def save(self, path):
-        """Write to a ``.safetensors`` file (layers flattened); ``Result.load`` rebuilds it."""
+    def save(self, path, *, overwrite: bool = False):
+        """Write to a ``.safetensors`` file (layers flattened); ``Result.load`` rebuilds it.
+        An existing file is replaced only with ``overwrite=True``."""
         carrier = object.__new__(type(self))
         carrier.allocation = self.allocation
         carrier.head_budget = self.head_budget
@@ -413,7 +414,7 @@ class ScalePODResult(Result):
             flat.update({f"{li}/{k}": t.clone() for k, t in tensors.items()})
         carrier.layers = metas
         carrier._tensors = flat
-        return Result.save(carrier, path)
+        return Result.save(carrier, path, overwrite=overwrite)
 
     @property
     def n_layers(self) -> int:

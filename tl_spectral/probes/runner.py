@@ -28,7 +28,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from tl_spectral.model_view import CAPTURE_KINDS, ModelView, dtype_eps
+from tl_spectral.model_view import CAPTURE_KINDS, ModelView
 from tl_spectral.probes.base import LayerCapture, Probe, reduce_state
 
 
