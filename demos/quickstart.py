@@ -46,7 +46,7 @@ print(windows.tokens.shape)
 # %% Run probes: one forward pass per batch, no activation cache
 results = run_probes(model, windows, [AttentionStats()], batch_size=8, progress=True)
 stats = results["attention_stats"]
-for row in stats.to_dict()[:4]:
+for row in stats.rows()[:4]:
     print(row)
 
 # %% Plot

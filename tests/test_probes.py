@@ -225,7 +225,7 @@ def test_result_save_load_plot(native_ln, tmp_path):
     assert back.layers == r.layers and back.model_name == r.model_name
     assert isinstance(r.plot(), matplotlib.figure.Figure)
     assert isinstance(r.plot_patterns(), matplotlib.figure.Figure)
-    assert len(r.to_dict()) == 3 * 4
+    assert len(r.rows()) == 3 * 4
 
 
 def test_load_foreign_files(tmp_path):

@@ -238,7 +238,7 @@ def test_unequal_head_dims():
         assert torch.allclose(g.sv_R[layer, :, :k], one.sv_R[0])
         assert torch.allclose(g.eig_real[layer, :, :e], one.eig_real[0])
         assert torch.allclose(g.eff_rank_R[layer], one.eff_rank_R[0])
-    assert g.summary()["layer_name"] == ["early", "late"]
+    assert g.headline()["layer_name"] == ["early", "late"]
 
 
 @pytest.mark.parametrize(
@@ -307,7 +307,7 @@ def test_table_csv_summary_save_and_plots(tmp_path):
     assert len(rows) == L * H and float(rows[0]["eff_rank_R"]) == pytest.approx(
         g.eff_rank_R[0, 0].item()
     )
-    s = g.summary()
+    s = g.headline()
     assert s["mean_routing_fraction"][2] == pytest.approx(g.routing_fraction[2].mean().item())
     loaded = Result.load(g.save(tmp_path / "g"))
     assert isinstance(loaded, QKGeometry) and torch.equal(loaded.eig_imag, g.eig_imag)

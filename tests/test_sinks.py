@@ -266,7 +266,7 @@ def test_save_load_summary_plots(tmp_path):
     back = Result.load(g.save(tmp_path / "s.safetensors"))
     assert isinstance(back, SinkGeometry) and back.causal and back.threshold == 0.3
     torch.testing.assert_close(back.rho_star, g.rho_star)
-    summ = g.summary()
+    summ = g.headline()
     assert set(summ) >= {"sink_rate", "anti_alignment", "rho_star_median", "delta_norm"}
     import matplotlib.pyplot as plt
 

@@ -47,6 +47,122 @@ class Result:
     """Base class. Subclasses are dataclasses; register them with ``@register_result``."""
 
     kind: ClassVar[str] = "result"
+    #: the method :meth:`plot` calls (default: the first ``plot_*`` method of the class)
+    main_plot: ClassVar[str | None] = None
+
+    # ------------------------------------------------------------- the Result protocol
+    # Every result kind answers the same calls: to_dict / to_frame / summary / repr /
+    # _repr_html_ / plot / show / save / load. A kind customises it through ``rows()``
+    # (its main table: the first of the methods ``rows``, ``to_rows``, ``summary_rows``,
+    # ``table`` it defines), ``headline()`` (a few numbers), ``plot()`` and ``view()``.
+
+    def _table(self) -> list[dict[str, Any]]:
+        """The main table of the result, one dict per row (per layer, head, measure …)."""
+        for name in ("rows", "to_rows", "summary_rows", "table"):
+            f = getattr(self, name, None)
+            if callable(f):
+                return list(f())
+        h = self.headline()
+        if h:
+            return [h]
+        # no table of its own: one row of the scalar fields and the arrays' shapes
+        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if isinstance(getattr(self, f.name), (int, float, str, bool))}
+        row.update({k: "×".join(map(str, v)) for k, v in _shape_fields(self)})
+        return [row] if row else []
+
+    def headline(self) -> dict[str, Any]:
+        """A few headline numbers (plain Python), shown by :meth:`summary` and ``repr``."""
+        return {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain Python / numpy (tensors become ``numpy`` arrays)."""
+        return {f.name: _to_plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def to_frame(self):
+        """The main table (one row per layer, head, measure … of this kind) as a
+        ``pandas.DataFrame``."""
+        import pandas as pd
+
+        return pd.DataFrame([{k: _to_plain(v) for k, v in r.items()} for r in self._table()])
+
+    def summary(self) -> str:
+        """A few lines of text: the kind, the shapes of its arrays, the headline numbers."""
+        lines = [f"{type(self).__name__} ({self.kind})"]
+        shapes = _shape_fields(self)
+        if shapes:
+            lines.append("  arrays: " + ", ".join(f"{k} {v}" for k, v in shapes[:8])
+                         + (" …" if len(shapes) > 8 else ""))
+        for k, v in list(self.headline().items())[:10]:
+            lines.append(f"  {k}: {_fmt_value(v)}")
+        n = len(self._table())
+        lines.append(f"  table: {n} row{'s' if n != 1 else ''} (to_frame())")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        parts = [f"kind={self.kind!r}"]
+        parts += [f"{k}={v}" for k, v in _shape_fields(self)[:4]]
+        parts += [f"{k}={_fmt_value(v)}" for k, v in list(self.headline().items())[:4]]
+        text = f"{type(self).__name__}({', '.join(parts)})"
+        return text if len(text) <= 400 else text[:396] + " …)"
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the summary table and the main figure inline (escaped, offline)."""
+        import html as _html
+
+        rows = self._table()
+        head = "".join(f"<tr><th>{_html.escape(str(k))}</th><td>{_html.escape(_fmt_value(v))}"
+                       "</td></tr>" for k, v in self.headline().items())
+        table = ""
+        if rows:
+            keys = list(rows[0])
+            body = "".join("<tr>" + "".join(f"<td>{_html.escape(_fmt_value(r.get(k)))}</td>"
+                                            for k in keys) + "</tr>" for r in rows[:12])
+            more = (f"<p>… {len(rows) - 12} more rows: <code>to_frame()</code></p>"
+                    if len(rows) > 12 else "")
+            table = ("<table><tr>" + "".join(f"<th>{_html.escape(str(k))}</th>" for k in keys)
+                     + "</tr>" + body + "</table>" + more)
+        img = ""
+        try:
+            fig = self.plot()
+        except NotImplementedError:
+            fig = None
+        if fig is not None:
+            img = f'<img alt="{_html.escape(self.kind)}" src="data:image/png;base64,' \
+                  f'{_figure_png_base64(fig)}"/>'
+        title = _html.escape(f"{type(self).__name__} ({self.kind})")
+        return (f"<div><strong>{title}</strong><table>{head}</table>{table}{img}</div>")
+
+    def plot(self, *args: Any, **kwargs: Any):
+        """The main figure (a matplotlib ``Figure``)."""
+        name = self.main_plot or next(
+            (n for n in dir(type(self)) if n.startswith("plot_")
+             and callable(getattr(type(self), n))), None)
+        if name is None:
+            raise NotImplementedError(f"{type(self).__name__} has no figure; use to_frame() "
+                                      "or summary()")
+        return getattr(self, name)(*args, **kwargs)
+
+    def view(self, *args: Any, **kwargs: Any):
+        """The circuitsvis view of this result, where one exists."""
+        raise NotImplementedError(f"{type(self).__name__} has no circuitsvis view")
+
+    def show(self, *args: Any, **kwargs: Any):
+        """Display the result: its circuitsvis view where one exists (as inseq's ``show``),
+        else its main figure. Returns what was shown."""
+        try:
+            shown = self.view(*args, **kwargs)
+        except NotImplementedError:
+            shown = self.plot()
+        try:  # inside Jupyter: display it now
+            from IPython import get_ipython
+            from IPython.display import display
+
+            if get_ipython() is not None:
+                display(shown)
+        except ImportError:
+            pass
+        return shown
 
     # ------------------------------------------------------------------ save / load
     def save(self, path: str | Path, *, overwrite: bool = False) -> Path:
@@ -181,6 +297,59 @@ class Result:
             ) from exc
 
 
+def _to_plain(value: Any) -> Any:
+    """Tensors -> numpy arrays (0-d -> Python scalars), recursively through lists/dicts."""
+    if isinstance(value, torch.Tensor):
+        v = value.detach().cpu()
+        if v.is_complex():
+            arr = v.numpy()
+        else:
+            arr = v.numpy() if v.dtype != torch.bfloat16 else v.float().numpy()
+        return arr.item() if arr.ndim == 0 else arr
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_plain(v) for v in value]
+    return value
+
+
+def _shape_fields(result: Any) -> list[tuple[str, tuple[int, ...]]]:
+    out = []
+    for f in dataclasses.fields(result):
+        v = getattr(result, f.name, None)
+        if isinstance(v, torch.Tensor) and v.ndim > 0:
+            out.append((f.name, tuple(v.shape)))
+    return out
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        v = _to_plain(v)
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, np.ndarray):
+        return f"array{tuple(v.shape)}"
+    if isinstance(v, (list, tuple)):
+        inner = ", ".join(_fmt_value(x) for x in list(v)[:6])
+        return f"[{inner}{', …' if len(v) > 6 else ''}]"
+    text = str(v)
+    return text if len(text) <= 80 else text[:77] + "…"
+
+
+def _figure_png_base64(fig: Any) -> str:
+    import base64
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
 def result_path(path: str | Path) -> Path:
     """The file :meth:`Result.save` writes for ``path``: ``.safetensors`` appended unless
     already there (``"a.v1"`` → ``a.v1.safetensors``)."""
@@ -242,8 +411,20 @@ def _import_result_modules() -> None:
 
 
 def register_result(cls: type[Result]) -> type[Result]:
-    """Class decorator: make ``Result.load`` able to rebuild ``cls``."""
-    if cls.kind in _REGISTRY and _REGISTRY[cls.kind] is not cls:
-        raise ValueError(f"result kind {cls.kind!r} registered twice")
+    """Class decorator: make ``Result.load`` able to rebuild ``cls``.
+
+    Re-registering a class of the same module and name (a notebook cell run again) replaces
+    the earlier definition; a *different* class claiming a registered ``kind`` is refused.
+    The protocol's short ``__repr__`` replaces the dataclass one (no raw tensors)."""
+    old = _REGISTRY.get(cls.kind)
+    if old is not None and old is not cls and (
+            old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(
+            f"result kind {cls.kind!r} is already registered by {old.__module__}."
+            f"{old.__qualname__}; give {cls.__qualname__} another kind")
+    own = cls.__dict__.get("__repr__")
+    params = cls.__dict__.get("__dataclass_params__")
+    if own is not None and params is not None and params.repr and hasattr(own, "__wrapped__"):
+        cls.__repr__ = Result.__repr__  # the dataclass-generated one (reprlib-wrapped)
     _REGISTRY[cls.kind] = cls
     return cls

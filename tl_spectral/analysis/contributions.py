@@ -195,6 +195,7 @@ class ContributionMaps(Result):
     """
 
     kind: ClassVar[str] = "contribution_maps"
+    main_plot: ClassVar[str | None] = "plot_maps"
     measure_names: ClassVar[tuple[str, ...]] = MEASURES
 
     mode: str
@@ -231,6 +232,16 @@ class ContributionMaps(Result):
         return self.measure(name).sum(1, keepdim=True)
 
     # -------------------------------------------------------------- plots
+    def view(self, tokens=None, batch: int = 0, measure: str = "contribution", **kwargs):
+        """circuitsvis view of one document's signed map (red positive, blue negative;
+        see :func:`tl_spectral.viz.contribution_plots.contribution_view`); ``tokens``:
+        the document's token strings (default: position indices)."""
+        from tl_spectral.viz.contribution_plots import contribution_view
+
+        n = self.measure(measure).shape[-1]
+        toks = [str(i) for i in range(n)] if tokens is None else list(tokens)
+        return contribution_view(self, toks, batch, measure, **kwargs)
+
     def plot_maps(self, batch: int = 0, head: int | None = None, *, max_tokens: int = 64):
         """Heatmaps (query × key) of the four measures for one head or the token level.
 

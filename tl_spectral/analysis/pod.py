@@ -200,6 +200,7 @@ class PODResult(Result):
     """
 
     kind: ClassVar[str] = "pod"
+    main_plot: ClassVar[str | None] = "plot_spectrum"
 
     eigenvalues: Tensor
     modes: Tensor
@@ -282,7 +283,7 @@ class PODResult(Result):
         err = X.to(torch.float64) - self.reconstruct(K).to(torch.float64)
         return float((err**2).sum()) / self.n_snapshots
 
-    def summary(self) -> dict[str, Any]:
+    def headline(self) -> dict[str, Any]:
         """JSON-able scalars (no tensors)."""
         return {
             "n_snapshots": self.n_snapshots,
@@ -304,7 +305,7 @@ class PODResult(Result):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary plus the eigenvalues and energy fractions as lists."""
-        d = self.summary()
+        d = self.headline()
         d["eigenvalues"] = self.eigenvalues.tolist()
         d["energy_fraction"] = self.energy_fraction.tolist()
         return d

@@ -260,7 +260,9 @@ class ScalePODLayer(Result):
             tspec_n_fit=int(s["tspec_n_fit"]),
         )
 
-    def summary(self) -> dict[str, Any]:
+    main_plot: ClassVar[str | None] = "plot_scale_energy"
+
+    def headline(self) -> dict[str, Any]:
         """JSON-able scalars: dominant scales, band energies, whole-field and band POD."""
         return {
             "layer": self.layer,
@@ -277,7 +279,7 @@ class ScalePODLayer(Result):
     def to_dict(self, *, include_curves: bool = True) -> dict[str, Any]:
         """JSON-able summary; with ``include_curves`` also ``scales``, ``E(a)``, the
         eigenvalue spectra and the mean off-diagonal coherence per scale."""
-        d = self.summary()
+        d = self.headline()
         if include_curves:
             d["scales"] = self.scales.tolist()
             d["scale_energy"] = self.scale_energy.tolist()
@@ -376,6 +378,7 @@ class ScalePODResult(Result):
     """
 
     kind: ClassVar[str] = "scale_pod"
+    main_plot: ClassVar[str | None] = "plot_scale_energies"
 
     layers: list
     allocation: list
@@ -630,7 +633,7 @@ def scale_pod_layer(
         coh = coherence_from_spectrum(G).to(torch.float32)
 
     def summ(p: PODResult) -> dict[str, Any]:
-        s = p.summary()
+        s = p.headline()
         return {
             k: s[k]
             for k in (

@@ -206,7 +206,9 @@ class SinkGeometry(Result):
         )
         return f * self.curve_valid.unsqueeze(-1)
 
-    def summary(self) -> dict[str, float]:
+    main_plot: ClassVar[str | None] = "plot_rates"
+
+    def headline(self) -> dict[str, float]:
         """Scalar digest over batch, heads and valid queries (JSON-able)."""
 
         def mean(x: Tensor, m: Tensor) -> float:

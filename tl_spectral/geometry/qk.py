@@ -300,6 +300,7 @@ class QKGeometry(Result):
     """
 
     kind: ClassVar[str] = "qk_geometry"
+    main_plot: ClassVar[str | None] = "plot_budget"
 
     d_model: int
     d_head: list
@@ -381,7 +382,7 @@ class QKGeometry(Result):
         """Write the per-head table (``to_dict``) as CSV; returns the path."""
         return _write_csv(self.to_dict(), path)
 
-    def summary(self) -> dict[str, list]:
+    def headline(self) -> dict[str, list]:
         """Per-layer means (and spreads of the ranks) over heads, as columns."""
         return _layer_summary(
             self,
@@ -658,6 +659,7 @@ class SDGeometry(Result):
     """
 
     kind: ClassVar[str] = "sd_geometry"
+    main_plot: ClassVar[str | None] = "plot_routing_rank"
 
     d_head: list
     n_heads: int
@@ -714,7 +716,7 @@ class SDGeometry(Result):
         """Write the per-head table as CSV; returns the path."""
         return _write_csv(self.to_dict(), path)
 
-    def summary(self) -> dict[str, list]:
+    def headline(self) -> dict[str, list]:
         """Per-layer means and spreads over heads, as columns."""
         d_eff = [float(d) for d in self.d_head]
         return _layer_summary(

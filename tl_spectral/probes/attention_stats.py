@@ -35,7 +35,25 @@ class AttentionStatsResult(Result):
     model_name: str = ""
     causal: bool = True
 
-    def to_dict(self) -> list[dict]:
+    def headline(self) -> dict:
+        return {"layers": len(self.layers), "heads": int(self.entropy.shape[1]),
+                "entropy_per_layer": [round(float(x), 4) for x in self.entropy.mean(1)],
+                "first_token_mass_max": float(self.first_token_mass.max())}
+
+    def view(self, layer: int | None = None, max_pos: int = 64):
+        """circuitsvis view of the mean pattern of ``layer`` (default: the last), one panel
+        per head; positions are labelled by index."""
+        import circuitsvis as cv
+
+        li = len(self.layers) - 1 if layer is None else list(self.layers).index(layer)
+        pat = self.mean_pattern[li, :, :max_pos, :max_pos].float()
+        n = pat.shape[-1]
+        return cv.attention.attention_heads(
+            attention=pat, tokens=[str(i) for i in range(n)],
+            attention_head_names=[f"L{self.layers[li]}H{h}" for h in range(pat.shape[0])])
+
+    def rows(self) -> list[dict]:
+        """One row per (layer, head): entropy, distance, first-token mass."""
         rows = []
         for li, layer in enumerate(self.layers):
             for h in range(self.entropy.shape[1]):

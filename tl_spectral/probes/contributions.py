@@ -198,6 +198,7 @@ class ContributionStats(Result):
     """
 
     kind: ClassVar[str] = "contribution_stats"
+    main_plot: ClassVar[str | None] = "plot_source"
 
     layers: list
     mode: str
@@ -242,6 +243,14 @@ class ContributionStats(Result):
             relative_norm=z, cosine=z, value_norm=torch.zeros(c.shape[:2] + c.shape[-1:]),
             output_norm=torch.zeros(1, 1, c.shape[-2]), valid=qm[:, None, :],
         )
+
+    def view(self, layer: int | None = None, doc: int = 0, **kwargs):
+        """circuitsvis view of a kept document's contribution map (``keep_docs`` of the
+        probe); default: the last layer."""
+        if not self.kept_maps:
+            raise NotImplementedError("no maps were kept: run ContributionProbe(keep_docs=[0])")
+        layer = self.layers[-1] if layer is None else layer
+        return self.maps(layer, doc).view(**kwargs)
 
     def summary_rows(self) -> list[dict]:
         """One row per layer: token-level negative shares, the sink's (source 0) mean

@@ -387,6 +387,7 @@ class FaithfulnessResult(Result):
     """
 
     kind: ClassVar[str] = "faithfulness"
+    main_plot: ClassVar[str | None] = "plot_curves"
 
     metric: str
     measures: list

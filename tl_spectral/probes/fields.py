@@ -36,6 +36,7 @@ class AttentionFields(Result):
     """
 
     kind: ClassVar[str] = "attention_fields"
+    main_plot: ClassVar[str | None] = "plot_mean"
 
     fields: dict
     mean: dict

@@ -75,6 +75,7 @@ class SinkStats(Result):
     """
 
     kind: ClassVar[str] = "sink_stats"
+    main_plot: ClassVar[str | None] = "plot_rates"
 
     layers: list
     causal: bool
@@ -386,6 +387,24 @@ class SinkInterventionResult(Result):
     def rows(self) -> list[dict]:
         name = "ΔPPL" if self.metric == "delta_ppl" else "1 − cos(e', e)"
         return [{"setting": s, name: float(d)} for s, d in zip(self.settings, self.delta)]
+
+    def headline(self) -> dict:
+        return {"metric": self.metric, "clean": float(self.clean),
+                "delta_all_layers": float(self.delta[-1]) if len(self.delta) else float("nan")}
+
+    def plot(self, ax=None):
+        """Bars of the effect of zeroing the sink's value, per layer and for all layers."""
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.2)) if ax is None else (ax.figure, ax)
+        ax.bar(range(len(self.settings)), self.delta.float().numpy(), color="tab:purple")
+        ax.set_xticks(range(len(self.settings)), self.settings, rotation=30, ha="right",
+                      fontsize=8)
+        ax.set_ylabel("ΔPPL" if self.metric == "delta_ppl" else "1 − cos(e', e)")
+        ax.set_title(f"{self.model_name or 'model'}: zero the sink's value "
+                     f"(clean {self.clean:.4g})", fontsize=9)
+        fig.tight_layout()
+        return fig
 
 
 def zero_sink_value(

@@ -65,7 +65,7 @@ def plot_eigen_spectrum(result: Any, *, ax: Any = None):
         ax: an existing Axes (optional).
     """
     fig, ax = _new_axes(ax, (4.5, 3.5))
-    s = result.summary()
+    s = result.headline()
     _spectrum_on(
         ax,
         _np(result.eigenvalues),

@@ -38,7 +38,7 @@ class AttentionStatsSection(ReportSection):
         )
         report.figure(res.plot(), "entropy, distance and first-token mass per layer and head")
         report.figure(res.plot_patterns(), "mean attention patterns (first 64 positions)")
-        report.table(res.to_dict(), "per-head statistics")
+        report.table(res.rows(), "per-head statistics")
         # one document's patterns, last layer, as an interactive circuitsvis view
         n = min(64, ctx.tokens.shape[1])
         doc = ctx.tokens[0, :n]
