@@ -42,13 +42,15 @@ figcaption{font-size:.9em;color:#555}
 .tablewrap{max-width:100%;overflow-x:auto;margin:.6em 0}
 table{border-collapse:collapse;font-size:.85em}
 th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right;white-space:nowrap}
-th{background:#f2f2f2}
+th{background:#f2f2f2;white-space:normal;max-width:9em;vertical-align:bottom;font-size:.95em}
 th[title]{cursor:help;text-decoration:underline dotted}
 .meta{font-size:.9em;color:#444;background:#f7f7f7;padding:.6em 1em;border-radius:4px}
 .findings{background:#eef5ff;border-left:4px solid #3b7dd8;padding:.6em 1.2em;margin:1em 0}
 .findings li{margin:.3em 0}
 nav.toc{background:#fafafa;border:1px solid #ddd;padding:.5em 1em;font-size:.92em}
 nav.toc ol{margin:.2em 0;padding-left:1.4em}
+nav.toc>ol{columns:2;column-gap:2em}
+nav.toc>ol>li{break-inside:avoid}
 nav.toc ol ol{font-size:.95em}
 .selector{margin:.5em 0;font-size:.95em}
 .selector select{font-size:1em}
@@ -152,8 +154,11 @@ def table_html(rows: Sequence[dict], floatfmt: str = "{:.4g}", max_rows: int = 2
         return "<p><em>(empty table)</em></p>"
     gl = glossary or {}
     keys = list(rows[0].keys())
+    def name(k: str) -> str:  # break opportunities after underscores: narrow columns
+        return esc(k).replace("_", "_<wbr>")
+
     head = "".join(
-        f"<th title=\"{esc(gl[k])}\">{esc(k)}</th>" if k in gl else f"<th>{esc(k)}</th>"
+        f"<th title=\"{esc(gl[k])}\">{name(k)}</th>" if k in gl else f"<th>{name(k)}</th>"
         for k in keys)
     out = [f"<div class='tablewrap'><table><tr>{head}</tr>"]
     for row in rows[:max_rows]:

@@ -56,7 +56,7 @@ class SurgerySection:
                 f"({toks.shape[1] - 1} predicted tokens each): PPL {curve.base_ppl:.4g} with "
                 f"softmax everywhere; {curve.max_k_within(0.05)} leading layers stay within 5%.")
             report.finding(
-                f"Linearization: {curve.max_k_within(0.05)} leading layers can be replaced by "
+                f"Linearization: {curve.max_k_within(0.05)} leading layer(s) can be replaced by "
                 f"linear attention within 5% perplexity (base PPL {curve.base_ppl:.4g}, "
                 "zero-shot).")
             report.table(curve.to_rows(), "PPL with the first k layers linearized (zero-shot)",
