@@ -74,16 +74,24 @@ class ScalePODSection:
         report.figure(pod.plot_scale_energies(), "scale energy E(a) of every layer")
         report.figure(pod.plot_tspec_hstar(),
                       "T_spec and H* across layers (band values as markers, coloured by scale)")
+        n = len(pod.layers)
+
+        def each(what: str):
+            for i, lay in enumerate(pod.layers):
+                ctx.status(f"scale POD figures: {what}, layer {i + 1}/{n}")
+                yield lay
+
         report.subsection("Scalograms per layer")
-        report.figure_set(((str(lay.layer), _scalogram_pair(lay)) for lay in pod.layers),
+        report.figure_set(((str(lay.layer), _scalogram_pair(lay)) for lay in each("scalograms")),
                           "scalogram E(a, τ) and scale energy E(a) with dominant scales")
         report.subsection("POD spectra and modes per layer")
-        report.figure_set(((str(lay.layer), lay.plot_spectra()) for lay in pod.layers),
+        report.figure_set(((str(lay.layer), lay.plot_spectra()) for lay in each("spectra")),
                           "POD eigen-spectra (log-log), power-law fits over the fitted modes, "
                           "H* dotted")
-        report.figure_set(((str(lay.layer), lay.plot_band_modes()) for lay in pod.layers),
+        report.figure_set(((str(lay.layer), lay.plot_band_modes()) for lay in each("modes")),
                           "first POD modes per band (query × lag)")
-        report.figure_set(((str(lay.layer), lay.plot_mode_profiles()) for lay in pod.layers),
+        report.figure_set(((str(lay.layer), lay.plot_mode_profiles())
+                           for lay in each("mode profiles")),
                           "mean lag profiles of the modes")
         coh = [lay for lay in pod.layers if lay.coherence is not None]
         if coh:

@@ -75,7 +75,9 @@ class AttentionStatsSection(ReportSection):
                                                  "layer and head")
         report.subsection("Mean patterns per layer")
         report.figure_set(
-            ((str(lay), plot_mean_patterns(res, i)) for i, lay in enumerate(res.layers)),
+            ((str(lay), (ctx.status(f"attention figures: mean patterns, layer {i + 1}/"
+                                    f"{len(res.layers)}"), plot_mean_patterns(res, i))[1])
+             for i, lay in enumerate(res.layers)),
             "mean attention pattern of every head (query ↓, key →), first "
             f"{min(SHOWN_POSITIONS, res.mean_pattern.shape[-1])} positions, on a quantile "
             "colour scale (each colour covers the same share of entries)")
