@@ -74,9 +74,9 @@ def test_results_are_slim_and_reloadable(random_report):
 
 
 def test_slim_helpers_keep_everything_else():
-    from tl_spectral.viz.contribution_plots import slim_contribution_stats
-
     import dataclasses
+
+    from tl_spectral.viz.contribution_plots import slim_contribution_stats
 
     @dataclasses.dataclass
     class Fake:
