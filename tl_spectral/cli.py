@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -173,6 +174,10 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", default="tl_spectral_report", help="output folder")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace an earlier report in --out (whole: no stale files)")
+    ap.add_argument("--save-raw", action="store_true",
+                    help="keep raw per-query maps in results/ (whole mean patterns, every "
+                         "layer's contribution maps, POD modes); default: what the report "
+                         "and a reload need")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
@@ -193,8 +198,15 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     out = Path(args.out)
     check_out_dir(out, args.overwrite)
 
+    import time
+
     import torch
 
+    t0 = time.perf_counter()
+
+    def status(msg: str) -> None:
+        if not args.no_progress:
+            print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
     torch.manual_seed(args.seed)
     text = load_corpus(args.corpus)
@@ -212,6 +224,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     windows = None
     if tokenizer is not None:
         windows = _windows(text, tokenizer, args)
+    status(f"loading {args.model}")
     model, tokenizer = load_model(args.model)
 
     from tl_spectral.model_view import ModelView
@@ -221,8 +234,16 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     if args.length > view.n_ctx:
         raise UsageError(f"--length {args.length} is longer than the model's context of "
                          f"{view.n_ctx}; pass --length {view.n_ctx} or less")
-    if windows is None:
-        windows = _windows(text, tokenizer, args)
+    framing = "disjoint windows of the corpus" if not args.overlap else "windows at random offsets"
+    mask = None
+    if not view.causal:
+        status("cutting sentence-aligned windows framed by the model's special tokens")
+        tokens, mask, framing = _encoder_windows(text, tokenizer, args)
+    else:
+        if windows is None:
+            windows = _windows(text, tokenizer, args)
+        tokens = windows.tokens
+    name = _display_name(args.model, kind)
     secs = [f() for f in SECTIONS]
     secs = [s for s in secs if s.key in sections]
     # write into a fresh sibling folder, then swap it in: an earlier report is replaced
@@ -231,11 +252,13 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         ctx = ReportContext(
-            view=view, tokens=windows.tokens, tokenizer=tokenizer, out_dir=tmp,
-            results_dir=tmp / "results",
+            view=view, tokens=tokens, tokenizer=tokenizer, out_dir=tmp,
+            results_dir=tmp / "results", mask=mask, model_name=name,
             options={"meta": {"corpus": args.corpus, "seed": args.seed},
-                     "faithfulness_docs": args.faithfulness_docs},
+                     "faithfulness_docs": args.faithfulness_docs, "windows": framing,
+                     "save_raw": args.save_raw, "progress": not args.no_progress},
         )
+        ctx._t0 = t0
         ctx.results_dir.mkdir(parents=True, exist_ok=True)
         build_report(ctx, secs, batch_size=args.batch_size, progress=not args.no_progress)
         (tmp / REPORT_MARKER).write_text(json.dumps({
@@ -264,6 +287,79 @@ def _windows(text: str, tokenizer, args):
     if report is not None and report.changed:
         print(f"note: {report.note()}", file=sys.stderr)
     return w
+
+
+def _display_name(model: str, kind: str) -> str:
+    """The model's name for titles: the zoo name, or a local folder's last component."""
+    if kind == "hf":
+        return Path(model).resolve().name or model
+    return model
+
+
+_SENTENCE_END = re.compile(r"(?:[.!?;:]\s+|\n\s*)")
+
+
+def _encoder_windows(text: str, tokenizer, args):
+    """Windows for a bidirectional model: ``[CLS] … [SEP]`` (the model's own special
+    tokens) around ``length − 2`` tokens of running text that start at a sentence or line
+    start, so position 0 is ``[CLS]`` as in the model's training. Disjoint windows (or, with
+    ``--overlap``, any sentence starts), drawn with ``--seed``. Returns (tokens, mask, text
+    describing the framing)."""
+    import random
+
+    import torch
+
+    cls_id = getattr(tokenizer, "cls_token_id", None)
+    sep_id = getattr(tokenizer, "sep_token_id", None)
+    if cls_id is None:
+        cls_id = getattr(tokenizer, "bos_token_id", None)
+    if sep_id is None:
+        sep_id = getattr(tokenizer, "eos_token_id", None)
+    body = args.length - (cls_id is not None) - (sep_id is not None)
+    if body < 1:
+        raise UsageError(f"--length {args.length} is too short for an encoder window; pass 3 "
+                         "or more")
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
+                    verbose=False)
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    starts_chars = {0} | {m.end() for m in _SENTENCE_END.finditer(text)}
+    cand = [i for i, (a, _) in enumerate(offsets) if a in starts_chars and i + body <= len(ids)]
+    rng = random.Random(args.seed)
+    rng.shuffle(cand)
+    chosen: list[int] = []
+    if args.overlap:
+        chosen = cand[: args.n_docs]
+    else:
+        taken: list[tuple[int, int]] = []
+        import bisect
+
+        for c in cand:
+            j = bisect.bisect_left(taken, (c, c))
+            if j > 0 and taken[j - 1][1] > c:
+                continue
+            if j < len(taken) and taken[j][0] < c + body:
+                continue
+            taken.insert(j, (c, c + body))
+            chosen.append(c)
+            if len(chosen) == args.n_docs:
+                break
+    if len(chosen) < args.n_docs:
+        hint = "" if args.overlap else "; or pass --overlap to let windows overlap"
+        raise UsageError(f"--corpus {args.corpus}: only {len(chosen)} sentence-aligned windows "
+                         f"of {args.length} tokens fit; pass a smaller --n-docs or --length"
+                         f"{hint}")
+    chosen.sort()
+    rows = []
+    for c in chosen:
+        row = ([cls_id] if cls_id is not None else []) + list(ids[c:c + body])
+        rows.append(row + ([sep_id] if sep_id is not None else []))
+    tokens = torch.tensor(rows, dtype=torch.long)
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    cls_s = getattr(tokenizer, "cls_token", None) or "first special token"
+    sep_s = getattr(tokenizer, "sep_token", None) or "last special token"
+    framing = (f"sentence-aligned windows framed as {cls_s} … {sep_s}; position 0 is {cls_s}"
+               if cls_id is not None else "sentence-aligned windows")
+    return tokens, mask, framing
 
 
 def _swap_in(new: Path, out: Path) -> None:

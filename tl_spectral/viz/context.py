@@ -4,9 +4,11 @@ the sections in report order."""
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from tl_spectral.model_view import ModelView
 
@@ -17,7 +19,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class ReportContext:
-    """What a section may read: the model view, the corpus, the tokenizer and the paths."""
+    """What a section may read: the model view, the corpus, the tokenizer and the paths.
+
+    ``mask``: optional ``[n_docs, pos]`` bool mask of real tokens (right padding);
+    ``model_name``: the name shown in titles (default: the view's name).
+    Options read by the sections: ``save_raw`` (keep raw per-query maps in ``results/``),
+    ``progress`` (one-line status messages on stderr), ``faithfulness_docs``, ``meta``."""
 
     view: ModelView
     tokens: Any  # [n_docs, pos] int64
@@ -25,6 +32,29 @@ class ReportContext:
     out_dir: Path
     results_dir: Path
     options: dict = field(default_factory=dict)
+    mask: Any = None
+    model_name: Optional[str] = None
+    _t0: float = field(default_factory=time.perf_counter, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.model_name or self.view.name
+
+    @property
+    def save_raw(self) -> bool:
+        return bool(self.options.get("save_raw", False))
+
+    def doc_length(self, doc: int) -> int:
+        """Number of real tokens of document ``doc``."""
+        if self.mask is None:
+            return int(self.tokens.shape[1])
+        return int(self.mask[doc].sum())
+
+    def status(self, message: str) -> None:
+        """A one-line status on stderr (with the elapsed time) when progress is on."""
+        if self.options.get("progress", False):
+            print(f"[{time.perf_counter() - self._t0:6.1f} s] {message}", file=sys.stderr,
+                  flush=True)
 
     def token_strings(self, ids) -> list[str]:
         tok = self.tokenizer
@@ -49,5 +79,3 @@ class ReportSection:
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         raise NotImplementedError
-
-

@@ -65,7 +65,8 @@ def contribution_view(
 
 
 def plot_faithfulness_areas(res: Any):
-    """Bars of the comprehensiveness and sufficiency areas per measure and setting."""
+    """Bars of the comprehensiveness and sufficiency areas per measure and setting (linear
+    axis when every value is positive, symlog only when signs mix)."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
@@ -77,13 +78,109 @@ def plot_faithfulness_areas(res: Any):
                                           res.sufficiency_area))):
         for si, sname in enumerate(res.settings):
             ax.bar(torch.arange(M).numpy() + si * w, areas[si].numpy(), width=w, label=sname)
-        ax.set_xticks(torch.arange(M).numpy() + 0.4 - w / 2, res.measures, rotation=35,
-                      ha="right", fontsize=7)
+        ax.set_xticks(torch.arange(M).numpy() + 0.4 - w / 2, res.measures, rotation=25,
+                      ha="right", fontsize=8)
         ax.set_title(title, fontsize=9)
-        ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_ylabel("area")
+        if bool((areas < 0).any()):
+            ax.set_yscale("symlog", linthresh=1e-3)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def plot_sink_rates(sinks: Any):
+    """Heat maps (layer × head) of the sink rate and the Gu key score, each colour scale
+    spanning its own data range (with a colour bar); sink heads marked with a dot."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
+    pos = int(getattr(sinks, "sink_index", 0))
+    for ax, (m, title) in zip(axes, ((sinks.sink_rate, f"sink rate  mean_i α_i{pos}"),
+                                     (sinks.key_score, f"Gu key score of position {pos}"))):
+        a = m.float().numpy()
+        lo, hi = float(a.min()), float(a.max())
+        im = ax.imshow(a, aspect="auto", cmap="magma", vmin=lo, vmax=hi if hi > lo else lo + 1e-9)
+        ys, xs = torch.nonzero(sinks.sink_head, as_tuple=True)
+        ax.scatter(xs.numpy(), ys.numpy(), s=12, c="cyan", marker="o",
+                   label=f"key score > {sinks.threshold}")
+        ax.set_xticks(range(a.shape[1]))
+        ax.set_yticks(range(len(sinks.layers)), [str(x) for x in sinks.layers])
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(title, fontsize=9)
+        fig.colorbar(im, ax=ax, shrink=0.85)
+    axes[1].legend(fontsize=7, loc="upper right")
+    return fig
+
+
+def plot_rho_star(sinks: Any):
+    """Left: histogram of ρ* per layer (all heads). Right: 2-D histogram of ρ* against the
+    observed α_i0 (all layers, log count, with a colour bar) and the diagonal ρ* = α_i0."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
+    edges = sinks.rho_edges.numpy()
+    centers = 0.5 * (edges[1:] + edges[:-1])
+    for li, layer in enumerate(sinks.layers):
+        h = sinks.rho_hist[li].sum(0)
+        axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"layer {layer}")
+    axes[0].axvspan(0, 1, color="grey", alpha=0.1)
+    axes[0].set_xlabel("ρ* (end bins collect values outside the range)")
+    axes[0].set_ylabel("share of queries")
+    axes[0].set_title("optimal sink rate ρ* per query", fontsize=9)
+    axes[0].legend(fontsize=7)
+    h2 = sinks.rho_alpha_hist.sum(0)
+    a_e = sinks.alpha_edges.numpy()
+    im = axes[1].imshow(torch.log10(1 + h2).numpy(), origin="lower", aspect="auto",
+                        cmap="Blues", extent=(a_e[0], a_e[-1], edges[0], edges[-1]))
+    cb = fig.colorbar(im, ax=axes[1], shrink=0.85)
+    cb.set_label("log10(1 + queries)", fontsize=8)
+    axes[1].plot([0, 1], [0, 1], color="red", lw=0.8, label="ρ* = α_i0")
+    axes[1].set_xlabel("observed α_i0")
+    axes[1].set_ylabel("ρ*")
+    axes[1].set_title("ρ* vs observed sink rate", fontsize=9)
+    axes[1].legend(fontsize=7)
+    return fig
+
+
+def plot_spearman(stats: Any):
+    """Token-level Spearman correlation of each attention-only measure with the
+    contribution c, layer × measure, annotated in a readable size."""
+    import matplotlib.pyplot as plt
+
+    ci = stats.measures.index("contribution")
+    others = [m for m in stats.measures if m != "contribution"]
+    short = {"attention": "α", "value_weighted": "α‖ṽ‖", "output_normalized": "α‖ṽ‖/‖o‖"}
+    mat = torch.stack([stats.rank_corr[:, -1, stats.measures.index(m), ci] for m in others],
+                      dim=1).float().numpy()  # [layer, measure]
+    L = len(stats.layers)
+    fig, ax = plt.subplots(figsize=(1.9 * len(others) + 2.5, 0.45 * L + 1.6),
+                           constrained_layout=True)
+    im = ax.imshow(mat, vmin=-1, vmax=1, cmap="RdBu_r", aspect="auto")
+    ax.set_xticks(range(len(others)), [f"{short.get(m, m)} vs c" for m in others], fontsize=9)
+    ax.set_yticks(range(L), [str(x) for x in stats.layers], fontsize=9)
+    ax.set_ylabel("layer")
+    for a in range(L):
+        for b in range(len(others)):
+            ax.text(b, a, f"{mat[a, b]:.2f}", ha="center", va="center", fontsize=9,
+                    color="white" if abs(mat[a, b]) > 0.6 else "black")
+    fig.colorbar(im, ax=ax, shrink=0.9, label="Spearman ρ")
+    ax.set_title("rank correlation with the contribution c (token level)", fontsize=10)
+    return fig
+
+
+def slim_contribution_stats(stats: Any, layer: int, n: int) -> Any:
+    """A copy keeping only the kept maps of ``layer`` cut to the first ``n`` positions (what
+    the report's view shows): the per-query maps of every layer are the bulk of the file."""
+    import dataclasses
+
+    kept = {k: (v[..., :n, :n].clone()) for k, v in stats.kept_maps.items()
+            if k.split(".", 1)[0] == str(layer)}
+    return dataclasses.replace(
+        stats, kept_maps=kept,
+        kept_tokens=None if stats.kept_tokens is None else stats.kept_tokens[:, :n].clone(),
+        kept_mask=None if stats.kept_mask is None else stats.kept_mask[:, :n].clone())
 
 
 # ----------------------------------------------------------------------------- report
@@ -98,47 +195,82 @@ class ContributionSection:
         return [ContributionProbe(keep_docs=[0]), SinkProbe()]
 
     def render(self, report: "Report", results: dict[str, Any], ctx: "ReportContext") -> None:
+        ctx.status("contributions and sinks: tables and figures")
         stats = results["contributions"]
         sinks = results["sinks"]
-        stats.save(ctx.results_dir / "contribution_stats.safetensors")
+        view_layer = stats.layers[-1]
+        n_view = min(64, ctx.doc_length(0))
+        (stats if ctx.save_raw or not stats.kept_maps else
+         slim_contribution_stats(stats, view_layer, n_view)).save(
+            ctx.results_dir / "contribution_stats.safetensors")
         sinks.save(ctx.results_dir / "sink_stats.safetensors")
         report.section(self.title)
         report.text(
             "Contribution weights c_ij = ⟨o_i, α_ij ṽ_j⟩ / ‖o_i‖² (inter-head; token level "
             "C_ij = Σ_h c_ij^h, rows sum to 1) measure how much of each output a source "
             "actually supplies, and can be negative. Compared with raw attention α, "
-            "value-weighted α‖ṽ‖ and output-normalized α‖ṽ‖/‖o‖."
-        )
-        report.table(stats.summary_rows(), "per layer: negative shares, first-token "
-                                           "contribution vs attention, Spearman with c")
+            "value-weighted α‖ṽ‖ and output-normalized α‖ṽ‖/‖o‖.")
+        rows = stats.summary_rows()
+        sink_rows = sinks.summary_rows()
+        pos = int(getattr(sinks, "sink_index", 0))
+        tok0 = ""
+        if ctx.tokens is not None and ctx.tokenizer is not None:
+            tok0 = f" ({ctx.token_strings(ctx.tokens[0, pos:pos + 1])[0]!r} in document 0)"
+        if rows:
+            best = max(range(len(rows)), key=lambda i: rows[i]["attn_on_first_token"])
+            r = rows[best]
+            is_sink = r["attn_on_first_token"] >= 0.2
+            report.finding(
+                f"Position {pos}{tok0} {'is a sink' if is_sink else 'is not a strong sink'}: "
+                f"in layer {r['layer']} it draws {100 * r['attn_on_first_token']:.0f}% of the "
+                f"attention but supplies {100 * r['C_on_first_token']:.0f}% of the output "
+                f"(token-level contribution); over layers the attention share runs "
+                f"{100 * min(x['attn_on_first_token'] for x in rows):.0f}–"
+                f"{100 * max(x['attn_on_first_token'] for x in rows):.0f}%.")
+            neg = max(rows, key=lambda x: x["neg_mass_share"])
+            report.finding(
+                f"Negative contributions: up to {100 * neg['neg_mass_share']:.0f}% of the "
+                f"contribution mass is negative (layer {neg['layer']}).")
+        report.subsection("Contributions")
+        report.table(rows, "per layer: negative shares, position-0 contribution vs attention, "
+                           "Spearman with c", name="contributions_layers")
         report.figure(stats.plot_source(), "mean contribution and attention by source position")
         report.figure(stats.plot_lag(), "mean contribution and attention by lag")
         report.figure(stats.plot_negative(), "share of negative contribution (layer × head)")
-        report.figure(stats.plot_rank_corr(), "rank correlation between the measures")
-        report.table(sinks.summary_rows(), "sink statistics per layer")
-        report.figure(sinks.plot_rates(), "sink rate and Gu key score (layer × head)")
-        report.figure(sinks.plot_rho_star(), "optimal sink rate ρ* and observed α_i0")
+        report.figure(plot_spearman(stats), "rank correlation of each attention-only measure "
+                                            "with the contribution")
+        report.subsection("Attention sinks")
+        report.table(sink_rows, "sink statistics per layer", name="sinks_layers")
+        report.figure(plot_sink_rates(sinks), "sink rate and Gu key score (layer × head), colour "
+                                              "scales spanning the data")
+        report.figure(plot_rho_star(sinks), "optimal sink rate ρ* and observed α_i0")
         report.figure(sinks.plot_anti_alignment(), "anti-alignment cos(ṽ_0, s_i)")
         if stats.kept_maps:
-            layer = stats.layers[-1]
-            maps = stats.maps(layer, 0)
+            report.subsection("Interactive view")
+            ctx.status("contributions: interactive view")
+            maps = stats.maps(view_layer, 0)
             n = int(stats.kept_mask[0].sum())
             toks = ctx.token_strings(stats.kept_tokens[0, :n])
             view = contribution_view(maps, toks, causal=stats.causal, max_tokens=64,
                                      clip_quantile=0.99)
-            report.circuitsvis(view, f"contributions-layer-{layer}",
-                               f"contribution weights of layer {layer}, document 0 (red = "
+            report.circuitsvis(view, f"contributions-layer-{view_layer}",
+                               f"contribution weights of layer {view_layer}, document 0 (red = "
                                "positive, blue = negative; symmetric limits at the 99th "
                                "percentile of |c|; last panel = Σ heads)")
         n_f = int(ctx.options.get("faithfulness_docs", 0))
+        report.subsection("Faithfulness")
         if n_f > 0:
             from tl_spectral.probes.faithfulness import faithfulness
 
+            ctx.status(f"faithfulness curves on {n_f} documents")
             res = faithfulness(ctx.view, ctx.tokens[:n_f])
             res.save(ctx.results_dir / "faithfulness.safetensors")
             report.figure(res.plot_curves(), "faithfulness curves")
-            report.table(res.table(0), "faithfulness areas, all layers")
-            report.table(res.table(1), f"faithfulness areas, layer {res.layer}")
+            report.figure(plot_faithfulness_areas(res), "faithfulness areas per measure")
+            report.table(res.table(0), "faithfulness areas, all layers",
+                         name="faithfulness_all_layers")
+            report.table(res.table(1), f"faithfulness areas, layer {res.layer}",
+                         name="faithfulness_layer")
         else:
             report.text("Faithfulness curves: not computed (pass --faithfulness-docs N to "
                         "tl-spectral analyze to compute them on N documents).")

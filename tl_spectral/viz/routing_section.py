@@ -32,6 +32,7 @@ class RoutingFilteringSection:
         )
 
         report.section(self.title)
+        ctx.status("routing/filtering: QK geometry of every head")
         fold = bool(ctx.options.get("fold_ln", True))
         try:
             geo = model_qk_geometry(ctx.view, fold_ln=fold,
@@ -55,7 +56,12 @@ class RoutingFilteringSection:
             f"{float(geo.eff_rank_R.mean()):.2f} of capacity "
             f"{int(geo.routing_capacity.max())}."
         )
-        report.table(geometry_layer_table(geo), "per layer (means over heads)")
+        rows = geometry_layer_table(geo)
+        report.finding(
+            "Routing fraction ‖R‖²/‖M‖² per layer (0.5 = no preference): "
+            + ", ".join(f"{r['layer']}: {r['routing_fraction']:.2f}" for r in rows)
+            + f"; {unstable} of {n} heads unstable.")
+        report.table(rows, "per layer (means over heads)", name="qk_geometry_layers")
         report.figure(geo.plot_budget(), "spectral budget per layer (each dot a head)")
         report.figure(geo.plot_routing_rank(show_capacity=False),
                       "routing rank per layer (the cascade): mean ± std over heads")

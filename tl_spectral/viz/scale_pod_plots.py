@@ -236,7 +236,7 @@ def plot_band_modes(layer: Any, *, n_modes: int = 3, include_full: bool = True):
         ax.axis("off")
         return fig
     fig, axes = plt.subplots(
-        len(rows), n_modes, figsize=(2.6 * n_modes, 2.3 * len(rows)), squeeze=False
+        len(rows), n_modes, figsize=(3.1 * n_modes, 2.4 * len(rows)), squeeze=False
     )
     for r, (_, modes, lags, title) in enumerate(rows):
         for c in range(n_modes):
@@ -246,7 +246,7 @@ def plot_band_modes(layer: Any, *, n_modes: int = 3, include_full: bool = True):
                 continue
             m = _np(modes[c])  # [T, L]
             v = np.abs(m).max() or 1.0
-            ax.imshow(
+            im = ax.imshow(
                 m,
                 aspect="auto",
                 origin="lower",
@@ -256,6 +256,9 @@ def plot_band_modes(layer: Any, *, n_modes: int = 3, include_full: bool = True):
                 extent=(lags[0] - 0.5, lags[-1] + 0.5, -0.5, m.shape[0] - 0.5),
                 interpolation="nearest",
             )
+            cb = fig.colorbar(im, ax=ax, fraction=0.05, pad=0.03)
+            cb.ax.tick_params(labelsize=6)
+            ax.tick_params(labelsize=7)
             ax.set_title(f"{title} · mode {c + 1}", fontsize=8)
             if c == 0:
                 ax.set_ylabel("query i")
@@ -351,7 +354,7 @@ def plot_tspec_hstar(result: Any):
 
     layers = [lay.layer for lay in result.layers]
     x = np.arange(len(layers))
-    fig, axes = plt.subplots(1, 3, figsize=(11.5, 3.3))
+    fig, axes = plt.subplots(1, 3, figsize=(12.5, 3.4))
     ts = np.array([lay.T_spec for lay in result.layers], dtype=float)
     r2 = [lay.full["tspec_r2"] for lay in result.layers]
     ax = axes[0]
@@ -361,9 +364,24 @@ def plot_tspec_hstar(result: Any):
             ax.annotate(
                 f"R²={r:.2f}", (xi, t), fontsize=7, xytext=(2, 4), textcoords="offset points"
             )
-    for b in range(max((lay.n_bands for lay in result.layers), default=0)):
-        yb = [lay.bands[b]["T_spec"] if lay.n_bands > b else np.nan for lay in result.layers]
-        ax.plot(x, yb, ".--", lw=0.8, alpha=0.7, label=f"band {b}")
+    # band values are markers only: band b of one layer and band b of the next are at
+    # different scales, so no line joins them; the colour gives the band's scale a*
+    bx, by, bs = [], [], []
+    for xi, lay in zip(x, result.layers):
+        for b in lay.bands:
+            if math.isfinite(float(b["T_spec"])):
+                bx.append(xi)
+                by.append(float(b["T_spec"]))
+                bs.append(float(b["scale"]))
+    if bx:
+        from matplotlib.colors import LogNorm
+
+        sc = ax.scatter(bx, by, c=bs, cmap="plasma", marker="s", s=18, zorder=3,
+                        norm=LogNorm(vmin=min(bs), vmax=max(max(bs), min(bs) * 1.01)),
+                        label="band (colour: scale a*)")
+        cb = fig.colorbar(sc, ax=ax, fraction=0.06, pad=0.02)
+        cb.set_label("band scale a* (tokens)", fontsize=7)
+        cb.ax.tick_params(labelsize=7)
     ax.set_title("spectral concentration T_spec = 1/β", fontsize=9)
     ax.set_ylabel("T_spec")
     ax = axes[1]
@@ -381,6 +399,7 @@ def plot_tspec_hstar(result: Any):
     )
     eps = result.config.get("epsilon", 0.1)
     ax.set_title(f"effective rank H*(ε={eps:g})", fontsize=9)
+    ax.set_ylabel("H* (modes for 90% energy)")
     ax.legend(fontsize=7)
     ax = axes[2]
     rec = [row["recommended"] for row in result.allocation]
@@ -388,6 +407,7 @@ def plot_tspec_hstar(result: Any):
     ax.bar(x - 0.2, uni, width=0.4, color="0.7", label="uniform")
     ax.bar(x + 0.2, rec, width=0.4, color="tab:orange", label="∝ H*")
     ax.set_title(f"heads per layer (budget {result.head_budget})", fontsize=9)
+    ax.set_ylabel("heads")
     ax.legend(fontsize=7)
     for a in axes:
         a.set_xticks(x)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from tl_spectral.probes import AttentionFieldProbe, Probe
@@ -9,6 +10,22 @@ from tl_spectral.probes import AttentionFieldProbe, Probe
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
     from tl_spectral.viz.report import Report
+
+
+def _layers_text(items: list[tuple[int, float]]) -> str:
+    return ", ".join(f"{lay} ({100 * v:.0f}%)" for lay, v in items)
+
+
+def slim_scale_pod(pod: Any) -> Any:
+    """A copy of a ScalePODResult without the POD modes (the bulk of the file): spectra,
+    scalograms, energies, coefficients and summaries stay, so tables, spectra and findings
+    can be rebuilt from the saved file."""
+    layers = []
+    for lay in pod.layers:
+        layers.append(dataclasses.replace(
+            lay, full_modes=lay.full_modes[:0].clone(),
+            band_modes={k: v[:0].clone() for k, v in lay.band_modes.items()}))
+    return dataclasses.replace(pod, layers=layers)
 
 
 class ScalePODSection:
@@ -24,29 +41,71 @@ class ScalePODSection:
         if fields.n_docs < 2:
             report.text("Scale-selective POD needs at least 2 documents; pass --n-docs 2 or more.")
             return
+        ctx.status(f"scale POD: wavelets and POD of {ctx.view.n_layers} layers")
         pod = fields.scale_pod(n_heads=ctx.view.n_heads)
-        pod.save(ctx.results_dir / "scale_pod.safetensors")
+        (pod if ctx.save_raw else slim_scale_pod(pod)).save(
+            ctx.results_dir / "scale_pod.safetensors")
         report.text(
             f"Head-mean attention fields of {fields.n_docs} windows of {fields.doc_mask.shape[1]} "
             "tokens in lag coordinates, minus the ensemble mean (Reynolds split). A complex Morlet "
             "CWT along the lag gives the scalogram E(a, τ) and the scale energy E(a); Gaussian lag "
             "windows at the dominant scales select bands; POD per band gives eigen-spectra, the "
             "spectral concentration index T_spec = 1/β and the effective rank H*(0.1). The head "
-            "allocation distributes the model's heads in proportion to H* of each layer."
-        )
-        report.table(pod.table(), "per-layer summary")
-        report.table(pod.allocation, "head allocation (recommended vs uniform)")
+            "allocation distributes the model's heads in proportion to H* of each layer.")
+        fine = [(lay.layer, lay.band_energy["fine"]) for lay in pod.layers
+                if lay.band_energy["fine"] >= 0.5]
+        coarse = [(lay.layer, lay.band_energy["coarse"]) for lay in pod.layers
+                  if lay.band_energy["coarse"] >= 0.5]
+        parts = []
+        if fine:
+            parts.append(f"fine-scaled (a ≤ 7 tokens; energy share): layers {_layers_text(fine)}")
+        if coarse:
+            parts.append(f"coarse-scaled (a ≥ 20): layers {_layers_text(coarse)}")
+        if not parts:
+            parts.append("no layer has half its scale energy in one band")
+        hs = [(row["layer"], row["H_star_str"]) for row in pod.allocation]
+        report.finding("Scales: " + "; ".join(parts) + ". Effective rank H* per layer: "
+                       + ", ".join(f"{lay}: {h}" for lay, h in hs) + ".")
+        report.subsection("Per-layer summary and head allocation")
+        report.table(pod.table(), "per-layer summary", name="scale_pod_layers")
+        report.table(pod.allocation, "head allocation (recommended vs uniform)",
+                     name="head_allocation")
+        ctx.status("scale POD: figures")
         report.figure(pod.plot_scale_energies(), "scale energy E(a) of every layer")
-        report.figure(pod.plot_tspec_hstar(), "T_spec and H* across layers")
-        for layer in pod.layers:
-            report.figure(layer.plot_scalogram(), f"layer {layer.layer}: scalogram E(a, τ)")
-            report.figure(layer.plot_scale_energy(),
-                          f"layer {layer.layer}: E(a) with dominant scales")
-        first, last = pod.layers[0], pod.layers[-1]
-        for layer in (first, last):
-            report.figure(layer.plot_spectra(), f"layer {layer.layer}: POD eigen-spectra (log-log)")
-            report.figure(layer.plot_band_modes(), f"layer {layer.layer}: first modes per band")
-            report.figure(layer.plot_mode_profiles(),
-                          f"layer {layer.layer}: mean lag profiles of the modes")
-            if layer.coherence is not None:
-                report.figure(layer.plot_coherence(), f"layer {layer.layer}: cross-coherence γ_ij(a)")
+        report.figure(pod.plot_tspec_hstar(),
+                      "T_spec and H* across layers (band values as markers, coloured by scale)")
+        n = len(pod.layers)
+
+        def each(what: str):
+            for i, lay in enumerate(pod.layers):
+                ctx.status(f"scale POD figures: {what}, layer {i + 1}/{n}")
+                yield lay
+
+        report.subsection("Scalograms per layer")
+        report.figure_set(((str(lay.layer), _scalogram_pair(lay)) for lay in each("scalograms")),
+                          "scalogram E(a, τ) and scale energy E(a) with dominant scales")
+        report.subsection("POD spectra and modes per layer")
+        report.figure_set(((str(lay.layer), lay.plot_spectra()) for lay in each("spectra")),
+                          "POD eigen-spectra (log-log), power-law fits over the fitted modes, "
+                          "H* dotted")
+        report.figure_set(((str(lay.layer), lay.plot_band_modes()) for lay in each("modes")),
+                          "first POD modes per band (query × lag)")
+        report.figure_set(((str(lay.layer), lay.plot_mode_profiles())
+                           for lay in each("mode profiles")),
+                          "mean lag profiles of the modes")
+        coh = [lay for lay in pod.layers if lay.coherence is not None]
+        if coh:
+            report.figure_set(((str(lay.layer), lay.plot_coherence()) for lay in coh),
+                              "cross-coherence γ_ij(a)")
+
+
+def _scalogram_pair(layer: Any):
+    import matplotlib.pyplot as plt
+
+    from tl_spectral.viz.scale_pod_plots import plot_scale_energy, plot_scalogram
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+    plot_scalogram(layer, ax=axes[0])
+    plot_scale_energy(layer, ax=axes[1])
+    fig.tight_layout()
+    return fig

@@ -29,6 +29,12 @@ class SurgerySection:
         from tl_spectral.models.surgery import tl_linearization_curve
 
         report.section(self.title)
+        if not ctx.view.causal:
+            report.text("Does not apply: this model is bidirectional (an encoder), not a causal "
+                        "language model, so there is no next-token perplexity to linearize "
+                        "against.")
+            return
+        ctx.status("surgery: zero-shot linearization curve")
         report.text(
             "Causal ELU+1 linear attention (φ = elu + 1) on a layer's own q, k, v is attention "
             "with pattern α_ij ∝ φ(q_i)·φ(k_j), O(T) to compute. Linearizing the first k layers "
@@ -49,5 +55,10 @@ class SurgerySection:
                 f"This model, zero-shot, on {toks.shape[0]} of the report's windows "
                 f"({toks.shape[1] - 1} predicted tokens each): PPL {curve.base_ppl:.4g} with "
                 f"softmax everywhere; {curve.max_k_within(0.05)} leading layers stay within 5%.")
-            report.table(curve.to_rows(), "PPL with the first k layers linearized (zero-shot)")
+            report.finding(
+                f"Linearization: {curve.max_k_within(0.05)} leading layer(s) can be replaced by "
+                f"linear attention within 5% perplexity (base PPL {curve.base_ppl:.4g}, "
+                "zero-shot).")
+            report.table(curve.to_rows(), "PPL with the first k layers linearized (zero-shot)",
+                         name="linearization_curve")
             report.figure(curve.plot(), "relative ΔPPL vs k for the report's model")

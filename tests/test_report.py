@@ -1,0 +1,132 @@
+"""The analyze report's structure: one self-contained page, findings with links, every
+column defined, slim results (raw maps only with --save-raw), encoder windows framed by the
+model's special tokens, the model's name as title."""
+
+from __future__ import annotations
+
+import re
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def random_report(tmp_path_factory) -> Path:
+    from tl_spectral.cli import main
+
+    out = tmp_path_factory.mktemp("rep") / "r"
+    assert main(["analyze", "--model", "random", "--n-docs", "4", "--length", "32", "--out",
+                 str(out), "--no-progress"]) == 0
+    return out
+
+
+def test_page_is_self_contained_with_findings_and_glossary(random_report):
+    from tl_spectral.viz.glossary import GLOSSARY
+
+    html = (random_report / "index.html").read_text()
+    assert html.count("var CircuitsVis") == 1  # the bundle once, views inlined
+    assert html.count("CircuitsVis.render(") == 2 and "<iframe" not in html
+    assert "unpkg.com" not in html and "sourceMappingURL" not in html
+    # findings first, each linking to a section that exists
+    assert html.index("id='findings'") < html.index("<nav class='toc'>")
+    ids = set(re.findall(r'id="([^"]+)"', html)) | set(re.findall(r"id='([^']+)'", html))
+    links = re.findall(r'href="#([^"]+)"', html)
+    assert len(links) > 10 and set(links) <= ids
+    findings = html[html.index("id='findings'"):html.index("<nav class='toc'>")]
+    assert findings.count("<li>") >= 4 and re.search(r"\d", findings)
+    # every column of every table is defined (tooltip + glossary entry)
+    headers = re.findall(r"<th( title=\"[^\"]*\")?>(.*?)</th>", html)
+    assert headers
+    for title, name in headers:
+        name = name.replace("<wbr>", "")
+        assert title and name in GLOSSARY, name
+    assert "id='glossary'" in html and "(not defined)" not in html
+    # per-layer figures behind a selector, long tables collapsed with a CSV download
+    assert html.count('class="figset"') >= 5 and "<select" in html
+    assert "<details><summary>show all 48 rows" in html
+    assert "download=\"attention-heads.csv\"" in html
+    assert (random_report / "tables" / "attention-heads.csv").read_text().count("\n") == 49
+    # the closing note names the sizes and the run
+    about = html[html.index("id='about'"):]
+    assert "Sizes: index.html" in about and "MB" in about and "4 windows × 32 tokens" in about
+    # every figure caption names the run
+    caps = re.findall(r"<figcaption>(.*?)</figcaption>", html)
+    img_caps = [c for c in caps if "layer" in c or "head" in c]
+    assert img_caps and all("seed 0" in c for c in caps if "attention patterns of" not in c
+                            and "contribution weights of" not in c)
+
+
+def test_results_are_slim_and_reloadable(random_report):
+    from tl_spectral.results import Result
+
+    res = random_report / "results"
+    att = Result.load(res / "attention_stats.safetensors")
+    assert att.mean_pattern.shape[-1] <= 64
+    pod = Result.load(res / "scale_pod.safetensors")
+    assert all(lay.full_modes.shape[0] == 0 for lay in pod.layers)
+    assert pod.table() and pod.plot_tspec_hstar() is not None
+    con = Result.load(res / "contribution_stats.safetensors")
+    assert len({k.split(".")[0] for k in con.kept_maps}) == 1  # only the viewed layer
+    assert con.maps(con.layers[-1], 0).contribution.shape[-1] <= 64
+    assert con.summary_rows()
+
+
+def test_slim_helpers_keep_everything_else():
+    import dataclasses
+
+    from tl_spectral.viz.contribution_plots import slim_contribution_stats
+
+    @dataclasses.dataclass
+    class Fake:
+        kept_maps: dict
+        kept_tokens: torch.Tensor
+        kept_mask: torch.Tensor
+
+    f = Fake({"1.contribution": torch.ones(1, 2, 80, 80), "0.contribution": torch.ones(1, 2, 80, 80)},
+             torch.ones(1, 80), torch.ones(1, 80, dtype=torch.bool))
+    g = slim_contribution_stats(f, 1, 64)
+    assert list(g.kept_maps) == ["1.contribution"] and g.kept_maps["1.contribution"].shape[-1] == 64
+    assert g.kept_tokens.shape == (1, 64)
+
+
+def test_encoder_windows_start_with_cls(minilm):
+    from tl_spectral.cli import _display_name, _encoder_windows
+    from tl_spectral.usage import UsageError
+
+    tok = minilm.tokenizer
+    text = "First sentence here. Second one follows!\nA third line; and more words. " * 60
+    args = Namespace(n_docs=5, length=24, seed=0, overlap=False, corpus="x")
+    tokens, mask, framing = _encoder_windows(text, tok, args)
+    assert tokens.shape == (5, 24) and bool(mask.all())
+    assert (tokens[:, 0] == tok.cls_token_id).all() and (tokens[:, -1] == tok.sep_token_id).all()
+    assert "[CLS]" in framing
+    # windows start at sentence starts and do not overlap: the body's first token begins a
+    # sentence (capitalised word here)
+    firsts = tok.convert_ids_to_tokens(tokens[:, 1].tolist())
+    assert all(t in {"first", "second", "a", "and"} for t in firsts), firsts
+    with pytest.raises(UsageError, match="--overlap"):
+        _encoder_windows(text[:300], tok, Namespace(n_docs=50, length=24, seed=0,
+                                                    overlap=False, corpus="x"))
+    assert _display_name("minilm", "zoo") == "minilm"
+    assert _display_name("/a/b/site-packages/model_dir/", "hf") == "model_dir"
+
+
+def test_mean_pattern_plot_uses_a_quantile_scale_with_colour_bar():
+    from tl_spectral.probes.attention_stats import AttentionStatsResult
+    from tl_spectral.viz.attention_plots import plot_mean_patterns
+
+    L, H, T = 2, 3, 16
+    mp = torch.rand(L, H, T, T) ** 8
+    mp[..., 0] = 1.0
+    res = AttentionStatsResult(entropy=torch.rand(L, H), distance=torch.rand(L, H),
+                               first_token_mass=torch.rand(L, H), mean_pattern=mp,
+                               n_queries=torch.ones(L), layers=[0, 1])
+    fig = plot_mean_patterns(res, 1)
+    ims = [im for ax in fig.axes for im in ax.get_images()]
+    assert len(ims) == H
+    from matplotlib.colors import BoundaryNorm
+
+    assert isinstance(ims[0].norm, BoundaryNorm)
+    assert len(fig.axes) > H  # the colour bar

@@ -1,0 +1,101 @@
+"""Definitions of every column name that appears in a report table (header tooltips and the
+glossary at the end of the report). ``tests/test_report.py`` checks that no column is left
+undefined."""
+
+from __future__ import annotations
+
+GLOSSARY: dict[str, str] = {
+    # shared
+    "layer": "layer index (0 = first block)",
+    "head": "head index within the layer",
+    "k": "number of leading layers whose attention is replaced by linear attention",
+    # attention statistics
+    "entropy": "mean over real queries of the attention entropy −Σ_j α_ij log α_ij (nats); "
+               "low = focused, log(#keys) = uniform",
+    "distance": "mean over real queries of Σ_j α_ij |i − j|: how far back (or ahead) a head "
+                "looks, in tokens",
+    "first_token_mass": "mean attention on position 0, α_i0 (the first token; [CLS] for "
+                        "encoders): a sink indicator",
+    # scale POD
+    "dominant_scales": "Morlet scales a* (tokens) at the peaks of the layer's scale energy E(a)",
+    "E_fine": "share of the scale energy Σ_a E(a) at fine scales a ≤ 7 tokens",
+    "E_medium": "share of the scale energy at medium scales 7 < a < 20 tokens",
+    "E_coarse": "share of the scale energy at coarse scales a ≥ 20 tokens",
+    "T_spec": "spectral concentration 1/β of the POD eigen-spectrum λ_k ∝ k^−β (whole field): "
+              "large = energy in few modes",
+    "beta": "exponent β of the power-law fit λ_k ∝ k^−β over the modes holding 99% of the energy",
+    "tspec_r2": "R² of that power-law fit (log-log)",
+    "H_star": "effective rank H*(ε=0.1): modes needed for 90% of the field's energy "
+              "('≥ N−1' = saturated by the number of documents)",
+    "H_star_str": "H* as text ('≥ N−1' when saturated)",
+    "saturated": "H* reached N−1 (more documents would be needed to resolve it)",
+    "share": "H* of the layer over the sum of H* over layers",
+    "quota": "head budget × share (before rounding)",
+    "recommended": "heads recommended for the layer (∝ H*, at least 1, summing to the budget)",
+    "recommended_heads": "heads recommended for the layer (∝ H*, at least 1, summing to the "
+                         "model's head count)",
+    "uniform": "heads the model has in that layer",
+    "uniform_heads": "heads the model has in that layer",
+    # QK geometry
+    "d_head": "head dimension of the layer",
+    "capacity": "largest possible routing rank min(2·d_head, d_model)",
+    "routing_fraction": "routing budget ‖R‖²/‖M‖² of M = W_Q W_Kᵀ (mean over heads); "
+                        "R = (M − Mᵀ)/2; 0.5 = no preference, 1 − it = filtering",
+    "rank_R": "entropy effective rank of the routing part R (mean over heads); one rotation "
+              "plane = 2",
+    "rank_R_std": "standard deviation of rank_R over the layer's heads",
+    "rank_F": "entropy effective rank of the filtering part F = (M + Mᵀ)/2 (mean over heads)",
+    "unstable_share": "share of heads whose M has an eigenvalue with positive real part",
+    "positive_eig_share": "share of M's nonzero eigenvalues with positive real part (mean "
+                          "over heads)",
+    "rank_S": "entropy effective rank of S in S–D attention (mean over heads)",
+    "rank_S_std": "standard deviation of rank_S over heads",
+    "rank_S_min": "smallest rank_S over heads",
+    "rank_S_max": "largest rank_S over heads",
+    "stable_share": "share of S–D heads that are stable",
+    # contributions
+    "neg_pair_share": "share of (query, source) pairs whose token-level contribution C_ij is "
+                      "negative",
+    "neg_mass_share": "negative contribution mass Σ|C⁻| / Σ|C| (token level)",
+    "C_on_first_token": "mean token-level contribution C_i0 of position 0 to a query's output "
+                        "(share of the output the first token supplies)",
+    "attn_on_first_token": "mean attention α_i0 on position 0 (head mean)",
+    "spearman_attention_vs_c": "Spearman rank correlation between raw attention α and the "
+                               "contribution c over a query's sources (mean over queries)",
+    "spearman_value_weighted_vs_c": "Spearman rank correlation between α‖ṽ‖ and c",
+    "spearman_output_normalized_vs_c": "Spearman rank correlation between α‖ṽ‖/‖o‖ and c",
+    # sinks
+    "sink_rate": "mean over queries and heads of α_i0, the attention on the sink position 0",
+    "max_head_sink_rate": "largest per-head sink rate in the layer",
+    "last_token_rate": "mean attention on the last real token (head mean)",
+    "sink_head_share": "share of the layer's heads whose Gu key score of position 0 exceeds "
+                       "the threshold (sink heads)",
+    "cos_v0_s": "mean cosine between the sink's value ṽ_0 and the semantic vector s_i (the "
+                "output without the sink); negative = anti-aligned",
+    "rho_star_clamped": "mean optimal sink rate ρ* (the α_i0 that minimises the output norm "
+                        "change), clamped to [0, 1]",
+    "alpha_i0_same_q": "mean observed α_i0 over the same queries as rho_star_clamped",
+    "rho_star_in_0_1": "share of queries with 0 < ρ* < 1",
+    "over_sink_share": "share of queries with α_i0 > clamp(ρ*, 0, 1): more sink attention "
+                       "than optimal",
+    "v0_over_sbar": "mean ratio ‖ṽ_0‖ / ‖s̄_i‖ of the sink's value norm to the mean "
+                    "semantic vector norm (ρ* → 1 as it → 0)",
+    "rel_delta_norm": "relative change of the layer output norm when the sink's value is "
+                      "zeroed (analytic)",
+    "delta_cos": "cosine between the layer output before and after zeroing the sink value",
+    # surgery
+    "ppl_zero_shot": "perplexity with the first k layers linearized, no fine-tuning",
+    "delta_zero_shot_%": "relative perplexity change vs k = 0, in percent",
+    "ppl_fine_tuned": "perplexity after fine-tuning the linearized model",
+    "delta_fine_tuned_%": "relative perplexity change after fine-tuning, in percent",
+    "ppl_control": "perplexity of the control fine-tuning (no linearization)",
+    "delta_control_%": "relative perplexity change of the control, in percent",
+    "delta_fine_tuned_vs_control_%": "fine-tuned vs control, in percent",
+    # faithfulness
+    "measure": "attribution measure (attention, value-weighted, output-normalized, "
+               "contribution)",
+    "comprehensiveness_area": "area under the curve of the output change when removing the "
+                              "top-ranked sources (higher = more faithful)",
+    "sufficiency_area": "area under the curve of the output change when keeping only the "
+                        "top-ranked sources (lower = more faithful)",
+}
