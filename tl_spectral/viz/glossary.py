@@ -55,7 +55,9 @@ GLOSSARY: dict[str, str] = {
     "stable_share": "share of S–D heads that are stable",
     # contributions
     "neg_pair_share": "share of (query, source) pairs whose token-level contribution C_ij is "
-                      "negative",
+                      "negative beyond round-off: C_ij < −τ_i with τ_i = 1e-6 · Σ_j |C_ij|",
+    "neg_pair_share_tau0": "the same share counted at τ = 0 (includes pairs that are "
+                           "negative only by float round-off)",
     "neg_mass_share": "negative contribution mass Σ|C⁻| / Σ|C| (token level)",
     "C_on_first_token": "mean token-level contribution C_i0 of position 0 to a query's output "
                         "(share of the output the first token supplies)",
