@@ -306,7 +306,7 @@ def run_probes(
     logits)`` with the ``[n_docs, pos, d_vocab]`` logits on the CPU; ``on_logits(start, logits)``
     instead receives each batch's ``[batch, pos, d_vocab]`` logits on the model's device
     (``start``: corpus index of the batch's first document; trailing padding columns
-    trimmed), so they never pile up in memory.
+    trimmed), so they never pile up in memory. Padded positions hold zeros.
 
     Checks, inside the real pass: every needed hook fires (a model whose attention is fused
     raises :class:`PatternsNotExposedError`); rows of real queries of each captured pattern
@@ -647,7 +647,10 @@ def _run_batch(
             "never fired, so the model does not expose these captures"
         )
     if want_logits and isinstance(out, Tensor):
-        return out.detach()
+        out = out.detach()
+        if not ctx.padless:  # padded positions: zero, not the logits of the pad token
+            out = out.masked_fill(~ctx.mask[..., None], 0)
+        return out
     return None
 
 
