@@ -250,7 +250,8 @@ def _hooked_points(view: ModelView, user_hooks: Sequence[tuple[Any, HookFn]]) ->
         elif callable(name):
             out.update(id(hp) for n, hp in hook_dict.items() if name(n))
     for hp in hook_dict.values():
-        if getattr(hp, "fwd_hooks", None):
+        # hooks added with add_hook / model.hooks(); permanent ones are often the model's own
+        if any(not getattr(h, "is_permanent", False) for h in getattr(hp, "fwd_hooks", None) or []):
             out.add(id(hp))
     return out
 
@@ -566,7 +567,8 @@ class _BatchContext:
             )
         raise FloatingPointError(
             f"layer {layer}: attention pattern rows at real positions are {what}; check the "
-            "model's weights and the input tokens"
+            "model's weights and the input tokens (or, if a hook on "
+            f"{name} edits the pattern on purpose, pass check_patterns=False)"
         )
 
 
