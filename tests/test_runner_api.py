@@ -262,6 +262,11 @@ def test_run_probes_on_cache_equals_run_probes(native_ln):
     assert got.keys() == ref.keys()
     for name in ref:
         _assert_same(got[name], ref[name], name)
+    # run_probes(model, cache, probes) takes the same route
+    via = run_probes(native_ln, cache, [AttentionStats()], progress=False)
+    _assert_same(via["attention_stats"], ref["attention_stats"])
+    with pytest.raises(ValueError, match="ActivationCache"):
+        run_probes(native_ln, cache, [AttentionStats()], return_logits=True)
     # right-padded causal batch with its mask
     docs = [toks[0], toks[1, :6], toks[2, :8]]
     ref = run_probes(native_ln, docs, [AttentionStats()], batch_size=3, progress=False)

@@ -289,7 +289,8 @@ def run_probes(
 ) -> Any:
     """Run ``probes`` over ``data`` with one forward pass per batch; return their results.
 
-    model: a TransformerLens model (or a :class:`ModelView`). data: see :func:`as_corpus`.
+    model: a TransformerLens model (or a :class:`ModelView`). data: see :func:`as_corpus`;
+    an ``ActivationCache`` of the model is handed to :func:`run_probes_on_cache`.
     Returns ``{probe.name: probe.result()}`` (a :class:`ProbeRun` with ``return_logits``).
 
     State: each call starts its probes fresh (:meth:`Probe.reset`). ``accumulate=True``
@@ -322,6 +323,15 @@ def run_probes(
     view = model if isinstance(model, ModelView) else ModelView(model)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if hasattr(data, "cache_dict"):  # an ActivationCache: no pass to run
+        if fwd_hooks or return_logits or on_logits is not None:
+            raise ValueError(
+                "data is an ActivationCache: there is no forward pass for fwd_hooks or logits; "
+                "pass the tokens instead, or drop those arguments"
+            )
+        return run_probes_on_cache(data, probes, model=view, attention_mask=attention_mask,
+                                   accumulate=accumulate, check_finite=check_finite,
+                                   check_patterns=check_patterns)
     user_hooks = _validate_user_hooks(view, fwd_hooks)
     corpus = as_corpus(data, attention_mask)
     if corpus.tokens.shape[1] > view.n_ctx:
