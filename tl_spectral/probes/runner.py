@@ -6,7 +6,14 @@ Steps per batch:
    holds every tensor some probe asked of it, the probes that read that layer are
    updated and the capture is freed;
 3. after the last layer any probe needs, the pass is stopped (no wasted compute on later
-   layers or the unembedding).
+   layers or the unembedding), unless the user's own hooks (``fwd_hooks``) sit on that layer
+   or later, or the logits are asked for.
+
+The user's hooks run in the same pass, before the runner's capture on a shared hook point.
+There is no other pass: the checks (every needed hook fired; pattern rows finite and
+summing to 1) happen on the real batches. Probes start fresh on every call unless
+``accumulate=True``. :func:`run_probes_on_cache` feeds the same probes from an
+``ActivationCache``.
 
 Precision: captures of half-precision models (bfloat16, float16) are cast to float32 before
 any probe sees them, so every analysis computes in float32 or better; the pattern check uses
