@@ -20,6 +20,9 @@ def test_probes_md_worked_example(native_gqa):
     exec(compile(code, str(DOC), "exec", dont_inherit=True), ns)
     res = ns["results"]["head_output_norm"]
     assert res.mean_norm.shape == (3, 4) and (res.mean_norm > 0).all()
+    # the user's hook on the last layer ran once, on the real batch; the logits came back
+    assert ns["seen"] == [(5, 12, 64)]
+    assert ns["logits"].shape == (5, 12, 50)
     # brute force for layer 0, head 1 with explicit per-source d_model vectors
     from tl_spectral.model_view import ModelView
 

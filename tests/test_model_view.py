@@ -139,3 +139,24 @@ def test_layer_out_of_range(native_ln):
 def test_bidirectional_native():
     m = make_native(attention_dir="bidirectional", seed=3)
     assert not ModelView(m).causal
+
+
+@pytest.mark.tl39
+def test_every_capture_kind_has_a_hook(native_gqa):
+    """Each capture kind names a hook point the model has, on every layer, and the pattern
+    error message names the layer and the fix."""
+    from tl_spectral.model_view import CAPTURE_KINDS
+
+    v = ModelView(native_gqa)
+    assert set(CAPTURE_KINDS) >= {"q", "k", "z", "mlp_out", "resid_post"}
+    assert CAPTURE_KINDS[:4] == ("resid_pre", "attn_in", "v", "pattern")
+    for layer in range(v.n_layers):
+        for kind in CAPTURE_KINDS:
+            assert v.has_hook(v.hook_name(kind, layer)), (kind, layer)
+    assert v.hook_name("z", 2) == "blocks.2.attn.hook_z"
+    assert v.hook_name("mlp_out", 1) == "blocks.1.hook_mlp_out"
+    assert not v.has_hook("blocks.0.no_such_hook")
+    with pytest.raises(ValueError, match="unknown capture kind"):
+        v.hook_name("attn_out", 0)
+    msg = v.patterns_not_exposed_message(2)
+    assert "blocks.2.attn.hook_pattern" in msg and "eager" in msg

@@ -17,6 +17,8 @@ __version__ = "0.1.0"
 _PUBLIC: dict[str, str] = {
     # running probes inside the user's forward pass
     "run_probes": "tl_spectral.probes.runner",
+    "run_probes_on_cache": "tl_spectral.probes.runner",
+    "ProbeRun": "tl_spectral.probes.runner",
     "Probe": "tl_spectral.probes.base",
     "LayerCapture": "tl_spectral.probes.base",
     "AttentionStats": "tl_spectral.probes.attention_stats",

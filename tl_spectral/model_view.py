@@ -13,16 +13,37 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-CAPTURE_KINDS = ("resid_pre", "attn_in", "v", "pattern")
-"""Tensors a probe can ask for, per layer, in the order the forward pass produces them.
+CAPTURE_KINDS = ("resid_pre", "attn_in", "v", "pattern", "q", "k", "z", "mlp_out", "resid_post")
+"""Tensors a probe can ask for, per layer (the runner hooks each needed one once per layer and
+batch, whatever the number of probes reading it).
 
 - ``resid_pre``: ``[batch, pos, d_model]`` residual stream entering block ``l``.
 - ``attn_in``: ``[batch, pos, d_model]`` the input of the attention (after ln1 when the
   model is pre-LN; the residual stream for post-LN encoders such as BERT).
-- ``v``: ``[batch, pos, head, d_head]`` values, already repeated to the query heads for
-  grouped-query models.
+- ``q``, ``k``, ``v``: ``[batch, pos, head, d_head]`` queries, keys and values; keys and
+  values are repeated to the query heads for grouped-query models.
 - ``pattern``: ``[batch, head, query, key]`` post-softmax attention pattern.
+- ``z``: ``[batch, pos, head, d_head]`` each head's pattern-weighted values (before W_O).
+- ``mlp_out``: ``[batch, pos, d_model]`` the MLP's output (what it adds to the residual).
+- ``resid_post``: ``[batch, pos, d_model]`` residual stream leaving block ``l``
+  (TransformerLens' ``hook_resid_post``).
+
+In the order of one block's forward pass: resid_pre, attn_in, q, k, v, pattern, z, mlp_out,
+resid_post (the first four keep their historical positions in the tuple).
 """
+
+#: TransformerLens hook name of each capture kind (``{layer}`` filled in); ``attn_in`` depends
+#: on the backend (see :meth:`ModelView.hook_name`).
+_HOOK_NAMES = {
+    "pattern": "blocks.{layer}.attn.hook_pattern",
+    "v": "blocks.{layer}.attn.hook_v",
+    "q": "blocks.{layer}.attn.hook_q",
+    "k": "blocks.{layer}.attn.hook_k",
+    "z": "blocks.{layer}.attn.hook_z",
+    "resid_pre": "blocks.{layer}.hook_resid_pre",
+    "resid_post": "blocks.{layer}.hook_resid_post",
+    "mlp_out": "blocks.{layer}.hook_mlp_out",
+}
 
 
 class PatternsNotExposedError(RuntimeError):
@@ -146,14 +167,14 @@ class ModelView:
         return str(getattr(self.cfg, "model_name", type(self.model).__name__))
 
     def hook_name(self, kind: str, layer: int) -> str:
-        """TransformerLens hook name of capture ``kind`` (see CAPTURE_KINDS) at ``layer``."""
+        """TransformerLens hook name of capture ``kind`` (see CAPTURE_KINDS) at ``layer``.
+
+        The same names on TransformerBridge (TL 4.x, as aliases) and on HookedTransformer /
+        HookedEncoder (TL 3.9); whether the model has the hook point is :meth:`has_hook`.
+        """
         self._check_layer(layer)
-        if kind == "pattern":
-            return f"blocks.{layer}.attn.hook_pattern"
-        if kind == "v":
-            return f"blocks.{layer}.attn.hook_v"
-        if kind == "resid_pre":
-            return f"blocks.{layer}.hook_resid_pre"
+        if kind in _HOOK_NAMES:
+            return _HOOK_NAMES[kind].format(layer=layer)
         if kind == "attn_in":
             if self.backend == "bridge":
                 return f"blocks.{layer}.attn.hook_in"
@@ -161,6 +182,23 @@ class ModelView:
                 return f"blocks.{layer}.ln1.hook_normalized"
             return f"blocks.{layer}.hook_resid_pre"
         raise ValueError(f"unknown capture kind {kind!r}; pass one of {CAPTURE_KINDS}")
+
+    def has_hook(self, name: str) -> bool:
+        """Whether the model has a hook point called ``name``."""
+        try:
+            return name in self.model.hook_dict
+        except Exception:  # pragma: no cover - a model without hook_dict
+            return False
+
+    def patterns_not_exposed_message(self, layer: int = 0) -> str:
+        """The message of :class:`PatternsNotExposedError` for ``layer``."""
+        return (
+            f"{self.name}: {self.hook_name('pattern', layer)} never fired, so the post-softmax "
+            "attention patterns are not exposed (fused or SDPA attention). Load the model "
+            "with eager attention, e.g. TransformerBridge.boot_transformers(path, "
+            "hf_config_overrides={'attn_implementation': 'eager'}), or on TL 3.9 use "
+            "HookedTransformer (which always materialises patterns)."
+        )
 
     def hook_pattern(self, layer: int) -> str:
         return self.hook_name("pattern", layer)
@@ -390,7 +428,9 @@ class ModelView:
         """Raise :class:`PatternsNotExposedError` unless layer 0's pattern hook fires.
 
         Fused attention kernels (SDPA, flash attention) never form the post-softmax
-        pattern, so no probe can see it.
+        pattern, so no probe can see it. This runs its own 1 × 4-token pass; ``run_probes``
+        does not call it (it checks inside its real pass that every needed pattern hook
+        fired).
         """
         if self._patterns_checked:
             return
@@ -413,13 +453,7 @@ class ModelView:
         except KeyError:
             fired.clear()
         if not fired:
-            raise PatternsNotExposedError(
-                f"{self.name}: blocks.0.attn.hook_pattern never fired, so the post-softmax "
-                "attention patterns are not exposed (fused or SDPA attention). Load the model "
-                "with eager attention, e.g. TransformerBridge.boot_transformers(path, "
-                "hf_config_overrides={'attn_implementation': 'eager'}), or on TL 3.9 use "
-                "HookedTransformer (which always materialises patterns)."
-            )
+            raise PatternsNotExposedError(self.patterns_not_exposed_message(0))
         self._patterns_checked = True
 
     def __repr__(self) -> str:

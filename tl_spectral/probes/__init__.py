@@ -7,7 +7,7 @@ from tl_spectral.probes.attention_stats import AttentionStats, AttentionStatsRes
 from tl_spectral.probes.base import LayerCapture, Probe, merge_tensor, reduce_state
 from tl_spectral.probes.contributions import ContributionProbe, ContributionStats
 from tl_spectral.probes.fields import AttentionFieldProbe, AttentionFields
-from tl_spectral.probes.runner import Corpus, as_corpus, run_probes
+from tl_spectral.probes.runner import Corpus, ProbeRun, as_corpus, run_probes, run_probes_on_cache
 from tl_spectral.probes.sinks import SinkProbe, SinkStats
 
 PROBES: dict[str, type[Probe]] = {
@@ -30,8 +30,10 @@ __all__ = [
     "Corpus",
     "LayerCapture",
     "Probe",
+    "ProbeRun",
     "as_corpus",
     "merge_tensor",
     "reduce_state",
     "run_probes",
+    "run_probes_on_cache",
 ]

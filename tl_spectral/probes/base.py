@@ -2,8 +2,9 @@
 
 A probe
 
-1. declares, per layer, the tensors it needs (:data:`tl_spectral.model_view.CAPTURE_KINDS`)
-   in :meth:`Probe.requires`;
+1. declares, per layer, the tensors it needs (:data:`tl_spectral.model_view.CAPTURE_KINDS`:
+   ``resid_pre``, ``attn_in``, ``q``, ``k``, ``v``, ``pattern``, ``z``, ``mlp_out``,
+   ``resid_post``) in :meth:`Probe.requires`;
 2. receives one :class:`LayerCapture` per layer and batch in :meth:`Probe.update`, and
    folds it into its state — a dict of tensors, each with a reduction ("sum", "cat" or
    "max") in :attr:`Probe.reductions`;
@@ -12,6 +13,11 @@ A probe
 Because the state is a dict of reducible tensors, shards of a corpus processed apart
 combine with :meth:`Probe.merge`, and under ``torch.distributed`` the runner reduces them
 across processes (:func:`reduce_state`).
+
+State and runs: every ``run_probes`` call starts its probes fresh (:meth:`Probe.reset`);
+``run_probes(..., accumulate=True)`` instead adds the new corpus to the state the probe
+already holds (its documents numbered after the ones it has seen), and :meth:`Probe.merge`
+combines two probes run apart.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ class LayerCapture:
     """Tensors of one layer for one batch. Only the requested ones are set.
 
     mask: [batch, pos] bool, True at real (non-padding) tokens.
-    pattern: [batch, head, query, key]; v: [batch, pos, head, d_head] (kv heads repeated);
-    attn_in, resid_pre: [batch, pos, d_model]. tokens: [batch, pos].
+    pattern: [batch, head, query, key]; q, k, v, z: [batch, pos, head, d_head] (key/value
+    heads repeated to the query heads); attn_in, resid_pre, mlp_out, resid_post:
+    [batch, pos, d_model]. tokens: [batch, pos] (−1 where unknown, e.g. a capture built from
+    an ActivationCache without ``tokens=``).
     doc_index: [batch] index of each row in the corpus (for per-document state).
     All on the model's device. Floating captures are float32 (or float64) whatever the
     model's dtype; ``model_dtype`` is the dtype the model computed them in, and
@@ -49,6 +57,11 @@ class LayerCapture:
     attn_in: Optional[Tensor] = None
     resid_pre: Optional[Tensor] = None
     model_dtype: torch.dtype = torch.float32
+    q: Optional[Tensor] = None
+    k: Optional[Tensor] = None
+    z: Optional[Tensor] = None
+    mlp_out: Optional[Tensor] = None
+    resid_post: Optional[Tensor] = None
 
     @property
     def tolerance(self) -> float:
@@ -104,6 +117,7 @@ class Probe:
     def __init__(self) -> None:
         self.state: dict[str, Tensor] = {}
         self.view: Optional["ModelView"] = None
+        self._docs_seen = 0
 
     # -- to implement -------------------------------------------------------------
     def requires(self, view: "ModelView") -> dict[int, set[str]]:
@@ -123,6 +137,18 @@ class Probe:
         length (batches may be shorter: trailing padding columns are trimmed)."""
 
     # -- provided -----------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget every document seen: ``run_probes`` calls this at the start of each run
+        unless ``accumulate=True``. Override it (calling ``super().reset()``) when a probe
+        keeps per-corpus data outside ``self.state``; caches of weights may stay."""
+        self.state = {}
+        self._docs_seen = 0
+
+    @property
+    def docs_seen(self) -> int:
+        """Documents folded into the state (all runs since the last reset, merges included)."""
+        return int(getattr(self, "_docs_seen", 0))
+
     def bind(self, view: "ModelView") -> None:
         """Called by the runner before the first batch."""
         if self.view is not None and self.view.model is not view.model:
@@ -149,6 +175,7 @@ class Probe:
             raise TypeError(f"cannot merge a {type(other).__name__} into a {type(self).__name__}")
         if self.view is None:
             self.view = other.view
+        self._docs_seen = self.docs_seen + other.docs_seen
         for key, value in other.state.items():
             if key in self.state:
                 self.state[key] = merge_tensor(self.state[key], value, self.reductions.get(key, "sum"))

@@ -6,7 +6,14 @@ Steps per batch:
    holds every tensor some probe asked of it, the probes that read that layer are
    updated and the capture is freed;
 3. after the last layer any probe needs, the pass is stopped (no wasted compute on later
-   layers or the unembedding).
+   layers or the unembedding), unless the user's own hooks (``fwd_hooks``) sit on that layer
+   or later, or the logits are asked for.
+
+The user's hooks run in the same pass, before the runner's capture on a shared hook point.
+There is no other pass: the checks (every needed hook fired; pattern rows finite and
+summing to 1) happen on the real batches. Probes start fresh on every call unless
+``accumulate=True``. :func:`run_probes_on_cache` feeds the same probes from an
+``ActivationCache``.
 
 Precision: captures of half-precision models (bfloat16, float16) are cast to float32 before
 any probe sees them, so every analysis computes in float32 or better; the pattern check uses
@@ -21,14 +28,15 @@ the CPU when they are built (``probe.result()``), i.e. for saving and plotting.
 
 from __future__ import annotations
 
+import re
 import warnings
-from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, Union
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
-from tl_spectral.model_view import CAPTURE_KINDS, ModelView
+from tl_spectral.model_view import CAPTURE_KINDS, ModelView, PatternsNotExposedError
 from tl_spectral.probes.base import LayerCapture, Probe, reduce_state
 
 
@@ -137,6 +145,139 @@ def _shard_range(n: int, rank: int, world: int) -> tuple[int, int]:
     return min(n, rank * per), min(n, (rank + 1) * per)
 
 
+class ProbeRun(NamedTuple):
+    """What ``run_probes(..., return_logits=True)`` returns; unpacks as ``results, logits``.
+
+    results: ``{probe.name: Result}`` as ``run_probes`` returns by default.
+    logits: ``[n_docs, pos, d_vocab]`` on the CPU, the model's logits of every document in
+    corpus order (this process's shard under ``torch.distributed``), zero at padded
+    positions; None when the logits went to an ``on_logits`` callback only.
+    """
+
+    results: dict[str, Any]
+    logits: Optional[Tensor]
+
+
+HookFn = Callable[..., Any]
+_EMBED_HOOKS = ("hook_embed", "hook_pos_embed", "hook_tokens", "embed.", "pos_embed.")
+
+
+def _hook_layer(name: Any) -> Optional[int]:
+    """The block a user hook sits in (-1 for the embeddings), or None (after the blocks,
+    or unknown: a name filter)."""
+    if not isinstance(name, str):
+        return None
+    m = re.match(r"blocks\.(\d+)\.", name)
+    if m:
+        return int(m.group(1))
+    if name.startswith(_EMBED_HOOKS):
+        return -1
+    return None
+
+
+def _plan(
+    view: ModelView, probes: Union[Probe, Iterable[Probe]], accumulate: bool
+) -> tuple[list[Probe], dict[int, set[str]], dict[int, list[Probe]]]:
+    """Validate the probes, reset them (unless accumulating), bind them and collect the
+    union of their needs: layer -> kinds, layer -> probes reading it."""
+    probe_list = [probes] if isinstance(probes, Probe) else list(probes)
+    if not probe_list:
+        raise ValueError("pass at least one probe")
+    names = [p.name for p in probe_list]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two probes share a name: {names}; give each probe a distinct name")
+    needs: dict[int, set[str]] = {}
+    readers: dict[int, list[Probe]] = {}
+    for p in probe_list:
+        p.bind(view)
+        if not accumulate:
+            p.reset()
+        for layer, kinds in p.requires(view).items():
+            view._check_layer(layer)
+            bad = set(kinds) - set(CAPTURE_KINDS)
+            if bad:
+                raise ValueError(
+                    f"probe {p.name!r} asks for unknown captures {sorted(bad)}; the capture "
+                    f"kinds are {list(CAPTURE_KINDS)}"
+                )
+            needs.setdefault(layer, set()).update(kinds)
+            readers.setdefault(layer, []).append(p)
+    return probe_list, needs, readers
+
+
+def _check_token_ids(view: ModelView, corpus: Corpus) -> Corpus:
+    """Ids of real tokens must lie in [0, d_vocab); out-of-range ids at padded positions
+    (e.g. a pad id of -1) are replaced by 0, which no real token ever sees."""
+    real = corpus.tokens[corpus.mask]
+    vocab = view.d_vocab
+    if real.numel() and int(real.min()) < 0:
+        raise ValueError(
+            f"token id {int(real.min())} is negative: ids must lie in the model's vocabulary "
+            f"of {vocab if vocab > 0 else 'its'} ids (0 … {vocab - 1 if vocab > 0 else 'd_vocab - 1'}); "
+            "mark padding with attention_mask instead of a negative id"
+        )
+    if vocab > 0 and real.numel() and int(real.max()) >= vocab:
+        raise ValueError(
+            f"token id {int(real.max())} is outside the model's vocabulary of "
+            f"{vocab}; tokenize with the model's tokenizer"
+        )
+    out_of_range = corpus.tokens < 0
+    if vocab > 0:
+        out_of_range |= corpus.tokens >= vocab
+    bad_pad = ~corpus.mask & out_of_range
+    if bool(bad_pad.any()):
+        corpus = Corpus(tokens=corpus.tokens.masked_fill(bad_pad, 0), mask=corpus.mask)
+    return corpus
+
+
+def _check_hooks_exist(view: ModelView, needs: dict[int, set[str]],
+                       readers: dict[int, list[Probe]]) -> None:
+    for layer, kinds in sorted(needs.items()):
+        for kind in sorted(kinds):
+            name = view.hook_name(kind, layer)
+            if view.has_hook(name):
+                continue
+            if kind == "pattern":
+                raise PatternsNotExposedError(view.patterns_not_exposed_message(layer))
+            who = [p.name for p in readers[layer]]
+            raise ValueError(
+                f"{view.name} does not expose the capture kind {kind!r} at layer {layer} (it "
+                f"has no hook point {name!r}), which probes {who} ask for"
+            )
+
+
+def _hooked_points(view: ModelView, user_hooks: Sequence[tuple[Any, HookFn]]) -> set[int]:
+    """ids of the hook points that hooks other than the runner's will edit in the pass: the
+    user's ``fwd_hooks`` and hooks already attached to the model."""
+    out: set[int] = set()
+    hook_dict = getattr(view.model, "hook_dict", {})
+    for name, _ in user_hooks:
+        if isinstance(name, str) and name in hook_dict:
+            out.add(id(hook_dict[name]))
+        elif callable(name):
+            out.update(id(hp) for n, hp in hook_dict.items() if name(n))
+    for hp in hook_dict.values():
+        # hooks added with add_hook / model.hooks(); permanent ones are often the model's own
+        if any(not getattr(h, "is_permanent", False) for h in getattr(hp, "fwd_hooks", None) or []):
+            out.add(id(hp))
+    return out
+
+
+def _validate_user_hooks(view: ModelView, fwd_hooks: Optional[Sequence]) -> list[tuple[Any, HookFn]]:
+    hooks = list(fwd_hooks or [])
+    for item in hooks:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2 and callable(item[1])):
+            raise TypeError(
+                f"fwd_hooks takes (hook_name, function) pairs as for run_with_hooks, got {item!r}"
+            )
+        name = item[0]
+        if isinstance(name, str) and not view.has_hook(name):
+            raise ValueError(f"fwd_hooks: the model has no hook point {name!r}")
+        if not isinstance(name, str) and not callable(name):
+            raise TypeError(f"fwd_hooks: a hook name must be a string or a name filter, got {name!r}")
+    return [tuple(h) for h in hooks]  # type: ignore[misc]
+
+
 def run_probes(
     model: Any,
     data: Any,
@@ -147,12 +288,39 @@ def run_probes(
     attention_mask: Optional[Tensor] = None,
     distributed: Optional[bool] = None,
     check_finite: bool = True,
-) -> dict[str, Any]:
+    fwd_hooks: Optional[Sequence[tuple[Any, HookFn]]] = None,
+    return_logits: bool = False,
+    on_logits: Optional[Callable[[int, Tensor], Any]] = None,
+    accumulate: bool = False,
+    check_patterns: bool = True,
+) -> Any:
     """Run ``probes`` over ``data`` with one forward pass per batch; return their results.
 
-    model: a TransformerLens model (or a :class:`ModelView`). data: see :func:`as_corpus`.
-    Returns ``{probe.name: probe.result()}``; the probes keep their merged state, so they can
-    also be merged with probes run on other shards (:meth:`Probe.merge`).
+    model: a TransformerLens model (or a :class:`ModelView`). data: see :func:`as_corpus`;
+    an ``ActivationCache`` of the model is handed to :func:`run_probes_on_cache`.
+    Returns ``{probe.name: probe.result()}`` (a :class:`ProbeRun` with ``return_logits``).
+
+    State: each call starts its probes fresh (:meth:`Probe.reset`). ``accumulate=True``
+    adds this corpus to what the probes already hold instead (their documents numbered
+    after the ones seen before, as if the corpora were one); :meth:`Probe.merge` combines
+    probes run apart (e.g. on shards).
+
+    Your hooks in the same pass: ``fwd_hooks=[(hook_name, fn), ...]`` as for
+    ``model.run_with_hooks``; they run on every real batch (no other pass happens) and, on a
+    hook point the runner also reads, before its capture: probes see the tensors your hooks
+    return. With hooks past the last layer the probes need (or a name filter), the pass runs
+    to the end instead of stopping early.
+
+    Logits: ``return_logits=True`` runs every batch to the end and returns ``ProbeRun(results,
+    logits)`` with the ``[n_docs, pos, d_vocab]`` logits on the CPU; ``on_logits(start, logits)``
+    instead receives each batch's ``[batch, pos, d_vocab]`` logits on the model's device
+    (``start``: corpus index of the batch's first document; trailing padding columns
+    trimmed), so they never pile up in memory. Padded positions hold zeros.
+
+    Checks, inside the real pass: every needed hook fires (a model whose attention is fused
+    raises :class:`PatternsNotExposedError`); rows of real queries of each captured pattern
+    are finite (``check_finite``) and sum to 1 (``check_patterns``; pass False to run probes
+    on patterns your hooks edited). ``check_finite=False`` skips both.
 
     ``distributed``: None = automatic (used when ``torch.distributed`` is initialised with
     more than one process). Each process then runs its contiguous shard of the corpus and
@@ -160,42 +328,37 @@ def run_probes(
     rank returns the whole-corpus results.
     """
     view = model if isinstance(model, ModelView) else ModelView(model)
-    probe_list = [probes] if isinstance(probes, Probe) else list(probes)
-    if not probe_list:
-        raise ValueError("pass at least one probe")
-    names = [p.name for p in probe_list]
-    if len(set(names)) != len(names):
-        raise ValueError(f"two probes share a name: {names}; give each probe a distinct name")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if hasattr(data, "cache_dict"):  # an ActivationCache: no pass to run
+        if fwd_hooks or return_logits or on_logits is not None:
+            raise ValueError(
+                "data is an ActivationCache: there is no forward pass for fwd_hooks or logits; "
+                "pass the tokens instead, or drop those arguments"
+            )
+        return run_probes_on_cache(data, probes, model=view, attention_mask=attention_mask,
+                                   accumulate=accumulate, check_finite=check_finite,
+                                   check_patterns=check_patterns)
+    user_hooks = _validate_user_hooks(view, fwd_hooks)
     corpus = as_corpus(data, attention_mask)
     if corpus.tokens.shape[1] > view.n_ctx:
         raise ValueError(
             f"documents of {corpus.tokens.shape[1]} tokens are longer than the model's context "
             f"of {view.n_ctx}; pass windows of at most {view.n_ctx} tokens"
         )
-    if view.d_vocab > 0 and int(corpus.tokens.max()) >= view.d_vocab:
-        raise ValueError(
-            f"token id {int(corpus.tokens.max())} is outside the model's vocabulary of "
-            f"{view.d_vocab}; tokenize with the model's tokenizer"
-        )
-
-    needs: dict[int, set[str]] = {}
-    readers: dict[int, list[Probe]] = {}
-    for p in probe_list:
-        p.bind(view)
-        for layer, kinds in p.requires(view).items():
-            view._check_layer(layer)
-            bad = set(kinds) - set(CAPTURE_KINDS)
-            if bad:
-                raise ValueError(f"probe {p.name!r} asks for unknown captures {sorted(bad)}")
-            needs.setdefault(layer, set()).update(kinds)
-            readers.setdefault(layer, []).append(p)
+    corpus = _check_token_ids(view, corpus)
+    probe_list, needs, readers = _plan(view, probes, accumulate)
+    names = [p.name for p in probe_list]
+    _check_hooks_exist(view, needs, readers)
+    offsets = {id(p): p.docs_seen for p in probe_list}
     for p in probe_list:
         p.begin(len(corpus), int(corpus.tokens.shape[1]))
-    if any("pattern" in k for k in needs.values()):
-        view.check_patterns()
     last_layer = max(needs) if needs else -1
+    want_logits = bool(return_logits) or on_logits is not None
+    stop_early = not want_logits and all(
+        (lay := _hook_layer(name)) is not None and lay < last_layer for name, _ in user_hooks
+    )
+    edited = _hooked_points(view, user_hooks)
 
     if distributed is None:
         distributed = (
@@ -215,6 +378,7 @@ def run_probes(
         iterator = tqdm(starts, desc=f"probes ({', '.join(names)})", unit="batch")
 
     underflow: dict[int, Tensor] = {}
+    kept: list[tuple[int, Tensor]] = []
     for start in iterator:
         stop = min(start + batch_size, hi)
         tokens = corpus.tokens[start:stop]
@@ -223,14 +387,206 @@ def run_probes(
         T_b = int(mask.sum(dim=1).max())
         tokens, mask = tokens[:, :T_b], mask[:, :T_b]
         doc_index = torch.arange(start, stop, device=view.device)
-        _run_batch(view, tokens, mask, doc_index, needs, readers, last_layer, check_finite,
-                   underflow=underflow)
+        logits = _run_batch(view, tokens, mask, doc_index, needs, readers, last_layer,
+                            check_finite, underflow=underflow, user_hooks=user_hooks,
+                            stop_early=stop_early, want_logits=want_logits,
+                            check_patterns=check_patterns, edited=edited, offsets=offsets)
+        if logits is not None:
+            if on_logits is not None:
+                on_logits(start, logits)
+            if return_logits:
+                kept.append((start - lo, logits.cpu()))
     _warn_underflow(view, underflow)
 
     if distributed:
         for p in probe_list:
             reduce_state(p)
+    for p in probe_list:
+        p._docs_seen = p.docs_seen + len(corpus)
+    results = {p.name: p.result() for p in probe_list}
+    if not return_logits:
+        return results
+    all_logits = None
+    if kept:
+        vocab = kept[0][1].shape[-1]
+        all_logits = torch.zeros(hi - lo, int(corpus.tokens.shape[1]), vocab, dtype=kept[0][1].dtype)
+        for i, lg in kept:
+            all_logits[i : i + lg.shape[0], : lg.shape[1]] = lg
+    return ProbeRun(results, all_logits)
+
+
+def run_probes_on_cache(
+    cache: Any,
+    probes: Union[Probe, Iterable[Probe]],
+    *,
+    model: Any = None,
+    attention_mask: Optional[Tensor] = None,
+    tokens: Optional[Tensor] = None,
+    accumulate: bool = False,
+    check_finite: bool = True,
+    check_patterns: bool = True,
+) -> dict[str, Any]:
+    """Compute ``probes`` from an ``ActivationCache`` you already hold; same results as
+    :func:`run_probes` on the tokens of the cache (run as one batch).
+
+    cache: from ``model.run_with_cache(tokens)`` (or a ``{hook_name: tensor}`` dict); it must
+    hold every hook the probes need (``ModelView(model).hook_name(kind, layer)``; a cache
+    built with ``names_filter`` that lacks some gets an error listing them). model: the
+    model (or ModelView) that produced it; default ``cache.model``. attention_mask:
+    ``[batch, pos]`` (1 = real token) when the cached batch is right-padded; pass the same
+    mask the model ran with. tokens: the ``[batch, pos]`` token ids, only stored by probes
+    that keep them (e.g. ContributionProbe's ``keep_docs``); −1 when not given.
+    accumulate, check_finite, check_patterns: as for :func:`run_probes`.
+    """
+    if model is None:
+        model = getattr(cache, "model", None)
+        if model is None:
+            raise ValueError("this cache does not name its model; pass model=")
+    view = model if isinstance(model, ModelView) else ModelView(model)
+    probe_list, needs, readers = _plan(view, probes, accumulate)
+    entries = getattr(cache, "cache_dict", cache)
+    batched = bool(getattr(cache, "has_batch_dim", True))
+    wanted = [(layer, kind, view.hook_name(kind, layer))
+              for layer, kinds in sorted(needs.items()) for kind in sorted(kinds)]
+    missing = [name for _, _, name in wanted if name not in entries]
+    if missing:
+        pats = [n for n in missing if n.endswith("hook_pattern")]
+        hint = (" (a model with fused / SDPA attention never fills hook_pattern: load it with "
+                "eager attention)") if pats else ""
+        raise KeyError(
+            f"the cache lacks {missing}, which the probes {[p.name for p in probe_list]} read; "
+            f"run the model with run_with_cache(tokens, names_filter={missing!r} + …) or "
+            f"without names_filter{hint}"
+        )
+    def get(name: str) -> Tensor:
+        t = entries[name]
+        return t if batched else t.unsqueeze(0)
+
+    first_layer, first_kind, first_name = wanted[0]
+    t0 = get(first_name)
+    B = int(t0.shape[0])
+    T = int(t0.shape[-1] if first_kind == "pattern" else t0.shape[1])
+    device = t0.device
+    if attention_mask is None:
+        mask = torch.ones(B, T, dtype=torch.bool)
+    else:
+        if tuple(attention_mask.shape) != (B, T):
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} differs from the cache's "
+                f"batch of {B} x {T} positions"
+            )
+        mask = attention_mask.bool().cpu()
+        _check_right_padded(mask)
+    if tokens is None:
+        tok = torch.full((B, T), -1, dtype=torch.long)
+    else:
+        tok = torch.as_tensor(tokens).long()
+        if tok.dim() == 1:
+            tok = tok.unsqueeze(0)
+        if tuple(tok.shape) != (B, T):
+            raise ValueError(f"tokens shape {tuple(tok.shape)} differs from the cache's {B} x {T}")
+    offsets = {id(p): p.docs_seen for p in probe_list}
+    for p in probe_list:
+        p.begin(B, T)
+    ctx = _BatchContext(view, mask, tok, device, check_finite=check_finite,
+                        check_patterns=check_patterns, edited=set(), underflow={},
+                        dtype=t0.dtype)
+    doc_index = torch.arange(B, device=device)
+    for layer, kinds in sorted(needs.items()):
+        cap = ctx.new_capture(layer, doc_index)
+        for kind in kinds:
+            setattr(cap, kind, ctx.prepare(kind, layer, get(view.hook_name(kind, layer)).to(device),
+                                           hooked=False))
+        _update(readers[layer], cap, offsets)
+    _warn_underflow(view, ctx.underflow)
+    for p in probe_list:
+        p._docs_seen = p.docs_seen + B
     return {p.name: p.result() for p in probe_list}
+
+
+def _update(readers: list[Probe], cap: LayerCapture, offsets: dict[int, int]) -> None:
+    for p in readers:
+        off = offsets.get(id(p), 0)
+        p.update(cap if not off else replace(cap, doc_index=cap.doc_index + off))
+
+
+class _BatchContext:
+    """Per-batch state of the capture hooks: masks, tolerances, checks, underflow counts."""
+
+    def __init__(self, view: ModelView, mask: Tensor, tokens: Tensor, device: torch.device, *,
+                 check_finite: bool, check_patterns: bool, edited: set[int],
+                 underflow: Optional[dict[int, Tensor]], dtype: Optional[torch.dtype] = None):
+        self.view = view
+        self.device = device
+        self.mask = mask.to(device)
+        self.tokens = tokens.to(device)
+        self.padless = bool(mask.all())
+        self.model_dtype = view.dtype if dtype is None else dtype
+        self.check_finite = check_finite
+        self.check_patterns = check_patterns
+        self.edited = edited
+        self.underflow = underflow
+        # rows of a softmax in the model's dtype sum to 1 within a few of its epsilons per term
+        self.row_tol = max(1e-3, view.tolerance)
+        self.allowed: Optional[Tensor] = None
+        if self.model_dtype in HALF_DTYPES and underflow is not None:
+            T_b = tokens.shape[1]
+            allowed = self.mask[:, None, :, None] & self.mask[:, None, None, :]
+            if view.causal:
+                allowed = allowed & torch.ones(T_b, T_b, dtype=torch.bool, device=device).tril()
+            self.allowed = allowed
+
+    def new_capture(self, layer: int, doc_index: Tensor) -> LayerCapture:
+        return LayerCapture(layer=layer, mask=self.mask, tokens=self.tokens,
+                            doc_index=doc_index, model_dtype=self.model_dtype)
+
+    def prepare(self, kind: str, layer: int, t: Tensor, hooked: bool) -> Tensor:
+        """Detach, count underflow, cast to the analysis dtype, repeat kv heads, check rows."""
+        x = t.detach()
+        if kind == "pattern" and self.allowed is not None and self.underflow is not None:
+            # exact zeros where the model could attend: underflow in its own softmax
+            n_zero = ((x == 0) & self.allowed).sum()
+            n_all = self.allowed.sum() * x.shape[1]
+            prev = self.underflow.get(layer)
+            cur = torch.stack([n_zero, n_all]).double()
+            self.underflow[layer] = cur if prev is None else prev + cur
+        if x.dtype != analysis_dtype(x.dtype):
+            x = x.to(analysis_dtype(x.dtype))  # half precision: analyses in float32
+        if kind in ("k", "v"):
+            x = self.view.repeat_kv(x, 2)
+        if kind == "pattern" and self.check_finite:
+            self._check_rows(layer, x, hooked)
+        return x
+
+    def _check_rows(self, layer: int, x: Tensor, hooked: bool) -> None:
+        # rows of real queries must be finite and sum to 1 (one cheap reduction);
+        # catches NaN/inf and backends that silently zero NaN rows
+        rows = x.sum(-1)  # [b, h, q]
+        ok = torch.isfinite(rows)
+        if self.check_patterns:
+            ok &= (rows - 1.0).abs() < self.row_tol
+        bad = ~ok
+        if not self.padless:
+            bad &= self.mask[:, None, :]
+        if not bool(bad.any()):
+            return
+        dt = str(self.model_dtype).replace("torch.", "")
+        what = (f"NaN, inf or do not sum to 1 within {self.row_tol:.1e} (model dtype {dt})"
+                if self.check_patterns else "NaN or inf")
+        name = self.view.hook_name("pattern", layer)
+        if hooked:
+            raise FloatingPointError(
+                f"layer {layer}: a hook edited the attention pattern ({name}): rows at real "
+                f"positions are {what}, so they are no longer a softmax. Probes read the "
+                "pattern after your hooks; pass check_patterns=False to run them on the "
+                "edited pattern anyway"
+                + ("" if self.check_patterns else " (check_finite=False also lets NaN and inf through)")
+            )
+        raise FloatingPointError(
+            f"layer {layer}: attention pattern rows at real positions are {what}; check the "
+            "model's weights and the input tokens (or, if a hook on "
+            f"{name} edits the pattern on purpose, pass check_patterns=False)"
+        )
 
 
 def _run_batch(
@@ -243,72 +599,48 @@ def _run_batch(
     last_layer: int,
     check_finite: bool,
     underflow: Optional[dict[int, Tensor]] = None,
-) -> None:
+    *,
+    user_hooks: Sequence[tuple[Any, HookFn]] = (),
+    stop_early: bool = True,
+    want_logits: bool = False,
+    check_patterns: bool = True,
+    edited: Optional[set[int]] = None,
+    offsets: Optional[dict[int, int]] = None,
+) -> Optional[Tensor]:
+    """One forward pass over a batch with the capture hooks (after ``user_hooks``); returns
+    the logits when ``want_logits``."""
     captures: dict[int, LayerCapture] = {}
     pending = {layer: set(kinds) for layer, kinds in needs.items()}
     device = view.device
-    mask_dev = mask.to(device)
-    tokens_dev = tokens.to(device)
+    ctx = _BatchContext(view, mask, tokens, device, check_finite=check_finite,
+                        check_patterns=check_patterns, edited=edited or set(),
+                        underflow=underflow)
     doc_index = doc_index.to(device)
-    padless = bool(mask.all())
-    model_dtype = view.dtype
-    half = model_dtype in HALF_DTYPES
-    # rows of a softmax in the model's dtype sum to 1 within a few of its epsilons per term
-    row_tol = max(1e-3, view.tolerance)
-    allowed: Optional[Tensor] = None
-    if half and underflow is not None:
-        T_b = tokens.shape[1]
-        allowed = mask_dev[:, None, :, None] & mask_dev[:, None, None, :]
-        if view.causal:
-            allowed = allowed & torch.ones(T_b, T_b, dtype=torch.bool, device=device).tril()
+    offsets = offsets or {}
+    hook_dict = getattr(view.model, "hook_dict", {})
 
     def make_hook(layer: int, kind: str):
+        name = view.hook_name(kind, layer)
+        hooked = name in hook_dict and id(hook_dict[name]) in ctx.edited
+
         def hook(t: Tensor, hook: Any = None) -> Tensor:
             cap = captures.get(layer)
             if cap is None:
-                cap = captures[layer] = LayerCapture(
-                    layer=layer, mask=mask_dev, tokens=tokens_dev, doc_index=doc_index,
-                    model_dtype=model_dtype,
-                )
-            x = t.detach()
-            if kind == "pattern" and allowed is not None:
-                # exact zeros where the model could attend: underflow in its own softmax
-                n_zero = ((x == 0) & allowed).sum()
-                n_all = allowed.sum() * x.shape[1]
-                prev = underflow.get(layer)  # type: ignore[union-attr]
-                cur = torch.stack([n_zero, n_all]).double()
-                underflow[layer] = cur if prev is None else prev + cur  # type: ignore[index]
-            if x.dtype != analysis_dtype(x.dtype):
-                x = x.to(analysis_dtype(x.dtype))  # half precision: analyses in float32
-            if kind == "v":
-                x = view.repeat_kv(x, 2)
-            if kind == "pattern" and check_finite:
-                # rows of real queries must be finite and sum to 1 (one cheap reduction);
-                # catches NaN/inf and backends that silently zero NaN rows
-                rows = x.sum(-1)  # [b, h, q]
-                bad = ~(torch.isfinite(rows) & ((rows - 1.0).abs() < row_tol))
-                if not padless:
-                    bad &= mask_dev[:, None, :]
-                if bool(bad.any()):
-                    raise FloatingPointError(
-                        f"layer {layer}: attention pattern rows at real positions are NaN, inf "
-                        f"or do not sum to 1 within {row_tol:.1e} (model dtype "
-                        f"{str(model_dtype).replace('torch.', '')}); check the model's weights "
-                        "and the input tokens"
-                    )
-            setattr(cap, kind, x)
+                cap = captures[layer] = ctx.new_capture(layer, doc_index)
+            setattr(cap, kind, ctx.prepare(kind, layer, t, hooked))
             pending[layer].discard(kind)
             if not pending[layer]:
-                for p in readers[layer]:
-                    p.update(cap)
+                _update(readers[layer], cap, offsets)
                 del captures[layer]
-                if layer == last_layer and not any(pending.values()):
+                if stop_early and layer == last_layer and not any(pending.values()):
                     raise _StopForward
             return t
 
         return hook
 
-    fwd_hooks = [
+    # the user's hooks first: on a shared hook point TransformerLens runs hooks in the
+    # order they were added, so the captures see what the user's hooks return
+    fwd_hooks = list(user_hooks) + [
         (view.hook_name(kind, layer), make_hook(layer, kind))
         for layer, kinds in sorted(needs.items())
         for kind in kinds
@@ -316,16 +648,29 @@ def _run_batch(
     # Causal decoders with right padding need no mask (real tokens never see the pad);
     # bidirectional encoders must mask padded keys.
     attn_mask = None if (view.causal or bool(mask.all())) else mask.long()
+    out = None
     try:
         with torch.no_grad():
-            view.run(tokens, attention_mask=attn_mask, fwd_hooks=fwd_hooks, return_type=None)
+            out = view.run(tokens, attention_mask=attn_mask, fwd_hooks=fwd_hooks,
+                           return_type="logits" if want_logits else None)
     except _StopForward:
         pass
     if any(pending.values()):
         missing = {layer: sorted(k) for layer, k in pending.items() if k}
+        for layer in sorted(missing):
+            if "pattern" in missing[layer]:
+                raise PatternsNotExposedError(view.patterns_not_exposed_message(layer))
+        names = [view.hook_name(k, layer) for layer, ks in sorted(missing.items()) for k in ks]
         raise RuntimeError(
-            f"the forward pass never produced {missing}; the model does not expose these hooks"
+            f"the forward pass never produced {missing}: the hook points {names} exist but "
+            "never fired, so the model does not expose these captures"
         )
+    if want_logits and isinstance(out, Tensor):
+        out = out.detach()
+        if not ctx.padless:  # padded positions: zero, not the logits of the pad token
+            out = out.masked_fill(~ctx.mask[..., None], 0)
+        return out
+    return None
 
 
 def _warn_underflow(view: ModelView, underflow: dict[int, Tensor], threshold: float = 1e-4) -> None:
