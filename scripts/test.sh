@@ -13,4 +13,4 @@ echo "== light job (TransformerLens 3.9.0: HookedTransformer / HookedEncoder) ==
 TL_SPECTRAL_BACKEND=hooked PYTHONPATH="$PWD/.venv39${PYTHONPATH:+:$PYTHONPATH}" \
   .venv/bin/python -m pytest -m tl39 -p no:warnings -p no:cacheprovider -q \
     tests/test_model_view.py tests/test_probes.py tests/test_distributed.py tests/test_tl39.py \
-    tests/test_convert.py
+    tests/test_convert.py tests/test_runner_api.py
