@@ -37,3 +37,18 @@ def test_a_changed_number_is_caught(tmp_path):
     s = json.loads((RESULTS / "scale_pod" / "scale_pod_char-shakespeare_N150.json").read_text())
     s["table"][0]["E_fine"] += 0.05
     assert table_markdown(s) not in doc
+
+
+def test_routing_doc_rows_regenerate_from_committed_results():
+    """Every row of the routing study's tables for MiniLM and the shipped char models
+    (docs/results/routing/summary.json, `tl-spectral study routing --windows 64`) appears
+    verbatim in docs/routing_filtering.md; the BPE runs are not shipped (retraining needed)."""
+    from tl_spectral_studies.routing import markdown
+
+    doc = (ROOT / "docs" / "routing_filtering.md").read_text(encoding="utf-8")
+    rows = [ln for ln in markdown(RESULTS / "routing").splitlines()
+            if ln.startswith("| ") and not ln.startswith("| model") and "---" not in ln
+            and "bpe-" not in ln]
+    assert len(rows) >= 30
+    missing = [r for r in rows if r not in doc]
+    assert not missing, missing
