@@ -61,6 +61,29 @@ def per_head_fields(model_name: str, n_docs: int, T: int, batch: int):
     return view, fl, t_fwd
 
 
+def table_markdown(summary: dict) -> str:
+    """Per-layer markdown table of a written result: every head's peak scale (tokens of
+    lag), then the diversity summary."""
+    H = summary["layers"][0]["n_heads"]
+    head_cols = " | ".join(f"h{h}" for h in range(H))
+    rows = [
+        f"| layer | {head_cols} | heads fine / medium / coarse | band entropy (bits) | "
+        "scale classes | std log2 a (octaves) | H* min–max |",
+        "|---" * (H + 6) + "|",
+    ]
+    for layer, div in zip(summary["layers"], summary["diversity"]):
+        peaks = " | ".join(
+            (f"{r['peak_scale']:.1f}" if r["active"] else "–") for r in layer["heads"]
+        )
+        c = div["band_counts"]
+        rows.append(
+            f"| {layer['layer']} | {peaks} | {c['fine']} / {c['medium']} / {c['coarse']} | "
+            f"{div['band_entropy_bits']:.2f} | {div['n_scale_classes']} | "
+            f"{div['log2_peak_scale_std']:.2f} | {div['H_star_min']}–{div['H_star_max']} |"
+        )
+    return "\n".join(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="char-shakespeare")
@@ -134,6 +157,7 @@ def main() -> None:
         }
         p.write_text(json.dumps(summary, indent=1, default=float))
         print(p, flush=True)
+        print(table_markdown(summary), flush=True)
 
     print(json.dumps({
         "per_head_over_mean": round(best["per_head"] / best["head_mean"], 3),

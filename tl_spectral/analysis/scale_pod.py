@@ -1336,7 +1336,8 @@ def scale_pod_heads_layer(
         ).to(F.dtype)  # [nh, 1 + M, n_lags]
         # 2. whole-field and band Grams from per-lag Grams (batched over heads)
         grams = torch.zeros(nh, 1 + M, N * N, dtype=torch.float64)
-        w = max(1, lag_chunk // nh)
+        # lags per batched GEMM: lag_chunk, fewer when [nh, w, N, N] would pass 2^25 entries
+        w = max(1, min(lag_chunk, (1 << 25) // (nh * N * N)))
         for c0 in range(0, n_lags, w):
             c1 = min(n_lags, c0 + w)
             Fc = Ft[:, c0:c1]  # [nh, w, N, T]

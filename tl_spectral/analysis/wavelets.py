@@ -464,7 +464,7 @@ def band_energies(
 
 
 def scalogram_from_moments(
-    C: torch.Tensor, op: LagCWT, *, method: str = "auto", scale_chunk: int = 8
+    C: torch.Tensor, op: LagCWT, *, method: str = "auto", scale_chunk: int | None = None
 ) -> torch.Tensor:
     """Batched :func:`scalogram_from_moment`: ``E[..., a, t] = (M_a C M_a^H)[t, t]`` for a
     batch of lag second-moment matrices ``C: [..., n, n]`` (e.g. one per head). Returns
@@ -474,6 +474,8 @@ def scalogram_from_moments(
     of scales, ``O(B S n^3)``), ``"fft"`` (the double convolution in the frequency domain,
     ``O(B n^2 log n + (B + 1) S n^2)``; see below) or ``"auto"`` (``"fft"`` unless ``n < 32``).
     Both are exact to rounding (tested against each other and :func:`scalogram_from_moment`).
+    scale_chunk: scales per batched product (default: as many as keep the temporaries under
+    ``2**23`` complex entries).
 
     FFT form. ``E(a, t) = sum_{u,v} k_a[t-u] conj(k_a[t-v]) C[u, v]`` is the diagonal of a 2-D
     linear convolution, exact as a circular one of size ``P = op.P >= 2n - 1``. With
@@ -492,6 +494,9 @@ def scalogram_from_moments(
     B = Cb.shape[0]
     S = op.n_scales
     out = torch.empty(B, S, n, dtype=torch.float64)
+    if scale_chunk is None:
+        per_scale = (op.P // 2 + 1) * op.P if method == "fft" else n * B * n
+        scale_chunk = max(1, (1 << 23) // per_scale)
     if method == "matmul":
         M = op.matrix(torch.complex128 if op.is_complex else torch.float64)  # [S, n, n]
         parts = (M.real, M.imag) if op.is_complex else (M,)
