@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from _bench import interleaved_times
+
 from tl_spectral.analysis.scale_pod import scale_pod, scale_pod_heads, scale_pod_layer
 
 
