@@ -271,6 +271,10 @@ def test_errors():
         scale_pod_heads([F4, F4[:, :1]], lags)
     with pytest.raises(ValueError, match="lag_window"):
         scale_pod_heads_layer(F4, lags, lag_window="x")
+    bad = F4.clone()
+    bad[1, 1, 2, 3] = math.nan
+    with pytest.raises(ValueError, match="NaN or inf"):
+        scale_pod_heads_layer(bad, lags, head_chunk=1)
     r = scale_pod_heads_layer(list(F4), lags, center=True)  # a sequence of [H, T, n_lags]
     with pytest.raises(ValueError, match="head must lie"):
         r.eigenvalues(2)

@@ -1244,8 +1244,6 @@ def scale_pod_heads_layer(
     lags = _check_lags(lags, n_lags)
     if lag_window not in ("signed", "absolute"):
         raise ValueError(f"lag_window must be 'signed' or 'absolute' (got {lag_window!r})")
-    if not bool(torch.isfinite(F.sum(dtype=torch.float64))):
-        raise ValueError("F contains NaN or inf")
     if max_dominant < 1:
         raise ValueError(f"max_dominant must be >= 1 (got {max_dominant})")
     causal = bool(lags.min() >= 0)
@@ -1289,14 +1287,10 @@ def scale_pod_heads_layer(
         # lag-major (centred) copy Ft[h, tau, s, i] of this chunk of heads
         Fh = F[:, h0:h1]
         mean64 = Fh.mean(0, dtype=torch.float64)  # [nh, T, n_lags]
-        rms = Fh.pow(2).sum(dim=(0, 2, 3), dtype=torch.float64) / N  # [nh]
-        raw_energy[h0:h1] = rms
-        if center:
-            mean = mean64.to(F.dtype)
-        else:
-            mean = None
-            cen = mean64.pow(2).sum(dim=(1, 2)) <= (1e3 * eps) ** 2 * rms
-            centered_all[h0:h1] = [bool(x) for x in cen]
+        if not bool(torch.isfinite(mean64).all()):  # NaN / inf anywhere reach the mean
+            raise ValueError("F contains NaN or inf")
+        mean_sq = mean64.pow(2).sum(dim=(1, 2))  # [nh] ||mean||^2
+        mean = mean64.to(F.dtype) if center else None
         del mean64
         Ft = torch.empty(nh, n_lags, N, T, dtype=F.dtype)
         step = max(1, (1 << 22) // (nh * T * n_lags))
@@ -1309,7 +1303,15 @@ def scale_pod_heads_layer(
         # 1. lag second moments (one bmm) and scalograms (batched)
         prof = Ft.view(nh, n_lags, N * T)
         C = torch.bmm(prof, prof.transpose(1, 2)).to(torch.float64) / (N * T)
-        fluct_energy[h0:h1] = torch.diagonal(C, dim1=-2, dim2=-1).sum(-1) * T
+        # energy of what Ft holds, sum ||x||^2 / N; the raw fields' = that + ||mean||^2
+        held = torch.diagonal(C, dim1=-2, dim2=-1).sum(-1) * T
+        fluct_energy[h0:h1] = held
+        if center:
+            raw_energy[h0:h1] = held + mean_sq
+        else:  # fields passed as fluctuations: mean-free up to rounding?
+            raw_energy[h0:h1] = held
+            cen = mean_sq <= (1e3 * eps) ** 2 * held
+            centered_all[h0:h1] = [bool(x) for x in cen]
         E_at[h0:h1] = scalogram_from_moments(C, op, method=scalogram_method)
         del C, prof
         E_c = E_at[h0:h1].sum(-1)  # [nh, S]
