@@ -21,6 +21,7 @@ from tl_spectral.analysis.wavelets import (
     scale_energy,
     scalogram,
     scalogram_from_moment,
+    scalogram_from_moments,
 )
 
 
@@ -170,3 +171,22 @@ def test_band_energies():
     assert sum(b.values()) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="zero"):
         band_energies(torch.zeros(7), s)
+
+
+@pytest.mark.parametrize("wavelet", ["cmor1.5-1.0", "mexh"])
+@pytest.mark.parametrize("n", [5, 33, 64])
+def test_scalogram_from_moments_batched(wavelet, n):
+    """Both forms of the batched scalogram equal scalogram_from_moment matrix by matrix."""
+    g = torch.Generator().manual_seed(n)
+    X = torch.randn(3, n, 40, generator=g, dtype=torch.float64).cumsum(1)
+    C = (X @ X.transpose(1, 2) / 40).reshape(3, 1, n, n)
+    op = LagCWT(n, default_scales(max(n, 4))[:20], wavelet, dtype=torch.float64)
+    ref = torch.stack([scalogram_from_moment(C[b, 0], op) for b in range(3)])[:, None]
+    for method in ("fft", "matmul", "auto"):
+        E = scalogram_from_moments(C, op, method=method, scale_chunk=7)
+        assert E.shape == (3, 1, op.n_scales, n) and E.dtype == torch.float64
+        assert _rel(E.numpy(), ref.numpy()) < 1e-12, method
+    with pytest.raises(ValueError, match="method"):
+        scalogram_from_moments(C, op, method="x")
+    with pytest.raises(ValueError, match="C must be"):
+        scalogram_from_moments(C[..., :-1], op)

@@ -69,14 +69,16 @@ class AttentionFields(Result):
         return u * inside
 
     def scale_pod(self, n_heads: int | Sequence[int], **kwargs: Any):
-        """Scale-selective POD of every layer (see :func:`tl_spectral.analysis.scale_pod.scale_pod`)."""
-        from tl_spectral.analysis.scale_pod import scale_pod
+        """Scale-selective POD of every layer (see :func:`tl_spectral.analysis.scale_pod.scale_pod`);
+        per-head fields get :func:`~tl_spectral.analysis.scale_pod.scale_pod_heads` (every head;
+        ``n_heads`` unused)."""
+        from tl_spectral.analysis.scale_pod import scale_pod, scale_pod_heads
 
-        if self.per_head:
-            raise ValueError("scale_pod needs head-mean fields; capture with per_head=False")
         if self.n_docs < 2:
             raise ValueError(f"POD needs at least 2 documents, the ensemble has {self.n_docs}")
         fl = [self.fluctuations(layer) for layer in self.layers]
+        if self.per_head:
+            return scale_pod_heads(fl, self.lags, layer_ids=self.layers, **kwargs)
         return scale_pod(fl, self.lags, n_heads=n_heads, layer_ids=self.layers, **kwargs)
 
     def plot_mean(self):
