@@ -38,6 +38,7 @@ _PUBLIC: dict[str, str] = {
     "sink_geometry": "tl_spectral.analysis.sinks",
     "zero_sink_value": "tl_spectral.probes.sinks",
     "scale_pod": "tl_spectral.analysis.scale_pod",
+    "scale_pod_heads": "tl_spectral.analysis.scale_pod",
     "pod": "tl_spectral.analysis.pod",
     "qk_geometry": "tl_spectral.geometry.qk",
     "sd_geometry": "tl_spectral.geometry.qk",
@@ -57,7 +58,7 @@ _PUBLIC: dict[str, str] = {
     # results and views
     "Result": "tl_spectral.results",
     "register_result": "tl_spectral.results",
-    "contribution_view": "tl_spectral.viz.contribution_plots",
+    "contribution_view": "tl_spectral.viz.views",
 }
 #: public submodules
 _MODULES = {"zoo": "tl_spectral.models.zoo"}

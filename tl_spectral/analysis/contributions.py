@@ -236,7 +236,7 @@ class ContributionMaps(Result):
         """circuitsvis view of one document's signed map (red positive, blue negative;
         see :func:`tl_spectral.viz.contribution_plots.contribution_view`); ``tokens``:
         the document's token strings (default: position indices)."""
-        from tl_spectral.viz.contribution_plots import contribution_view
+        from tl_spectral.viz.views import contribution_view
 
         n = self.measure(measure).shape[-1]
         toks = [str(i) for i in range(n)] if tokens is None else list(tokens)

@@ -915,6 +915,23 @@ class ScalePODHeadsLayer(Result):
     def band_names(self) -> list[str]:
         return list(self.config["bands"])
 
+    def plot(self, ax: Any = None):
+        """Scale energy E(a) of every head (one line per head; the peak scale marked)."""
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5.5, 3.6)) if ax is None else (ax.figure, ax)
+        a = self.scales.double().numpy()
+        for h in range(self.n_heads):
+            e = self.scale_energy[h].double().numpy()
+            ax.plot(a, e / max(e.max(), 1e-300), lw=1.2, label=f"H{h}")
+        ax.set_xscale("log")
+        ax.set_xlabel("scale a (tokens of lag)")
+        ax.set_ylabel("E(a) / max")
+        ax.set_title(f"layer {self.layer}: scale energy per head", fontsize=9)
+        ax.legend(fontsize=6, ncol=2)
+        fig.tight_layout()
+        return fig
+
     def table(self) -> list[dict[str, Any]]:
         """One JSON-able row per head: scales, band shares, whole-field ``T_spec`` and ``H*``."""
         names = self.band_names()
@@ -984,7 +1001,7 @@ class ScalePODHeadsResult(Result):
             self.layers = rebuilt
         self._tensors = {}
 
-    def save(self, path):
+    def save(self, path, *, overwrite: bool = False):
         """Write to a ``.safetensors`` file (layers flattened); ``Result.load`` rebuilds it."""
         carrier = object.__new__(type(self))
         carrier.config = self.config
@@ -995,7 +1012,7 @@ class ScalePODHeadsResult(Result):
             flat.update({f"{li}/{k}": t.clone() for k, t in tensors.items()})
         carrier.layers = metas
         carrier._tensors = flat
-        return Result.save(carrier, path)
+        return Result.save(carrier, path, overwrite=overwrite)
 
     @property
     def n_layers(self) -> int:
@@ -1004,6 +1021,24 @@ class ScalePODHeadsResult(Result):
     def table(self) -> list[dict[str, Any]]:
         """One row per (layer, head) (see :meth:`ScalePODHeadsLayer.table`)."""
         return [row for layer in self.layers for row in layer.table()]
+
+    def plot(self, ax: Any = None):
+        """Peak scale of every head (layer × head heat map, log colour scale, colour bar)."""
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import LogNorm
+
+        peaks = torch.stack([lay.peak_scale.double() for lay in self.layers]).numpy()
+        fig, ax = plt.subplots(figsize=(6, 3.4)) if ax is None else (ax.figure, ax)
+        finite = peaks[peaks == peaks]
+        norm = LogNorm(vmin=max(finite.min(), 1e-3), vmax=max(finite.max(), 1e-3)) \
+            if finite.size else None
+        im = ax.imshow(peaks, aspect="auto", cmap="viridis", norm=norm)
+        fig.colorbar(im, ax=ax, label="peak scale a (tokens)")
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title("the scale each head works at", fontsize=9)
+        fig.tight_layout()
+        return fig
 
     def diversity_table(self) -> list[dict[str, Any]]:
         """One row per layer: the head-diversity summary (:func:`head_diversity`) without

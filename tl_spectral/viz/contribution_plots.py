@@ -15,55 +15,18 @@ The study of docs/contributions.md is ``tl-spectral study contributions`` (the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tl_spectral.analysis.contributions import ContributionMaps
 from tl_spectral.probes import ContributionProbe, Probe, SinkProbe
+from tl_spectral.viz.views import contribution_view  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
     from tl_spectral.viz.report import Report
 
 # ----------------------------------------------------------------------------- views
-def contribution_view(
-    maps: ContributionMaps,
-    tokens: Sequence[str],
-    batch: int = 0,
-    measure: str = "contribution",
-    *,
-    causal: bool = True,
-    clip_quantile: float = 1.0,
-    max_tokens: Optional[int] = None,
-):
-    """circuitsvis ``attention_heads`` view of one document's signed map.
-
-    maps: ``ContributionMaps``; tokens: the document's token strings; measure: one of
-    ``MEASURES``; the heads are followed by the token level (sum over heads). Red =
-    positive, blue = negative, symmetric limits (see module doc). Returns a circuitsvis
-    ``RenderedHTML``.
-    """
-    import circuitsvis as cv
-
-    if not 0 < clip_quantile <= 1:
-        raise ValueError(f"clip_quantile must be in (0, 1], got {clip_quantile}")
-    per_head = maps.measure(measure)[batch]  # [H, q, k]
-    token = maps.token_level(measure)[batch]  # [1, q, k]
-    m = torch.cat([per_head, token]).detach().float().cpu()
-    n = len(tokens) if max_tokens is None else min(len(tokens), max_tokens)
-    m = m[:, :n, :n]
-    a = m.abs().flatten()
-    lim = float(a.max()) if clip_quantile == 1 else float(torch.quantile(a, clip_quantile))
-    lim = lim or 1.0
-    names = [f"{measure} H{h}" for h in range(per_head.shape[0])] + [f"{measure} Σ heads"]
-    return cv.attention.attention_heads(
-        attention=m.clamp(-lim, lim), tokens=list(tokens[:n]), attention_head_names=names,
-        max_value=lim, min_value=-lim, positive_color="red", negative_color="blue",
-        mask_upper_tri=causal,
-    )
-
-
 def plot_faithfulness_areas(res: Any):
     """Bars of the comprehensiveness and sufficiency areas per measure and setting (linear
     axis when every value is positive, symlog only when signs mix)."""
