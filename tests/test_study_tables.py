@@ -52,3 +52,17 @@ def test_routing_doc_rows_regenerate_from_committed_results():
     assert len(rows) >= 30
     missing = [r for r in rows if r not in doc]
     assert not missing, missing
+
+
+def test_contribution_doc_tables_regenerate_from_committed_results():
+    """The char-shakespeare tables of docs/contributions.md (statistics, sinks, sink
+    intervention, faithfulness) are the committed study summary's, verbatim."""
+    from tl_spectral_studies.contributions import markdown
+
+    doc = (ROOT / "docs" / "contributions.md").read_text(encoding="utf-8")
+    rows = [ln for ln in markdown(RESULTS / "contributions").splitlines()
+            if ln.startswith("| ") and "---" not in ln
+            and not ln.startswith("| setting |")]  # the doc merges char + MiniLM columns
+    assert len(rows) >= 30
+    missing = [r for r in rows if r not in doc]  # a row may start a wider merged row
+    assert not missing, missing
