@@ -91,13 +91,23 @@ def md_table(rows: Sequence[dict[str, Any]], fmt: str = "{:.3g}",
     return "\n".join(out)
 
 
-def save_figures(figs: dict[str, Any], fig_dir: Path, prefix: str, dpi: int = 100) -> dict:
-    """Save matplotlib figures as ``fig_dir/{prefix}_{key}.png``, close them; key -> path."""
+def add_caption(fig: Any, caption: str) -> None:
+    """A caption under a study figure (the run it comes from: model, windows, seed)."""
+    fig.text(0.01, -0.02, caption, fontsize=7, ha="left", va="top", color="0.3",
+             transform=fig.transFigure)
+
+
+def save_figures(figs: dict[str, Any], fig_dir: Path, prefix: str, dpi: int = 100,
+                 caption: str | None = None) -> dict:
+    """Save matplotlib figures as ``fig_dir/{prefix}_{key}.png`` (each with ``caption``
+    under it when given), close them; key -> file name."""
     import matplotlib.pyplot as plt
 
     fig_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
     for key, fig in figs.items():
+        if caption:
+            add_caption(fig, caption)
         p = fig_dir / f"{prefix}_{key}.png"
         fig.savefig(p, dpi=dpi, bbox_inches="tight")
         plt.close(fig)

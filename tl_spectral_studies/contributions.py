@@ -29,6 +29,7 @@ from tl_spectral.usage import ArgumentParser
 from tl_spectral.viz.contribution_plots import plot_faithfulness_areas
 from tl_spectral_studies._common import (
     StudyUsageError,
+    add_caption,
     add_run_arguments,
     prepare_out,
     require_data_dir,
@@ -160,6 +161,8 @@ def contribution_study(
     slug = name.replace("-", "_")
 
     def save(fig, what: str) -> str:
+        add_caption(fig, f"{name}: {int(tokens.shape[0])} documents × {int(tokens.shape[1])} "
+                         f"tokens, seed {seed}; tl-spectral study contributions")
         p = fig_dir / f"contributions_{slug}_{what}.png"
         fig.savefig(p, dpi=110, bbox_inches="tight")
         plt.close(fig)

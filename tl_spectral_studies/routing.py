@@ -43,7 +43,12 @@ from tl_spectral.models.ablations import (
 )
 from tl_spectral.results import Result
 from tl_spectral.usage import ArgumentParser
-from tl_spectral_studies._common import add_run_arguments, prepare_out, require_data_dir
+from tl_spectral_studies._common import (
+    add_caption,
+    add_run_arguments,
+    prepare_out,
+    require_data_dir,
+)
 
 NAME = "routing"
 
@@ -315,13 +320,18 @@ def figures_from_dir(out_dir: str | Path, fig_dir: str | Path) -> list[Path]:
             p = out / f"{name}_{suffix}.safetensors"
             if p.is_file():
                 store[name] = Result.load(p)
-    return study_figures(geos, sds, cascades, abls, fig_dir)
+    caption = (f"models: {', '.join(summary['models'])}; ablations on "
+               f"{summary.get('n_windows', '?')} validation windows; weights only otherwise; "
+               "tl-spectral study routing")
+    return study_figures(geos, sds, cascades, abls, fig_dir, caption=caption)
 
 
 def study_figures(geos: dict[str, QKGeometry], sds: dict[str, SDGeometry],
                   cascades: dict[str, CascadeResult], abls: dict[str, AblationResult],
-                  fig_dir: str | Path) -> list[Path]:
-    """Write the study's figures (``routing_*.png``) into ``fig_dir``; returns the paths."""
+                  fig_dir: str | Path, caption: str = "tl-spectral study routing"
+                  ) -> list[Path]:
+    """Write the study's figures (``routing_*.png``) into ``fig_dir``, each with ``caption``
+    (the run: models, windows); returns the paths."""
     import matplotlib.pyplot as plt
 
     fig_dir = Path(fig_dir)
@@ -329,6 +339,7 @@ def study_figures(geos: dict[str, QKGeometry], sds: dict[str, SDGeometry],
     paths = []
 
     def save(fig, name):
+        add_caption(fig, caption)
         p = fig_dir / f"routing_{name}.png"
         fig.savefig(p, dpi=100, bbox_inches="tight")
         plt.close(fig)

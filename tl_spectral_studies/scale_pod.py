@@ -81,7 +81,9 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
     }
     if pod.layers[0].coherence is not None:
         figs["coherence_first"] = pod.layers[0].plot_coherence()
-    save_figures(figs, Path(fig_dir) if fig_dir else out / "figures", tag, dpi=90)
+    save_figures(figs, Path(fig_dir) if fig_dir else out / "figures", tag, dpi=90,
+                 caption=f"{model}: {n_docs} windows × {length} tokens ({source} of {corpus}), "
+                         f"seed {seed}; tl-spectral study scale-pod")
     return summary
 
 

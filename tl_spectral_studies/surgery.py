@@ -424,7 +424,9 @@ def run_study(out_dir: str | Path, *, quick: bool = False, budget: float = 0.5,
             entry.update(d_head=al.d_head, saving=al.saving)
         summary["models"][name] = entry
     figs["collapse"] = plot_collapse(curves)
-    save_figures(figs, Path(fig_dir) if fig_dir else out / "figures", "surgery", dpi=110)
+    save_figures(figs, Path(fig_dir) if fig_dir else out / "figures", "surgery", dpi=110,
+                 caption=f"shipped char models, {n_win} validation windows × 256, zero-shot, "
+                         f"budget {budget}; tl-spectral study surgery")
     (out / "summary.md").write_text(markdown(out))
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     return summary
