@@ -320,7 +320,8 @@ def figures_from_dir(out_dir: str | Path, fig_dir: str | Path) -> list[Path]:
             p = out / f"{name}_{suffix}.safetensors"
             if p.is_file():
                 store[name] = Result.load(p)
-    caption = (f"models: {', '.join(summary['models'])}; ablations on "
+    shown = [m for m, e in summary["models"].items() if "error" not in e]
+    caption = (f"models: {', '.join(shown)}; ablations on "
                f"{summary.get('n_windows', '?')} validation windows; weights only otherwise; "
                "tl-spectral study routing")
     return study_figures(geos, sds, cascades, abls, fig_dir, caption=caption)
