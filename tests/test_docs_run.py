@@ -93,6 +93,14 @@ def _namespace(doc: str, tmp: Path) -> dict:
                                         d_vocab=20),
                 "gpt": _tiny_gpt("sd", n_layers=2), "run_dir": _tiny_run(tmp),
                 "windows": torch.randint(0, 20, (3, 9), generator=g)}
+    if doc == "scale_pod.md":  # per-head lag fields of a small model, as the prose describes
+        from tl_spectral.probes import AttentionFieldProbe, run_probes
+
+        tiny = make_native(n_layers=2, n_heads=2, d_model=16, d_head=8, n_ctx=32, d_vocab=20)
+        f = run_probes(tiny, torch.randint(0, 20, (4, 16), generator=g),
+                       [AttentionFieldProbe(per_head=True)], progress=False)["attention_fields"]
+        fields = [f.fields[str(layer)] for layer in f.layers]
+        return {"F": fields[0], "head_fields": fields, "lags": f.lags}
     if doc == "surgery.md":
         ids = torch.randint(0, 20, (2000,), generator=g)
         return {"model": _low_rank(_tiny_gpt()), "sd_model": _low_rank(_tiny_gpt("sd", seed=1)),
