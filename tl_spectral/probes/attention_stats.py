@@ -122,7 +122,7 @@ def _row_plogp(p: Tensor, causal: bool, n_blocks: int = 16) -> Tensor:
     parts = []
     for a, b in zip(edges[:-1], edges[1:]):
         blk = p[..., a:b, :b]
-        parts.append(blk.clamp_min(1e-30).log_().mul_(blk).sum(-1))
+        parts.append(torch.special.xlogy(blk, blk).sum(-1))
     return torch.cat(parts, dim=-1)
 
 

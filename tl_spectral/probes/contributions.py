@@ -87,10 +87,11 @@ def contribution_map(
     return c.mul_(pattern)
 
 
-def _query_blocks(T: int, causal: bool, rows: int = 64) -> list[tuple[int, int, int]]:
+def _query_blocks(T: int, causal: bool, rows: int = 256) -> list[tuple[int, int, int]]:
     """Blocks ``(a, e, k)`` of query rows ``a … e − 1`` with the keys ``0 … k − 1`` they may
     see: causal blocks stop their keys at the block's last query (``k = e``); bidirectional
-    ones keep every key. At most 16 blocks of at least ``rows`` queries each."""
+    ones keep every key. At most 16 blocks of at least ``rows`` queries each (large enough
+    that per-op overheads stay small when the threads of a busy machine stall)."""
     n = max(1, min(16, T // rows))
     edges = [round(T * i / n) for i in range(n + 1)]
     return [(a, e, e if causal else T) for a, e in zip(edges[:-1], edges[1:])]
@@ -184,9 +185,10 @@ def _row_negatives(c: Tensor, rtol: float) -> tuple[Tensor, Tensor]:
     """Counts of negative entries of ``c [..., key]`` summed over every axis but ``dim 1``
     (heads) of a ``[n, h, q, k]`` map: ``(#{c < −τ_row}, #{c < 0})`` with
     ``τ_row = rtol · Σ_key |c|`` per row (float64 ``[h]`` each)."""
-    tau = c.abs().sum(-1, keepdim=True).mul_(rtol)
-    strict = (c < -tau).sum((0, 2, 3)).double()
-    anyneg = (c < 0).sum((0, 2, 3)).double()
+    neg_tau = torch.linalg.vector_norm(c, 1, dim=-1, keepdim=True).mul_(-rtol)
+    # int32 row counts (<= key) first: a bool reduction to int64 over several axes is slower
+    strict = (c < neg_tau).sum(-1, dtype=torch.int32).sum((0, 2)).double()
+    anyneg = (c < 0).sum(-1, dtype=torch.int32).sum((0, 2)).double()
     return strict, anyneg
 
 
@@ -527,18 +529,21 @@ class ContributionProbe(Probe):
             sel = (cap.doc_index % self.rank_stride == 0).nonzero().flatten()
             if sel.numel():
                 idx = sel.to(p.device)
-                self._rank_update(layer, p[idx], cap.v[idx], W, qm[idx], causal)
+                self._rank_update(layer, p, cap.v[idx], W, qm[idx], causal, idx)
         if self.keep_docs:
             self._keep_update(layer, p, cap, W)
 
-    def _rank_update(self, layer, p, v, W, qm, causal) -> None:
-        b, H, T, _ = p.shape
+    def _rank_update(self, layer, p, v, W, qm, causal, idx=None) -> None:
+        # p: the batch's pattern; idx: its documents to use (None: all). Only the sampled
+        # query rows of those documents are gathered (never a copy of their whole pattern).
+        b, H, T = v.shape[0], p.shape[1], p.shape[-1]
         qidx, qok = rank_query_positions(qm.sum(1).cpu(), self.rank_queries)
         M = len(MEASURES)
         if qidx.shape[1] == 0:
             return
         qidx, qok = qidx.to(p.device), qok.to(p.device)
-        rows_p = p.gather(2, qidx[:, None, :, None].expand(b, H, qidx.shape[1], T))
+        rows_p = torch.stack([p[int(d)].index_select(1, qi) for d, qi in
+                              zip(range(b) if idx is None else idx.tolist(), qidx)])
         maps = contribution_weights(rows_p, v, W, self.mode, qok)
         keys = torch.arange(T, device=p.device)
         allowed = qok[:, :, None] & qm[:, None, :]  # [b, n, k]
