@@ -12,7 +12,12 @@ the peak RSS growth of one call (VmHWM reset before it, _bench.peak_rss_growth_m
 <= 1.5. time_exponent: least-squares slope of log(probe time) on log T over T = 256, 512,
 1,024, probe time = time(run_probes) − time(plain forward) (expected ≈ 2: every probe is
 O(T²) per head); time_exponent_total: the same for time(run_probes).
-Knobs: BENCH_REPEATS (default 3), BENCH_DEVICE (default cuda if available).
+Knobs: BENCH_REPEATS / --repeats (default 3), BENCH_DEVICE (default cuda if available),
+BENCH_THREADS / --threads (torch CPU threads; default 1 on the CPU: on a shared 2-core machine
+multi-threaded kernels stall on each other and every small op waits for the busy core, which
+swamps both sides — the probes' many ops far more than the forward's few large ones; 0 = torch's
+default), --probes (comma list of stats, contributions, sinks, fields: time a subset, e.g. one
+probe alone).
 Last line: one JSON object.
 """
 
@@ -31,6 +36,8 @@ BATCH = 2
 T_MAX = 1024
 TS = (256, 512, 1024)
 REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
+THREADS = int(os.environ.get("BENCH_THREADS", "1"))
+PROBES = os.environ.get("BENCH_PROBES", "stats,contributions,sinks,fields")
 
 
 def device() -> str:
@@ -77,14 +84,23 @@ def probes(model, tokens):
         run_probes,
     )
 
-    res = run_probes(model, tokens,
-                     [AttentionStats(), ContributionProbe(), SinkProbe(), AttentionFieldProbe()],
+    make = {"stats": AttentionStats, "contributions": ContributionProbe, "sinks": SinkProbe,
+            "fields": AttentionFieldProbe}
+    res = run_probes(model, tokens, [make[k.strip()]() for k in PROBES.split(",")],
                      batch_size=BATCH, progress=False)
     sync()
     return res
 
 
+def set_threads() -> None:
+    import torch
+
+    if THREADS > 0 and not device().startswith("cuda"):
+        torch.set_num_threads(THREADS)
+
+
 def mem_child(mode: str) -> None:
+    set_threads()
     model, tokens = build()
     fn = plain if mode == "plain" else probes
     fn(model, tokens[:, :64])  # warm-up allocations of the model itself
@@ -111,9 +127,20 @@ def slope(xs, ys) -> float:
 
 
 def main() -> None:
+    global REPEATS, THREADS, PROBES
     if len(sys.argv) > 2 and sys.argv[1] == "--mem":
         mem_child(sys.argv[2])
         return
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=REPEATS)
+    ap.add_argument("--threads", type=int, default=THREADS)
+    ap.add_argument("--probes", default=PROBES)
+    args = ap.parse_args()
+    REPEATS, THREADS, PROBES = args.repeats, args.threads, args.probes
+    os.environ.update(BENCH_THREADS=str(THREADS), BENCH_PROBES=PROBES)  # for the children
+    set_threads()
     model, tokens = build()
     dev = device()
     per_t = {}
@@ -124,7 +151,7 @@ def main() -> None:
         t = interleaved_times({"plain": lambda: plain(model, tok),
                                "probes": lambda: probes(model, tok)}, REPEATS)
         per_t[T] = (statistics.median(t["plain"]), statistics.median(t["probes"]))
-        print(f"T={T}: plain {per_t[T][0]:.3f} s, four probes {per_t[T][1]:.3f} s", flush=True)
+        print(f"T={T}: plain {per_t[T][0]:.3f} s, probes ({PROBES}) {per_t[T][1]:.3f} s", flush=True)
     if dev.startswith("cuda"):
         mp = cuda_peak(model, tokens, plain)
         mq = cuda_peak(model, tokens, probes)
@@ -150,7 +177,7 @@ def main() -> None:
         "time_exponent": round(slope(TS, extra), 3),
         "time_exponent_total": round(slope(TS, [per_t[T][1] for T in TS]), 3),
         "plain_s": round(tp, 3), "probes_s": round(tq, 3),
-        "repeats": REPEATS, **mem_note,
+        "repeats": REPEATS, "threads": THREADS, "probes": PROBES, **mem_note,
     }))
 
 

@@ -107,6 +107,11 @@ def key_scores(
     real query can see score 0.
     """
     p, qm = _pattern_and_mask(pattern, query_mask)
+    return _key_scores(p, qm, causal)
+
+
+def _key_scores(p: Tensor, qm: Tensor, causal: bool) -> Tensor:
+    """:func:`key_scores` of a checked pattern (padded query rows already 0)."""
     q, k = p.shape[-2:]
     cnt = qm.to(p.dtype)
     if causal:
@@ -306,7 +311,7 @@ def sink_geometry(
     threshold on the key score; rtol: relative zero-norm tolerance.
 
     Steps (per head, in d_head space; ``G = W_O W_Oᵀ``): 1. ``w_i = Σ_{j≠0} α_ij v_j`` (the
-    sink column zeroed, so ``s_i = w_i W_O`` has no cancellation), ``m_i = Σ_{j≠0} α_ij``,
+    sink column left out, so ``s_i = w_i W_O`` has no cancellation), ``m_i = Σ_{j≠0} α_ij``,
     ``z_i = w_i + α_i0 v_0``; 2. Grams ``v_0 G v_0ᵀ``, ``w G wᵀ``, ``v_0 G wᵀ``, ``z G zᵀ``,
     ``z G wᵀ``; 3. ``s̄ = w / m``, ``d = s̄ − v_0``, ``ρ* = s̄ G dᵀ / d G dᵀ``,
     ``f(ρ*) = ‖(s̄ − ρ* d) W_O‖``; 4. layer level ``o = Σ_h z^h W_O^h`` and
@@ -321,12 +326,7 @@ def sink_geometry(
         rtol = default_rtol(p.dtype)
     G = value_gram(W)  # [H, d, d]
     a0 = p[..., sink_index]  # [b, H, q]
-    p0 = p.clone()
-    p0[..., sink_index] = 0.0
-    mass = p0.sum(-1)  # [b, H, q]  m_i
-    w = p0 @ vh  # [b, H, q, d]
     v0 = vh[:, :, sink_index]  # [b, H, d]
-    z = w + a0.unsqueeze(-1) * v0.unsqueeze(2)
 
     def gdot(x: Tensor, y: Tensor) -> Tensor:  # ⟨x W_O, y W_O⟩ for [b, H, ..., d]
         shape = x.shape
@@ -334,11 +334,24 @@ def sink_geometry(
         return (xg.reshape(shape) * y).sum(-1)
 
     vnorm_all = _norm(gdot(vh, vh))  # [b, H, k]
+    # one product over the keys j ≠ sink (the pattern read in place, the sink column left
+    # out rather than zeroed in a copy): w = Σ α_ij v_j, Σ α_ij ‖ṽ_j‖ and m_i = Σ α_ij
+    X = torch.cat([vh, vnorm_all.unsqueeze(-1), torch.ones_like(vnorm_all).unsqueeze(-1)], -1)
+    ws = None
+    for lo, hi in ((0, sink_index), (sink_index + 1, k)):
+        if hi > lo:
+            t = p[..., lo:hi] @ X[:, :, lo:hi]
+            ws = t if ws is None else ws.add_(t)
+    if ws is None:  # a single key: the sink
+        ws = torch.zeros(*p.shape[:-1], X.shape[-1], dtype=p.dtype, device=p.device)
+    d_head = vh.shape[-1]
+    w = ws[..., :d_head]  # [b, H, q, d]
+    s_bound = ws[..., d_head]  # [b, H, q]  Σ_{j≠0} α_ij ‖ṽ_j‖
+    mass = ws[..., d_head + 1]  # [b, H, q]  m_i
+    z = w + a0.unsqueeze(-1) * v0.unsqueeze(2)
     v0n = vnorm_all[..., sink_index]  # [b, H]
     w_fro = W.flatten(1).norm(dim=-1)  # [H]  ‖W_O^h‖_F bounds ‖v W_O^h‖ / ‖v‖
     v0_ok = (v0n > 0) & (v0n > rtol * v0.norm(dim=-1) * w_fro)  # [b, H]
-    s_bound = p0 @ vnorm_all.unsqueeze(-1)  # [b, H, q, 1]  Σ_{j≠0} α_ij ‖ṽ_j‖
-    s_bound = s_bound.squeeze(-1)
     sn = _norm(gdot(w, w))  # ‖s_i‖
     s_ok = (sn > 0) & (sn > rtol * s_bound)
     real = qm[:, None, :].expand_as(a0)
@@ -384,7 +397,7 @@ def sink_geometry(
     delta_norm = (s_norm - o_norm) * qm
     delta_cos = torch.where(lay_ok, 1.0 - lay_cos, 0.0)
 
-    ks = key_scores(p, causal, qm)
+    ks = _key_scores(p, qm, causal)
     reason = _sink_reason(real, curve_ok, rho_ok, aa_ok, hcos_ok)
     return SinkGeometry(
         causal=bool(causal),

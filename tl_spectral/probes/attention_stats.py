@@ -122,7 +122,7 @@ def _row_plogp(p: Tensor, causal: bool, n_blocks: int = 16) -> Tensor:
     parts = []
     for a, b in zip(edges[:-1], edges[1:]):
         blk = p[..., a:b, :b]
-        parts.append(blk.clamp_min(1e-30).log_().mul_(blk).sum(-1))
+        parts.append(torch.special.xlogy(blk, blk).sum(-1))
     return torch.cat(parts, dim=-1)
 
 
@@ -172,27 +172,31 @@ class AttentionStats(Probe):
         T = max(s[f"{layer}.pattern_sum"].shape[-1] for layer in layers)
 
         def stack(name: str) -> Tensor:
-            parts = []
-            for layer in layers:
-                t = s[f"{layer}.{name}"]
-                if t.dim() == 3:
-                    t = torch.nn.functional.pad(t, (0, T - t.shape[-1], 0, T - t.shape[-2]))
-                elif t.dim() == 2:
-                    t = torch.nn.functional.pad(t, (0, T - t.shape[-1], 0, T - t.shape[-2]))
-                parts.append(t)
-            return torch.stack(parts)
+            return torch.stack([s[f"{layer}.{name}"] for layer in layers])
 
         n_q = stack("n_queries")[:, 0]  # [L]
         n = n_q.clamp_min(1.0)[:, None]
-        pair = stack("pair_count")[:, None].double()  # [L, 1, T, T]
-        pattern_sum = stack("pattern_sum").double()
-        mean_pattern = torch.where(pair > 0, pattern_sum / pair.clamp_min(1.0), 0.0)
+        # mean pattern, one layer at a time into the output (no [L, H, T, T] float64
+        # temporaries). float32 division of the float32 sums by the (exact) float32 counts
+        # is correctly rounded, so it equals the float64 quotient rounded to float32.
+        first = s[f"{layers[0]}.pattern_sum"]
+        mean_pattern = torch.zeros(len(layers), first.shape[0], T, T, dtype=torch.float32)
+        for li, layer in enumerate(layers):
+            ps = s[f"{layer}.pattern_sum"]
+            pair = s[f"{layer}.pair_count"].to(ps.dtype)
+            q, k = ps.shape[-2:]
+            out = mean_pattern[li, :, :q, :k]
+            if ps.dtype == torch.float32:
+                torch.div(ps, pair.clamp_min(1.0), out=out)
+            else:  # float64 sums (float64 models): divide in float64, then round
+                out.copy_(ps / pair.clamp_min(1.0))
+            out.masked_fill_(pair == 0, 0.0)
         view = self.view
         return AttentionStatsResult(
             entropy=(stack("entropy_sum") / n).float(),
             distance=(stack("distance_sum") / n).float(),
             first_token_mass=(stack("first_sum") / n).float(),
-            mean_pattern=mean_pattern.float(),
+            mean_pattern=mean_pattern,
             n_queries=n_q.long(),
             layers=layers,
             model_name=view.name if view is not None else "",

@@ -87,14 +87,39 @@ def contribution_map(
     return c.mul_(pattern)
 
 
-def _lag_sums(m: Tensor) -> tuple[Tensor, Tensor]:
+def _query_blocks(T: int, causal: bool, rows: int = 256) -> list[tuple[int, int, int]]:
+    """Blocks ``(a, e, k)`` of query rows ``a … e − 1`` with the keys ``0 … k − 1`` they may
+    see: causal blocks stop their keys at the block's last query (``k = e``); bidirectional
+    ones keep every key. At most 16 blocks of at least ``rows`` queries each (large enough
+    that per-op overheads stay small when the threads of a busy machine stall)."""
+    n = max(1, min(16, T // rows))
+    edges = [round(T * i / n) for i in range(n + 1)]
+    return [(a, e, e if causal else T) for a, e in zip(edges[:-1], edges[1:])]
+
+
+def _lag_sums(m: Tensor, causal: bool = False) -> tuple[Tensor, Tensor]:
     """Diagonal sums of ``m [..., T, T]`` (query, key): ``pos[..., ℓ] = Σ_j m[j+ℓ, j]`` (i − j
     = ℓ ≥ 0) and ``neg[..., ℓ] = Σ_i m[i, i+ℓ]`` (j − i = ℓ; ``neg[..., 0]`` = 0).
 
-    Skew trick: flip the key axis (anti-diagonals become diagonals), pad each row with T
-    zeros, and read the flat buffer as ``[T, 2T − 1]`` rows: column ``c`` then holds the
+    ``causal=True`` takes ``m`` to be zero above the diagonal (as causal patterns and every
+    map built from them are): ``neg`` is 0 and ``pos`` is read in place, without a copy —
+    row ``i ≥ 1`` seen from ``T − 1`` entries before its diagonal (stride ``T + 1`` between
+    rows) holds ``m[i, i − ℓ]`` at column ``T − 1 − ℓ``; where ``ℓ > i`` the view reaches into
+    the zero upper triangle of the rows above, so one contiguous sum over rows gives every lag.
+
+    Otherwise, skew trick: flip the key axis (anti-diagonals become diagonals), pad each row
+    with T zeros, and read the flat buffer as ``[T, 2T − 1]`` rows: column ``c`` then holds the
     entries with ``i − j = c − (T − 1)``, and one contiguous sum over rows gives every lag.
     """
+    if causal and m.shape[-1] > 1:
+        T = m.shape[-1]
+        lead = m.shape[:-2]
+        x = m.reshape(-1, T, T).contiguous()
+        n = x.shape[0]
+        rows = x.as_strided((n, T - 1, T), (T * T, T + 1, 1), x.storage_offset() + 2)
+        pos = rows.sum(1).flip(-1)  # [n, T], lag ℓ at column ℓ
+        pos[:, 0] += x[:, 0, 0]
+        return pos.reshape(*lead, T), torch.zeros_like(pos).reshape(*lead, T)
     T = m.shape[-1]
     lead = m.shape[:-2]
     x = m.reshape(-1, T, T).flip(-1)
@@ -160,9 +185,10 @@ def _row_negatives(c: Tensor, rtol: float) -> tuple[Tensor, Tensor]:
     """Counts of negative entries of ``c [..., key]`` summed over every axis but ``dim 1``
     (heads) of a ``[n, h, q, k]`` map: ``(#{c < −τ_row}, #{c < 0})`` with
     ``τ_row = rtol · Σ_key |c|`` per row (float64 ``[h]`` each)."""
-    tau = c.abs().sum(-1, keepdim=True).mul_(rtol)
-    strict = (c < -tau).sum((0, 2, 3)).double()
-    anyneg = (c < 0).sum((0, 2, 3)).double()
+    neg_tau = torch.linalg.vector_norm(c, 1, dim=-1, keepdim=True).mul_(-rtol)
+    # int32 row counts (<= key) first: a bool reduction to int64 over several axes is slower
+    strict = (c < neg_tau).sum(-1, dtype=torch.int32).sum((0, 2)).double()
+    anyneg = (c < 0).sum(-1, dtype=torch.int32).sum((0, 2)).double()
     return strict, anyneg
 
 
@@ -449,9 +475,10 @@ class ContributionProbe(Probe):
             pairs = allow & qm[:, :, None] & qm[:, None, :]  # [b, q, k]
             pair_count = pairs.double().sum(0)
 
-        # contribution map in chunks of documents (each chunk stays in cache); sums over
-        # the batch are in-place adds of the hot chunk (a reduction over a short leading
-        # axis is several times slower)
+        # contribution map in chunks of documents and blocks of queries (each block stays in
+        # cache; a causal block's keys stop at its last query, so the zero upper triangle
+        # is never formed); sums over the batch are in-place adds of the hot block (a
+        # reduction over a short leading axis is several times slower)
         cs = torch.zeros(H + 1, T, T, dtype=p.dtype, device=p.device)  # Σ_b c, Σ_b C
         ps = torch.zeros(H, T, T, dtype=p.dtype, device=p.device)  # Σ_b α
         neg = torch.zeros(H + 1, dtype=torch.float64, device=p.device)  # Σ c⁻
@@ -459,63 +486,71 @@ class ContributionProbe(Probe):
         n_neg0 = torch.zeros(H + 1, dtype=torch.float64, device=p.device)  # #{c < 0}
         step = self.chunk_docs
         for i in range(0, b, step):
-            c = contribution_map(
-                p[i : i + step], vh[i : i + step], W, self.mode,
-                None if padless else qm[i : i + step],
-            )
-            n_b = c.shape[0]
-            C = c.sum(1)  # [n, q, k] token level
+            pc = p[i : i + step]
+            n_b = pc.shape[0]
             for d in range(n_b):
-                cs[:H] += c[d]
-                cs[H] += C[d]
-                ps += p[i + d]
-            for sl, m in ((slice(0, H), c), (slice(H, H + 1), C[:, None])):
-                strict, anyneg = _row_negatives(m, self.negative_rtol)
-                n_neg[sl] += strict
-                n_neg0[sl] += anyneg
-            c.clamp_(max=0.0)
-            C.clamp_(max=0.0)
-            neg[:H] += c.view(n_b, H, -1).sum(-1).sum(0).double()
-            neg[H] += C.sum().double()
-            del c, C
+                ps += pc[d]
+            for a, e, k in _query_blocks(T, causal):
+                c = contribution_map(
+                    pc[:, :, a:e, :k], vh[i : i + step, :, :k], W, self.mode,
+                    None if padless else qm[i : i + step, a:e],
+                )
+                C = c.sum(1)  # [n, q, k] token level
+                cs_b = cs[:, a:e, :k]
+                for d in range(n_b):
+                    cs_b[:H] += c[d]
+                    cs_b[H] += C[d]
+                for sl, m in ((slice(0, H), c), (slice(H, H + 1), C[:, None])):
+                    strict, anyneg = _row_negatives(m, self.negative_rtol)
+                    n_neg[sl] += strict
+                    n_neg0[sl] += anyneg
+                c.clamp_(max=0.0)
+                C.clamp_(max=0.0)
+                neg[:H] += c.sum((0, 2, 3)).double()
+                neg[H] += C.sum().double()
+                del c, C
+        # the state stays on the model's device (moved to the CPU in result())
         acc = self.accumulate
-        acc(f"{layer}.src_c", cs.sum(1).double().cpu())
-        acc(f"{layer}.src_a", ps.sum(1).double().cpu())
-        acc(f"{layer}.src_n", pair_count.sum(0).cpu())
+        acc(f"{layer}.src_c", cs.sum(1).double())
+        acc(f"{layer}.src_a", ps.sum(1).double())
+        acc(f"{layer}.src_n", pair_count.sum(0))
         for key, m in (("c", cs), ("a", ps), ("n", pair_count)):
-            pos, negl = _lag_sums(m)
-            acc(f"{layer}.lagp_{key}", pos.double().cpu())
-            acc(f"{layer}.lagn_{key}", negl.double().cpu())
-        acc(f"{layer}.sum_c", cs.view(H + 1, -1).sum(-1).double().cpu())
-        acc(f"{layer}.neg_sum", neg.cpu())
-        acc(f"{layer}.neg_n", n_neg.cpu())
-        acc(f"{layer}.neg_n0", n_neg0.cpu())
-        acc(f"{layer}.pairs", pair_count.sum().reshape(1).cpu())
+            pos, negl = _lag_sums(m, causal)
+            acc(f"{layer}.lagp_{key}", pos.double())
+            acc(f"{layer}.lagn_{key}", negl.double())
+        acc(f"{layer}.sum_c", cs.view(H + 1, -1).sum(-1).double())
+        acc(f"{layer}.neg_sum", neg)
+        acc(f"{layer}.neg_n", n_neg)
+        acc(f"{layer}.neg_n0", n_neg0)
+        acc(f"{layer}.pairs", pair_count.sum().reshape(1))
         del cs, ps
 
         if self.rank_queries > 0 and T >= 3:
             sel = (cap.doc_index % self.rank_stride == 0).nonzero().flatten()
             if sel.numel():
                 idx = sel.to(p.device)
-                self._rank_update(layer, p[idx], cap.v[idx], W, qm[idx], causal)
+                self._rank_update(layer, p, cap.v[idx], W, qm[idx], causal, idx)
         if self.keep_docs:
             self._keep_update(layer, p, cap, W)
 
-    def _rank_update(self, layer, p, v, W, qm, causal) -> None:
-        b, H, T, _ = p.shape
+    def _rank_update(self, layer, p, v, W, qm, causal, idx=None) -> None:
+        # p: the batch's pattern; idx: its documents to use (None: all). Only the sampled
+        # query rows of those documents are gathered (never a copy of their whole pattern).
+        b, H, T = v.shape[0], p.shape[1], p.shape[-1]
         qidx, qok = rank_query_positions(qm.sum(1).cpu(), self.rank_queries)
         M = len(MEASURES)
         if qidx.shape[1] == 0:
             return
         qidx, qok = qidx.to(p.device), qok.to(p.device)
-        rows_p = p.gather(2, qidx[:, None, :, None].expand(b, H, qidx.shape[1], T))
+        rows_p = torch.stack([p[int(d)].index_select(1, qi) for d, qi in
+                              zip(range(b) if idx is None else idx.tolist(), qidx)])
         maps = contribution_weights(rows_p, v, W, self.mode, qok)
         keys = torch.arange(T, device=p.device)
         allowed = qok[:, :, None] & qm[:, None, :]  # [b, n, k]
         if causal:
             allowed = allowed & (keys[None, None, :] <= qidx[:, :, None])
-        sums = torch.zeros(H + 1, M, M, dtype=torch.float64)
-        rows = torch.zeros(H + 1, dtype=torch.float64)
+        sums = torch.zeros(H + 1, M, M, dtype=torch.float64, device=p.device)
+        rows = torch.zeros(H + 1, dtype=torch.float64, device=p.device)
         al_h = allowed[:, None].expand(-1, H, -1, -1)
         al_t = allowed[:, None]
         r_t = [_row_ranks(maps.token_level(m), al_t) for m in MEASURES]  # [b, 1, n, k]
@@ -523,13 +558,13 @@ class ContributionProbe(Probe):
         for a in range(M):
             for bb in range(a, M):
                 rho, ok = _spearman_rows(r_t[a], r_t[bb], al_t)
-                sums[H, a, bb] = sums[H, bb, a] = (rho * ok).sum().cpu()
+                sums[H, a, bb] = sums[H, bb, a] = (rho * ok).sum()
                 if r_h:
                     rho, ok = _spearman_rows(r_h[a], r_h[bb], al_h)
-                    sums[:H, a, bb] = sums[:H, bb, a] = (rho * ok).sum((0, 2)).cpu()
+                    sums[:H, a, bb] = sums[:H, bb, a] = (rho * ok).sum((0, 2))
         if r_h:
-            rows[:H] = (al_h.sum(-1) >= 3).sum((0, 2)).double().cpu()
-        rows[H] = (al_t.sum(-1) >= 3).sum().double().cpu()
+            rows[:H] = (al_h.sum(-1) >= 3).sum((0, 2)).double()
+        rows[H] = (al_t.sum(-1) >= 3).sum().double()
         self.accumulate(f"{layer}.rank_sum", sums)
         self.accumulate(f"{layer}.rank_rows", rows)
 
@@ -551,7 +586,7 @@ class ContributionProbe(Probe):
 
     def result(self) -> ContributionStats:
         self._require_state()
-        s = self.state
+        s = {k: v.cpu() for k, v in self.state.items()}  # state lives on the model's device
         layers = list(self.layers or [])
         T = max(s[f"{layer}.src_n"].shape[-1] for layer in layers)
 
