@@ -147,6 +147,9 @@ def test_analyze_refuses_then_replaces_an_old_report(tmp_path):
             "--no-progress", "--sections", "attention_stats"]
     assert main(base) == 0
     assert (out / REPORT_MARKER).is_file()
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~mask  # not mkdtemp's 0700
     (out / "results" / "stale.safetensors").write_text("old")
     assert main(base) == 2  # an earlier report needs --overwrite
     assert (out / "results" / "stale.safetensors").exists()

@@ -264,6 +264,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         (tmp / REPORT_MARKER).write_text(json.dumps({
             "tool": "tl-spectral analyze", "model": args.model, "corpus": args.corpus,
             "n_docs": args.n_docs, "length": args.length, "seed": args.seed}) + "\n")
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a report is the user's folder
         _swap_in(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -360,6 +361,12 @@ def _encoder_windows(text: str, tokenizer, args):
     framing = (f"sentence-aligned windows framed as {cls_s} … {sep_s}; position 0 is {cls_s}"
                if cls_id is not None else "sentence-aligned windows")
     return tokens, mask, framing
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _swap_in(new: Path, out: Path) -> None:
