@@ -708,6 +708,7 @@ class AllocationStudy(Result):
     def plot(self, ax: Any = None):
         """PPL vs attention parameters, one point per model. Returns a Figure."""
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter, MaxNLocator
 
         fig, ax = (plt.subplots(figsize=(5.5, 3.8)) if ax is None else (ax.figure, ax))
         for i, r in enumerate(self.rows):
@@ -715,7 +716,9 @@ class AllocationStudy(Result):
             ax.annotate(f"{r['name']}\n[{' '.join(str(d) for d in r['d_head'])}]",
                         (r["attention_params"], r["ppl"]), fontsize=7,
                         textcoords="offset points", xytext=(6, 4))
-        ax.set_xlabel("attention parameters")
+        ax.set_xlabel("attention parameters (thousands)")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x / 1000:g}"))
+        ax.xaxis.set_major_locator(MaxNLocator(5))  # readable ticks, never run together
         ax.set_ylabel("validation PPL")
         ax.set_title("cascade allocation vs uniform (same recipe)", fontsize=10)
         ax.margins(x=0.25, y=0.2)

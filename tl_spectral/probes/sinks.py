@@ -140,7 +140,9 @@ class SinkStats(Result):
         fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
         for ax, (m, title) in zip(axes, ((self.sink_rate, "sink rate  mean_i α_i0"),
                                          (self.key_score, "Gu key score of token 0"))):
-            im = ax.imshow(m.numpy(), aspect="auto", cmap="magma", vmin=0, vmax=1)
+            # scaled to the data's range (a 0–1 scale hides rates of a few percent)
+            top = float(m.max()) if m.numel() and float(m.max()) > 0 else 1.0
+            im = ax.imshow(m.numpy(), aspect="auto", cmap="magma", vmin=0, vmax=top)
             ys, xs = torch.nonzero(self.sink_head, as_tuple=True)
             ax.scatter(xs.numpy(), ys.numpy(), s=10, c="cyan", marker="o",
                        label=f"key score > {self.threshold}")
