@@ -181,3 +181,34 @@ def test_architecture_doc_names_real_functions():
         else:
             missing.append(name)
     assert not missing, missing
+
+
+def test_study_output_folder_never_deletes_a_foreign_folder(tmp_path):
+    from tl_spectral_studies._common import MARKER, StudyUsageError, prepare_out
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("keep me")
+    for overwrite in (False, True):
+        try:
+            prepare_out(theirs, "routing", overwrite=overwrite)
+        except StudyUsageError as e:
+            assert "not an output" in str(e)
+        else:
+            raise AssertionError("a foreign folder was accepted")
+    assert (theirs / "notes.txt").read_text() == "keep me"
+    ours = prepare_out(tmp_path / "ours", "routing")
+    (ours / "old.json").write_text("{}")
+    assert prepare_out(ours, "routing") == ours and (ours / "old.json").exists()  # update
+    try:
+        prepare_out(ours, "routing", update=False)
+    except StudyUsageError as e:
+        assert "--overwrite" in str(e)
+    prepare_out(ours, "routing", update=False, overwrite=True)
+    assert not (ours / "old.json").exists() and (ours / MARKER).is_file()
+    try:
+        prepare_out(ours, "surgery")  # another study's folder is foreign too
+    except StudyUsageError:
+        pass
+    else:
+        raise AssertionError("another study's folder was accepted")

@@ -29,7 +29,8 @@ def add_run_arguments(ap: argparse.ArgumentParser, *, default_out: str) -> None:
     ap.add_argument("--quick", action="store_true",
                     help="a small run of every step (minutes on a CPU), for checking the set-up")
     ap.add_argument("--overwrite", action="store_true",
-                    help="replace an existing folder that is not this study's output")
+                    help="replace an earlier output of this study in --out (a folder that is "
+                         "not this study's output is never touched)")
 
 
 def prepare_out(out: str | Path, name: str, *, overwrite: bool = False,
@@ -38,21 +39,24 @@ def prepare_out(out: str | Path, name: str, *, overwrite: bool = False,
 
     An empty or missing folder is used as is. A folder already marked as this study's is
     updated in place (studies run in parts merge into it) unless ``update`` is False, when
-    it is replaced only with ``overwrite``. Any other non-empty folder is refused unless
-    ``overwrite``: then it is emptied first. A path that is a file is refused."""
+    it is replaced only with ``overwrite``. Any other non-empty folder is refused, with or
+    without ``overwrite``: nothing of the user's is deleted. A path that is a file is
+    refused."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise StudyUsageError(f"--out {out} is a file; pass a folder")
     if out.is_dir() and any(out.iterdir()):
         marker = out / MARKER
         ours = marker.is_file() and _marker_name(marker) == name
-        if not (ours and update):
+        if not ours:
+            raise StudyUsageError(
+                f"--out {out} is a non-empty folder that is not an output of "
+                f"'tl-spectral study {name}'; pass an empty or new folder")
+        if not update:
             if not overwrite:
-                what = "an earlier output of this study" if ours else \
-                    "a folder that is not this study's output"
                 raise StudyUsageError(
-                    f"--out {out} is {what} and is not empty; pass --overwrite to replace it "
-                    "or choose another folder")
+                    f"--out {out} holds an earlier output of this study; pass --overwrite to "
+                    "replace it or choose another folder")
             shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text(json.dumps({"study": name}) + "\n")
