@@ -133,55 +133,18 @@ class SinkStats(Result):
 
     # -------------------------------------------------------------- plots
     def plot_rates(self):
-        """Heat maps (layer × head) of the sink rate and the Gu key score; sink heads
-        (key score > threshold) are marked with a dot."""
-        import matplotlib.pyplot as plt
+        """Heat maps (layer × head) of the sink rate and the Gu key score, each on its data
+        range with a colour bar; sink heads (key score > threshold) marked with a dot."""
+        from tl_spectral.viz.sink_plots import plot_sink_rates
 
-        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
-        for ax, (m, title) in zip(axes, ((self.sink_rate, "sink rate  mean_i α_i0"),
-                                         (self.key_score, "Gu key score of token 0"))):
-            # scaled to the data's range (a 0–1 scale hides rates of a few percent)
-            top = float(m.max()) if m.numel() and float(m.max()) > 0 else 1.0
-            im = ax.imshow(m.numpy(), aspect="auto", cmap="magma", vmin=0, vmax=top)
-            ys, xs = torch.nonzero(self.sink_head, as_tuple=True)
-            ax.scatter(xs.numpy(), ys.numpy(), s=10, c="cyan", marker="o",
-                       label=f"key score > {self.threshold}")
-            ax.set_yticks(range(len(self.layers)), [str(x) for x in self.layers])
-            ax.set_xlabel("head")
-            ax.set_ylabel("layer")
-            ax.set_title(title, fontsize=9)
-            fig.colorbar(im, ax=ax, shrink=0.85)
-        axes[1].legend(fontsize=7, loc="upper right")
-        fig.suptitle(f"attention sinks — {self.model_name}", fontsize=10)
-        return fig
+        return plot_sink_rates(self)
 
     def plot_rho_star(self):
-        """Left: histogram of ρ* per layer (all heads). Right: 2-D histogram of ρ* against
-        the observed α_i0 (all layers), with the diagonal ρ* = α_i0."""
-        import matplotlib.pyplot as plt
+        """Histogram of ρ* per layer, and ρ* against the observed α_i0 (log count, colour
+        bar) with the diagonal ρ* = α_i0."""
+        from tl_spectral.viz.sink_plots import plot_rho_star
 
-        fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-        edges = self.rho_edges.numpy()
-        centers = 0.5 * (edges[1:] + edges[:-1])
-        for li, layer in enumerate(self.layers):
-            h = self.rho_hist[li].sum(0)
-            axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"L{layer}")
-        axes[0].axvspan(0, 1, color="grey", alpha=0.1)
-        axes[0].set_xlabel("ρ* (end bins collect values outside [−1, 2])")
-        axes[0].set_ylabel("share of queries")
-        axes[0].set_title("optimal sink rate ρ* per query", fontsize=9)
-        axes[0].legend(fontsize=7)
-        h2 = self.rho_alpha_hist.sum(0)
-        a_e = self.alpha_edges.numpy()
-        axes[1].imshow(torch.log1p(h2).numpy(), origin="lower", aspect="auto", cmap="Blues",
-                       extent=(a_e[0], a_e[-1], edges[0], edges[-1]))
-        axes[1].plot([0, 1], [0, 1], color="red", lw=0.8, label="ρ* = α_i0")
-        axes[1].set_xlabel("observed α_i0")
-        axes[1].set_ylabel("ρ*")
-        axes[1].set_title("ρ* vs observed sink rate (log count)", fontsize=9)
-        axes[1].legend(fontsize=7)
-        fig.tight_layout()
-        return fig
+        return plot_rho_star(self)
 
     def plot_anti_alignment(self):
         """Distribution of cos(ṽ_0, s_i) per layer (all heads), and its mean per head."""
