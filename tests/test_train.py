@@ -200,3 +200,24 @@ def test_ddp_two_gloo_processes_match_single_process(tmp_path):
     assert got["loss"] == pytest.approx(ref.train_loss, abs=1e-5)
     assert got["val"] == pytest.approx(ref.evals[-1]["val_loss"], abs=1e-5)
     assert (tmp_path / "checkpoints" / "step_0000004" / "trainer_state.json").is_file()
+
+
+def test_run_from_config_with_caller_data_and_extra_metrics(tmp_path):
+    """The study path (BPE data prepared by the caller) goes through the same run_from_config:
+    the final folder carries the run identity and the caller's metrics."""
+    from tl_spectral.data import CharTokenizer
+    from tl_spectral.models.gpt import read_checkpoint_config
+    from tl_spectral.models.train import run_from_config
+
+    text = "to be or not to be, that is the question " * 40
+    tok = CharTokenizer.from_text(text)
+    ids = torch.tensor(tok.encode(text))
+    doc = {"model": {"vocab_size": "auto", "n_layers": 1, "n_heads": 2, "d_model": 16,
+                     "d_head": 8, "n_ctx": 16, "d_mlp": 32},
+           "train": {"steps": 2, "batch_size": 2, "warmup_steps": 0, "eval_every": 2,
+                     "eval_windows": 2, "out_dir": str(tmp_path / "run"), "progress": False}}
+    trainer, _ = run_from_config(doc, data=(tok, ids[:1200], ids[1200:]),
+                                 extra_metrics={"val_unk_fraction": 0.0})
+    meta = read_checkpoint_config(tmp_path / "run" / "final")
+    assert meta["metrics"]["val_unk_fraction"] == 0.0 and meta["run_id"] == trainer.run_id
+    assert meta["model"]["vocab_size"] == tok.vocab_size

@@ -110,31 +110,13 @@ def run_bpe_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None
     project's Trainer (checkpoints + exact resume in ``train.out_dir``); at the end write
     ``out_dir/final`` (model, tokenizer with its kept ids, metrics on every validation
     window). Returns (trainer, history)."""
-    from tl_spectral.models import GPT, GPTConfig, save_model
-    from tl_spectral.models.train import TrainConfig, Trainer, _all_windows
+    from tl_spectral.models.train import TrainConfig, run_from_config
 
-    train_cfg = TrainConfig.from_dict({**doc["train"], **(overrides or {})})
-    torch.manual_seed(train_cfg.seed)
-    if train_cfg.num_threads:
-        torch.set_num_threads(train_cfg.num_threads)
-    tok, train_ids, val_ids = load_bpe_data(doc.get("data", {}), cache_dir=train_cfg.out_dir)
-    mdoc = dict(doc["model"])
-    if mdoc.get("vocab_size") in (None, "auto"):
-        mdoc["vocab_size"] = tok.vocab_size
-    model = GPT(GPTConfig.from_dict(mdoc))
-    tok_doc = json.loads(tok.to_json())
-    trainer = Trainer(model, train_ids, val_ids, train_cfg,
-                      extra_metadata={"tokenizer": tok_doc, "data": doc.get("data", {})})
-    history = trainer.fit()
-    if trainer.out_dir is not None:
-        full = trainer.evaluate(_all_windows(trainer))
-        unk = float((val_ids == tok.unk_id).float().mean())
-        save_model(trainer.model, trainer.out_dir / "final", extra={
-            "tokenizer": tok_doc, "data": doc.get("data", {}), "train": train_cfg.to_dict(),
-            "metrics": {**full, "steps": trainer.step, "tokens_seen": history.tokens_seen,
-                        "val_unk_fraction": unk,
-                        "eval": "all validation windows of seq_len+1, stride seq_len"}})
-    return trainer, history
+    out_dir = TrainConfig.from_dict({**doc["train"], **(overrides or {})}).out_dir
+    tok, train_ids, val_ids = load_bpe_data(doc.get("data", {}), cache_dir=out_dir)
+    unk = float((val_ids == tok.unk_id).float().mean())
+    return run_from_config(doc, overrides=overrides, data=(tok, train_ids, val_ids),
+                           extra_metrics={"val_unk_fraction": unk})
 
 
 # ---------------------------------------------------------------------------- study

@@ -777,11 +777,17 @@ def _load_data(data: dict[str, Any]):
     return tok, torch.tensor(tok.encode(train_text)), torch.tensor(tok.encode(val_text))
 
 
-def run_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None = None
+def run_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None = None,
+                    data: tuple[Any, Any, Any] | None = None,
+                    extra_metrics: dict[str, Any] | None = None
                     ) -> tuple[Trainer, TrainHistory]:
     """Build model, data and trainer from a run config (dict) and train. At the end rank 0
     writes ``out_dir/final`` atomically (model.safetensors + config.json with tokenizer,
-    metrics, run id, step and the weights' sha256)."""
+    metrics, run id, step and the weights' sha256).
+
+    ``data``: ``(tokenizer, train_ids, val_ids)`` prepared by the caller (e.g. a study's own
+    corpus) instead of the config's ``data`` section; ``extra_metrics`` are added to the
+    final metrics (e.g. the validation ``<unk>`` share)."""
     for key in ("model", "train"):
         if key not in doc:
             raise ValueError(f"the run config needs a {key!r} section")
@@ -789,7 +795,7 @@ def run_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None = N
     torch.manual_seed(train_cfg.seed)
     if train_cfg.num_threads:
         torch.set_num_threads(train_cfg.num_threads)
-    tok, train_ids, val_ids = _load_data(doc.get("data", {}))
+    tok, train_ids, val_ids = data if data is not None else _load_data(doc.get("data", {}))
     mdoc = dict(doc["model"])
     if mdoc.get("vocab_size") in (None, "auto"):
         mdoc["vocab_size"] = tok.vocab_size
@@ -805,6 +811,7 @@ def run_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None = N
             "tokenizer": tok_doc, "data": doc.get("data", {}), "train": train_cfg.to_dict(),
             "run_id": trainer.run_id, "step": trainer.step,
             "metrics": {**full, "steps": trainer.step, "tokens_seen": history.tokens_seen,
+                        **(extra_metrics or {}),
                         "eval": "all validation windows of seq_len+1, stride seq_len"}})
     return trainer, history
 
