@@ -298,3 +298,20 @@ def test_probe_state_stays_on_the_model_device(native_ln, monkeypatch):
     off = AttentionFieldProbe(offload=True, name="off")
     run_probes(native_ln, tokens, [off], batch_size=2, progress=False)
     assert off.state["0.fields"].device.type == "cpu"
+
+
+def test_attention_stats_pattern_positions_keeps_the_leading_block(native_ln):
+    """The mean pattern kept for the first P positions equals that block of the full mean
+    pattern; entropy, distance and first-token mass do not depend on P."""
+    g = torch.Generator().manual_seed(5)
+    docs = torch.randint(0, 50, (3, 24), generator=g)
+    full = run_probes(native_ln, docs, [AttentionStats(pattern_positions=None)], batch_size=2,
+                      progress=False)["attention_stats"]
+    part = run_probes(native_ln, docs, [AttentionStats(pattern_positions=10)], batch_size=2,
+                      progress=False)["attention_stats"]
+    assert full.mean_pattern.shape[-1] == 24 and part.mean_pattern.shape[-2:] == (10, 10)
+    torch.testing.assert_close(part.mean_pattern, full.mean_pattern[..., :10, :10])
+    for name in ("entropy", "distance", "first_token_mass"):
+        torch.testing.assert_close(getattr(part, name), getattr(full, name))
+    with pytest.raises(ValueError, match="pattern_positions"):
+        AttentionStats(pattern_positions=0)

@@ -21,7 +21,9 @@ class AttentionStatsResult(Result):
     distance: [layer, head] mean of ``Σ_j α_ij |i − j|`` (tokens).
     first_token_mass: [layer, head] mean of ``α_i0``.
     mean_pattern: [layer, head, query, key] mean pattern over the documents where both
-      positions are real. n_queries: [layer] real queries seen. layers: the layer indices.
+      positions are real, for the first ``pattern_positions`` queries and keys of the probe
+      (all positions when it was ``None``). n_queries: [layer] real queries seen. layers: the
+      layer indices.
     """
 
     kind: ClassVar[str] = "attention_stats"
@@ -129,14 +131,24 @@ def _row_plogp(p: Tensor, causal: bool, n_blocks: int = 16) -> Tensor:
 class AttentionStats(Probe):
     """Entropy, distance, first-token mass and mean pattern of every head.
 
-    layers: which layers to read (default all). The state stays on the model's device; the
-    result is on the CPU.
+    layers: which layers to read (default all). pattern_positions: the mean pattern is kept
+    for the first ``pattern_positions`` queries and keys (default 256; ``None``: every
+    position). Entropy, distance and first-token mass always use every position. The full
+    mean pattern is ``layers × heads × T²`` floats of state: 604 MB for GPT-2 small at
+    T = 1,024, more than the model itself, where the first 256 positions take 38 MB.
+    The state stays on the model's device; the result is on the CPU.
     """
 
     name: ClassVar[str] = "attention_stats"
 
-    def __init__(self, layers: Optional[Sequence[int]] = None, name: Optional[str] = None):
+    def __init__(self, layers: Optional[Sequence[int]] = None, name: Optional[str] = None,
+                 *, pattern_positions: Optional[int] = 256):
         super().__init__()
+        if pattern_positions is not None and (isinstance(pattern_positions, bool)
+                                              or int(pattern_positions) < 1):
+            raise ValueError(f"pattern_positions must be a positive int or None (every "
+                             f"position), got {pattern_positions!r}")
+        self.pattern_positions = None if pattern_positions is None else int(pattern_positions)
         self.layers = None if layers is None else sorted(set(int(x) for x in layers))
         if name is not None:
             self.name = name  # type: ignore[misc]
@@ -161,9 +173,10 @@ class AttentionStats(Probe):
         self.accumulate(f"{layer}.entropy_sum", -(ent * qmask).sum(dim=(0, 2)).double())
         self.accumulate(f"{layer}.distance_sum", (psum * lag).sum(dim=(1, 2)).double())
         self.accumulate(f"{layer}.first_sum", psum[..., 0].sum(-1).double())
-        self.accumulate(f"{layer}.pattern_sum", psum)
+        P = T if self.pattern_positions is None else min(T, self.pattern_positions)
+        self.accumulate(f"{layer}.pattern_sum", psum[:, :P, :P].contiguous())
         self.accumulate(f"{layer}.n_queries", cap.mask.sum().double().reshape(1))
-        self.accumulate(f"{layer}.pair_count", cap.pair_mask.sum(dim=0).float())
+        self.accumulate(f"{layer}.pair_count", cap.pair_mask[:, :P, :P].sum(dim=0).float())
 
     def result(self) -> AttentionStatsResult:
         self._require_state()

@@ -43,7 +43,8 @@ class AttentionStatsSection(ReportSection):
     title = "Attention statistics"
 
     def probes(self, ctx: ReportContext) -> list[Probe]:
-        return [AttentionStats()]
+        # the report shows SHOWN_POSITIONS; --save-raw keeps every position's mean pattern
+        return [AttentionStats(pattern_positions=None if ctx.save_raw else 256)]
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         import circuitsvis as cv
