@@ -27,7 +27,13 @@ def test_page_is_self_contained_with_findings_and_glossary(random_report):
 
     html = (random_report / "index.html").read_text()
     assert html.count("var CircuitsVis") == 1  # the bundle once, views inlined
-    assert html.count("CircuitsVis.render(") == 2 and "<iframe" not in html
+    # one pattern view per layer of the 6-layer random model, behind the layer selector, and
+    # the contributions view
+    assert html.count("CircuitsVis.render(") == 6 + 1 and "<iframe" not in html
+    first = html.index('id="cv-1-')
+    fig = html[html.rindex("<figure", 0, first):html.index("</figure>", first)]
+    assert 'class="figset"' in fig and fig.count('<div data-opt="') == 6
+    assert fig.count("<option") == 6 and fig.count("CircuitsVis.render(") == 6
     assert "unpkg.com" not in html and "sourceMappingURL" not in html
     # findings first, each linking to a section that exists
     assert html.index("id='findings'") < html.index("<nav class='toc'>")

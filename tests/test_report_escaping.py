@@ -83,9 +83,10 @@ def test_built_report_with_hostile_tokens(tmp_path, native_ln):
     ctx.results_dir.mkdir(parents=True)
     index = build_report(ctx, [AttentionStatsSection(), ContributionSection()], progress=False)
     text = index.read_text()
-    _check_page(text, n_scripts=4)  # bundle, two views, the selector script
-    assert len(re.findall(r"CircuitsVis\.render\(", text)) == 2
+    n_views = ctx.view.n_layers + 1  # a pattern view per layer, the contributions view
+    _check_page(text, n_scripts=n_views + 2)  # + the bundle and the selector script
+    assert len(re.findall(r"CircuitsVis\.render\(", text)) == n_views
     views = list((tmp_path / "r" / "views").glob("*.html"))
-    assert len(views) == 2
+    assert len(views) == n_views
     for v in views:
         _check_page(v.read_text(), n_scripts=2)

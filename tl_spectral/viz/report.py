@@ -357,19 +357,46 @@ class Report:
 
     def circuitsvis_element(self, element: str, props: dict, name: str,
                             caption: str = "") -> None:
+        html = self._view_html(element, props, name)
+        cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
+        self._current().parts.append(f"<figure>{html}{cap}</figure>")
+
+    def _view_html(self, element: str, props: dict, name: str) -> str:
+        """The inline div + render script of one view; also kept as ``views/<name>.html``."""
         props = _round_floats(props)
         self._n_views += 1
         div = f"cv-{self._n_views}-{_slug(name)}"
-        cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
-        self._current().parts.append(
-            f'<figure><div class="cvview" id="{esc(div)}"></div>{cap}</figure>'
-            + _view_script(div, element, props))
         fname = f"views/{_slug(name)}.html"
         self._views[fname] = (
             "<!DOCTYPE html><html><head><meta charset='utf-8'>"
             f"<title>{esc(name)}</title></head><body><div id='view'></div>"
             f"<script>{circuitsvis_bundle()}</script>{_view_script('view', element, props)}"
             "</body></html>")
+        return f'<div class="cvview" id="{esc(div)}"></div>' + _view_script(div, element, props)
+
+    def circuitsvis_set(self, views: Iterable[tuple[str, Any]], name: str, caption: str = "",
+                        label: str = "layer") -> None:
+        """Several circuitsvis views behind one selector (e.g. one per layer): ``views`` is a
+        sequence of (option label, rendered view); only the selected one is shown."""
+        items = [(lab, *circuitsvis_props(r)) for lab, r in views]
+        if not items:
+            return
+        caption = caption + self.figure_suffix if caption else caption
+        if len(items) == 1:
+            lab, element, props = items[0]
+            self.circuitsvis_element(element, props, f"{name}-{lab}",
+                                     f"{label} {lab}: {caption}" if caption else "")
+            return
+        self._n_sets += 1
+        sid = f"figset-{self._n_sets}"
+        opts = "".join(f'<option value="{i}">{esc(lab)}</option>'
+                       for i, (lab, _, _) in enumerate(items))
+        divs = "".join(f'<div data-opt="{i}">{self._view_html(el, pr, f"{name}-{lab}")}</div>'
+                       for i, (lab, el, pr) in enumerate(items))
+        cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
+        self._current().parts.append(
+            f'<figure class="figset" id="{sid}"><div class="selector"><label>{esc(label)} '
+            f'<select aria-label="{esc(label)}">{opts}</select></label></div>{divs}{cap}</figure>')
 
     # ------------------------------------------------------------------ output
     def _toc(self) -> str:

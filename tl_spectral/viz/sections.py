@@ -87,25 +87,30 @@ class AttentionStatsSection(ReportSection):
         report.table(rows, "per-head statistics (shown: per layer the head with the most "
                            "position-0 mass and the most focused head)", name="attention_heads",
                      show=_informative_head_rows(rows))
-        # one document's patterns, last layer, as an interactive circuitsvis view
+        # one document's patterns, every layer, as interactive circuitsvis views behind the
+        # layer selector (the last layer shown first)
         report.subsection("Interactive view")
         n = min(SHOWN_POSITIONS, ctx.doc_length(0))
         doc = ctx.tokens[0, :n]
-        cap: dict[str, Any] = {}
-        layer = ctx.view.n_layers - 1
+        cap: dict[int, Any] = {}
+        layers = list(range(ctx.view.n_layers))
 
-        def hook(t, hook=None):
-            cap["p"] = t[0].detach().cpu()
-            return t
+        def hook_for(layer: int):
+            def hook(t, hook=None):
+                cap[layer] = t[0].detach().cpu()
+                return t
+            return hook
 
-        ctx.status("attention statistics: interactive view")
+        ctx.status("attention statistics: interactive views")
         with torch.no_grad():
-            ctx.view.run(doc[None], fwd_hooks=[(ctx.view.hook_pattern(layer), hook)],
-                         return_type=None)
-        view = cv.attention.attention_patterns(tokens=ctx.token_strings(doc), attention=cap["p"])
-        report.circuitsvis(view, f"patterns-layer-{layer}",
-                           f"attention patterns of layer {layer} on the first {n} tokens of "
-                           "document 0 (hover a token; pick a head)")
+            ctx.view.run(doc[None], fwd_hooks=[(ctx.view.hook_pattern(layer), hook_for(layer))
+                                               for layer in layers], return_type=None)
+        toks = ctx.token_strings(doc)
+        report.circuitsvis_set(
+            ((str(layer), cv.attention.attention_patterns(tokens=toks, attention=cap[layer]))
+             for layer in reversed(layers)), "patterns-layer",
+            f"attention patterns on the first {n} tokens of document 0 (pick a layer, then "
+            "hover a token and pick a head)")
 
 
 SECTIONS: list[Callable[[], ReportSection]] = [
