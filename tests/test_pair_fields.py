@@ -1,0 +1,184 @@
+"""AttentionFieldProbe(field=...): the captured per-pair fields (attention, contribution
+inter/intra, value-weighted) against explicit loops over (i, j) from the model's weights
+and its attention input, on a native tiny model (causal and bidirectional, with padding)
+and on a TransformerBridge-booted tiny Hugging Face GPT-2."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_native
+
+from tl_spectral.model_view import ModelView
+from tl_spectral.probes import AttentionFieldProbe, run_probes
+from tl_spectral.probes.pair_fields import FIELD_KINDS
+
+KINDS = FIELD_KINDS
+
+
+def _captures(view: ModelView, tokens: torch.Tensor, layer: int, mask=None):
+    """pattern [b, H, q, k], attention input [b, pos, d_model] and attention output (hook)."""
+    got = {}
+
+    def keep(name):
+        def hook(t, hook=None):
+            got[name] = t.detach().double()
+            return t
+        return hook
+
+    hooks = [(view.hook_pattern(layer), keep("p")), (view.hook_attn_in(layer), keep("x"))]
+    kw = {} if mask is None else {"attention_mask": mask}
+    with torch.no_grad():
+        view.run(tokens, fwd_hooks=hooks, return_type=None, **kw)
+    return got["p"], got["x"]
+
+
+def brute_fields(view: ModelView, tokens, layer: int, mask=None) -> dict[str, np.ndarray]:
+    """Every kind's per-head field [b, H, q, k] by explicit loops (float64): values from
+    the attention input and W_V, b_V; projected values ṽ = v W_O; outputs o_i^h, o_i as sums
+    over j; contributions as inner products divided by squared norms."""
+    p, x = _captures(view, tokens, layer, mask)
+    w = view.weights(layer)
+    W_V, b_V, W_O = (t.double().numpy() for t in (w.W_V, w.b_V, w.W_O))  # [H, dm, dh], [H, dh]
+    p, x = p.numpy(), x.numpy()
+    b, H, T, _ = p.shape
+    m = np.ones((b, T), bool) if mask is None else mask.bool().numpy()
+    out = {k: np.zeros((b, H, T, T)) for k in KINDS}
+    for s in range(b):
+        vt = np.stack([np.stack([(x[s, j] @ W_V[h] + b_V[h]) @ W_O[h] for j in range(T)])
+                       for h in range(H)])  # ṽ [H, T, d_model]
+        for i in range(T):
+            if not m[s, i]:
+                continue
+            oh = [sum(p[s, h, i, j] * vt[h, j] for j in range(T) if m[s, j]) for h in range(H)]
+            o = sum(oh)
+            for h in range(H):
+                vw = [p[s, h, i, j] * np.linalg.norm(vt[h, j]) if m[s, j] else 0.0
+                      for j in range(T)]
+                for j in range(T):
+                    if not m[s, j]:
+                        continue
+                    out["attention"][s, h, i, j] = p[s, h, i, j]
+                    term = p[s, h, i, j] * vt[h, j]
+                    out["contribution"][s, h, i, j] = term @ o / (o @ o)
+                    out["contribution_intra"][s, h, i, j] = term @ oh[h] / (oh[h] @ oh[h])
+                    out["value_weighted_raw"][s, h, i, j] = vw[j]
+                    out["value_weighted"][s, h, i, j] = vw[j] / sum(vw)
+    return out
+
+
+def combine(kind: str, per_head: np.ndarray) -> np.ndarray:
+    return per_head.sum(1) if kind == "contribution" else per_head.mean(1)
+
+
+def lag(A: np.ndarray, causal: bool) -> np.ndarray:
+    """[b, T, T] (query, key) -> [b, T, n_lags] by loops (SPEC A.3)."""
+    b, T, _ = A.shape
+    lags = range(T) if causal else range(-(T - 1), T)
+    F = np.zeros((b, T, len(lags)))
+    for s in range(b):
+        for i in range(T):
+            for t, tau in enumerate(lags):
+                j = i - tau if causal else i + tau
+                if 0 <= j < T:
+                    F[s, i, t] = A[s, i, j]
+    return F
+
+
+def _run(model, tokens, layers, per_head=False, mask=None, batch_size=2):
+    probes = [AttentionFieldProbe(layers=layers, field=k, per_head=per_head) for k in KINDS]
+    kw = {} if mask is None else {"attention_mask": mask}
+    return run_probes(model, tokens, probes, batch_size=batch_size, progress=False, **kw)
+
+
+def _close(got, want, what):
+    np.testing.assert_allclose(np.asarray(got, dtype=np.float64), want, rtol=2e-4, atol=2e-5,
+                               err_msg=what)
+
+
+@pytest.mark.parametrize("direction", ["causal", "bidirectional"])
+def test_fields_match_brute_force_loops(direction):
+    model = make_native(attention_dir=direction, seed=5, n_ctx=16, n_layers=2)
+    view = ModelView(model)
+    causal = direction == "causal"
+    toks = torch.randint(0, 50, (4, 8), generator=torch.Generator().manual_seed(3))
+    res = _run(model, toks, [1])  # all five fields in ONE pass (one run_probes call)
+    assert set(res) == {"attention_fields"} | {f"{k}_fields" for k in KINDS[1:]}
+    bf = brute_fields(view, toks, 1)
+    for kind in KINDS:
+        r = res["attention_fields" if kind == "attention" else f"{kind}_fields"]
+        assert r.field == kind
+        F = lag(combine(kind, bf[kind]), causal)
+        _close(r.fields["1"], F, f"{kind}: per-document lag fields")
+        _close(r.mean["1"], F.mean(0), f"{kind}: ensemble mean field")
+    # the normalisations the docs state: rows of every field but the raw one sum to 1
+    for kind in ("attention", "contribution", "contribution_intra", "value_weighted"):
+        rows = combine(kind, bf[kind]).sum(-1)
+        np.testing.assert_allclose(rows, 1.0, atol=1e-9, err_msg=kind)
+    # the per-head inter rows sum to each head's share, and the shares to 1
+    shares = bf["contribution"].sum(-1)
+    assert not np.allclose(shares, 1.0 / shares.shape[1])
+    np.testing.assert_allclose(shares.sum(1), 1.0, atol=1e-9)
+
+
+def test_per_head_fields_and_padding():
+    model = make_native(seed=6, n_ctx=16, n_layers=2)
+    view = ModelView(model)
+    toks = torch.randint(0, 50, (3, 9), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones(3, 9, dtype=torch.bool)
+    mask[1, 6:] = False  # a short document, right-padded
+    res = _run(model, toks, [0, 1], per_head=True, mask=mask)
+    for layer in (0, 1):
+        bf = brute_fields(view, toks, layer, mask)
+        for kind in KINDS:
+            r = res["attention_fields" if kind == "attention" else f"{kind}_fields"]
+            assert r.per_head and r.fields[str(layer)].shape == (3, 4, 9, 9)
+            want = np.stack([lag(bf[kind][:, h], True) for h in range(4)], 1)
+            _close(r.fields[str(layer)], want, f"{kind}, layer {layer}, per head")
+            # the mean over real queries only: query 7 exists in documents 0 and 2
+            _close(r.mean[str(layer)][:, 7], (want[0, :, 7] + want[2, :, 7]) / 2,
+                   f"{kind}: mean over the real documents")
+            assert float(r.fields[str(layer)][1, :, 6:].abs().max()) == 0.0
+
+
+def test_tiny_hf_bridge_fields(tmp_path):
+    pytest.importorskip("transformers")
+    from _tiny_hf import tiny_bridge
+
+    model = tiny_bridge("gpt2", tmp_path / "gpt2", n_layers=2, d_model=32, n_heads=4)
+    view = ModelView(model)
+    toks = torch.randint(1, 60, (3, 10), generator=torch.Generator().manual_seed(5))
+    res = _run(model, toks, [1], batch_size=3)
+    bf = brute_fields(view, toks, 1)
+    for kind in KINDS:
+        r = res["attention_fields" if kind == "attention" else f"{kind}_fields"]
+        F = lag(combine(kind, bf[kind]), True)
+        _close(r.fields["1"], F, f"{kind} on a booted GPT-2")
+        _close(r.mean["1"], F.mean(0), f"{kind} mean on a booted GPT-2")
+
+
+def test_the_comparison_can_fail():
+    """A field from another layer's values is caught: the brute force tells fields apart."""
+    model = make_native(seed=5, n_ctx=16, n_layers=2)
+    view = ModelView(model)
+    toks = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(3))
+    res = _run(model, toks, [0])
+    bf = brute_fields(view, toks, 1)
+    F = lag(combine("contribution", bf["contribution"]), True)
+    with pytest.raises(AssertionError):
+        _close(res["contribution_fields"].fields["0"], F, "wrong layer")
+
+
+def test_bad_field_kind_is_one_clear_error():
+    with pytest.raises(ValueError, match="unknown field 'contrib'; pass one of attention"):
+        AttentionFieldProbe(field="contrib")
+
+
+def test_scale_pod_of_contribution_fields_runs():
+    model = make_native(seed=7, n_ctx=32, n_layers=2)
+    toks = torch.randint(0, 50, (6, 16), generator=torch.Generator().manual_seed(6))
+    r = run_probes(model, toks, [AttentionFieldProbe(field="contribution")],
+                   progress=False)["contribution_fields"]
+    pod = r.scale_pod(n_heads=4)
+    assert len(pod.layers) == 2 and all(lay.H_star >= 1 for lay in pod.layers)
