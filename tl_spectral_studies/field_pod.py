@@ -2,11 +2,11 @@
 POD of attention, contribution and value-weighted fields of the same documents, with 95%
 bootstrap intervals over documents.
 
-    F=attention,contribution,contribution_intra,value_weighted
+    F=attention,contribution,value_weighted
     tl-spectral study scale-pod --fields $F --model char-shakespeare --n-docs 150 --length 256 \
-        --n-resamples 1000 --out docs/results/field_pod --fig-dir docs/figures
+        --n-resamples 200 --out docs/results/field_pod --fig-dir docs/figures
     tl-spectral study scale-pod --fields $F --model minilm --n-docs 150 --length 256 \
-        --n-resamples 400 --corpus ../shared/data/wiki_excerpt.txt \
+        --n-resamples 200 --corpus ../shared/data/wiki_excerpt.txt \
         --out docs/results/field_pod --fig-dir docs/figures
     tl-spectral study scale-pod --fields $F --quick          # 16 windows of 128, a minute
 
@@ -44,10 +44,15 @@ import torch
 from torch import Tensor
 
 from tl_spectral.usage import ArgumentParser
-from tl_spectral_studies._common import StudyUsageError, add_run_arguments, prepare_out, save_figures
+from tl_spectral_studies._common import (
+    StudyUsageError,
+    add_run_arguments,
+    prepare_out,
+    save_figures,
+)
 
 NAME = "scale-pod"  # reached as `tl-spectral study scale-pod --fields ...`
-DEFAULT_FIELDS = ("attention", "contribution", "contribution_intra", "value_weighted")
+DEFAULT_FIELDS = ("attention", "contribution", "value_weighted")
 STATS = ("a_peak", "E_fine", "E_medium", "E_coarse", "T_spec", "H_star")
 """Per layer and field: peak scale of E(a) (tokens), band shares, whole-field T_spec and H*."""
 
@@ -177,7 +182,7 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
     layers = list(res[fields[0]].layers)
     del res
     t_an = time.perf_counter() - t0
-    nF, nL = len(fields), len(layers)
+    nF = len(fields)
 
     def statistic(idx: Tensor) -> Tensor:
         s = torch.stack([torch.stack([b.stats(idx) for b in boots[f]]) for f in fields])
