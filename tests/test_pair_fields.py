@@ -1,7 +1,7 @@
 """AttentionFieldProbe(field=...): the captured per-pair fields (attention, contribution
 inter/intra, value-weighted) against explicit loops over (i, j) from the model's weights
 and its attention input, on a native tiny model (causal and bidirectional, with padding)
-and on a TransformerBridge-booted tiny Hugging Face GPT-2."""
+and on TransformerBridge-booted tiny Hugging Face GPT-2 and BERT models."""
 
 from __future__ import annotations
 
@@ -142,20 +142,21 @@ def test_per_head_fields_and_padding():
             assert float(r.fields[str(layer)][1, :, 6:].abs().max()) == 0.0
 
 
-def test_tiny_hf_bridge_fields(tmp_path):
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_tiny_hf_bridge_fields(tmp_path, family):
     pytest.importorskip("transformers")
     from _tiny_hf import tiny_bridge
 
-    model = tiny_bridge("gpt2", tmp_path / "gpt2", n_layers=2, d_model=32, n_heads=4)
+    model = tiny_bridge(family, tmp_path / family, n_layers=2, d_model=32, n_heads=4)
     view = ModelView(model)
     toks = torch.randint(1, 60, (3, 10), generator=torch.Generator().manual_seed(5))
     res = _run(model, toks, [1], batch_size=3)
     bf = brute_fields(view, toks, 1)
     for kind in KINDS:
         r = res["attention_fields" if kind == "attention" else f"{kind}_fields"]
-        F = lag(combine(kind, bf[kind]), True)
-        _close(r.fields["1"], F, f"{kind} on a booted GPT-2")
-        _close(r.mean["1"], F.mean(0), f"{kind} mean on a booted GPT-2")
+        F = lag(combine(kind, bf[kind]), view.causal)
+        _close(r.fields["1"], F, f"{kind} on a booted {family}")
+        _close(r.mean["1"], F.mean(0), f"{kind} mean on a booted {family}")
 
 
 def test_the_comparison_can_fail():

@@ -365,7 +365,7 @@ def markdown(results_dir: str | Path) -> str:
     for p in sorted(Path(results_dir).glob("field_pod_*.json")):
         s = json.loads(p.read_text())
         b = s["bootstrap"]
-        parts.append(f"### {s['model']}, N = {s['n_docs']}, T = {s['length']} (windows from the "
+        parts.append(f"#### {s['model']}, N = {s['n_docs']}, T = {s['length']} (windows from the "
                      f"{s['windows_from']}; {b['n_resamples']} bootstrap resamples, seed "
                      f"{b['seed']})\n\n" + table_markdown(s) + "\n\nVerdict: " + verdict(s))
     return "\n\n".join(parts) + "\n"
