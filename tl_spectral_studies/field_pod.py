@@ -221,16 +221,28 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
     out.mkdir(parents=True, exist_ok=True)
     tag = f"field_pod_{model}_N{n_docs}"
     (out / f"{tag}.json").write_text(json.dumps(summary, indent=1, default=float))
-    save_figures({"energies": plot_energies(summary), "summary": plot_summary(summary)},
-                 Path(fig_dir) if fig_dir else out / "figures", tag, dpi=90,
-                 caption=f"{model}: {n_docs} windows × {length} tokens ({source} of {corpus}), "
-                         f"seed {seed}; 95% bootstrap intervals over documents "
-                         f"({n_resamples} resamples, seed {bootstrap_seed}); "
-                         "tl-spectral study scale-pod --fields")
+    write_figures(summary, Path(fig_dir) if fig_dir else out / "figures")
     return summary
 
 
 # ----------------------------------------------------------------------------- figures
+def write_figures(summary: dict[str, Any], fig_dir: str | Path) -> dict:
+    """The study's figures from its summary (also from a committed JSON):
+    ``fig_dir/field_pod_<model>_N<n>_{energies,summary}.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    s = summary
+    b = s["bootstrap"]
+    return save_figures(
+        {"energies": plot_energies(s), "summary": plot_summary(s)}, Path(fig_dir),
+        f"field_pod_{s['model']}_N{s['n_docs']}", dpi=90,
+        caption=f"{s['model']}: {s['n_docs']} windows × {s['length']} tokens ({s['windows_from']} "
+                f"of {s['corpus']}), seed {s['seed']}; 95% bootstrap intervals over documents "
+                f"({b['n_resamples']} resamples, seed {b['seed']}); "
+                "tl-spectral study scale-pod --fields")
+
+
 _COLOURS = {"attention": "0.2", "contribution": "tab:red", "contribution_intra": "tab:orange",
             "value_weighted": "tab:blue", "value_weighted_raw": "tab:cyan"}
 
@@ -279,12 +291,11 @@ def plot_summary(summary: dict[str, Any]):
             rows = summary["per_field"][f]
             x = [r["layer"] + off[f] for r in rows]
             y = [r[key]["estimate"] for r in rows]
-            # a percentile interval need not contain the estimate (H* of a resample with
-            # repeated documents is biased low): draw the interval, not an error around y
-            lo = [max(0.0, r[key]["estimate"] - r[key]["low"]) for r in rows]
-            hi = [max(0.0, r[key]["high"] - r[key]["estimate"]) for r in rows]
-            ax.errorbar(x, y, yerr=[lo, hi], fmt="o", ms=3, capsize=2, color=_COLOURS.get(f),
-                        label=f)
+            # the interval as its own segment: a percentile interval need not contain the
+            # estimate (H*, T_spec of resamples with repeated documents are biased)
+            ax.vlines(x, [r[key]["low"] for r in rows], [r[key]["high"] for r in rows],
+                      color=_COLOURS.get(f), lw=1.2, alpha=0.6)
+            ax.plot(x, y, "o", ms=3.5, color=_COLOURS.get(f), label=f)
         ax.set_xlabel("layer")
         ax.set_title(lab, fontsize=9)
         if key == "a_peak":
@@ -301,8 +312,8 @@ def _iv(d: dict[str, float], fmt: str) -> str:
 
 _FMT = {"a_peak": "{:.1f}", "E_fine": "{:.2f}", "E_medium": "{:.2f}", "E_coarse": "{:.2f}",
         "T_spec": "{:.2f}", "H_star": "{:.0f}"}
-_DIFF_FMT = {"a_peak": "{:+.1f}", "E_fine": "{:+.2f}", "E_medium": "{:+.2f}",
-             "E_coarse": "{:+.2f}", "T_spec": "{:+.2f}", "H_star": "{:+.0f}"}
+_DIFF_FMT = {"a_peak": "{:+.1f}", "E_fine": "{:+.3f}", "E_medium": "{:+.3f}",
+             "E_coarse": "{:+.3f}", "T_spec": "{:+.3f}", "H_star": "{:+.0f}"}
 
 
 def differs(d: dict[str, float]) -> bool:
