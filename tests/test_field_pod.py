@@ -74,8 +74,8 @@ def test_verdict_names_only_intervals_that_exclude_zero():
     s = _summary(0.05, 0.15)
     assert differs(s["differences"]["contribution"][0]["E_fine"])
     v = verdict(s)
-    assert v.startswith("contribution vs attention: differs in fine share (layers 0: +0.10")
-    assert "**+0.10 [+0.05, +0.15]**" in table_markdown(s)
+    assert v.startswith("contribution vs attention: differs in fine share (layers 0: +0.100")
+    assert "**+0.100 [+0.050, +0.150]**" in table_markdown(s)
     s = _summary(-0.05, 0.15)
     assert verdict(s) == "contribution vs attention: not distinguishable at this size."
     assert "**" not in table_markdown(s)
