@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_native
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tl_spectral.model_view import ModelView
 from tl_spectral.probes import AttentionFieldProbe, run_probes
@@ -183,3 +185,60 @@ def test_scale_pod_of_contribution_fields_runs():
                    progress=False)["contribution_fields"]
     pod = r.scale_pod(n_heads=4)
     assert len(pod.layers) == 2 and all(lay.H_star >= 1 for lay in pod.layers)
+
+
+def _loop_field(p, v, W_O, mask, kind):
+    """Per-head field [b, H, q, k] by loops from a pattern, values and W_O (float64)."""
+    b, H, T, _ = p.shape
+    out = np.zeros((b, H, T, T))
+    for s in range(b):
+        vt = np.stack([v[s, :, h] @ W_O[h] for h in range(H)])  # ṽ [H, T, d_model]
+        for i in range(T):
+            if not mask[s, i]:
+                continue
+            oh = [sum(p[s, h, i, j] * vt[h, j] for j in range(T) if mask[s, j]) for h in range(H)]
+            o = sum(oh)
+            for h in range(H):
+                vw = np.array([p[s, h, i, j] * np.linalg.norm(vt[h, j]) if mask[s, j] else 0.0
+                               for j in range(T)])
+                for j in range(T):
+                    if not mask[s, j]:
+                        continue
+                    term = p[s, h, i, j] * vt[h, j]
+                    out[s, h, i, j] = {
+                        "attention": p[s, h, i, j],
+                        "contribution": term @ o / (o @ o),
+                        "contribution_intra": term @ oh[h] / (oh[h] @ oh[h]),
+                        "value_weighted_raw": vw[j],
+                        "value_weighted": vw[j] / vw.sum(),
+                    }[kind]
+    return out
+
+
+@settings(max_examples=20, deadline=None)
+@given(b=st.integers(1, 3), H=st.integers(1, 3), T=st.integers(2, 6), d=st.integers(1, 4),
+       causal=st.booleans(), per_head=st.booleans(), kind=st.sampled_from(KINDS),
+       seed=st.integers(0, 2**16), short=st.integers(1, 6))
+def test_pair_field_matches_loops_on_random_captures(b, H, T, d, causal, per_head, kind, seed,
+                                                     short):
+    """pair_field on random captures (any shape, causal or not, a right-padded first
+    document) against the loops: the field alone, without a model."""
+    from tl_spectral.probes.base import LayerCapture
+    from tl_spectral.probes.pair_fields import pair_field
+
+    g = torch.Generator().manual_seed(seed)
+    dm = d + 2
+    mask = torch.ones(b, T, dtype=torch.bool)
+    mask[0, min(short, T):] = False
+    allow = mask[:, None, None, :] & (torch.ones(T, T).tril().bool() if causal else True)
+    logits = torch.randn(b, H, T, T, generator=g, dtype=torch.float64)
+    p = torch.softmax(logits.masked_fill(~allow, -torch.inf), -1).nan_to_num(0.0)
+    v = torch.randn(b, T, H, d, generator=g, dtype=torch.float64)
+    W_O = torch.randn(H, d, dm, generator=g, dtype=torch.float64)
+    cap = LayerCapture(layer=0, mask=mask, tokens=torch.zeros(b, T, dtype=torch.long),
+                       doc_index=torch.arange(b), pattern=p, v=v)
+    got = pair_field(cap, kind, W_O=W_O, per_head=per_head)
+    want = _loop_field(p.numpy(), v.numpy(), W_O.numpy(), mask.numpy(), kind)
+    if not per_head:
+        want = combine(kind, want)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-9, atol=1e-11)
