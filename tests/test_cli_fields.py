@@ -73,3 +73,15 @@ def test_contribution_field_section_in_the_report(tmp_path):
     # different fields, different spectra
     a, c = att.layers[1].full_eigenvalues, con.layers[1].full_eigenvalues
     assert a.shape != c.shape or not torch.allclose(a, c)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("contribution,attention", "attention first"),
+    ("attention,contrib", "pass distinct fields of attention"),
+])
+def test_study_fields_errors(tmp_path, value, message):
+    """`tl-spectral study scale-pod --fields` (the field comparison) refuses bad lists early."""
+    r = run_cli("study", "scale-pod", "--fields", value, "--out", str(tmp_path / "o"),
+                cwd=tmp_path)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
