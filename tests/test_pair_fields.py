@@ -178,11 +178,17 @@ def test_bad_field_kind_is_one_clear_error():
         AttentionFieldProbe(field="contrib")
 
 
-def test_scale_pod_of_contribution_fields_runs():
+def test_scale_pod_of_contribution_fields_runs(tmp_path):
+    from tl_spectral.results import Result
+
     model = make_native(seed=7, n_ctx=32, n_layers=2)
     toks = torch.randint(0, 50, (6, 16), generator=torch.Generator().manual_seed(6))
     r = run_probes(model, toks, [AttentionFieldProbe(field="contribution")],
                    progress=False)["contribution_fields"]
+    r.save(tmp_path / "f.safetensors")
+    back = Result.load(tmp_path / "f.safetensors")
+    assert back.field == "contribution"
+    torch.testing.assert_close(back.fields["1"], r.fields["1"])
     pod = r.scale_pod(n_heads=4)
     assert len(pod.layers) == 2 and all(lay.H_star >= 1 for lay in pod.layers)
 
