@@ -1,9 +1,7 @@
 """AttentionFieldProbe: attention fields of an ensemble of documents, in lag coordinates.
 
 Per layer it streams the head-mean field ``A_s(i, j)`` (or every head's, on request) of each
-document ``s`` — the attention pattern by default, or another per-pair field of the same
-forward pass (``field=``: contribution weights, value-weighted attention; see
-:mod:`tl_spectral.probes.pair_fields`) — into lag coordinates (SPEC A.3; causal ``tau = i - j``, bidirectional
+document ``s`` into lag coordinates (SPEC A.3; causal ``tau = i - j``, bidirectional
 ``tau = j - i``), truncated to ``max_lag``, in float32. It keeps
 
 - a running sum and count per (query, lag) for the ensemble mean (the Reynolds split), and
@@ -112,7 +110,8 @@ class AttentionFieldProbe(Probe):
     for definitions and normalisation), in the same forward pass as every other probe; the
     default probe name is ``"attention_fields"`` for attention and ``"<field>_fields"``
     otherwise. per_head: keep each head's field instead of the head-combined one (the head
-    mean; for ``"contribution"`` the head sum ``C_ij``, whose rows sum to 1). max_lag: largest |lag| kept (default T − 1: all lags). offload: keep the
+    mean; for ``"contribution"`` the head sum ``C_ij``, whose rows sum to 1).
+    max_lag: largest |lag| kept (default T − 1: all lags). offload: keep the
     per-document fields (the large state) in CPU memory instead of on the model's device
     (default False: every state stays on the model's device; the result is on the CPU).
     """
@@ -142,6 +141,7 @@ class AttentionFieldProbe(Probe):
             self.layers = list(range(view.n_layers))
         for layer in self.layers:
             self.reductions[f"{layer}.fields"] = "cat"  # type: ignore[index]
+        self._W = {}  # W_O is read from this run's model
         kinds = {"pattern", "v"} if self._values else {"pattern"}
         return {layer: set(kinds) for layer in self.layers}
 
