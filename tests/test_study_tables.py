@@ -66,3 +66,30 @@ def test_contribution_doc_tables_regenerate_from_committed_results():
     assert len(rows) >= 30
     missing = [r for r in rows if r not in doc]  # a row may start a wider merged row
     assert not missing, missing
+
+
+def test_field_pod_doc_tables_regenerate_from_committed_results():
+    """The "Scale POD of contribution fields" tables and verdicts of docs/scale_pod.md are the
+    committed field-pod results' (`tl-spectral study scale-pod --fields ...`), verbatim; the
+    attention rows agree with the scale-pod study's own N = 150 runs (same windows)."""
+    from tl_spectral_studies.field_pod import markdown, table_markdown, verdict
+
+    doc = (ROOT / "docs" / "scale_pod.md").read_text(encoding="utf-8")
+    runs = sorted((RESULTS / "field_pod").glob("field_pod_*.json"))
+    assert [p.name for p in runs] == ["field_pod_char-shakespeare_N150.json",
+                                      "field_pod_minilm_N150.json"]
+    for p in runs:
+        s = json.loads(p.read_text())
+        assert table_markdown(s) in doc, f"docs/scale_pod.md lacks the table of {p.name}"
+        assert verdict(s) in doc, f"docs/scale_pod.md lacks the verdict of {p.name}"
+        ref = json.loads((RESULTS / "scale_pod" / f"scale_pod_{s['model']}_N150.json").read_text())
+        for mine, theirs in zip(s["per_field"]["attention"], ref["table"], strict=True):
+            assert mine["dominant_scales"] == theirs["dominant_scales"]
+            for k in ("E_fine", "E_medium", "E_coarse", "T_spec"):
+                assert abs(mine[k]["estimate"] - theirs[k]) < 1e-6, (p.name, k)
+            assert mine["H_star_str"] == theirs["H_star"]
+    assert markdown(RESULTS / "field_pod").count("| layer | field |") == 2
+    # and a changed number is caught
+    s = json.loads(runs[0].read_text())
+    s["per_field"]["contribution"][0]["E_fine"]["estimate"] += 0.05
+    assert table_markdown(s) not in doc

@@ -169,6 +169,10 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sections", default="all",
                     help=f"comma-separated section keys ({', '.join(SECTION_KEYS)}) or 'all'")
+    ap.add_argument("--fields", default="attention",
+                    help="comma-separated per-pair fields whose scale POD the scale_pod section "
+                         "reports (attention, contribution, contribution_intra, value_weighted, "
+                         "value_weighted_raw; default attention), all from the same pass")
     ap.add_argument("--faithfulness-docs", type=int, default=0,
                     help="also compute faithfulness curves on that many documents (slow)")
     ap.add_argument("--out", default="tl_spectral_report", help="output folder")
@@ -193,6 +197,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         if bad or not sections:
             raise UsageError(f"unknown sections {bad or [args.sections]}; known: "
                              f"{', '.join(SECTION_KEYS)} (or 'all')")
+    fields = _scale_pod_fields(args.fields, sections)
     kind, target = resolve_model(args.model)
     check_corpus(args.corpus)
     out = Path(args.out)
@@ -256,7 +261,8 @@ def analyze(argv: Optional[list[str]] = None) -> int:
             results_dir=tmp / "results", mask=mask, model_name=name,
             options={"meta": {"corpus": args.corpus, "seed": args.seed},
                      "faithfulness_docs": args.faithfulness_docs, "windows": framing,
-                     "save_raw": args.save_raw, "progress": not args.no_progress},
+                     "save_raw": args.save_raw, "progress": not args.no_progress,
+                     "fields": fields},
         )
         ctx._t0 = t0
         ctx.results_dir.mkdir(parents=True, exist_ok=True)
@@ -270,6 +276,23 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     print((out / "index.html").resolve())
     return 0
+
+
+def _scale_pod_fields(value: str, sections: list[str]) -> list[str]:
+    """The ``--fields`` list, checked: known kinds, none twice, and the scale_pod section on."""
+    from tl_spectral.probes.pair_fields import FIELD_KINDS
+
+    fields = [f.strip() for f in value.split(",") if f.strip()]
+    bad = [f for f in fields if f not in FIELD_KINDS]
+    if bad or not fields:
+        raise UsageError(f"--fields: unknown field(s) {bad or [value]}; pass comma-separated "
+                         f"fields of {', '.join(FIELD_KINDS)}")
+    if len(set(fields)) != len(fields):
+        raise UsageError(f"--fields {value!r} names a field twice; pass each once")
+    if fields != ["attention"] and "scale_pod" not in sections:
+        raise UsageError("--fields is reported by the scale_pod section, which --sections "
+                         "leaves out; add scale_pod to --sections")
+    return fields
 
 
 def _windows(text: str, tokenizer, args):

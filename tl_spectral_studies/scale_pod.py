@@ -6,6 +6,8 @@ over N windows (SPEC part A).
     tl-spectral study scale-pod --model minilm --n-docs 150 --length 256 --out docs/results \
         --corpus ../shared/data/wiki_excerpt.txt
     tl-spectral study scale-pod --quick                      # 16 windows of 128, a minute
+    tl-spectral study scale-pod --fields attention,contribution,contribution_intra,value_weighted \
+        --out docs/results/field_pod ...   # the field comparison (tl_spectral_studies.field_pod)
 
 Windows come from the validation part (last 10%) of the corpus when it holds enough of them,
 else from the whole text. Writes ``OUT/scale_pod_<model>_N<n>.json`` and figures
@@ -126,7 +128,20 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study scale-pod") -> int:
     ap.add_argument("--max-lag", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fields", default=None,
+                    help="compare the scale POD of these per-pair fields (comma-separated, "
+                         "attention first, e.g. attention,contribution,value_weighted) with "
+                         "bootstrap intervals over documents: the field-pod comparison of "
+                         "docs/scale_pod.md (tl_spectral_studies.field_pod)")
+    ap.add_argument("--n-resamples", type=int, default=1000,
+                    help="bootstrap resamples of the field comparison (with --fields)")
+    ap.add_argument("--bootstrap-seed", type=int, default=0,
+                    help="seed of the bootstrap resamples (with --fields)")
     args = ap.parse_args(list(argv))
+    if args.fields is not None:
+        from tl_spectral_studies.field_pod import main as field_main
+
+        return field_main(argv, prog=prog)
     if args.quick:
         args.n_docs, args.length = min(args.n_docs, 16), min(args.length, 128)
     out = prepare_out(args.out, NAME, overwrite=args.overwrite)

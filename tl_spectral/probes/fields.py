@@ -22,6 +22,7 @@ from torch import Tensor
 
 from tl_spectral.analysis.scale_pod import lag_fields
 from tl_spectral.probes.base import LayerCapture, Probe
+from tl_spectral.probes.pair_fields import needs_values, pair_field
 from tl_spectral.results import Result, register_result
 
 
@@ -32,7 +33,8 @@ class AttentionFields(Result):
 
     fields: ``{str(layer): [N, T, n_lags]}`` raw lag fields F_s(i, tau) (per-head:
       ``[N, head, T, n_lags]``); mean: ``{str(layer): [T, n_lags]}`` ensemble mean over real
-      positions; doc_mask: ``[N, T]`` 1 at real tokens; lags: ``[n_lags]``.
+      positions; doc_mask: ``[N, T]`` 1 at real tokens; lags: ``[n_lags]``;
+      field: which per-pair field (:data:`~tl_spectral.probes.pair_fields.FIELD_KINDS`).
     """
 
     kind: ClassVar[str] = "attention_fields"
@@ -46,6 +48,7 @@ class AttentionFields(Result):
     causal: bool = True
     per_head: bool = False
     model_name: str = ""
+    field: str = "attention"
 
     @property
     def n_docs(self) -> int:
@@ -91,8 +94,9 @@ class AttentionFields(Result):
             prof = m.mean(dim=0) if not self.per_head else m.mean(dim=(0, 1))
             ax.plot(self.lags.numpy(), prof.numpy(), label=f"layer {layer}")
         ax.set_xlabel("lag τ (tokens)")
-        ax.set_ylabel("mean attention")
-        ax.set_yscale("log")
+        ax.set_ylabel("mean attention" if self.field == "attention" else f"mean {self.field}")
+        ax.set_yscale("log" if self.field in ("attention", "value_weighted",
+                                              "value_weighted_raw") else "symlog")
         ax.legend(fontsize=8)
         return fig
 
@@ -100,8 +104,14 @@ class AttentionFields(Result):
 class AttentionFieldProbe(Probe):
     """Capture lag-coordinate attention fields of each document.
 
-    layers: layers to capture (default all). per_head: keep each head's field instead of the
-    head mean. max_lag: largest |lag| kept (default T − 1: all lags). offload: keep the
+    layers: layers to capture (default all). field: the per-pair map captured (default
+    ``"attention"``; ``"contribution"`` (inter-head), ``"contribution_intra"``,
+    ``"value_weighted"``, ``"value_weighted_raw"``: see :mod:`tl_spectral.probes.pair_fields`
+    for definitions and normalisation), in the same forward pass as every other probe; the
+    default probe name is ``"attention_fields"`` for attention and ``"<field>_fields"``
+    otherwise. per_head: keep each head's field instead of the head-combined one (the head
+    mean; for ``"contribution"`` the head sum ``C_ij``, whose rows sum to 1).
+    max_lag: largest |lag| kept (default T − 1: all lags). offload: keep the
     per-document fields (the large state) in CPU memory instead of on the model's device
     (default False: every state stays on the model's device; the result is on the CPU).
     """
@@ -111,8 +121,13 @@ class AttentionFieldProbe(Probe):
 
     def __init__(self, layers: Optional[Sequence[int]] = None, *, per_head: bool = False,
                  max_lag: Optional[int] = None, name: Optional[str] = None,
-                 offload: bool = False):
+                 offload: bool = False, field: str = "attention"):
         super().__init__()
+        self.field = field
+        self._values = needs_values(field)  # validates the kind
+        self._W: dict[int, Tensor] = {}
+        if name is None and field != "attention":
+            name = f"{field}_fields"
         self.offload = bool(offload)
         self.layers = None if layers is None else sorted(set(int(x) for x in layers))
         self.per_head = per_head
@@ -126,7 +141,19 @@ class AttentionFieldProbe(Probe):
             self.layers = list(range(view.n_layers))
         for layer in self.layers:
             self.reductions[f"{layer}.fields"] = "cat"  # type: ignore[index]
-        return {layer: {"pattern"} for layer in self.layers}
+        self._W = {}  # W_O is read from this run's model
+        kinds = {"pattern", "v"} if self._values else {"pattern"}
+        return {layer: set(kinds) for layer in self.layers}
+
+    def _w_o(self, layer: int, device: torch.device) -> Optional[Tensor]:
+        """The layer's ``W_O [head, d_head, d_model]`` on ``device`` (None for attention)."""
+        if not self._values:
+            return None
+        W = self._W.get(layer)
+        if W is None or W.device != device:
+            assert self.view is not None
+            W = self._W[layer] = self.view.weights(layer).W_O.to(device)
+        return W
 
     def begin(self, n_docs: int, length: int) -> None:
         if self.max_lag is not None and self.max_lag > length - 1:
@@ -139,12 +166,10 @@ class AttentionFieldProbe(Probe):
     def update(self, cap: LayerCapture) -> None:
         assert cap.pattern is not None and self.layers is not None and self.view is not None
         T = self.length
-        p = cap.pattern.float()  # [b, h, q, k]
-        pm = cap.pair_mask.to(p.dtype)  # [b, q, k]
-        T_b = p.shape[-1]
-        A = p * pm[:, None] if not bool(cap.mask.all()) else p  # padded pairs never count
-        if not self.per_head:
-            A = A.mean(dim=1)  # [b, q, k]
+        # the field A [b, (h,) q, k]; padded pairs are 0 (never count)
+        A = pair_field(cap, self.field, W_O=self._w_o(cap.layer, cap.pattern.device),
+                       per_head=self.per_head).float()
+        T_b = A.shape[-1]
         mask = cap.mask
         if T_b < T:  # a batch whose trailing padding was trimmed: pad back to the corpus length
             pad = T - T_b
@@ -185,5 +210,5 @@ class AttentionFieldProbe(Probe):
         return AttentionFields(
             fields=fields, mean=means, doc_mask=s["doc_mask"].to(torch.uint8)[:, :T], lags=lags,
             layers=list(self.layers), causal=causal, per_head=self.per_head,
-            model_name=self.view.name if self.view is not None else "",
+            model_name=self.view.name if self.view is not None else "", field=self.field,
         )

@@ -1,4 +1,7 @@
-"""Report section: scale-selective POD of attention fields (SPEC part A)."""
+"""Report section: scale-selective POD of attention fields (SPEC part A) and, on request
+(``options["fields"]``, ``tl-spectral analyze --fields``), of other per-pair fields of the
+same pass (contribution weights, value-weighted attention: one sub-report each, titled by
+the field)."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from tl_spectral.probes import AttentionFieldProbe, Probe
+from tl_spectral.probes.pair_fields import check_field_kind
 
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
@@ -28,25 +32,56 @@ def slim_scale_pod(pod: Any) -> Any:
     return dataclasses.replace(pod, layers=layers)
 
 
+#: what each field is, for the section text (definitions: tl_spectral.probes.pair_fields)
+FIELD_TEXT = {
+    "attention": ("attention", "Head-mean attention fields α_ij"),
+    "contribution": ("contribution", "Token-level contribution fields C_ij = Σ_h c_ij^h "
+                     "(inter-head contribution weights, rows sum to 1; negative where a source "
+                     "interferes destructively)"),
+    "contribution_intra": ("intra-head contribution", "Head-mean intra-head contribution fields "
+                           "⟨o_i^h, α_ij ṽ_j⟩ / ‖o_i^h‖² (rows sum to 1)"),
+    "value_weighted": ("value-weighted", "Head-mean value-weighted fields α_ij ‖ṽ_j‖ / Σ_k α_ik "
+                       "‖ṽ_k‖ (rows sum to 1)"),
+    "value_weighted_raw": ("raw value-weighted", "Head-mean value-weighted fields α_ij ‖ṽ_j‖ "
+                           "(not normalised)"),
+}
+
+
+def report_fields(ctx: ReportContext) -> list[str]:
+    """The fields the section analyses: ``options["fields"]`` (default attention only)."""
+    return [check_field_kind(f) for f in ctx.options.get("fields") or ["attention"]]
+
+
+def _probe_name(field: str) -> str:
+    return "attention_fields" if field == "attention" else f"{field}_fields"
+
+
 class ScalePODSection:
     key = "scale_pod"
     title = "Scale-selective POD of attention fields"
 
     def probes(self, ctx: ReportContext) -> list[Probe]:
-        return [AttentionFieldProbe(max_lag=ctx.options.get("max_lag"))]
+        return [AttentionFieldProbe(max_lag=ctx.options.get("max_lag"), field=f,
+                                    name=_probe_name(f)) for f in report_fields(ctx)]
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
-        fields = results["attention_fields"]
-        report.section(self.title)
+        for f in report_fields(ctx):
+            self._render_field(report, results[_probe_name(f)], ctx, f)
+
+    def _render_field(self, report: Report, fields: Any, ctx: ReportContext, field: str) -> None:
+        what, text = FIELD_TEXT[field]
+        plain = field == "attention"
+        report.section(self.title if plain else f"Scale-selective POD of {what} fields")
         if fields.n_docs < 2:
             report.text("Scale-selective POD needs at least 2 documents; pass --n-docs 2 or more.")
             return
-        ctx.status(f"scale POD: wavelets and POD of {ctx.view.n_layers} layers")
+        sfx = "" if plain else f"_{field}"
+        ctx.status(f"scale POD ({what}): wavelets and POD of {ctx.view.n_layers} layers")
         pod = fields.scale_pod(n_heads=ctx.view.n_heads)
         (pod if ctx.save_raw else slim_scale_pod(pod)).save(
-            ctx.results_dir / "scale_pod.safetensors")
+            ctx.results_dir / f"scale_pod{sfx}.safetensors")
         report.text(
-            f"Head-mean attention fields of {fields.n_docs} windows of {fields.doc_mask.shape[1]} "
+            f"{text} of {fields.n_docs} windows of {fields.doc_mask.shape[1]} "
             "tokens in lag coordinates, minus the ensemble mean (Reynolds split). A complex Morlet "
             "CWT along the lag gives the scalogram E(a, τ) and the scale energy E(a); Gaussian lag "
             "windows at the dominant scales select bands; POD per band gives eigen-spectra, the "
@@ -64,13 +99,14 @@ class ScalePODSection:
         if not parts:
             parts.append("no layer has half its scale energy in one band")
         hs = [(row["layer"], row["H_star_str"]) for row in pod.allocation]
-        report.finding("Scales: " + "; ".join(parts) + ". Effective rank H* per layer: "
+        report.finding(("Scales: " if plain else f"Scales of the {what} fields: ")
+                       + "; ".join(parts) + ". Effective rank H* per layer: "
                        + ", ".join(f"{lay}: {h}" for lay, h in hs) + ".")
         report.subsection("Per-layer summary and head allocation")
-        report.table(pod.table(), "per-layer summary", name="scale_pod_layers")
+        report.table(pod.table(), "per-layer summary", name=f"scale_pod_layers{sfx}")
         report.table(pod.allocation, "head allocation (recommended vs uniform)",
-                     name="head_allocation")
-        ctx.status("scale POD: figures")
+                     name=f"head_allocation{sfx}")
+        ctx.status(f"scale POD ({what}): figures")
         report.figure(pod.plot_scale_energies(), "scale energy E(a) of every layer")
         report.figure(pod.plot_tspec_hstar(),
                       "T_spec and H* across layers (band values as markers, coloured by scale)")
@@ -78,7 +114,7 @@ class ScalePODSection:
 
         def each(what: str):
             for i, lay in enumerate(pod.layers):
-                ctx.status(f"scale POD figures: {what}, layer {i + 1}/{n}")
+                ctx.status(f"scale POD figures ({field}): {what}, layer {i + 1}/{n}")
                 yield lay
 
         report.subsection("Scalograms per layer")
