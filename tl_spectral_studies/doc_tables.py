@@ -56,13 +56,15 @@ def differences(root: Path = ROOT) -> list[str]:
     return out
 
 
-def write(root: Path = ROOT) -> list[str]:
-    """Rewrite every generated block of the docs in place; the docs changed."""
+def write(root: Path = ROOT, docs: Sequence[str] | None = None) -> list[str]:
+    """Rewrite every generated block of the docs (default all) in place; the docs changed."""
     changed = []
-    for doc, want in expected(root).items():
+    for doc, (res, fn, prefix) in _docs().items():
+        if docs is not None and doc not in docs:
+            continue
         p = root / doc
         text = p.read_text(encoding="utf-8")
-        new = fill_generated(text, want, prefix=_docs()[doc][2])
+        new = fill_generated(text, fn(root / res), prefix=prefix)
         if new != text:
             p.write_text(new, encoding="utf-8")
             changed.append(doc)
@@ -72,12 +74,13 @@ def write(root: Path = ROOT) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only report differences")
+    ap.add_argument("docs", nargs="*", help="docs to rewrite (default all)")
     a = ap.parse_args(argv)
     if a.check:
         diff = differences()
         print("\n".join(diff) or "every generated block matches its committed results")
         return 1 if diff else 0
-    print("\n".join(write()) or "nothing changed")
+    print("\n".join(write(docs=a.docs or None)) or "nothing changed")
     return 0
 
 

@@ -298,9 +298,6 @@ def tables(results_dir: str | Path) -> dict[str, str]:
     for (model, n), s in runs.items():
         out[f"scale_pod/{model}_N{n}/table"] = table_markdown(s)
         out[f"scale_pod/{model}_N{n}/intervals"] = interval_markdown(s)
-        out[f"scale_pod/{model}_N{n}/provenance"] = (
-            f"`{s.get('command') or COMMANDS.get((model, n), '')}` (windows from the "
-            f"{s.get('windows_from', '?')}, seed {s.get('seed', 0)})")
     return out
 
 

@@ -511,6 +511,21 @@ def allocation_markdown(d: Path, tag: str) -> str:
     return "\n".join(out)
 
 
+def allocations_markdown(d: Path) -> str:
+    """Every cascade allocation (routing rank per layer → d_head), one table each."""
+    from tl_spectral.models.surgery import CascadeAllocation
+
+    md = []
+    for p in sorted(d.glob("allocation*.safetensors")):
+        if "study" in p.stem:
+            continue
+        al = CascadeAllocation.load(p)
+        src = {"S": "rank of S", "R": "effective routing rank"}.get(al.source, "rank of R")
+        md.append(f"`{p.stem}` ({al.model_name}, {src}, saving {100 * al.saving:.1f}%):\n\n"
+                  + _md_table(al.to_rows()))
+    return "\n\n".join(md)
+
+
 def seed_markdown(d: Path, tag: str = "_long") -> str:
     """Same-seed ΔPPL of every allocation with two seeds, the seed-to-seed change of each
     model, and the cascade − equal-budget difference per seed."""
@@ -663,6 +678,7 @@ def tables(results_dir: str | Path) -> dict[str, str]:
         "surgery/session1_finetune": finetune_markdown(
             curves, sorted(n for n in curves if n.endswith("_ft") and "@" in n)),
         "surgery/session1_allocation": allocation_markdown(d, ""),
+        "surgery/allocations": allocations_markdown(d),
     }
     return out
 
