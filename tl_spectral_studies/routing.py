@@ -667,6 +667,7 @@ def tables(results_dir: str | Path) -> dict[str, str]:
     ``summary.json`` and per-head CSVs. The cascade over training needs the training runs
     (not shipped): its block says how to retrain."""
     d = Path(results_dir)
+    long = sd_noln_long_markdown(d.parent / "surgery")
     parts = [c for c in study_markdown(json.loads((d / "summary.json").read_text())).strip()
              .split("\n\n") if c.startswith("|")]  # the tables, without their headings
     keys = ["overview", "ranks", "ablations", "ablations_layers", "cascade_training",
@@ -685,7 +686,31 @@ def tables(results_dir: str | Path) -> dict[str, str]:
                 "tl-spectral train --config configs/sd-char-shakespeare-noln.json",
                 RETRAIN["bpe-softmax-noln"], RETRAIN["bpe-sd-noln"]))
             + f", then `{RUNS_COMMAND}`.")
+    if long:
+        out["routing/sd_noln_long"] = long
     return out
+
+
+def sd_noln_long_markdown(surgery_dir: Path) -> str:
+    """Rank of S and effective routing rank per layer of ``sd-noln-long`` at its final step,
+    from the allocation files of the surgery study (``allocation_sdS.json``: rank of S,
+    ``allocation_sd.json``: effective ``W_P S W_Pᵀ``; means over the 8 heads)."""
+    pS, pR = surgery_dir / "allocation_sdS.json", surgery_dir / "allocation_sd.json"
+    if not (pS.is_file() and pR.is_file()):
+        return ""
+    S, R = json.loads(pS.read_text()), json.loads(pR.read_text())
+    L = len(S["rank"])
+    return "\n".join([
+        "| step | rank of | " + " | ".join(f"L{i}" for i in range(L)) + " |",
+        "|---|---|" + "---|" * L,
+        f"| {S['step']} | S | " + " | ".join(f"{x:.1f}" for x in S["rank"]) + " |",
+        f"| {R['step']} | effective routing W_P S W_Pᵀ | "
+        + " | ".join(f"{x:.1f}" for x in R["rank"]) + " |",
+        "",
+        "The earlier checkpoints (steps 300, 500, 1,000) and the per-head ranks were read from "
+        "the training run, which is not shipped. Needs retraining: "
+        f"`{RETRAIN['sd-noln-long']}`, then `tl-spectral study surgery cascade --model "
+        "runs/sd-char-shakespeare-noln-long`."])
 
 
 def markdown(results_dir: str | Path) -> str:

@@ -637,8 +637,8 @@ def verdict_markdown(d: Path) -> str:
         inside = all(3.9 <= r["delta_same_seed_%"] <= 8.4 for r in c0)
         out.append(f"| at +3.9% to +8.4% PPL | softmax cascade vs uniform d_head 16, same seed, "
                    f"2,600 steps each, {scale} | {nums} (seeds "
-                   f"{' / '.join(r['seed'] for r in c0)}) | two seeds; the uniform model "
-                   f"itself moves {_uniform_spread(rows):.1f}% between seeds | "
+                   f"{' / '.join(r['seed'] for r in c0)}) | no interval from two seeds; the "
+                   f"uniform model itself moves {_uniform_spread(rows):.1f}% between seeds | "
                    + ("inside the paper's range for both seeds" if inside else
                       "not inside the paper's range for every seed")
                    + ", but a uniform model of equal size costs "
@@ -647,11 +647,11 @@ def verdict_markdown(d: Path) -> str:
         nums, v = _alloc_verdict(d, "_long", "cascade", "uniform-8")
         out.append(f"| (the real test) the cascade beats a uniform model of equal size | softmax "
                    f"cascade (48%) − uniform d_head 8 (50%), ΔPPL vs same-seed uniform, 2,600 "
-                   f"steps | {nums} | {SEED_SPREAD_RULE} | {v} |")
+                   f"steps | {nums} | no interval from two seeds; {SEED_SPREAD_RULE} | {v} |")
     if _study_rows(d, "_sd"):
         nums, v = _alloc_verdict(d, "_sd", "cascade", "uniform-8")
         out.append(f"| (the real test, S–D) | S–D cascade from the effective routing rank (49%) "
-                   f"− uniform d_head 8 (49%), one seed, 2,600 steps | {nums} | one seed | "
+                   f"− uniform d_head 8 (49%), one seed, 2,600 steps | {nums} | one seed: no interval | "
                    f"{v} |")
     return "\n".join(out)
 
