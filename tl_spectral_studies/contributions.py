@@ -470,9 +470,8 @@ COMMANDS = {
 """The command that writes each model's committed summary (its provenance)."""
 
 MODEL_LABEL = {
-    "char_shakespeare": "char-shakespeare (1.2 M parameters), 32 windows × 256 characters of "
-                        "Tiny Shakespeare (validation)",
-    "minilm": "MiniLM (22 M parameters, encoder), 64 Wikipedia sentences",
+    "char_shakespeare": "char-shakespeare (1.2 M), 32 Tiny Shakespeare windows × 256",
+    "minilm": "MiniLM (22 M, encoder), 64 Wikipedia sentences",
 }
 PAPER_SCALE = "paper: 7–8 B decoders, GSM8K / FineWeb-Edu"
 
@@ -564,11 +563,11 @@ def _interval_rows(rows: list[dict], fmt: str = "{:.3g}") -> str:
 def _verdict_rows(slug: str, s: dict | None) -> list[str]:
     label = MODEL_LABEL.get(slug, slug)
     if s is None:
-        return [f"| all claims | {label} — {PAPER_SCALE} | needs rerun: `{COMMANDS[slug]}` | — |"]
+        return [f"| all claims | {label}† | needs rerun: `{COMMANDS[slug]}` | — |"]
     ms = s["faithfulness_meta"]["measures"]
     fi = s["faithfulness_intervals"]
     unit = "ΔPPL" if s["faithfulness_meta"]["metric"] == "delta_ppl" else "1 − cos"
-    who = f"{label}; {s['faithfulness_meta']['n_docs']} documents — unequal scale ({PAPER_SCALE})"
+    who = f"{label}†"
     ia, ic = ms.index("attention"), ms.index("contribution")
     rows = []
     for si, setting in enumerate(s["faithfulness_meta"]["settings"]):
@@ -624,6 +623,9 @@ def tables(results_dir: str | Path) -> dict[str, str]:
     for slug in COMMANDS:
         verdict += _verdict_rows(slug, sums.get(slug))
     n_res = {s["faithfulness_intervals"]["n_resamples"] for s in sums.values()}
+    verdict.append("")
+    verdict.append(f"† unequal scale: the {PAPER_SCALE.removeprefix('paper: ')} of the paper "
+                   "against models of 1.2 M and 22 M parameters on a few thousand tokens.")
     verdict.append("")
     verdict.append(f"Intervals: 95% percentile bootstrap over documents, "
                    f"{', '.join(str(n) for n in sorted(n_res))} resamples, seed 0. The paper "

@@ -171,10 +171,10 @@ PAPER_MODEL = "paper: char GPT, 6 layers, 8 heads, d_model 256, N = 150"
 
 def _runs(results_dir: str | Path) -> dict[tuple[str, int], dict[str, Any]]:
     out = {}
-    for p in sorted(Path(results_dir).glob("scale_pod_*.json")):
+    for p in Path(results_dir).glob("scale_pod_*.json"):
         s = json.loads(p.read_text())
         out[(s["model"], int(s["n_docs"]))] = s
-    return out
+    return dict(sorted(out.items()))
 
 
 def _boot(s: dict[str, Any], layer: int, key: str) -> dict[str, Any] | None:
@@ -205,26 +205,39 @@ def interval_markdown(s: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def tspec_fits(eigenvalues: Sequence[float]) -> dict[int, dict[str, float]]:
+    """T_spec of a spectrum fitted over the modes holding 90 / 95 / 99% of the energy:
+    ``{90: {"T_spec", "n_fit", "r2", "overshoot"}, ...}``, ``overshoot`` = fitted λ_1 /
+    measured λ_1 (how far the power law misses the first mode)."""
+    import math
+
+    import torch
+
+    from tl_spectral.analysis.pod import spectral_concentration
+
+    lam = torch.tensor(eigenvalues, dtype=torch.float64)
+    out = {}
+    for e in FIT_ENERGIES:
+        f = spectral_concentration(lam, energy=e)
+        out[round(100 * e)] = {"T_spec": f["T_spec"], "n_fit": f["n_fit"], "r2": f["r2"],
+                               "overshoot": math.exp(f["intercept"]) / float(lam[0])}
+    return out
+
+
 def tspec_markdown(runs: dict[tuple[str, int], dict[str, Any]]) -> str:
-    """T_spec of every layer of every run with a bootstrap, fitted over the modes holding
-    90 / 95 / 99% of the energy (modes fitted in brackets), the fit's overshoot of λ_1."""
+    """T_spec of every layer of every run, fitted over the modes holding 90 / 95 / 99% of the
+    energy (modes fitted in brackets; 99% is the library's default), with the 99% fit's R²
+    and its overshoot of λ_1; from the eigenvalues stored in each run's JSON."""
     rows = ["| run | layer (paper) | T_spec, 90% fit (modes) | T_spec, 95% fit (modes) | "
-            "T_spec, 99% fit (modes) | fitted λ_1 / measured λ_1 (99% fit) |",
-            "|---|---|---|---|---|---|"]
+            "T_spec, 99% fit (modes) | R², 99% fit | fitted λ_1 / measured λ_1, 99% fit |",
+            "|---|---|---|---|---|---|---|"]
     for (model, n), s in runs.items():
-        if not s.get("bootstrap"):
-            rows.append(f"| {model}, N = {n} | — | needs rerun: `{COMMANDS.get((model, n), '')}` "
-                        "| | | |")
-            continue
-        for li, r in enumerate(s["table"]):
-            cells = []
-            for e in (90, 95, 99):
-                t = _boot(s, li, f"T_spec_{e}")
-                k = _boot(s, li, f"n_fit_{e}")
-                cells.append(f"{t['estimate']:.2f} ({k['estimate']:.0f})")
-            ov = _boot(s, li, "fit_overshoot_99")
-            rows.append(f"| {model}, N = {n} | {r['layer']} ({r['layer'] + 1}) | "
-                        + " | ".join(cells) + f" | {ov['estimate']:.3g} |")
+        for lay in s["layers"]:
+            f = tspec_fits(lay["full_eigenvalues"])
+            cells = [f"{f[e]['T_spec']:.2f} ({f[e]['n_fit']})" for e in (90, 95, 99)]
+            rows.append(f"| {model}, N = {n} | {lay['layer']} ({lay['layer'] + 1}) | "
+                        + " | ".join(cells) + f" | {f[99]['r2']:.2f} | "
+                        f"{f[99]['overshoot']:.3g} |")
     return "\n".join(rows)
 
 
@@ -241,53 +254,73 @@ def _sign_verdict(iv: dict[str, Any] | None, positive: bool = True) -> str:
 
 def verdict_markdown(runs: dict[tuple[str, int], dict[str, Any]]) -> str:
     """The claim table of docs/scale_pod.md: the paper's headline results (SPEC A, seed 000)
-    against the char-shakespeare runs, with intervals."""
+    against the char-shakespeare runs, with bootstrap intervals where the run has them (a
+    run without says how to rerun it)."""
     rows = ["| paper's claim (source) | ours: model, data, N | ours: number [95% CI] | verdict |",
             "|---|---|---|---|"]
     for n in (150, 1000):
         s = runs.get(("char-shakespeare", n))
-        who = (f"char-shakespeare (6 layers, 8 heads, d_model 128 — half the paper's width; "
-               f"{PAPER_MODEL}), {n} Tiny Shakespeare windows × 256"
+        who = (f"char-shakespeare† (½ the paper's width), N = {n} Tiny Shakespeare windows × 256"
                + ("" if n == 150 else " — N ≠ the paper's 150"))
-        if s is None or not s.get("bootstrap"):
+        if s is None:
             rows.append(f"| all claims | {who} | needs rerun: "
                         f"`{COMMANDS[('char-shakespeare', n)]}` | — |")
             continue
+        boot = bool(s.get("bootstrap"))
+        rerun = f"no interval in this run; needs rerun: `{COMMANDS[('char-shakespeare', n)]}`"
         L = len(s["table"])
+
+        def iv_or_point(li: int, key: str, point: float) -> tuple[str, dict | None]:
+            iv = _boot(s, li, key) if boot else None
+            return (fmt_interval(iv, "{:.2f}") if iv else f"{point:.2f} ({rerun})"), iv
+
         for claim, layers, positive in (
                 ("layers 1–2 put their energy at fine scales a ≤ 7 (SPEC A; seed 000)", (0, 1), True),
                 (f"layers {L - 1}–{L} at coarse scales a ≥ 20 (SPEC A; seed 000)", (L - 2, L - 1), False)):
             for li in layers:
-                iv = _boot(s, li, "E_fine_minus_coarse")
-                rows.append(f"| {claim} | {who}; layer {li + 1} | E fine − E coarse = "
-                            f"{fmt_interval(iv, '{:.2f}')} | {_sign_verdict(iv, positive)} |")
+                r = s["table"][li]
+                txt, iv = iv_or_point(li, "E_fine_minus_coarse", r["E_fine"] - r["E_coarse"])
+                rows.append(f"| {claim} | {who}; layer {li + 1} | E fine − E coarse = {txt} | "
+                            + (_sign_verdict(iv, positive) if iv else
+                               "not distinguishable at this size (no interval yet)") + " |")
         hs = [r["H_star"] for r in s["table"]]
         sat = [h for h in hs if str(h).startswith("≥")]
-        dh = s["bootstrap"]["last_minus_first"]["H_star"]
+        dh = s["bootstrap"]["last_minus_first"]["H_star"] if boot else None
+        contrast = (f"; layer {L} − layer 1 = {fmt_interval(dh, '{:.0f}')}" if dh else
+                    f"; {rerun}")
         rows.append(
             f"| H*(0.1) > 150 (saturated) for layers 1–2 vs ≈ 91 for layers 3–6 at N = 150 "
             f"(SPEC A; seed 000) | {who} | H* by layer: {', '.join(str(h) for h in hs)} (at "
-            f"most {n - 1}); layer {L} − layer 1 = {fmt_interval(dh, '{:.0f}')} | "
-            + ("**not reproduced**: no layer saturates at N − 1 (a count: no interval "
-               "needed), and the interval of layer " + str(L) + " − layer 1 "
-               + ("lies above 0: the last layer, not the first, is the least compressible"
-                  if dh["low"] > 0 else "includes 0") if not sat else "see the values") + " |")
-        t0, t1 = _boot(s, 0, "T_spec_99"), _boot(s, L - 1, "T_spec_99")
-        d = s["bootstrap"]["last_minus_first"]["T_spec_99"]
+            f"most {n - 1}){contrast} | "
+            + (("**not reproduced**: no layer saturates at N − 1 (a count: no interval "
+                "needed)" + ((", and layer " + str(L) + " − layer 1 lies above 0: the last "
+                              "layer, not the first, is the least compressible")
+                             if dh and dh["low"] > 0 else ""))
+               if not sat else "see the values") + " |")
+        f0, fL = (tspec_fits(s["layers"][i]["full_eigenvalues"]) for i in (0, L - 1))
+        d = s["bootstrap"]["last_minus_first"]["T_spec_99"] if boot else None
         rows.append(
             f"| T_spec = 1/β high early (slow decay), low late (SPEC A.7; the summary's "
-            f"\"T_spec ≈ 1.0\" for early layers contradicts 1/β) | {who} | T_spec layer 1 "
-            f"{t0['estimate']:.2f}, layer {L} {t1['estimate']:.2f} (99% fit); layer {L} − "
-            f"layer 1 = {fmt_interval(d, '{:.2f}')} (same resamples; sensitivity to the fit "
-            f"range and to N below) | " + _sign_verdict(d, positive=False) + " |")
-    b = next((s["bootstrap"] for s in runs.values() if s.get("bootstrap")), None)
+            f"\"T_spec ≈ 1.0\" for early layers contradicts 1/β) | {who} | T_spec layer 1 → "
+            f"layer {L}: {f0[99]['T_spec']:.2f} → {fL[99]['T_spec']:.2f} (99% fit), "
+            f"{f0[90]['T_spec']:.2f} → {fL[90]['T_spec']:.2f} (90% fit); layer {L} − layer 1 "
+            f"(99% fit) = " + (fmt_interval(d, "{:.2f}") + " (same resamples)" if d else rerun)
+            + " | " + ((_sign_verdict(d, positive=False)
+                        + (": T_spec rises with depth" if d["low"] > 0 else ""))
+                       if d else "not distinguishable at this size (no interval yet)")
+            + "; the number depends on the fit range and on N (T_spec table below) |")
+    rows.append("")
+    rows.append("† 6 layers, 8 heads, d_model 128, 2,600 training steps; " + PAPER_MODEL
+                + ": an unequal scale in every row.")
+    b = [s["bootstrap"] for (m, _), s in runs.items()
+         if m == "char-shakespeare" and s.get("bootstrap")]
     if b:
         rows.append("")
         rows.append("Intervals: 95% percentile bootstrap over documents (resamples: "
                     + ", ".join(f"N = {n}: {s['bootstrap']['n_resamples']}"
                                 for (m, n), s in runs.items()
                                 if m == "char-shakespeare" and s.get("bootstrap"))
-                    + f"; seed {b['seed']}). The paper gives no uncertainty.")
+                    + f"; seed {b[0]['seed']}). The paper gives no uncertainty.")
     return "\n".join(rows)
 
 
