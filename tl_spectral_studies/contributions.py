@@ -534,10 +534,11 @@ def _step_rows(s: dict, si: int) -> list[tuple[str, str, dict | None, str]]:
             # positive = b better than a: larger comprehensiveness, smaller sufficiency
             d = _iv(fi["differences"], si, ib, ia, ci) if ci == 0 else \
                 _iv(fi["differences"], si, ia, ib, ci)
+            step = f"{a} < {b}" + (" (diagnostic, not the paper's)" if "abs_" in b else "")
             if tie:
-                rows.append((f"{a} < {b}", crit, None, "tie by construction (same ranking)"))
+                rows.append((step, crit, None, "tie by construction (same ranking)"))
             else:
-                rows.append((f"{a} < {b}", crit, d, _verdict(d)))
+                rows.append((step, crit, d, _verdict(d)))
     return rows
 
 
@@ -579,25 +580,48 @@ def _verdict_rows(slug: str, s: dict | None) -> list[str]:
         rows.append(f"| contribution beats raw attention, sufficiency (seed 003 §3.1) | "
                     f"{who}; {setting} | area(α) − area(C) = {fmt_interval(suff)} {unit} | "
                     f"{_verdict(suff)} |")
-        steps = [r for r in _step_rows(s, si) if "abs_" not in r[0] and r[0] != "attention < contribution"]
-        held = [f"{st} ({cr[:4]}.): {v.split(':')[0].replace('**', '')}" for st, cr, _, v in steps]
-        rows.append(f"| full order α < value-weighted < output-normalized < C (seed 003 §3.1) | "
-                    f"{who}; {setting} | per step, table below | " + "; ".join(held) + " |")
+        steps = [r for r in _step_rows(s, si)
+                 if "abs_" not in r[0] and r[0] != "attention < contribution"]
+        for crit in ("comprehensiveness", "sufficiency"):
+            cs = [r for r in steps if r[1] == crit]
+            nums = "; ".join(f"{st}: " + (fmt_interval(d) if d else "tie by construction")
+                             for st, _, d, _ in cs)
+            vs = [v for _, _, d, v in cs if d]
+            if vs and all(v == "reproduced" for v in vs):
+                v = "reproduced (the tie cannot be observed: same ranking by construction)"
+            elif any(v.startswith("**not") for v in vs):
+                v = "**not reproduced**: at least one step's interval excludes the order"
+            else:
+                v = "not distinguishable at this size"
+            rows.append(f"| full order α < value-weighted < output-normalized < C, {crit} (seed "
+                        f"003 §3.1) | {who}; {setting} | better − worse area per step: {nums} | "
+                        f"{v} |")
     st, sk = s["stats_intervals"], s["sink_intervals"]
     li = max(range(len(sk)), key=lambda i: sk[i]["sink_rate"]["estimate"])
     a0, c0 = st[li]["attn_on_first_token"], st[li]["C_on_first_token"]
-    gap = "reproduced" if a0["low"] > c0["high"] else (
-        "**not reproduced**: C on the first token is not below its attention" if a0["high"] < c0["low"]
-        else "not distinguishable at this size")
+    share = sk[li]["sink_head_share"]
+    if share["high"] <= 0:
+        gap = ("does not apply: this model has no sink (no head's Gu key score of token 0 "
+               "above 0.3 in any document)")
+    else:
+        gap = "reproduced" if a0["low"] > c0["high"] else (
+            "**not reproduced**: C on the first token is not below its attention"
+            if a0["high"] < c0["low"] else "not distinguishable at this size")
     rows.append(f"| sinks: high attention, little contribution (seed 003 §3.2) | {who}; layer "
-                f"{st[li]['layer']} (highest sink rate) | α on token 0 {fmt_interval(a0)}, C on "
-                f"token 0 {fmt_interval(c0)} | {gap} |")
+                f"{st[li]['layer']} (highest sink rate) | sink-head share {fmt_interval(share)}; "
+                f"α on token 0 {fmt_interval(a0)}, C on token 0 {fmt_interval(c0)} | {gap} |")
     neg = [str(r["layer"]) for r in sk if r["cos_v0_s"]["high"] < 0]
     pos = [str(r["layer"]) for r in sk if r["cos_v0_s"]["low"] > 0]
+    if len(neg) == len(sk):
+        anti = "reproduced in every layer"
+    elif not neg:
+        anti = ("**not reproduced**: the interval lies above 0 in layers " + ", ".join(pos)
+                if pos else "not distinguishable at this size")
+    else:
+        anti = "reproduced in layers " + ", ".join(neg) + " only"
     rows.append(f"| sink value anti-aligned, cos(ṽ_0, s) < 0 (seed 003 §3.2–3.3) | {who} | "
-                f"interval below 0 in layers {', '.join(neg) or 'none'}; above 0 in "
-                f"{', '.join(pos) or 'none'} (of {len(sk)}) | "
-                f"{'reproduced in every layer' if len(neg) == len(sk) else 'reproduced in layers ' + (', '.join(neg) or 'none') + ' only'} |")
+                + "; ".join(f"layer {r['layer']} {fmt_interval(r['cos_v0_s'])}" for r in sk)
+                + f" | {anti} |")
     below = [str(r["layer"]) for r in sk if r["rho_star_clamped"]["high"] < 1]
     rows.append(f"| norm-minimising sink rate ρ* < 1 (seed 003 §3.3) | {who} | mean clamped ρ* "
                 f"{fmt_interval(sk[0]['rho_star_clamped'])} (layer {sk[0]['layer']}) … "
