@@ -75,3 +75,49 @@ def test_generated_blocks_round_trip_and_refuse_stale_keys():
 def test_fmt_interval():
     assert fmt_interval({"estimate": 0.631, "low": 0.6, "high": 0.655}) == "0.631 [0.6, 0.655]"
     assert fmt_interval(None) == "—"
+
+
+def test_verdicts_follow_the_interval():
+    """'reproduced' only when the interval excludes the opposite of the claim."""
+    from tl_spectral_studies.contributions import _verdict
+    from tl_spectral_studies.scale_pod import _sign_verdict
+
+    for f in (_verdict, _sign_verdict):
+        assert f({"estimate": 1.0, "low": 0.1, "high": 2.0}) == "reproduced"
+        assert f({"estimate": 1.0, "low": -0.1, "high": 2.0}) == "not distinguishable at this size"
+        assert f({"estimate": -1.0, "low": -2.0, "high": -0.1}).startswith("**not reproduced**")
+        assert f({"estimate": -1.0, "low": -2.0, "high": -0.1}, False) == "reproduced"
+
+
+def _study(tmp_path, ppl):
+    from tl_spectral.models.surgery import AllocationStudy
+
+    rows = []
+    for (name, seed), p in ppl.items():
+        rows.append({"name": name + (f" (seed {seed})" if seed else ""), "d_head": [16],
+                     "attention_params": 100 if name == "uniform" else 50,
+                     "total_params": 1, "ppl": p, "loss": 0.0, "steps": 1})
+    AllocationStudy(rows=rows, recipe={"steps": 1}, n_windows=1, seq_len=1,
+                    note="test").save(tmp_path / "allocation_study_long.safetensors")
+
+
+def test_allocation_deltas_are_against_the_same_seed(tmp_path):
+    from tl_spectral_studies.surgery import _alloc_verdict, _study_rows
+
+    _study(tmp_path, {("uniform", 0): 4.0, ("uniform", 1): 5.0, ("cascade", 0): 4.4,
+                      ("cascade", 1): 5.5, ("uniform-8", 0): 4.2, ("uniform-8", 1): 5.1})
+    rows = {r["name"]: r for r in _study_rows(tmp_path, "_long")}
+    assert rows["cascade (seed 1)"]["delta_same_seed_%"] == pytest.approx(10.0)
+    assert rows["cascade"]["delta_same_seed_%"] == pytest.approx(10.0)
+    # both seeds: cascade 8 and 8 points worse than uniform-8, seed spread 25% -> unresolved
+    nums, v = _alloc_verdict(tmp_path, "_long", "cascade", "uniform-8")
+    assert v.startswith("not distinguishable") and "+5.00, +8.00" in nums
+
+
+def test_allocation_difference_beyond_the_seed_spread_is_resolved(tmp_path):
+    from tl_spectral_studies.surgery import _alloc_verdict
+
+    _study(tmp_path, {("uniform", 0): 4.0, ("uniform", 1): 4.04, ("cascade", 0): 4.4,
+                      ("cascade", 1): 4.444, ("uniform-8", 0): 4.0, ("uniform-8", 1): 4.04})
+    nums, v = _alloc_verdict(tmp_path, "_long", "cascade", "uniform-8")
+    assert v == "resolved (worse)", (nums, v)
