@@ -80,3 +80,21 @@ def test_bootstrap_interval_contains_spread_and_is_seeded():
         assert a[k]["low"] <= a[k]["high"]
         assert 0.0 <= a[k]["low"] and a[k]["high"] <= 1.0
     assert a["E_fine"]["n_resamples"] == 30 and a["E_fine"]["seed"] == 4
+
+
+def test_group_jackknife_of_a_mean_matches_its_formula():
+    """Delete-a-group jackknife of the mean: estimate = mean; se from the group means."""
+    from scipy.stats import t as student_t
+
+    from tl_spectral_studies.scale_pod import group_jackknife
+
+    x = torch.randn(40, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    jk = group_jackknife(lambda i: x[i].mean(), 40, n_groups=8, seed=1)
+    groups = torch.randperm(40, generator=torch.Generator().manual_seed(1)).chunk(8)
+    reps = torch.stack([x[torch.tensor([j for j in range(40) if j not in set(g.tolist())])]
+                        .mean() for g in groups])
+    se = torch.sqrt(7 / 8 * ((reps - reps.mean()) ** 2).sum())
+    assert float(jk["estimate"]) == pytest.approx(float(x.mean()))
+    assert float(jk["se"]) == pytest.approx(float(se))
+    q = student_t.ppf(0.975, 7)
+    assert float(jk["high"] - jk["estimate"]) == pytest.approx(q * float(se))
