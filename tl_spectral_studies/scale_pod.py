@@ -79,7 +79,9 @@ def group_jackknife(statistic, n_docs: int, *, n_groups: int = 20, seed: int = 0
     """Delete-a-group jackknife of ``statistic(idx) -> Tensor`` over documents: the
     documents split at random (seeded) into ``n_groups`` groups, the statistic recomputed
     without each group; standard error ``sqrt((G − 1)/G · Σ_g (θ_g − θ̄)²)`` and the interval
-    ``θ̂ ± t_{G−1} · se``. For statistics that depend on the ensemble size (H*, T_spec), whose
+    ``θ̂ ± t_{G−1} · se`` (``torch.chunk`` of a seeded permutation into ``n_groups`` parts:
+    fewer groups when ``n_docs`` is not a multiple, e.g. 19 of at most 8 for 150 documents;
+    the count is recorded). For statistics that depend on the ensemble size (H*, T_spec), whose
     bootstrap resamples (about 63% distinct documents) are biased: each jackknife replicate
     keeps (1 − 1/G) of the documents, all distinct. Returns ``{"estimate", "low", "high",
     "se"}`` tensors and ``"meta"``."""
@@ -382,8 +384,12 @@ def verdict_markdown(runs: dict[tuple[str, int], dict[str, Any]]) -> str:
                                 for (m, n), s in runs.items()
                                 if m == "char-shakespeare" and s.get("bootstrap"))
                     + f"; seed {b[0]['seed']}); H* and T_spec, 95% delete-a-group jackknife "
-                    f"over documents ({JACKKNIFE_GROUPS} groups), since both depend on the "
-                    "number of documents. The paper gives no uncertainty.")
+                    "over documents (groups: "
+                    + ", ".join(f"N = {n}: {s['bootstrap']['jackknife']['n_groups']}"
+                                for (m, n), s in runs.items() if m == "char-shakespeare"
+                                and "jackknife" in (s.get("bootstrap") or {}))
+                    + "), since both depend on the number of documents. The paper gives no "
+                    "uncertainty.")
     return "\n".join(rows)
 
 
