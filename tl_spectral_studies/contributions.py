@@ -644,9 +644,10 @@ def tables(results_dir: str | Path) -> dict[str, str]:
     out: dict[str, str] = {}
     verdict = ["| paper's claim (source) | ours: model, data, setting | ours: number [95% CI] | "
                "verdict |", "|---|---|---|---|"]
+    full = {k: v for k, v in sums.items() if "faithfulness_intervals" in v}
     for slug in COMMANDS:
-        verdict += _verdict_rows(slug, sums.get(slug))
-    n_res = {s["faithfulness_intervals"]["n_resamples"] for s in sums.values()}
+        verdict += _verdict_rows(slug, full.get(slug))
+    n_res = {s["faithfulness_intervals"]["n_resamples"] for s in full.values()} or {N_RESAMPLES}
     verdict.append("")
     verdict.append(f"† unequal scale: the {PAPER_SCALE.removeprefix('paper: ')} of the paper "
                    "against models of 1.2 M and 22 M parameters on a few thousand tokens.")
@@ -658,13 +659,17 @@ def tables(results_dir: str | Path) -> dict[str, str]:
     out["contributions/verdict"] = "\n".join(verdict)
     for slug, s in sums.items():
         k = f"contributions/{slug}"
-        for si, _ in enumerate(s["faithfulness_meta"]["settings"]):
-            out[f"{k}/faithfulness/{si}"] = _faith_table(s, si)
-        out[f"{k}/order"] = _order_table(s)
+        rerun = (f"No intervals in this summary (written before they existed); needs rerun: "
+                 f"`{COMMANDS.get(slug, 'tl-spectral study contributions')}`")
+        old_format = slug not in full
+        for si, setting in enumerate(s["faithfulness"]):
+            out[f"{k}/faithfulness/{si}"] = (s["faithfulness"][setting]["markdown"] + "\n\n"
+                                             + rerun if old_format else _faith_table(s, si))
+        out[f"{k}/order"] = rerun if old_format else _order_table(s)
         out[f"{k}/stats"] = rows_markdown(s["stats_rows"])
-        out[f"{k}/stats_intervals"] = _interval_rows(s["stats_intervals"])
+        out[f"{k}/stats_intervals"] = rerun if old_format else _interval_rows(s["stats_intervals"])
         out[f"{k}/sinks"] = rows_markdown(s["sink_rows"])
-        out[f"{k}/sink_intervals"] = _interval_rows(s["sink_intervals"])
+        out[f"{k}/sink_intervals"] = rerun if old_format else _interval_rows(s["sink_intervals"])
         out[f"{k}/sink_intervention"] = rows_markdown(s["sink_intervention"], "{:.4g}")
         out[f"{k}/provenance"] = (f"{s['n_docs']} documents, {s['n_tokens']} tokens, seed "
                                   f"{s.get('seed', 0)}: `{s.get('command') or COMMANDS.get(slug, '')}`")
