@@ -537,6 +537,9 @@ def _step_rows(s: dict, si: int) -> list[tuple[str, str, dict | None, str]]:
             step = f"{a} < {b}" + (" (diagnostic, not the paper's)" if "abs_" in b else "")
             if tie:
                 rows.append((step, crit, None, "tie by construction (same ranking)"))
+            elif "abs_" in b:  # a diagnostic, not a claim: say which ranking does better
+                rows.append((step, crit, d, "|C| better" if d["low"] > 0 else "C better"
+                             if d["high"] < 0 else "not distinguishable at this size"))
             else:
                 rows.append((step, crit, d, _verdict(d)))
     return rows

@@ -262,7 +262,9 @@ def interval_markdown(s: dict[str, Any]) -> str:
                 + (f"H* and T_spec: 95% delete-a-group jackknife ({jk['n_groups']} random "
                    f"groups, seed {jk['seed']}, θ̂ ± t·se), because a bootstrap resample holds "
                    "about 63% distinct documents and H* and T_spec depend on the number of "
-                   "documents." if jk else
+                   "documents. H* is a count: where every replicate gives the same H*, the "
+                   "jackknife interval has zero width (no variation at the resolution of one "
+                   "mode), which is not certainty." if jk else
                    "H* and T_spec: bootstrap percentile, biased low (a resample holds about "
                    "63% distinct documents); rerun for the jackknife."))
     return "\n".join(rows)
