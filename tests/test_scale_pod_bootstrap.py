@@ -16,7 +16,7 @@ from tl_spectral.analysis.scale_pod import (
     scale_pod_grams,
     scale_pod_layer,
 )
-from tl_spectral.analysis.wavelets import LagCWT, default_scales, scale_energy, scalogram
+from tl_spectral.analysis.wavelets import LagCWT, default_scales
 
 
 def _fields(N=12, T=16, L=16, seed=0) -> torch.Tensor:

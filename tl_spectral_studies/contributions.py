@@ -338,7 +338,6 @@ def contribution_study(
 
     from tl_spectral.probes import run_probes
     from tl_spectral.probes.contributions import layer_maps
-    from tl_spectral.probes.faithfulness import faithfulness
     from tl_spectral.probes.sinks import zero_sink_value
 
     fig_dir.mkdir(parents=True, exist_ok=True)

@@ -649,8 +649,8 @@ def verdict_markdown(results_dir: str | Path) -> str:
                    f"| {'; '.join(vals)} | no interval (as above); **not reproduced**: both "
                    f"removals are catastrophic, and with LayerNorm removing routing costs more. "
                    f"BPE pair: needs retraining: `{RETRAIN['bpe-softmax-noln']}` |")
-    out.append(f"| share of minimal-rank layers grows with scale (33% at 18 M, 92% at 355 M "
-               f"parameters) | S–D char models (1.2 M) | by the rank of S: "
+    out.append("| share of minimal-rank layers grows with scale (33% at 18 M, 92% at 355 M "
+               "parameters) | S–D char models (1.2 M) | by the rank of S: "
                + ", ".join(f"{m}: {M[m]['sd']['minimal_rank_layer_share']:.0%}" for m in sdn
                            if 'sd' in M[m])
                + " | not comparable: one scale, 15× below the paper's smallest |")
