@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,6 +94,48 @@ def md_table(rows: Sequence[dict[str, Any]], fmt: str = "{:.3g}",
             fmt.format(r[k]) if isinstance(r.get(k), float) else str(r.get(k, ""))
             for k in keys) + " |")
     return "\n".join(out)
+
+
+GENERATED_OPEN = "<!-- generated: {key} -->"
+GENERATED_CLOSE = "<!-- /generated -->"
+_GEN_RE = re.compile(r"<!-- generated: (?P<key>[^ ]+) -->\n(?P<body>.*?)\n?<!-- /generated -->",
+                     re.S)
+
+
+def generated_blocks(text: str) -> dict[str, str]:
+    """The generated blocks of a doc: ``<!-- generated: KEY -->`` … ``<!-- /generated -->``
+    → ``{KEY: text between the markers}`` (without the newlines next to the markers)."""
+    out: dict[str, str] = {}
+    for m in _GEN_RE.finditer(text):
+        if m["key"] in out:
+            raise ValueError(f"generated block {m['key']!r} appears twice")
+        out[m["key"]] = m["body"].strip("\n")
+    return out
+
+
+def fill_generated(text: str, blocks: dict[str, str], *, prefix: str = "") -> str:
+    """``text`` with the body of every generated block whose key starts with ``prefix``
+    replaced by ``blocks[key]``. A block key of that prefix missing from ``blocks`` raises (a
+    stale table must not stay in a doc)."""
+
+    def sub(m: re.Match) -> str:
+        key = m["key"]
+        if not key.startswith(prefix):
+            return m.group(0)
+        if key not in blocks:
+            raise ValueError(f"the doc has a generated block {key!r} that the results do not "
+                             "produce; remove it or regenerate the results")
+        return f"{GENERATED_OPEN.format(key=key)}\n{blocks[key]}\n{GENERATED_CLOSE}"
+
+    return _GEN_RE.sub(sub, text)
+
+
+def fmt_interval(iv: dict | None, fmt: str = "{:.3g}") -> str:
+    """``"0.63 [0.60, 0.66]"`` from an interval dict (``estimate``, ``low``, ``high``)."""
+    if not iv:
+        return "—"
+    return (f"{fmt.format(iv['estimate'])} [{fmt.format(iv['low'])}, "
+            f"{fmt.format(iv['high'])}]")
 
 
 def add_caption(fig: Any, caption: str) -> None:

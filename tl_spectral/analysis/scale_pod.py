@@ -65,12 +65,16 @@ __all__ = [
     "ScalePODResult",
     "allocate_heads",
     "allocation_table",
+    "band_energy_operators",
     "gaussian_lag_window",
     "head_diversity",
     "lag_fields",
+    "pod_statistics",
     "scale_pod",
+    "scale_pod_bootstrap",
     "scale_pod_heads",
     "scale_pod_heads_layer",
+    "scale_pod_grams",
     "scale_pod_layer",
 ]
 
@@ -1531,3 +1535,125 @@ def scale_pod_heads(
         raise ValueError(f"layer_ids has {len(ids)} entries for {L} layers")
     layers = [scale_pod_heads_layer(f, lags, layer=li, **layer_kwargs) for li, f in zip(ids, fields)]
     return ScalePODHeadsResult(layers=layers, config=dict(layers[0].config))
+
+
+# ----------------------------------------------------------------------------- bootstrap
+def band_energy_operators(
+    n_lags: int, scales: Tensor, wavelet: str = DEFAULT_WAVELET,
+    bands: dict[str, tuple[float, float, bool, bool]] | None = None,
+) -> dict[str, Tensor]:
+    """``P_b = Σ_{a ∈ b} Re(M_aᴴ M_a)`` (``[n_lags, n_lags]`` float64) per band ``b`` (default
+    :data:`FIXED_BANDS`), ``M_a`` the CWT operator of scale ``a`` over the lags.
+
+    Since ``E(a) = Σ_τ (M_a C M_aᴴ)[τ, τ] = tr(C M_aᴴ M_a)`` and ``C`` is symmetric, the energy
+    of band ``b`` is ``⟨C, P_b⟩``: linear in the fields' second moment, so it has an exact
+    document Gram (:func:`scale_pod_grams`)."""
+    s = torch.as_tensor(scales, dtype=torch.float64)
+    op = LagCWT(n_lags, s, wavelet, dtype=torch.float64)
+    M = op.matrix(torch.complex128 if op.is_complex else torch.float64)  # [S, n, n]
+    if op.is_complex:
+        P_a = M.real.transpose(1, 2) @ M.real + M.imag.transpose(1, 2) @ M.imag
+    else:
+        P_a = M.transpose(1, 2) @ M
+    out: dict[str, Tensor] = {}
+    for name, (lo, hi, lo_in, hi_in) in (bands or FIXED_BANDS).items():
+        m = (s >= lo if lo_in else s > lo) & (s <= hi if hi_in else s < hi)
+        out[name] = P_a[m].sum(0)
+    return out
+
+
+def scale_pod_grams(
+    F: Float[Tensor, "N T n_lags"], *, scales=None, wavelet: str = DEFAULT_WAVELET,
+    bands: dict[str, tuple[float, float, bool, bool]] | None = None,
+) -> dict[str, Tensor]:
+    """Document Grams of one layer's fields ``F [N, T, n_lags]`` (float64 ``[N, N]``):
+    ``"field"``: ``G[s, t] = ⟨F_s, F_t⟩`` (the whole-field POD's Gram is ``G / N``), and per
+    band ``b`` (:func:`band_energy_operators`) ``G_b[s, t] = Σ_i F_s(i) P_b F_t(i)ᵀ``, with
+    ``E_b = tr(G_b) / (N T)`` the band's scale energy (:func:`band_energies`' numerator).
+
+    One pass over the fields; afterwards the POD spectrum and band energies of any resample
+    of the documents follow from :func:`~tl_spectral.analysis.bootstrap.centred_gram_resample`
+    of these Grams, with no further pass (:func:`scale_pod_bootstrap`)."""
+    F = _stack_fields(F)
+    N, T, n_lags = (int(d) for d in F.shape)
+    s = default_scales(T) if scales is None else torch.as_tensor(scales, dtype=torch.float64)
+    X = F.reshape(N, T * n_lags)
+    dt = torch.float64 if F.dtype == torch.float64 else torch.float32
+    out = {"field": (X.to(dt) @ X.to(dt).T).to(torch.float64)}
+    for name, P in band_energy_operators(n_lags, s, wavelet, bands).items():
+        Y = (F.reshape(N * T, n_lags).to(dt) @ P.to(dt)).reshape(N, T * n_lags)
+        out[name] = (Y @ X.to(dt).T).to(torch.float64)
+        out[name] = 0.5 * (out[name] + out[name].T)
+        del Y
+    return out
+
+
+def _spectrum_from_gram(K: Tensor) -> Tensor:
+    """Positive eigenvalues (descending, rounding noise dropped) of a PSD Gram ``K``."""
+    K = 0.5 * (K + K.T)
+    lam = torch.linalg.eigvalsh(K).flip(0)
+    total = float(torch.diagonal(K).sum())
+    tol = max(float(lam[0]) * K.shape[0] * torch.finfo(torch.float64).eps,
+              torch.finfo(torch.float64).eps * total)
+    return lam[lam > tol]
+
+
+def pod_statistics(
+    grams: dict[str, Tensor], idx: Tensor | None = None, *, epsilon: float = 0.10,
+    fit_energies: Sequence[float] = (0.90, 0.95, 0.99),
+) -> dict[str, float]:
+    """Band energy shares, ``H*(epsilon)`` and ``T_spec`` (one per ``fit_energies``: the power
+    law fitted over the modes holding that share of the energy; 0.99 is the library's
+    default) of the documents ``idx`` (repeats allowed; default all), from
+    :func:`scale_pod_grams`. Fluctuations are taken about the resample's own mean. Also
+    ``fit_overshoot_<e>``: ``exp(intercept) / λ_1``, how far the fitted line misses the first
+    eigenvalue, ``n_fit_<e>``, and ``E_fine_minus_coarse`` when both bands exist."""
+    from tl_spectral.analysis.bootstrap import centred_gram_resample
+
+    N = int(grams["field"].shape[0])
+    idx = torch.arange(N) if idx is None else idx
+    n = int(idx.numel())
+    lam = _spectrum_from_gram(centred_gram_resample(grams["field"], idx) / n)
+    out: dict[str, float] = {}
+    bands = [k for k in grams if k != "field"]
+    e = torch.stack([torch.trace(centred_gram_resample(grams[k], idx)) for k in bands])
+    for k, v in zip(bands, (e / e.sum()).tolist()):
+        out[f"E_{k}"] = v
+    if "fine" in bands and "coarse" in bands:
+        out["E_fine_minus_coarse"] = out["E_fine"] - out["E_coarse"]
+    H, _ = effective_rank(lam, epsilon)
+    out["H_star"] = float(H)
+    for fe in fit_energies:
+        fit = spectral_concentration(lam, energy=fe)
+        tag = f"{round(100 * fe)}"
+        out[f"T_spec_{tag}"] = float(fit["T_spec"])
+        out[f"n_fit_{tag}"] = float(fit["n_fit"])
+        out[f"fit_overshoot_{tag}"] = float(math.exp(fit["intercept"]) / float(lam[0]))
+    return out
+
+
+def scale_pod_bootstrap(
+    F: Float[Tensor, "N T n_lags"], *, n_resamples: int = 1000, seed: int = 0,
+    epsilon: float = 0.10, fit_energies: Sequence[float] = (0.90, 0.95, 0.99),
+    scales=None, wavelet: str = DEFAULT_WAVELET, level: float = 0.95,
+) -> dict[str, dict[str, float]]:
+    """Percentile bootstrap over documents of :func:`pod_statistics` for one layer's
+    fluctuation fields: one pass over the fields (:func:`scale_pod_grams`), then per
+    resample one ``eigvalsh`` of an ``[N, N]`` matrix and three traces.
+
+    Returns ``{statistic: {"estimate", "low", "high", "level", "n_resamples", "seed"}}``.
+    Caveat: a resample holds about 63% distinct documents, so its POD has at most that many
+    modes: ``H*`` (and the tail that sets ``T_spec``) are biased low in resamples; their
+    intervals measure spread, and the estimate may sit near or above the upper end."""
+    from tl_spectral.analysis.bootstrap import bootstrap
+
+    grams = scale_pod_grams(F, scales=scales, wavelet=wavelet)
+    keys = list(pod_statistics(grams, epsilon=epsilon, fit_energies=fit_energies))
+    N = int(grams["field"].shape[0])
+
+    def stat(idx: Tensor) -> Tensor:
+        d = pod_statistics(grams, idx, epsilon=epsilon, fit_energies=fit_energies)
+        return torch.tensor([d[k] for k in keys], dtype=torch.float64)
+
+    iv = bootstrap(stat, N, n_resamples=n_resamples, seed=seed, level=level)
+    return {k: iv[i].to_dict() for i, k in enumerate(keys)}

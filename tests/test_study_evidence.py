@@ -1,0 +1,123 @@
+"""The studies' evidence machinery: per-document faithfulness terms pool to the batched
+run exactly; bootstrap intervals of weighted row means; generated doc blocks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tl_spectral_studies._common import fill_generated, fmt_interval, generated_blocks
+
+MEASURES = ("attention", "value_weighted", "contribution", "abs_contribution")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from tests.conftest import make_native
+
+    return make_native(n_layers=2, n_heads=2, d_model=32, d_head=16, n_ctx=32, seed=3)
+
+
+def test_per_document_terms_pool_to_the_batched_run(tiny):
+    """ΔPPL curves pooled from per-document NLL sums equal one batched faithfulness run."""
+    from tl_spectral.probes.faithfulness import faithfulness
+    from tl_spectral_studies.contributions import (
+        faithfulness_per_document,
+        pooled_areas,
+        pooled_curves,
+    )
+
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 50, (3, 12), generator=g)
+    am = torch.ones_like(tokens)
+    ref = faithfulness(tiny, tokens, attention_mask=am, layer=1, measures=MEASURES, batch_size=3)
+    per = faithfulness_per_document(tiny, tokens, am, layer=1, measures=MEASURES)
+    curves, clean = pooled_curves(per)
+    assert clean == pytest.approx(ref.clean, rel=1e-9)
+    torch.testing.assert_close(curves[:, :, 0].float(), ref.comprehensiveness, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(curves[:, :, 1].float(), ref.sufficiency, atol=2e-5, rtol=1e-4)
+    areas = pooled_areas(per)
+    torch.testing.assert_close(areas[..., 0].float(), ref.comprehensiveness_area,
+                               atol=2e-5, rtol=1e-4)
+    # a resample with a repeated document is the batched run on the repeated documents
+    idx = torch.tensor([0, 0, 2])
+    ref2 = faithfulness(tiny, tokens[idx], attention_mask=am[idx], layer=1, measures=MEASURES,
+                        batch_size=3)
+    torch.testing.assert_close(pooled_areas(per, idx)[..., 1].float(), ref2.sufficiency_area,
+                               atol=2e-5, rtol=1e-4)
+
+
+def test_row_intervals_weighted_mean_and_nan():
+    """Estimate = token-weighted mean of per-document values; NaN documents carry no weight."""
+    from tl_spectral_studies.contributions import row_intervals
+
+    rows = [[{"layer": 0, "a": 1.0, "b": 0.5}], [{"layer": 0, "a": 3.0, "b": float("nan")}],
+            [{"layer": 0, "a": 2.0, "b": 1.5}]]
+    out = row_intervals(rows, [10, 30, 20], {"a": "tokens", "b": "docs"}, n_resamples=50)
+    assert out[0]["a"]["estimate"] == pytest.approx((10 + 90 + 40) / 60)
+    assert out[0]["b"]["estimate"] == pytest.approx(1.0)
+    assert out[0]["a"]["low"] >= 1.0 and out[0]["a"]["high"] <= 3.0
+
+
+def test_generated_blocks_round_trip_and_refuse_stale_keys():
+    doc = ("intro\n<!-- generated: x/a -->\nold\n<!-- /generated -->\nmid\n"
+           "<!-- generated: y/b -->\nkeep\n<!-- /generated -->\n")
+    assert generated_blocks(doc) == {"x/a": "old", "y/b": "keep"}
+    new = fill_generated(doc, {"x/a": "| new |"}, prefix="x/")
+    assert generated_blocks(new) == {"x/a": "| new |", "y/b": "keep"}
+    assert new.startswith("intro\n") and "mid\n" in new
+    with pytest.raises(ValueError, match="x/a"):
+        fill_generated(doc, {}, prefix="x/")
+    with pytest.raises(ValueError, match="twice"):
+        generated_blocks(doc + "<!-- generated: x/a -->\n1\n<!-- /generated -->")
+
+
+def test_fmt_interval():
+    assert fmt_interval({"estimate": 0.631, "low": 0.6, "high": 0.655}) == "0.631 [0.6, 0.655]"
+    assert fmt_interval(None) == "—"
+
+
+def test_verdicts_follow_the_interval():
+    """'reproduced' only when the interval excludes the opposite of the claim."""
+    from tl_spectral_studies.contributions import _verdict
+    from tl_spectral_studies.scale_pod import _sign_verdict
+
+    for f in (_verdict, _sign_verdict):
+        assert f({"estimate": 1.0, "low": 0.1, "high": 2.0}) == "reproduced"
+        assert f({"estimate": 1.0, "low": -0.1, "high": 2.0}) == "not distinguishable at this size"
+        assert f({"estimate": -1.0, "low": -2.0, "high": -0.1}).startswith("**not reproduced**")
+        assert f({"estimate": -1.0, "low": -2.0, "high": -0.1}, False) == "reproduced"
+
+
+def _study(tmp_path, ppl):
+    from tl_spectral.models.surgery import AllocationStudy
+
+    rows = []
+    for (name, seed), p in ppl.items():
+        rows.append({"name": name + (f" (seed {seed})" if seed else ""), "d_head": [16],
+                     "attention_params": 100 if name == "uniform" else 50,
+                     "total_params": 1, "ppl": p, "loss": 0.0, "steps": 1})
+    AllocationStudy(rows=rows, recipe={"steps": 1}, n_windows=1, seq_len=1,
+                    note="test").save(tmp_path / "allocation_study_long.safetensors")
+
+
+def test_allocation_deltas_are_against_the_same_seed(tmp_path):
+    from tl_spectral_studies.surgery import _alloc_verdict, _study_rows
+
+    _study(tmp_path, {("uniform", 0): 4.0, ("uniform", 1): 5.0, ("cascade", 0): 4.4,
+                      ("cascade", 1): 5.5, ("uniform-8", 0): 4.2, ("uniform-8", 1): 5.1})
+    rows = {r["name"]: r for r in _study_rows(tmp_path, "_long")}
+    assert rows["cascade (seed 1)"]["delta_same_seed_%"] == pytest.approx(10.0)
+    assert rows["cascade"]["delta_same_seed_%"] == pytest.approx(10.0)
+    # both seeds: cascade 8 and 8 points worse than uniform-8, seed spread 25% -> unresolved
+    nums, v = _alloc_verdict(tmp_path, "_long", "cascade", "uniform-8")
+    assert v.startswith("not distinguishable") and "+5.00, +8.00" in nums
+
+
+def test_allocation_difference_beyond_the_seed_spread_is_resolved(tmp_path):
+    from tl_spectral_studies.surgery import _alloc_verdict
+
+    _study(tmp_path, {("uniform", 0): 4.0, ("uniform", 1): 4.04, ("cascade", 0): 4.4,
+                      ("cascade", 1): 4.444, ("uniform-8", 0): 4.0, ("uniform-8", 1): 4.04})
+    nums, v = _alloc_verdict(tmp_path, "_long", "cascade", "uniform-8")
+    assert v == "resolved (worse)", (nums, v)

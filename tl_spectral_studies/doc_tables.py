@@ -1,0 +1,88 @@
+"""The generated tables of the reproduction docs, from the committed results.
+
+Each doc marks its generated blocks ``<!-- generated: KEY -->`` … ``<!-- /generated -->``;
+the study's ``tables(docs/results/<study>)`` returns every block by key.
+
+    python -m tl_spectral_studies.doc_tables            # rewrite the blocks of every doc
+    python -m tl_spectral_studies.doc_tables --check    # exit 1 when a block differs
+
+``tests/test_study_tables.py`` runs the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tl_spectral_studies._common import fill_generated, generated_blocks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _docs() -> dict[str, tuple[str, Callable[[Path], dict[str, str]], str]]:
+    """doc path -> (results folder, tables function, block-key prefix)."""
+    from tl_spectral_studies import contributions, routing, scale_pod, surgery
+
+    return {
+        "docs/contributions.md": ("docs/results/contributions", contributions.tables,
+                                  "contributions/"),
+        "docs/scale_pod.md": ("docs/results/scale_pod", scale_pod.tables, "scale_pod/"),
+        "docs/surgery.md": ("docs/results/surgery", surgery.tables, "surgery/"),
+        "docs/routing_filtering.md": ("docs/results/routing", routing.tables, "routing/"),
+    }
+
+
+def expected(root: Path = ROOT) -> dict[str, dict[str, str]]:
+    """doc path -> {block key: generated text} from the committed results."""
+    return {doc: fn(root / res) for doc, (res, fn, _) in _docs().items()}
+
+
+def differences(root: Path = ROOT) -> list[str]:
+    """One line per block that differs, is missing from its doc, or is not generated."""
+    out = []
+    for doc, want in expected(root).items():
+        prefix = _docs()[doc][2]
+        have = {k: v for k, v in generated_blocks((root / doc).read_text(encoding="utf-8"))
+                .items() if k.startswith(prefix)}
+        for k in sorted(set(want) | set(have)):
+            if k not in have:
+                out.append(f"{doc}: block {k} is generated but not in the doc")
+            elif k not in want:
+                out.append(f"{doc}: block {k} is in the doc but the results do not produce it")
+            elif have[k] != want[k]:
+                out.append(f"{doc}: block {k} differs from its committed results")
+    return out
+
+
+def write(root: Path = ROOT, docs: Sequence[str] | None = None) -> list[str]:
+    """Rewrite every generated block of the docs (default all) in place; the docs changed."""
+    changed = []
+    for doc, (res, fn, prefix) in _docs().items():
+        if docs is not None and doc not in docs:
+            continue
+        p = root / doc
+        text = p.read_text(encoding="utf-8")
+        new = fill_generated(text, fn(root / res), prefix=prefix)
+        if new != text:
+            p.write_text(new, encoding="utf-8")
+            changed.append(doc)
+    return changed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="only report differences")
+    ap.add_argument("docs", nargs="*", help="docs to rewrite (default all)")
+    a = ap.parse_args(argv)
+    if a.check:
+        diff = differences()
+        print("\n".join(diff) or "every generated block matches its committed results")
+        return 1 if diff else 0
+    print("\n".join(write(docs=a.docs or None)) or "nothing changed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
