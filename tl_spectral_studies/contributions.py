@@ -360,7 +360,14 @@ def contribution_study(
                      attention_mask=am, batch_size=batch_size, progress=False)
     stats, sinks = res["contributions"], res["sinks"]
     stats.model_name = sinks.model_name = name
-    stats.save(results_dir / f"{slug}_contribution_stats.safetensors", overwrite=True)
+    # the kept per-query maps of document 0 (every layer × head × T × T) are the bulk of the
+    # file (52 MB for char-shakespeare) and no table or figure reads them: keep the middle
+    # layer's first 64 positions, as the report does
+    from tl_spectral.viz.contribution_plots import slim_contribution_stats
+
+    mid_layer = stats.layers[len(stats.layers) // 2] if layer is None else layer
+    slim_contribution_stats(stats, mid_layer, 64).save(
+        results_dir / f"{slug}_contribution_stats.safetensors", overwrite=True)
     sinks.save(results_dir / f"{slug}_sink_stats.safetensors", overwrite=True)
     figs = {
         "source": save(stats.plot_source(), "source"),
