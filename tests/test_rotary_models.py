@@ -130,3 +130,26 @@ def test_rotary_module_and_attention_options():
         make_attention("softmax", 16, 2, 2, 12, rotary=rot)
     assert "rotary" not in {n for n, _ in make_attention("softmax", 16, 2, 8, 12)
                             .named_buffers()}
+
+
+def test_rotary_study_summary_and_tables(tmp_path):
+    """tl_spectral_studies.routing.rotary_study on a small saved rotary GPT: the summary's
+    numbers are model_rotary_geometry's, the dense curve is the trigonometric form's, and
+    rotary_markdown renders one row per layer."""
+    from tl_spectral_studies.routing import rotary_markdown, rotary_study
+
+    m = _model("softmax", 8, 4)
+    save_model(m, tmp_path / "ck")
+    s = rotary_study(tmp_path / "ck", tmp_path / "res", fig_path=tmp_path / "f.png",
+                     reference=None)
+    assert s["lags"] == [0, 1, 2, 3, 4, 6, 8] and (tmp_path / "f.png").is_file()
+    geo = model_rotary_geometry(m, offsets=[-x for x in s["lags"]])
+    row = s["layers"]["L1"]
+    assert row["routing_fraction_mean"] == geo.routing_fraction[1].mean(0).tolist()
+    assert row["mean_routing_fraction"] == float(geo.mean_routing_fraction[1].mean())
+    dense = row["dense_curve_mean"]
+    assert len(dense) == 12
+    torch.testing.assert_close(torch.tensor([dense[x] for x in s["lags"]], dtype=torch.float64),
+                               geo.routing_fraction[1].mean(0), rtol=1e-9, atol=1e-12)
+    md = rotary_markdown(tmp_path / "res")
+    assert md.count("| L") == 2 and f"{row['mean_routing_fraction']:.3f}" in md
