@@ -570,6 +570,11 @@ def rotary_study(model_dir: str | Path, results_dir: str | Path, *,
         "pairing": geo.pairing, "distribution": geo.distribution, "lags": lags,
         "layers": layers,
     }
+    state = model_dir / "trainer_state.json"
+    if state.is_file():  # a trainer checkpoint: its validation history
+        evals = json.loads(state.read_text()).get("history", {}).get("evals", [])
+        summary["evals"] = [{"step": int(e["step"]), "val_loss": float(e["val_loss"])}
+                            for e in evals if "val_loss" in e]
     if reference:
         from tl_spectral.models import zoo
 
@@ -627,6 +632,12 @@ def rotary_markdown(results_dir: str | Path) -> str:
         L.append(f"| {name} | " + " | ".join(cells)
                  + f" | {row['mean_routing_fraction']:.3f} ({row['mean_routing_fraction_min']:.3f}"
                  f"–{row['mean_routing_fraction_max']:.3f}) | {row['mean_eff_rank_R']:.1f} |")
+    if s.get("evals"):
+        L.append("")
+        L.append("| step | " + " | ".join(str(e["step"]) for e in s["evals"]) + " |")
+        L.append("|---|" + "---|" * len(s["evals"]))
+        L.append(f"| {s['model_dir']} val loss | "
+                 + " | ".join(f"{e['val_loss']:.3f}" for e in s["evals"]) + " |")
     if "reference" in s:
         ref = s["reference"]
         L.append("")
