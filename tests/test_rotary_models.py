@@ -151,5 +151,8 @@ def test_rotary_study_summary_and_tables(tmp_path):
     assert len(dense) == 12
     torch.testing.assert_close(torch.tensor([dense[x] for x in s["lags"]], dtype=torch.float64),
                                geo.routing_fraction[1].mean(0), rtol=1e-9, atol=1e-12)
+    with pytest.raises(FileExistsError, match="overwrite"):
+        rotary_study(tmp_path / "ck", tmp_path / "res", reference=None)
+    rotary_study(tmp_path / "ck", tmp_path / "res", reference=None, overwrite=True)
     md = rotary_markdown(tmp_path / "res")
     assert md.count("| L") == 2 and f"{row['mean_routing_fraction']:.3f}" in md

@@ -522,8 +522,8 @@ ROTARY_LAGS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 255)
 
 
 def rotary_study(model_dir: str | Path, results_dir: str | Path, *,
-                 fig_path: str | Path | None = None, reference: str | None = "char-shakespeare"
-                 ) -> dict[str, Any]:
+                 fig_path: str | Path | None = None, reference: str | None = "char-shakespeare",
+                 overwrite: bool = False) -> dict[str, Any]:
     """Offset-resolved routing/filtering of a rotary GPT checkpoint (docs/routing_filtering.md,
     "Rotary positions").
 
@@ -533,20 +533,27 @@ def rotary_study(model_dir: str | Path, results_dir: str | Path, *,
     context, and the dense head-mean curve ρ(Δ) for every lag ``0..n_ctx−1`` (trigonometric
     form). ``reference``: a zoo model with learned positions whose offset-free routing
     fraction is listed beside it. Writes ``results_dir/summary.json`` and
-    ``results_dir/rotary_qk.safetensors``; the figure to ``fig_path`` when given.
-    Returns the summary.
+    ``results_dir/rotary_qk.safetensors``; the figure to ``fig_path`` when given. Existing
+    outputs are refused (``FileExistsError``) unless ``overwrite``. Returns the summary.
     """
     from tl_spectral.geometry.model import model_rotary_geometry
     from tl_spectral.models.gpt import load_model
 
     model_dir, out = Path(model_dir), Path(results_dir)
+    targets = [out / "summary.json", out / "rotary_qk.safetensors"]
+    if fig_path is not None:
+        targets.append(Path(fig_path))
+    there = [str(t) for t in targets if t.exists()]
+    if there and not overwrite:
+        raise FileExistsError(f"{', '.join(there)} exist(s); pass overwrite=True (--overwrite) "
+                              "to replace them, or choose another folder")
     out.mkdir(parents=True, exist_ok=True)
     model = load_model(model_dir).eval()
     doc = json.loads((model_dir / "config.json").read_text())
     n_ctx = model.cfg.n_ctx
     lags = [lag for lag in ROTARY_LAGS if lag < n_ctx]
     geo = model_rotary_geometry(model, offsets=[-lag for lag in lags])
-    geo.save(out / "rotary_qk")
+    geo.save(out / "rotary_qk", overwrite=overwrite)
     dense = geo.energies([-lag for lag in range(n_ctx)])["routing_fraction"]  # [L, H, n_ctx]
     layers = {}
     for i, name in enumerate(geo.layer_names):
@@ -678,9 +685,11 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study routing") -> int:
     tr.add_argument("--model-dir", required=True, help="save_model folder or step_* checkpoint")
     tr.add_argument("--results", required=True, help="folder for summary.json and the result")
     tr.add_argument("--figure", default=None, help="PNG path of the routing-vs-lag figure")
+    tr.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     args = ap.parse_args(list(argv))
     if args.cmd == "rotary":
-        rotary_study(args.model_dir, args.results, fig_path=args.figure)
+        rotary_study(args.model_dir, args.results, fig_path=args.figure,
+                     overwrite=args.overwrite)
         print(rotary_markdown(args.results))
         return 0
     if args.cmd == "tables":
