@@ -33,6 +33,7 @@ from tl_spectral.models.attention import ATTENTION_KINDS, Rotary, make_attention
 CONFIG_FORMAT = "tl_spectral.gpt/1"
 _NORMALIZATIONS = ("ln", "none")
 _POSITIONALS = ("learned", "rotary")
+_ROTARY_FIELDS = ("positional", "rotary_dim", "rotary_base")
 
 
 @dataclass
@@ -158,7 +159,15 @@ class GPTConfig:
 
     # JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"format": CONFIG_FORMAT, **dataclasses.asdict(self)}
+        """The JSON form. With learned positions the rotary fields (``positional``,
+        ``rotary_dim``, ``rotary_base``) are left out, so the dict — and with it the run
+        identity of the trainer and every saved config — is the one written before those
+        fields existed."""
+        d = {"format": CONFIG_FORMAT, **dataclasses.asdict(self)}
+        if self.positional == "learned":
+            for k in _ROTARY_FIELDS:
+                d.pop(k)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
