@@ -75,14 +75,18 @@ def test_pattern_is_the_softmax_of_the_offset_kernel(attention):
     assert (s0.masked_fill(j > i, -math.inf).softmax(-1) - want).abs().max() > 1e-3
 
 
-def test_native_and_converted_rotary_geometry_agree():
-    m = _model("sd", 8, 4)
+@pytest.mark.parametrize("attention,d_head", [("sd", 8), ("softmax", [8, 6])])
+def test_native_and_converted_rotary_geometry_agree(attention, d_head):
+    """Native weights + config spec vs the converted bridge read through ModelView (native
+    cos/sin tables, zero-padded and rescaled heads of unequal size)."""
+    m = _model(attention, d_head, 4)
     g1 = model_rotary_geometry(m, offsets=[0, -1, -5], average_ranks=False)
     g2 = model_rotary_geometry(to_transformer_lens(m), offsets=[0, -1, -5], average_ranks=False)
     assert g2.pairing == "adjacent" and g2.rotary_dim == 4
     torch.testing.assert_close(g1.routing_fraction, g2.routing_fraction, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(g1.mean_routing_fraction, g2.mean_routing_fraction,
                                rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g1.eff_rank_R, g2.eff_rank_R, rtol=1e-5, atol=1e-5)
     with pytest.raises(UnreadableHeadsError, match="model_rotary_geometry"):
         model_qk_geometry(m)
     assert model_qk_geometry(m, allow_rotary=True).n_layers == 2
