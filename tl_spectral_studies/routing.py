@@ -571,6 +571,7 @@ def rotary_study(model_dir: str | Path, results_dir: str | Path, *,
         }
     summary: dict[str, Any] = {
         "model_dir": model_dir.name, "step": doc.get("step"),
+        "name": Path(str((doc.get("train") or {}).get("out_dir") or model_dir.name)).name,
         "config": {k: doc["model"][k] for k in ("n_layers", "n_heads", "d_model", "d_head",
                                                 "n_ctx", "attention", "positional",
                                                 "rotary_dim", "rotary_base")},
@@ -617,7 +618,7 @@ def rotary_figure(summary: dict[str, Any]):
     ax.set_ylabel("routing fraction ‖R(Δ)‖² / ‖M(Δ)‖²")
     ax.axhline(0.5, color="0.6", lw=0.8, ls="--")
     ax.legend(fontsize=7, ncol=3)
-    ax.set_title(f"{summary['model_dir']} (step {summary['step']}): routing vs offset, "
+    ax.set_title(f"{summary['name']} (step {summary['step']}): routing vs offset, "
                  "head mean (band: min–max over heads)", fontsize=8)
     add_caption(fig, "M(Δ) = W_Q R(Δ) W_Kᵀ, LayerNorm folded; Δ = j − i = −lag; "
                 "tl_spectral_studies.routing.rotary_study")
@@ -643,13 +644,13 @@ def rotary_markdown(results_dir: str | Path) -> str:
         L.append("")
         L.append("| step | " + " | ".join(str(e["step"]) for e in s["evals"]) + " |")
         L.append("|---|" + "---|" * len(s["evals"]))
-        L.append(f"| {s['model_dir']} val loss | "
+        L.append(f"| {s['name']} val loss | "
                  + " | ".join(f"{e['val_loss']:.3f}" for e in s["evals"]) + " |")
     if "reference" in s:
         ref = s["reference"]
         L.append("")
-        L.append(f"| layer | {s['model_dir']} (rotary), lag 0 | {ref['name']} (learned "
-                 "positions) |")
+        L.append(f"| layer | {s['name']} (rotary, step {s['step']}), lag 0 | {ref['name']} "
+                 "(learned positions) |")
         L.append("|---|---|---|")
         for i, (name, row) in enumerate(s["layers"].items()):
             L.append(f"| {name} | {row['routing_fraction_mean'][0]:.3f} | "
