@@ -578,6 +578,25 @@ def rotary_study(model_dir: str | Path, results_dir: str | Path, *,
         "pairing": geo.pairing, "distribution": geo.distribution, "lags": lags,
         "layers": layers,
     }
+    # the no-structure reference: i.i.d. Gaussian W_Q, W_K of the same shapes, same rotation
+    from tl_spectral.geometry.rotary import RotarySpec, rotary_qk_geometry
+
+    gen = torch.Generator().manual_seed(0)
+    shape = (len(geo.layer_names), geo.n_heads, geo.d_model, geo.d_head[0])
+    base = rotary_qk_geometry(torch.randn(shape, generator=gen, dtype=torch.float64),
+                              torch.randn(shape, generator=gen, dtype=torch.float64),
+                              RotarySpec(geo.inv_freq, geo.pairing, geo.attention_scaling),
+                              offsets=[-lag for lag in lags], n_ctx=n_ctx, average_ranks=False)
+    rf = base.routing_fraction.flatten(0, 1)  # [layers·heads, n]
+    summary["baseline"] = {
+        "what": f"i.i.d. Gaussian W_Q, W_K {list(shape)}, seed 0",
+        "routing_fraction_mean": rf.mean(0).tolist(),
+        "routing_fraction_min": rf.min(0).values.tolist(),
+        "routing_fraction_max": rf.max(0).values.tolist(),
+        "mean_routing_fraction": float(base.mean_routing_fraction.mean()),
+        "mean_routing_fraction_min": float(base.mean_routing_fraction.min()),
+        "mean_routing_fraction_max": float(base.mean_routing_fraction.max()),
+    }
     state = model_dir / "trainer_state.json"
     if state.is_file():  # a trainer checkpoint: its validation history
         evals = json.loads(state.read_text()).get("history", {}).get("evals", [])
@@ -640,6 +659,12 @@ def rotary_markdown(results_dir: str | Path) -> str:
         L.append(f"| {name} | " + " | ".join(cells)
                  + f" | {row['mean_routing_fraction']:.3f} ({row['mean_routing_fraction_min']:.3f}"
                  f"–{row['mean_routing_fraction_max']:.3f}) | {row['mean_eff_rank_R']:.1f} |")
+    if "baseline" in s:
+        b = s["baseline"]
+        cells = [f"{b['routing_fraction_mean'][i]:.3f}" for i in idx]
+        L.append("| Gaussian (all heads) | " + " | ".join(cells)
+                 + f" | {b['mean_routing_fraction']:.3f} ({b['mean_routing_fraction_min']:.3f}"
+                 f"–{b['mean_routing_fraction_max']:.3f}) | |")
     if s.get("evals"):
         L.append("")
         L.append("| step | " + " | ".join(str(e["step"]) for e in s["evals"]) + " |")
