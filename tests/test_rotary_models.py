@@ -165,3 +165,38 @@ def test_rotary_study_summary_and_tables(tmp_path):
     rotary_study(tmp_path / "ck", tmp_path / "res", reference=None, overwrite=True)
     md = rotary_markdown(tmp_path / "res")
     assert md.count("| L") == 2 and f"{row['mean_routing_fraction']:.3f}" in md
+
+
+def test_rotary_doc_tables_regenerate_from_committed_results():
+    """The tables of the rotary char model in docs/routing_filtering.md are
+    rotary_markdown(docs/results/routing/rotary), verbatim."""
+    from pathlib import Path
+
+    from tl_spectral_studies.routing import rotary_markdown
+
+    root = Path(__file__).resolve().parents[1]
+    doc = (root / "docs" / "routing_filtering.md").read_text(encoding="utf-8")
+    md = rotary_markdown(root / "docs" / "results" / "routing" / "rotary")
+    assert md in doc
+    assert "| L5 |" in md and "Gaussian" in md
+
+
+def test_shipped_rotary_checkpoint():
+    """zoo 'char-shakespeare-rotary': rotary config, recorded validation loss reproduced on a
+    fixed validation slice, converted model with equal logits, offset-resolved geometry."""
+    from test_zoo import _val_windows
+
+    from tl_spectral.models import zoo
+
+    model, tok = zoo.load_native("char-shakespeare-rotary")
+    c = model.cfg
+    assert (c.positional, c.rotary_dim, c.n_layers, c.n_heads, c.d_model) == ("rotary", 16, 6,
+                                                                               8, 128)
+    recorded = zoo.checkpoint_info("char-shakespeare-rotary")["metrics"]["val_loss"]
+    w = _val_windows(tok)
+    with torch.no_grad():
+        assert abs(model.loss(w).item() - recorded) < 0.3
+    tl_model, _ = zoo.load("char-shakespeare-rotary")
+    assert max_logit_diff(model, tl_model, w[:2, :-1]) <= 1e-4
+    g = model_rotary_geometry(tl_model, offsets=[0, -8], average_ranks=False)
+    assert g.pairing == "adjacent" and g.routing_fraction.shape == (6, 8, 2)

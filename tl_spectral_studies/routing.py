@@ -597,6 +597,9 @@ def rotary_study(model_dir: str | Path, results_dir: str | Path, *,
         "mean_routing_fraction_min": float(base.mean_routing_fraction.min()),
         "mean_routing_fraction_max": float(base.mean_routing_fraction.max()),
     }
+    if isinstance(doc.get("metrics"), dict):  # a final / shipped checkpoint
+        summary["metrics"] = {k: doc["metrics"][k] for k in ("val_loss", "val_ppl", "steps")
+                              if k in doc["metrics"]}
     state = model_dir / "trainer_state.json"
     if state.is_file():  # a trainer checkpoint: its validation history
         evals = json.loads(state.read_text()).get("history", {}).get("evals", [])
@@ -671,6 +674,11 @@ def rotary_markdown(results_dir: str | Path) -> str:
         L.append("|---|" + "---|" * len(s["evals"]))
         L.append(f"| {s['name']} val loss | "
                  + " | ".join(f"{e['val_loss']:.3f}" for e in s["evals"]) + " |")
+    if s.get("metrics", {}).get("val_loss") is not None:
+        m = s["metrics"]
+        L.append("")
+        L.append(f"{s['name']}: validation loss {m['val_loss']:.3f} nats/char (PPL "
+                 f"{m.get('val_ppl', float('nan')):.3f}) after {m.get('steps', s['step'])} steps.")
     if "reference" in s:
         ref = s["reference"]
         L.append("")
