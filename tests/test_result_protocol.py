@@ -71,6 +71,12 @@ def _instances(tmp_path) -> dict[str, Result]:
     out[sg.kind] = sg
     q = qk_geometry(torch.randn(2, 2, 8, 4, generator=g), torch.randn(2, 2, 8, 4, generator=g))
     out[q.kind] = q
+    from tl_spectral.geometry.rotary import RotarySpec, rotary_qk_geometry
+
+    rq = rotary_qk_geometry(torch.randn(2, 2, 8, 4, generator=g),
+                            torch.randn(2, 1, 8, 4, generator=g), RotarySpec.from_base(2),
+                            offsets=[0, -1, -3], n_ctx=6)
+    out[rq.kind] = rq
     A = torch.randn(2, 2, 4, 4, generator=g)
     sd = sd_geometry(A - A.mT, torch.rand(2, 2, 4, generator=g))
     out[sd.kind] = sd

@@ -27,7 +27,7 @@ def no_network(monkeypatch):
 
 def test_available_and_unknown_name():
     assert zoo.available() == ["char-shakespeare", "char-shakespeare-noln", "sd-char-shakespeare",
-                               "sd-char-shakespeare-noln", "minilm"]
+                               "sd-char-shakespeare-noln", "char-shakespeare-rotary", "minilm"]
     with pytest.raises(ValueError, match="known models"):
         zoo.load("gpt-17")
     with pytest.raises(ValueError, match="char-shakespeare"):

@@ -44,6 +44,9 @@ _PUBLIC: dict[str, str] = {
     "sd_geometry": "tl_spectral.geometry.qk",
     "model_qk_geometry": "tl_spectral.geometry.model",
     "model_sd_geometry": "tl_spectral.geometry.model",
+    "rotary_qk_geometry": "tl_spectral.geometry.rotary",
+    "RotarySpec": "tl_spectral.geometry.rotary",
+    "model_rotary_geometry": "tl_spectral.geometry.model",
     "cascade_over_training": "tl_spectral.geometry.cascade",
     # the project's models and surgery
     "GPT": "tl_spectral.models.gpt",

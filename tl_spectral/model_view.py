@@ -131,7 +131,9 @@ class ModelView:
     Attributes: ``n_layers``, ``n_heads``, ``n_kv_heads`` (key/value heads; equals n_heads
     unless grouped-query), ``d_model``, ``d_head``, ``n_ctx``, ``d_vocab``, ``causal``
     (False for bidirectional encoders), ``backend`` ("bridge" | "hooked_transformer" |
-    "hooked_encoder"), ``normalization`` (e.g. "LN" or None), ``pre_ln``.
+    "hooked_encoder"), ``normalization`` (e.g. "LN" or None), ``pre_ln``, ``positional``
+    (TransformerLens' ``positional_embedding_type``, e.g. "standard" or "rotary"; see
+    :meth:`rotary_metadata`).
     """
 
     def __init__(self, model: Any):
@@ -159,7 +161,71 @@ class ModelView:
         self.pre_ln = self.normalization is not None and not (
             self.backend == "hooked_encoder" or "Bert" in arch or not self.causal
         )
+        self.positional: str = str(getattr(cfg, "positional_embedding_type", None)
+                                   or "standard").lower()
         self._patterns_checked = False
+
+    # ------------------------------------------------------------------ rotary metadata
+    @torch.no_grad()
+    def rotary_metadata(self) -> Optional[dict[str, Any]]:
+        """What the model's rotary embedding does, read from the module that applies it.
+
+        Returns None for models without rotary positions, else ``{"inv_freq": [rotary_dim/2]
+        float64 tensor (radians per position), "rotary_dim": int, "pairing": "half" |
+        "adjacent", "attention_scaling": float, "source": str}``:
+
+        * Hugging Face models (bridge): the ``inv_freq`` buffer of the model's ``rotary_emb``
+          (rope scaling and partial rotary included: TransformerLens' ``cfg.rotary_dim`` is
+          None for a GPT-NeoX with ``rotary_pct < 1``, so the config is not trusted for it),
+          its ``attention_scaling``; pairing ``"adjacent"`` iff ``cfg.rotary_adjacent_pairs``
+          (GPT-J style) else rotate_half (``"half"``: GPT-NeoX, Llama, Qwen2, Mistral, Gemma).
+        * TransformerLens' native model (``boot_native``, converted tl_spectral GPTs): its
+          cos/sin tables (angles at position 1), adjacent pairing.
+        * otherwise (HookedTransformer): ``cfg.rotary_dim``, ``cfg.rotary_base``,
+          ``cfg.rotary_adjacent_pairs``; a ``rope_scaling`` it cannot read raises.
+
+        Raises ``ValueError`` when layers use different rotary embeddings (e.g. Gemma 3's
+        local/global bases) — one spec per model is all this reads.
+        """
+        if self.positional != "rotary":
+            return None
+        cfg = self.cfg
+        adjacent = bool(getattr(cfg, "rotary_adjacent_pairs", False))
+        root = getattr(self.model, "original_model", None)
+        if root is not None:
+            native = getattr(root, "rotary", None)
+            if native is not None and hasattr(native, "cos_cached"):
+                rd = int(native.rotary_dim)
+                ang = torch.atan2(native.sin_cached[1, 0:rd:2].double(),
+                                  native.cos_cached[1, 0:rd:2].double())
+                return {"inv_freq": ang, "rotary_dim": rd, "pairing": "adjacent",
+                        "attention_scaling": 1.0, "source": "native cos/sin tables"}
+            found = [(n, m) for n, m in root.named_modules()
+                     if isinstance(getattr(m, "inv_freq", None), torch.Tensor)]
+            if found:
+                freqs = {tuple(m.inv_freq.double().tolist()) for _, m in found}
+                scales = {float(getattr(m, "attention_scaling", 1.0) or 1.0) for _, m in found}
+                if len(freqs) > 1 or len(scales) > 1:
+                    raise ValueError(
+                        f"{self.name} has {len(found)} rotary embeddings with different "
+                        f"frequencies ({', '.join(n for n, _ in found)}); the rotary geometry "
+                        "reads one per model")
+                n, m = found[0]
+                inv = m.inv_freq.detach().double().cpu().clone()
+                return {"inv_freq": inv, "rotary_dim": 2 * inv.numel(),
+                        "pairing": "adjacent" if adjacent else "half",
+                        "attention_scaling": scales.pop(), "source": f"{n}.inv_freq"}
+        scaling = getattr(cfg, "rope_scaling", None)
+        if isinstance(scaling, dict) and str(scaling.get("rope_type") or scaling.get("type")
+                                             or "default").lower() != "default":
+            raise ValueError(f"{self.name}: rope_scaling {scaling!r} is not read from the "
+                             "config; no rotary module with inv_freq was found")
+        rd = getattr(cfg, "rotary_dim", None) or self.d_head
+        base = float(getattr(cfg, "rotary_base", 10000) or 10000)
+        inv = 1.0 / (base ** (torch.arange(0, int(rd), 2).float() / int(rd)))
+        return {"inv_freq": inv.double(), "rotary_dim": int(rd),
+                "pairing": "adjacent" if adjacent else "half", "attention_scaling": 1.0,
+                "source": "config (rotary_dim, rotary_base)"}
 
     # ------------------------------------------------------------------ naming
     @property

@@ -396,6 +396,7 @@ _RESULT_MODULES = (
     "tl_spectral.analysis.contributions",
     "tl_spectral.analysis.sinks",
     "tl_spectral.geometry.qk",
+    "tl_spectral.geometry.rotary",
     "tl_spectral.geometry.cascade",
     "tl_spectral.models.ablations",
     "tl_spectral.models.surgery",

@@ -3,6 +3,7 @@ TransformerLens model (normalization folded) or of a native :class:`~tl_spectral
 ``geometry.sd_geometry`` of a native S–D model, and the per-layer table of either.
 
 - :func:`model_qk_geometry` — the kernel ``M = W_Q W_Kᵀ`` of every head.
+- :func:`model_rotary_geometry` — rotary models: the kernel ``W_Q R(Δ) W_Kᵀ`` per offset Δ.
 - :func:`model_sd_geometry` — the routing rank of S and the eigenvalues of S − D.
 - :func:`geometry_layer_table` — per-layer rows (routing fraction, ranks, stability).
 - :func:`random_baseline` — the no-structure reference of i.i.d. Gaussian weights.
@@ -27,6 +28,7 @@ __all__ = [
     "UnreadableHeadsError",
     "geometry_layer_table",
     "model_qk_geometry",
+    "model_rotary_geometry",
     "model_sd_geometry",
     "native_attention_weights",
     "random_baseline",
@@ -81,13 +83,24 @@ def native_attention_weights(model: Any, *, fold_ln: bool = True) -> list[dict[s
     return out
 
 
+def _positional_of(model: Any) -> str:
+    if _is_native_gpt(model):
+        return "rotary" if model.cfg.positional == "rotary" else "standard"
+    pe = getattr(getattr(model, "cfg", None), "positional_embedding_type", None)
+    return str(pe or "standard").lower()
+
+
 def _check_positional(model: Any, allow_rotary: bool) -> None:
-    pe = str(getattr(getattr(model, "cfg", None), "positional_embedding_type", "standard"))
-    if pe in ("rotary", "alibi") and not allow_rotary:
+    pe = _positional_of(model)
+    if pe == "rotary" and not allow_rotary:
         raise UnreadableHeadsError(
-            f"this model uses {pe!r} positional embeddings: its score between positions i and "
-            f"j is x_i W_Q P(i − j) W_Kᵀ x_jᵀ with a position-dependent P, so W_Q W_Kᵀ alone is "
-            "only the kernel at offset 0; pass allow_rotary=True to analyse that kernel anyway")
+            "this model uses rotary positions: its kernel W_Q R(j − i) W_Kᵀ depends on the "
+            "offset; call tl_spectral.geometry.model.model_rotary_geometry(model) (or pass "
+            "allow_rotary=True for the offset-0 kernel W_Q W_Kᵀ only)")
+    if pe == "alibi" and not allow_rotary:
+        raise UnreadableHeadsError(
+            "this model uses ALiBi positions (an additive per-head bias on the score): W_Q W_Kᵀ "
+            "is its bilinear kernel at every offset; pass allow_rotary=True to analyse it")
 
 
 def model_qk_geometry(
@@ -108,13 +121,17 @@ def model_qk_geometry(
     fold_ln: fold the pre-attention LayerNorm (pre-LN models only; post-LN encoders such as
         BERT/MiniLM read the residual stream directly and are analysed as they are).
     biases: also report ``key_bias_norm`` / ``query_bias_norm`` (see ``qk_geometry``).
-    allow_rotary: analyse rotary/ALiBi models anyway (the kernel at offset 0).
+    allow_rotary: analyse rotary/ALiBi models anyway (the kernel at offset 0). Without it a
+        rotary model (TransformerLens or a native GPT with ``positional="rotary"``) raises
+        :class:`UnreadableHeadsError` naming :func:`model_rotary_geometry`, the
+        offset-resolved analysis.
 
     Returns a :class:`QKGeometry` with ``[layer, head, ...]`` fields. Raises
     :class:`UnreadableHeadsError` (a ``ValueError``) naming the layers whose heads cannot be
     read and why (linear attention, no W_Q exposed, rotary positions, non-finite weights).
     """
     if _is_native_gpt(model):
+        _check_positional(model, allow_rotary)
         ws = native_attention_weights(model, fold_ln=fold_ln)
         WQ, WK = [w["W_Q"] for w in ws], [w["W_K"] for w in ws]
         bq = [w["b_Q"] for w in ws] if biases else None
@@ -138,6 +155,66 @@ def model_qk_geometry(
         return qk_geometry(WQ, WK, b_Q=bq, b_K=bk, layer_names=names, zero_rtol=zero_rtol)
     except ValueError as e:
         raise UnreadableHeadsError(f"the model's heads cannot be analysed: {e}") from e
+
+
+def model_rotary_geometry(
+    model: Any,
+    *,
+    offsets: Any = None,
+    distribution: Any = "causal",
+    n_ctx: int | None = None,
+    fold_ln: bool = True,
+    average_ranks: bool = True,
+) -> Any:
+    """The offset-resolved QK geometry of a rotary model (:func:`tl_spectral.geometry.rotary.
+    rotary_qk_geometry`): every head's ``M(Δ) = W_Q R(Δ) W_Kᵀ``, Δ = j − i.
+
+    model: a TransformerLens model (bridge / HookedTransformer, or a ModelView) with
+        ``positional_embedding_type="rotary"`` — weights through
+        ``ModelView.stacked_weights(fold_ln=fold_ln)``, the rotary frequencies, pairing and
+        scaling through ``ModelView.rotary_metadata()`` — or a native
+        :class:`~tl_spectral.models.GPT` with ``positional="rotary"`` (adjacent pairing).
+    offsets: where energies and spectra are reported (default 0, −1, −2, −4, … −(n_ctx − 1)).
+    distribution: the offset distribution of the averages (``"causal"``: Δ of a uniform causal
+        pair in a window of n_ctx positions; ``"uniform"``; or ``{Δ: weight}``).
+    n_ctx: the window (default the model's context length).
+    average_ranks: also average the effective ranks over the distribution.
+
+    Raises :class:`UnreadableHeadsError` for models without rotary positions (use
+    :func:`model_qk_geometry`) or whose heads cannot be read.
+    """
+    from tl_spectral.geometry.rotary import RotarySpec, rotary_qk_geometry
+
+    if _positional_of(model.model if hasattr(model, "rotary_metadata") else model) != "rotary":
+        raise UnreadableHeadsError(
+            "this model has no rotary positions: its kernel W_Q W_Kᵀ does not depend on the "
+            "offset; call model_qk_geometry(model)")
+    if _is_native_gpt(model):
+        ws = native_attention_weights(model, fold_ln=fold_ln)
+        WQ, WK = [w["W_Q"] for w in ws], [w["W_K"] for w in ws]
+        from tl_spectral.models.attention import rotary_inv_freq
+
+        spec = RotarySpec(rotary_inv_freq(model.cfg.rotary_dim, model.cfg.rotary_base),
+                          "adjacent")
+        ctx = model.cfg.n_ctx
+    else:
+        from tl_spectral.model_view import ModelView, PatternsNotExposedError
+
+        view = model if isinstance(model, ModelView) else ModelView(model)
+        try:
+            meta = view.rotary_metadata()
+            st = view.stacked_weights(fold_ln=fold_ln)
+        except (PatternsNotExposedError, ValueError) as e:
+            raise UnreadableHeadsError(f"cannot read the rotary heads of {view.name}: {e}") from e
+        spec = RotarySpec(meta["inv_freq"], meta["pairing"], meta["attention_scaling"])
+        WQ, WK = st["W_Q"], st["W_K"]
+        ctx = view.n_ctx
+    n_ctx = ctx if n_ctx is None else n_ctx
+    try:
+        return rotary_qk_geometry(WQ, WK, spec, offsets=offsets, distribution=distribution,
+                                  n_ctx=n_ctx, average_ranks=average_ranks)
+    except ValueError as e:
+        raise UnreadableHeadsError(f"the model's rotary heads cannot be analysed: {e}") from e
 
 
 def model_sd_geometry(model: Any, *, zero_rtol: float = DEFAULT_ZERO_RTOL) -> SDGeometry:

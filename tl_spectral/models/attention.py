@@ -22,8 +22,14 @@ Kinds:
   ``"softmax"`` (so a softmax layer's state dict loads into it unchanged):
   ``α_ij ∝ φ(q_i)·φ(k_j)`` over ``j <= i`` with ``φ(x) = elu(x) + 1``.
 
+Rotary positions (RoPE, a GPT built with ``positional="rotary"``): ``"softmax"`` and ``"sd"``
+accept a keyword ``rotary=`` :class:`Rotary` module that rotates the query and the key of every
+head after their projections (for ``"sd"``: after the ``S − D`` kernel, see
+:class:`SDAttention`); ``"linear"`` refuses it.
+
 Register a new kind with :func:`register_attention`; its constructor must accept the four
-positional arguments above and keyword options only.
+positional arguments above and keyword options only (plus ``rotary=`` if it supports rotary
+positions; :func:`make_attention` passes ``rotary`` only when it is not None).
 """
 
 from __future__ import annotations
@@ -52,14 +58,78 @@ def register_attention(name: str) -> Callable[[type[nn.Module]], type[nn.Module]
 
 
 def make_attention(
-    kind: str, d_model: int, n_heads: int, d_head: int, n_ctx: int, **options
+    kind: str, d_model: int, n_heads: int, d_head: int, n_ctx: int, *,
+    rotary: Rotary | None = None, **options
 ) -> nn.Module:
-    """Build an attention module of the registered ``kind``."""
+    """Build an attention module of the registered ``kind`` (with rotary positions when
+    ``rotary`` is a :class:`Rotary`)."""
     if kind not in ATTENTION_KINDS:
         raise ValueError(
             f"unknown attention kind {kind!r}; known kinds: {sorted(ATTENTION_KINDS)}"
         )
+    if rotary is not None:
+        options["rotary"] = rotary
     return ATTENTION_KINDS[kind](d_model, n_heads, d_head, n_ctx, **options)
+
+
+def rotary_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
+    """The RoPE angular frequencies ``θ_k = base^(−2k / rotary_dim)``, k < rotary_dim/2:
+    ``[rotary_dim // 2]`` float32, computed exactly as TransformerLens' native model does."""
+    return 1.0 / (float(base) ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (RoPE) with *adjacent* pairing, TransformerLens' native
+    convention: coordinates ``(2k, 2k+1)``, ``k < rotary_dim/2``, of a query or key at
+    position ``t`` rotate together by the angle ``t·θ_k`` (:func:`rotary_inv_freq`):
+    ``(a, b) -> (a cos − b sin, a sin + b cos)``; coordinates ``>= rotary_dim`` pass
+    unchanged (partial rotary). Then ``rot(q_i)·rot(k_j) = q_i R(j − i) k_jᵀ`` with the
+    offset kernel of :func:`tl_spectral.geometry.rotary.rotary_matrix`.
+
+    The cos/sin tables ``[n_ctx, rotary_dim]`` are non-persistent buffers (never saved).
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def __init__(self, rotary_dim: int, n_ctx: int, base: float = 10000.0):
+        super().__init__()
+        if not isinstance(rotary_dim, int) or rotary_dim < 2 or rotary_dim % 2:
+            raise ValueError(f"rotary_dim must be a positive even int, got {rotary_dim!r}")
+        if not (isinstance(base, (int, float)) and base > 1):
+            raise ValueError(f"rotary base must be a number > 1, got {base!r}")
+        self.rotary_dim, self.n_ctx, self.base = rotary_dim, n_ctx, float(base)
+        freqs = torch.outer(torch.arange(n_ctx).float(), rotary_inv_freq(rotary_dim, base))
+        self.register_buffer("cos", freqs.cos().repeat_interleave(2, dim=-1), persistent=False)
+        self.register_buffer("sin", freqs.sin().repeat_interleave(2, dim=-1), persistent=False)
+
+    @staticmethod
+    def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+        """(x_{2k}, x_{2k+1}) -> (−x_{2k+1}, x_{2k})."""
+        return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: ``[..., pos, d]`` (``d >= rotary_dim``, positions 0..pos−1) -> same shape."""
+        p, rd = x.shape[-2], self.rotary_dim
+        if x.shape[-1] < rd:
+            raise ValueError(f"rotary_dim={rd} exceeds the head dimension {x.shape[-1]}")
+        cos, sin = self.cos[:p].to(x.dtype), self.sin[:p].to(x.dtype)
+        x_rot, x_pass = x[..., :rd], x[..., rd:]
+        x_rot = x_rot * cos + self._rotate_pairs(x_rot) * sin
+        return torch.cat([x_rot, x_pass], dim=-1) if x_pass.shape[-1] else x_rot
+
+    def extra_repr(self) -> str:
+        return f"rotary_dim={self.rotary_dim}, n_ctx={self.n_ctx}, base={self.base}"
+
+
+def _check_rotary(rotary: Rotary | None, d_head: int, n_ctx: int) -> None:
+    if rotary is None:
+        return
+    if not isinstance(rotary, Rotary):
+        raise TypeError(f"rotary must be a Rotary module or None, got {type(rotary).__name__}")
+    if rotary.rotary_dim > d_head or rotary.n_ctx < n_ctx:
+        raise ValueError(f"Rotary(rotary_dim={rotary.rotary_dim}, n_ctx={rotary.n_ctx}) does "
+                         f"not fit heads of d_head={d_head} over n_ctx={n_ctx}")
 
 
 def _check_dims(d_model: int, n_heads: int, d_head: int, n_ctx: int) -> None:
@@ -90,18 +160,24 @@ class _QKVAttention(nn.Module):
     head-major (``[head, d_head]``); ``out``: Linear(n_heads·d_head -> d_model).
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_head: int, n_ctx: int):
+    def __init__(self, d_model: int, n_heads: int, d_head: int, n_ctx: int,
+                 rotary: Rotary | None = None):
         super().__init__()
         _check_dims(d_model, n_heads, d_head, n_ctx)
+        _check_rotary(rotary, d_head, n_ctx)
         self.d_model, self.n_heads, self.d_head, self.n_ctx = d_model, n_heads, d_head, n_ctx
+        self.rotary = rotary
         self.qkv = nn.Linear(d_model, 3 * n_heads * d_head, bias=True)
         self.out = nn.Linear(n_heads * d_head, d_model, bias=True)
 
     def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x: [b, p, d_model] -> q, k, v each [b, head, p, d_head]."""
+        """x: [b, p, d_model] -> q, k, v each [b, head, p, d_head] (q, k rotated when the
+        layer has rotary positions)."""
         b, p, _ = x.shape
         qkv = self.qkv(x).view(b, p, 3, self.n_heads, self.d_head)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
         return q, k, v
 
     def _merge(self, z: torch.Tensor) -> torch.Tensor:
@@ -123,12 +199,14 @@ class _QKVAttention(nn.Module):
 
 @register_attention("softmax")
 class SoftmaxAttention(_QKVAttention):
-    """Standard causal softmax attention, scale ``1/sqrt(d_head)``. No options."""
+    """Standard causal softmax attention, scale ``1/sqrt(d_head)``. No options (``rotary``:
+    an optional :class:`Rotary` applied to q and k)."""
 
-    def __init__(self, d_model: int, n_heads: int, d_head: int, n_ctx: int, **options):
+    def __init__(self, d_model: int, n_heads: int, d_head: int, n_ctx: int, *,
+                 rotary: Rotary | None = None, **options):
         if options:
             raise ValueError(f"softmax attention takes no options, got {sorted(options)}")
-        super().__init__(d_model, n_heads, d_head, n_ctx)
+        super().__init__(d_model, n_heads, d_head, n_ctx, rotary)
 
     def forward(self, x: torch.Tensor, *, return_pattern: bool = False):
         """x: [batch, pos, d_model] -> [batch, pos, d_model] (and pattern [b, head, q, k])."""
@@ -240,9 +318,13 @@ class LinearAttention(_QKVAttention):
 
     chunk_size: int = 64
 
-    def __init__(self, d_model: int, n_heads: int, d_head: int, n_ctx: int, **options):
+    def __init__(self, d_model: int, n_heads: int, d_head: int, n_ctx: int, *,
+                 rotary: Rotary | None = None, **options):
         if options:
             raise ValueError(f"linear attention takes no options, got {sorted(options)}")
+        if rotary is not None:
+            raise ValueError("linear attention does not support rotary positions; use "
+                             "'softmax' or 'sd' layers in a positional='rotary' model")
         super().__init__(d_model, n_heads, d_head, n_ctx)
 
     def forward(self, x: torch.Tensor, *, return_pattern: bool = False):
@@ -284,9 +366,12 @@ class SDAttention(nn.Module):
         routing: str = "skew",
         a_init_std: float | None = None,
         delta_init: float = 0.0,
+        rotary: Rotary | None = None,
     ):
         super().__init__()
         _check_dims(d_model, n_heads, d_head, n_ctx)
+        _check_rotary(rotary, d_head, n_ctx)
+        self.rotary = rotary
         if filtering not in _FILTERING:
             raise ValueError(f"filtering must be one of {_FILTERING}, got {filtering!r}")
         if routing not in _ROUTING:
@@ -351,6 +436,8 @@ class SDAttention(nn.Module):
         else:  # the folded query of SPEC B.7, as TransformerLens computes it
             w_q, b_q = self._folded_query()
             q = F.linear(x, w_q, b_q).view(b, p, h, d).transpose(1, 2)
+        if self.rotary is not None:
+            q, pp = self.rotary(q), self.rotary(pp)
         if self.training and not return_pattern:
             z = F.scaled_dot_product_attention(q, pp, v, is_causal=True)
             pattern = None

