@@ -33,15 +33,38 @@ time and ``O(r d)`` in memory.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_spectral.analysis.coherence import default_queries
 from tl_spectral.analysis.pod import PODResult, effective_rank, spectral_concentration
+from tl_spectral.analysis.scale_pod import ScalePODLayer, gaussian_lag_window
+from tl_spectral.analysis.wavelets import (
+    DEFAULT_WAVELET,
+    LagCWT,
+    band_energies,
+    default_scales,
+    dominant_scales,
+    scale_energy,
+    scalogram_from_moment,
+)
 
-__all__ = ["StreamingFactors", "fold", "streaming_pod_result"]
+__all__ = [
+    "BAND_OPTIONS",
+    "StreamingFactors",
+    "band_options",
+    "fold",
+    "pod_from_spectrum",
+    "scale_pod_layer_streamed",
+    "select_bands",
+    "spectrum",
+    "streaming_pod_result",
+]
 
 
 @dataclass
@@ -150,19 +173,21 @@ def fold(
     if sums.shape[0] > 1:  # rows sqrt(n_k) (mu_k - mu): the scatter between the groups
         keep = ns > 0
         between = torch.sqrt(ns[keep])[:, None] * (sums[keep] / ns[keep][:, None] - mu)
-        M = torch.cat([W.to(torch.float64), between])
+        M = torch.cat([W, between.to(W.dtype)])
     else:
-        M = W.to(torch.float64)
+        M = W
     if M.shape[0] == 0:
         return W[:0], tot[None], torch.tensor([n], dtype=torch.float64, device=dev), torch.zeros(1, dtype=torch.float64, device=dev)
-    G = M @ M.T
+    # Gram of the stacked rows in the factors' dtype (float32 like the in-memory path's
+    # per-lag Grams), eigen-decomposition in float64
+    G = (M @ M.T).to(torch.float64)
     G = 0.5 * (G + G.T)
     lam, U = torch.linalg.eigh(G)
     lam, U = lam.flip(0), U.flip(1)
     trace = float(lam.clamp_min(0).sum())
-    tol = max(float(lam[0]) if lam.numel() else 0.0, 0.0) * M.shape[0] * torch.finfo(torch.float64).eps
+    tol = max(float(lam[0]) if lam.numel() else 0.0, 0.0) * M.shape[0] * torch.finfo(M.dtype).eps
     k = min(int(rank), int((lam > tol).sum()))
-    Wn = (U[:, :k].T @ M).to(W.dtype)  # rows sigma_k v_k^T
+    Wn = U[:, :k].T.to(M.dtype) @ M  # rows sigma_k v_k^T
     dropped = torch.tensor([max(0.0, trace - float(lam[:k].sum()))], dtype=torch.float64, device=dev)
     return Wn, tot[None], torch.tensor([n], dtype=torch.float64, device=dev), dropped
 
@@ -180,57 +205,244 @@ def streaming_pod_result(
     eigenvalues: the top ``<= rank_cap`` eigenvalues of the centred covariance (``/ N``);
     modes: the first ``n_modes``; coefficients: ``[0, k]`` (per-snapshot coefficients would
     grow with N and are not kept); total_energy: the exact trace (``total_energy`` overrides
-    it, e.g. from an exact lag moment). ``H_star`` is exact when the kept eigenvalues reach
-    ``1 - epsilon`` of the exact total; otherwise ``H_star`` = the number kept and
-    ``H_star_saturated`` (a lower bound: ``H* > rank_cap``). ``spectrum_complete``: no
-    truncation dropped energy. ``T_spec``: the power-law fit over the modes holding 99% of the
-    exact energy, exact when those are all kept (else fitted on the kept ones; see
-    ``tspec_n_fit``).
+    it). See :func:`pod_from_spectrum` for ``H_star`` and ``T_spec``.
     """
     st = state.fold(rank_cap or max(1, state.W.shape[0]))
+    lam, modes = spectrum(st, n_modes)
     N = st.n
-    if N < 2:
-        raise ValueError(f"POD needs at least N=2 snapshots (got N={int(N)})")
-    total = st.total_scatter / N if total_energy is None else float(total_energy)
-    if not total > 0:
-        raise ValueError("the snapshots have zero energy (all fluctuations are zero); nothing to decompose")
+    total = st.total_scatter / max(N, 1.0) if total_energy is None else float(total_energy)
+    return pod_from_spectrum(
+        lam, modes, total_energy=total, n_snapshots=int(round(N)), dim=st.dim,
+        dropped=float(st.dropped) / max(N, 1.0), epsilon=epsilon,
+    )
+
+
+def spectrum(st: StreamingFactors, n_modes: int) -> tuple[Tensor, Tensor]:
+    """``(eigenvalues [k] descending, modes [min(n_modes, k), d])`` of a folded state (one
+    group): eigenvalues ``sigma^2 / N`` above rounding noise, modes ``v_k`` with their largest
+    entry positive (the sign convention of :func:`~tl_spectral.analysis.pod.pod`)."""
+    N = max(st.n, 1.0)
     W = st.W.to(torch.float64)
-    sq = W.pow(2).sum(1)  # sigma_k^2, descending
+    sq = W.pow(2).sum(1)
     order = torch.argsort(sq, descending=True)
     W, sq = W[order], sq[order]
-    lam = sq / N
-    eps = torch.finfo(torch.float32).eps
-    keep = lam > max(float(lam[0]) * W.shape[0] * torch.finfo(torch.float64).eps, eps * total) if lam.numel() else lam > 0
-    lam, W = lam[keep].contiguous(), W[keep]
+    if sq.numel():
+        tol = max(float(sq[0]) * W.shape[0] * torch.finfo(torch.float64).eps, 0.0)
+        keep = sq > tol
+        W, sq = W[keep], sq[keep]
+    lam = (sq / N).contiguous()
     k = min(int(n_modes), int(lam.numel()))
-    modes = W[:k] / torch.sqrt(sq[keep][:k])[:, None]
-    # sign convention of pod(): the largest-magnitude entry of each mode is positive
+    modes = W[:k] / torch.sqrt(sq[:k])[:, None]
     if k:
         idx = modes.abs().argmax(dim=1)
         sgn = torch.sign(modes.gather(1, idx[:, None]).squeeze(1))
         sgn[sgn == 0] = 1
         modes = modes * sgn[:, None]
-    H, reached = effective_rank(lam, epsilon, total_energy=total)
-    complete = float(st.dropped) <= 1e-12 * max(total * N, 1e-300)
-    fit = spectral_concentration(lam, total_energy=total)
+    return lam, modes
+
+
+def pod_from_spectrum(
+    eigenvalues: Tensor,
+    modes: Tensor,
+    *,
+    total_energy: float,
+    n_snapshots: int,
+    dim: int,
+    dropped: float = 0.0,
+    epsilon: float = 0.10,
+) -> PODResult:
+    """A :class:`PODResult` from the top of a spectrum and the exact total energy.
+
+    ``H_star`` is exact when the eigenvalues reach ``1 - epsilon`` of ``total_energy``;
+    otherwise it is their count and ``H_star_saturated`` (a lower bound: ``H* >`` that
+    count). ``T_spec`` fits the modes holding 99% of the exact energy: exact when those are
+    all among the eigenvalues, else fitted on the ones there are (``tspec_n_fit`` = their
+    count). ``dropped``: energy (a mean, like the eigenvalues) the truncations discarded;
+    ``spectrum_complete`` when it is 0 to rounding; ``eigen_rel_error`` = ``dropped`` over the
+    smallest eigenvalue kept, a bound on the relative error of every eigenvalue.
+    """
+    if n_snapshots < 2:
+        raise ValueError(f"POD needs at least N=2 snapshots (got N={n_snapshots})")
+    if not total_energy > 0:
+        raise ValueError("the snapshots have zero energy (all fluctuations are zero); nothing to decompose")
+    lam = eigenvalues.to(torch.float64)
+    H, reached = effective_rank(lam, epsilon, total_energy=total_energy)
+    complete = dropped <= 1e-12 * total_energy
+    fit = spectral_concentration(lam, total_energy=total_energy)
+    rel = 0.0 if complete or lam.numel() == 0 else dropped / max(float(lam[-1]), 1e-300)
+    k = int(modes.shape[0])
     return PODResult(
         eigenvalues=lam,
         modes=modes,
         coefficients=torch.zeros(0, k, dtype=torch.float64),
         mean=None,
-        total_energy=total,
-        n_snapshots=int(round(N)),
-        dim=st.dim,
+        total_energy=float(total_energy),
+        n_snapshots=int(n_snapshots),
+        dim=int(dim),
         method="streaming",
         centered=True,
         spectrum_complete=bool(complete),
         epsilon=float(epsilon),
         H_star=H,
-        H_star_saturated=(not reached) or H >= int(round(N)) - 1,
+        H_star_saturated=(not reached) or H >= n_snapshots - 1,
         beta=fit["beta"],
         T_spec=fit["T_spec"],
         tspec_r2=fit["r2"],
         tspec_n_fit=int(fit["n_fit"]),
-        eigen_rel_error=float(st.dropped) / max(N * float(lam[-1]), 1e-300) if lam.numel() and not complete else 0.0,
+        eigen_rel_error=float(rel),
     )
 
+
+# ----------------------------------------------------------------------------- scale POD
+#: scale_pod_layer options that choose the band windows and coherence queries: a streamed
+#: ensemble fixes them before its second pass (they go to the probe, not to .scale_pod()).
+BAND_OPTIONS = (
+    "scales",
+    "wavelet",
+    "max_dominant",
+    "min_ratio",
+    "min_peak_fraction",
+    "window_threshold",
+    "lag_window",
+    "coherence_queries",
+)
+_BAND_DEFAULTS: dict[str, Any] = {
+    "scales": None,
+    "wavelet": DEFAULT_WAVELET,
+    "max_dominant": 3,
+    "min_ratio": 1.5,
+    "min_peak_fraction": 0.01,
+    "window_threshold": 1e-4,
+    "lag_window": "signed",
+    "coherence_queries": 16,
+}
+
+
+def band_options(options: dict | None) -> dict[str, Any]:
+    """The band options with defaults filled in; unknown keys raise."""
+    opts = dict(options or {})
+    bad = sorted(set(opts) - set(BAND_OPTIONS))
+    if bad:
+        raise ValueError(
+            f"unknown band options {bad}; pass some of {list(BAND_OPTIONS)} (epsilon and "
+            "n_modes go to .scale_pod())"
+        )
+    out = dict(_BAND_DEFAULTS)
+    out.update(opts)
+    if out["lag_window"] not in ("signed", "absolute"):
+        raise ValueError(f"lag_window must be 'signed' or 'absolute' (got {out['lag_window']!r})")
+    if int(out["max_dominant"]) < 1:
+        raise ValueError(f"max_dominant must be >= 1 (got {out['max_dominant']})")
+    return out
+
+
+def coherence_query_index(spec, T: int) -> Tensor | None:
+    """Query indices of the coherence (as :func:`scale_pod_layer`), or None to skip it."""
+    if spec is None or (isinstance(spec, int) and spec == 0):
+        return None
+    if isinstance(spec, int):
+        return default_queries(T, spec)
+    q = torch.as_tensor(spec, dtype=torch.int64).flatten()
+    if q.numel() == 0 or q.min() < 0 or q.max() >= T:
+        raise ValueError(f"coherence_queries must be query indices in [0, {T - 1}]")
+    return q
+
+
+def select_bands(C: Tensor, lags: Tensor, T: int, options: dict) -> dict[str, Any]:
+    """Scalogram, dominant scales and band windows from the centred lag second moment
+    ``C = mean_{s,i} u u^T: [n_lags, n_lags]`` exactly as :func:`scale_pod_layer` picks them
+    (same CWT operator in float32, same peak picking, same windows)."""
+    n_lags = int(lags.numel())
+    scales_t = default_scales(T) if options["scales"] is None else torch.as_tensor(
+        options["scales"], dtype=torch.float64)
+    op = LagCWT(n_lags, scales_t, options["wavelet"], dtype=torch.float32)
+    scales_t = op.scales
+    E_at = scalogram_from_moment(C, op)
+    E_a = scale_energy(E_at)
+    if not float(E_a.sum()) > 0:
+        raise ValueError(
+            "the fields have zero fluctuation energy; the ensemble's fields do not differ"
+        )
+    dom = dominant_scales(
+        E_a, scales_t, max_scales=int(options["max_dominant"]), min_ratio=options["min_ratio"],
+        min_peak_fraction=options["min_peak_fraction"],
+    )
+    a_star = [float(scales_t[i]) for i in dom]
+    windows, masks = [], []
+    for a in a_star:
+        g = gaussian_lag_window(lags, a, absolute=options["lag_window"] == "absolute")
+        m = g > options["window_threshold"]
+        windows.append(torch.where(m, g, torch.zeros_like(g)))
+        masks.append(m)
+    return {
+        "op": op, "scales": scales_t, "E_at": E_at, "E_a": E_a, "a_star": a_star,
+        "band_energy": band_energies(E_a, scales_t), "windows": windows, "masks": masks,
+    }
+
+
+def _summary(p: PODResult, rank_cap: int) -> dict[str, Any]:
+    s = p.headline()
+    out = {k: s[k] for k in ("dim", "rank", "n_available", "total_energy", "H_star",
+                             "H_star_saturated", "H_star_str", "beta", "T_spec", "tspec_r2",
+                             "tspec_n_fit")}
+    beyond_cap = p.H_star_saturated and p.H_star >= p.eigenvalues.numel() and p.H_star < p.n_snapshots - 1
+    if beyond_cap:
+        out["H_star_str"] = f"> {p.H_star}"
+    out["rank_cap"] = int(rank_cap)
+    out["spectrum_complete"] = bool(p.spectrum_complete)
+    # T_spec is exact when the modes holding 99% of the energy are all within the cap
+    out["tspec_exact"] = bool(p.spectrum_complete or p.tspec_n_fit < p.eigenvalues.numel())
+    return out
+
+
+def scale_pod_layer_streamed(
+    *,
+    layer: int,
+    n_documents: int,
+    T: int,
+    lags: Tensor,
+    selection: dict[str, Any],
+    full: PODResult,
+    bands: Sequence[PODResult],
+    coherence: Tensor | None,
+    coherence_queries: Tensor | None,
+    rank_cap: int,
+    config: dict[str, Any],
+) -> ScalePODLayer:
+    """A :class:`ScalePODLayer` from streamed statistics (see
+    :class:`tl_spectral.probes.fields.StreamedAttentionFields`): the same fields as
+    :func:`scale_pod_layer`, with empty per-document coefficients ``[0, k]`` and, in every POD
+    summary, ``rank_cap``, ``spectrum_complete`` and ``tspec_exact``."""
+    n_lags = int(lags.numel())
+    masks = selection["masks"]
+    band_list = []
+    for b, (a, m, p) in enumerate(zip(selection["a_star"], masks, bands)):
+        bl = lags[m]
+        band_list.append({"band": b, "scale": a, "sigma": a / 2.0, "lag_min": int(bl.min()),
+                          "lag_max": int(bl.max()), "n_lags": int(bl.numel()),
+                          **_summary(p, rank_cap)})
+    return ScalePODLayer(
+        layer=int(layer),
+        causal=bool(lags.min() >= 0),
+        n_documents=int(n_documents),
+        n_queries=int(T),
+        lags=lags,
+        scales=selection["scales"].clone(),
+        scalogram=selection["E_at"],
+        scale_energy=selection["E_a"],
+        dominant_scales=list(selection["a_star"]),
+        band_energy=selection["band_energy"],
+        full_eigenvalues=full.eigenvalues,
+        full_modes=full.modes.reshape(-1, T, n_lags).to(torch.float32),
+        full_coefficients=full.coefficients,
+        full=_summary(full, rank_cap),
+        band_eigenvalues={str(b): p.eigenvalues for b, p in enumerate(bands)},
+        band_modes={str(b): p.modes.reshape(-1, T, int(m.sum())).to(torch.float32)
+                    for b, (p, m) in enumerate(zip(bands, masks))},
+        band_coefficients={str(b): p.coefficients for b, p in enumerate(bands)},
+        band_lags={str(b): lags[m].clone() for b, m in enumerate(masks)},
+        bands=band_list,
+        coherence=coherence,
+        coherence_queries=coherence_queries,
+        config=dict(config),
+    )
