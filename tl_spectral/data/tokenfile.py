@@ -261,6 +261,7 @@ class TokenWindows:
         elif isinstance(key, slice):
             lo, hi, step = key.indices(self.n_docs)
             out = self.batch(lo, hi) if step == 1 else torch.stack([self[i] for i in range(lo, hi, step)])
+            rest = (slice(None), *rest) if rest else rest
         else:
             raise TypeError("index token windows with an int or a slice (first axis)")
         return out[rest] if rest else out
