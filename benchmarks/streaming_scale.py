@@ -21,7 +21,10 @@ Figures (the last line printed, one JSON object):
 - per N: wall seconds, peak RSS (MiB); the in-memory reference's wall time and peak RSS.
 
 Usage: ``python benchmarks/streaming_scale.py [--n-docs 500,1000,2000,4000] [--rank 256]
-[--ref-docs 1000]``; ``--quick`` runs N = 40, 80 with T = 64 and K = 16 (a smoke test).
+[--ref-docs 1000] [--records DIR [--resume]]``; ``--quick`` runs N = 40, 80 with T = 64 and
+K = 16 (a smoke test). The figures in docs/scale_pod.md: ``--records
+docs/results/streaming_scale/runs`` (one JSON record per run; the summary line in
+docs/results/streaming_scale/summary.json).
 """
 
 from __future__ import annotations
@@ -84,10 +87,19 @@ def child(mode: str, n_docs: int, tokens: str, length: int, rank: int, batch: in
 
 
 def _run_child(mode: str, n: int, args, tokens: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", mode, str(n), "--tokens", tokens,
-           "--length", str(args.length), "--rank", str(args.rank), "--batch", str(args.batch)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    """One child run; its whole record is kept in ``--records`` (and reused from there with
+    ``--resume``), so an interrupted benchmark keeps what it measured."""
+    rec_path = Path(args.records) / f"{mode}_{n}_T{args.length}_K{args.rank}.json" if args.records else None
+    if rec_path is not None and args.resume and rec_path.is_file():
+        rec = json.loads(rec_path.read_text())
+    else:
+        cmd = [sys.executable, __file__, "--child", mode, str(n), "--tokens", tokens,
+               "--length", str(args.length), "--rank", str(args.rank), "--batch", str(args.batch)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        rec = json.loads(out.stdout.strip().splitlines()[-1])
+        if rec_path is not None:
+            rec_path.parent.mkdir(parents=True, exist_ok=True)
+            rec_path.write_text(json.dumps(rec) + "\n")
     print(json.dumps({k: v for k, v in rec.items() if k != "layers"}), flush=True)
     return rec
 
@@ -123,6 +135,11 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--records", default=None,
+                    help="folder for each run's full record (JSON), e.g. "
+                         "docs/results/streaming_scale/runs")
+    ap.add_argument("--resume", action="store_true",
+                    help="reuse the records already in --records")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "N"))
     ap.add_argument("--tokens")
     args = ap.parse_args()
@@ -142,10 +159,10 @@ def main() -> None:
         tokens = str(write_token_file(Path(tmp) / "shakespeare.tok",
                                       [tok.encode(tiny_shakespeare(), unknown="drop")],
                                       model="char-shakespeare", vocab_size=tok.vocab_size))
+        # the accuracy pair first, then the other N
         ref = _run_child("memory", args.ref_docs, args, tokens)
-        runs = {n: _run_child("stream", n, args, tokens) for n in ns}
-    if args.ref_docs not in runs:
-        runs[args.ref_docs] = _run_child("stream", args.ref_docs, args, tokens)
+        runs = {args.ref_docs: _run_child("stream", args.ref_docs, args, tokens)}
+        runs.update({n: _run_child("stream", n, args, tokens) for n in ns if n not in runs})
     xs = [math.log(n) for n in ns]
     ys = [math.log(runs[n]["wall_s"]) for n in ns]
     xm, ym = sum(xs) / len(xs), sum(ys) / len(ys)
