@@ -59,6 +59,7 @@ __all__ = [
     "StreamingFactors",
     "band_options",
     "fold",
+    "hstar_bounds",
     "pod_from_spectrum",
     "scale_pod_layer_streamed",
     "select_bands",
@@ -380,18 +381,54 @@ def select_bands(C: Tensor, lags: Tensor, T: int, options: dict) -> dict[str, An
     }
 
 
+def hstar_bounds(
+    eigenvalues: Tensor, total_energy: float, dropped: float, epsilon: float
+) -> tuple[int | None, int | None]:
+    """Bounds ``(low, high)`` of the true ``H*(epsilon)`` from a streamed spectrum.
+
+    Truncation only removes a PSD part ``E`` of the scatter (``W^T W ≼ S``, ``trace E =
+    dropped``), so every streamed eigenvalue is at most the true one (Weyl) and the true
+    top-``m`` energy is at most the streamed one plus ``dropped`` (Ky Fan). Hence ``high`` = the
+    streamed ``H*`` (None when the kept eigenvalues never reach ``1 - epsilon``) and ``low`` =
+    the first ``m`` with streamed top-``m`` energy + ``dropped`` reaching it (None: the true
+    ``H*`` exceeds the number kept). ``low == high``: ``H*`` is exact.
+    """
+    lam = eigenvalues.to(torch.float64)
+    target = (1.0 - epsilon) * (1.0 - 1e-12) * total_energy
+    cum = torch.cumsum(lam, 0)
+    hit_hi = torch.nonzero(cum >= target).flatten()
+    hit_lo = torch.nonzero(cum + dropped >= target).flatten()
+    hi = int(hit_hi[0]) + 1 if hit_hi.numel() else None
+    lo = int(hit_lo[0]) + 1 if hit_lo.numel() else None
+    return lo, hi
+
+
 def _summary(p: PODResult, rank_cap: int) -> dict[str, Any]:
     s = p.headline()
     out = {k: s[k] for k in ("dim", "rank", "n_available", "total_energy", "H_star",
                              "H_star_saturated", "H_star_str", "beta", "T_spec", "tspec_r2",
                              "tspec_n_fit")}
-    beyond_cap = p.H_star_saturated and p.H_star >= p.eigenvalues.numel() and p.H_star < p.n_snapshots - 1
-    if beyond_cap:
-        out["H_star_str"] = f"> {p.H_star}"
+    K = int(p.eigenvalues.numel())
+    dropped = 0.0 if p.spectrum_complete or K == 0 else p.eigen_rel_error * float(p.eigenvalues[-1])
+    lo, hi = hstar_bounds(p.eigenvalues, p.total_energy, dropped, p.epsilon)
+    N = p.n_snapshots
+    if hi is not None and hi >= N - 1:
+        pass  # the ensemble's own limit (N - 1 modes): "≥ N-1" as the in-memory path says
+    elif hi is not None and lo == hi:
+        out["H_star_str"] = str(hi)
+    elif hi is not None:
+        out["H_star_str"] = f"{lo}–{hi}"
+    elif lo is None:
+        out["H_star_str"] = f"> {K}"
+    else:
+        out["H_star_str"] = f"≥ {lo}"
+    out["H_star_low"] = lo if lo is not None else K + 1
+    out["H_star_exact"] = bool(hi is not None and lo == hi)
     out["rank_cap"] = int(rank_cap)
     out["spectrum_complete"] = bool(p.spectrum_complete)
-    # T_spec is exact when the modes holding 99% of the energy are all within the cap
-    out["tspec_exact"] = bool(p.spectrum_complete or p.tspec_n_fit < p.eigenvalues.numel())
+    # T_spec is exact when the modes holding 99% of the energy are all within a complete
+    # spectrum, or fitted on the kept eigenvalues (their count: tspec_n_fit)
+    out["tspec_exact"] = bool(p.spectrum_complete)
     return out
 
 
