@@ -7,7 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tl_spectral.analysis.pod import effective_rank, pod
-from tl_spectral.analysis.streaming_pod import StreamingFactors, fold, streaming_pod_result
+from tl_spectral.analysis.streaming_pod import (
+    StreamingFactors,
+    fold,
+    hstar_bounds,
+    streaming_pod_result,
+)
 
 
 def _snapshots(N: int, d: int, r: int, seed: int, mean_scale: float = 3.0) -> torch.Tensor:
@@ -95,3 +100,29 @@ def test_bad_rank():
 
     with pytest.raises(ValueError, match="rank must be"):
         fold(torch.zeros(0, 3), torch.zeros(1, 3, dtype=torch.float64), torch.ones(1, dtype=torch.float64), 0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 200), cap=st.integers(2, 12), eps=st.sampled_from([0.01, 0.1, 0.3]),
+       noise=st.sampled_from([0.0, 0.05, 0.5]))
+def test_hstar_bounds_contain_the_true_hstar(seed, cap, eps, noise):
+    """Truncated streams: the bounds from the dropped energy always contain the exact H*
+    (streamed eigenvalues never exceed the true ones; the true top-m energy is at most the
+    streamed one plus the dropped energy)."""
+    X = _snapshots(60, 30, 20, seed)
+    X = X + noise * torch.randn(60, 30, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    ref = pod(X, center=True, method="snapshots", epsilon=eps)
+    st_ = _stream(X, list(range(5, 60, 7)), rank=cap)
+    res = streaming_pod_result(st_, epsilon=eps)
+    n = res.eigenvalues.numel()
+    assert bool((res.eigenvalues <= ref.eigenvalues[:n] * (1 + 1e-9) + 1e-12).all())
+    lo, hi = hstar_bounds(res.eigenvalues, res.total_energy, float(st_.dropped) / 60, eps)
+    H = ref.H_star
+    if hi is not None:
+        assert H <= hi
+    if lo is None:
+        assert H > n
+    else:
+        assert H >= lo
+    if res.spectrum_complete:
+        assert lo == hi == H
