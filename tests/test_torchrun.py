@@ -1,5 +1,7 @@
 """tl-spectral tokenize / analyze --tokens, and analyze under torchrun (2 gloo processes):
-the report's results equal one process's."""
+the report's results equal one process's (the streamed scale POD: its sums all-reduced, its
+factor rows and buffered fields all-gathered; tests/test_distributed.py covers the other
+probes' reductions)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from tl_spectral.results import Result
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--model", "random", "--n-docs", "10", "--length", "32", "--batch-size", "3",
-        "--sections", "attention_stats,scale_pod", "--stream-rank", "12", "--no-progress"]
+        "--sections", "scale_pod", "--stream-rank", "12", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +68,7 @@ def test_torchrun_two_processes_equal_one(token_file, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (two / "index.html").is_file()
-    a = Result.load(one / "results" / "attention_stats.safetensors")
-    b = Result.load(two / "results" / "attention_stats.safetensors")
-    assert torch.equal(a.n_queries, b.n_queries)
-    for f in ("entropy", "distance", "first_token_mass"):
-        torch.testing.assert_close(getattr(b, f), getattr(a, f), rtol=1e-6, atol=1e-7)
+    assert '"processes": 2' in (two / ".tl_spectral_report.json").read_text()
     pa = Result.load(one / "results" / "scale_pod.safetensors")
     pb = Result.load(two / "results" / "scale_pod.safetensors")
     for la, lb in zip(pa.layers, pb.layers):
