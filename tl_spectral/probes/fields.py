@@ -124,8 +124,8 @@ class AttentionFieldProbe(Probe):
                  band_options: Optional[dict] = None):
         """streaming: keep constant-memory statistics instead of every document's field (two
         passes; full windows only, head mean only). rank: the rank cap K of every streamed
-        POD (whole field and bands): eigenvalues beyond K are not kept, ``H*`` above K is
-        reported as ``> K``. n_modes: modes kept per POD in the result. fold_every: documents
+        POD (whole field and bands): eigenvalues beyond K are not kept; ``H*`` is exact, or
+        bounds (``lo–hi``, ``≥ lo``, ``> K``) when the cap dropped energy. n_modes: modes kept per POD in the result. fold_every: documents
         buffered before a factor update (larger: faster, ``fold_every × T × n_lags`` floats
         more memory). band_options: the :func:`~tl_spectral.analysis.scale_pod.scale_pod_layer`
         options that choose the band windows and coherence queries (``scales``, ``wavelet``,
