@@ -64,7 +64,7 @@ def test_torchrun_two_processes_equal_one(token_file, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          "-m", "tl_spectral", "analyze", "--tokens", str(token_file), *ARGS, "--out", str(two)],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (two / "index.html").is_file()
