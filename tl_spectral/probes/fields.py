@@ -479,6 +479,7 @@ class StreamedAttentionFields(Result):
     """
 
     kind: ClassVar[str] = "streamed_attention_fields"
+    main_plot: ClassVar[str | None] = "plot_mean"
 
     mean: dict
     moment: dict
@@ -498,6 +499,20 @@ class StreamedAttentionFields(Result):
     @property
     def n_docs(self) -> int:
         return int(self.n_documents)
+
+    def plot_mean(self):
+        """Mean lag profile per layer: ``mean_i F̄(i, tau)`` against ``tau``."""
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for layer in self.layers:
+            prof = self.mean[str(layer)].mean(dim=0)
+            ax.plot(self.lags.numpy(), prof.numpy(), label=f"layer {layer}")
+        ax.set_xlabel("lag τ (tokens)")
+        ax.set_ylabel("mean attention")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+        return fig
 
     def scale_pod(self, n_heads: int | Sequence[int], *, head_budget: int | None = None,
                   epsilon: float = 0.10, n_modes: int | None = None, **band_kwargs: Any):
