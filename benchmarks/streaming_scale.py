@@ -24,7 +24,7 @@ Figures (the last line printed, one JSON object):
 Usage: ``python benchmarks/streaming_scale.py [--n-docs 500,1000,2000,4000] [--rank 256]
 [--ref-docs 1000] [--records DIR [--resume]]``; ``--quick`` runs N = 40, 80 with T = 64 and
 K = 16 (a smoke test). The figures in docs/scale_pod.md: ``--records
-docs/results/streaming_scale/runs`` (one JSON record per run; the summary line in
+docs/results/streaming_scale/records`` (one JSON record per run; the summary line in
 docs/results/streaming_scale/summary.json).
 """
 
@@ -151,7 +151,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--records", default=None,
                     help="folder for each run's full record (JSON), e.g. "
-                         "docs/results/streaming_scale/runs")
+                         "docs/results/streaming_scale/records")
     ap.add_argument("--resume", action="store_true",
                     help="reuse the records already in --records")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "N"))
