@@ -169,7 +169,7 @@ def _check_tl_spectral(args: list[str]) -> None:
     if not args or args[0] in ("--version", "-V"):
         return
     sub = args[0]
-    assert sub in ("analyze", "train", "study", "geometry"), sub
+    assert sub in ("analyze", "tokenize", "train", "study", "geometry"), sub
     words = [w.strip("[]") for w in args[1:]]
     if sub == "study":
         names = words[0].split("|")
@@ -204,6 +204,8 @@ def test_shell_blocks_name_real_commands_and_flags(doc):
                 argv = argv[1:]
             if not argv:
                 continue
+            if argv[0] == "torchrun" and "tl_spectral" in argv:  # torchrun ... -m tl_spectral CMD
+                argv = ["tl-spectral", *argv[argv.index("tl_spectral") + 1:]]
             if argv[0] == "tl-spectral":
                 _check_tl_spectral(argv[1:])
                 checked += 1

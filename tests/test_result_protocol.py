@@ -55,6 +55,9 @@ def _instances(tmp_path) -> dict[str, Result]:
                     progress=False)["attention_fields"].scale_pod(n_heads=2)
     out[ph.kind] = ph
     out[ph.layers[0].kind] = ph.layers[0]
+    st = run_probes(model, toks, [AttentionFieldProbe(streaming=True, rank=4)],
+                    progress=False)["attention_fields"]
+    out[st.kind] = st
     p = pod(torch.randn(10, 30, generator=g, dtype=torch.float64))
     out[p.kind] = p
     maps = layer_maps(model, toks[:1], layers=[0])[0]

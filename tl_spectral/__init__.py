@@ -31,6 +31,8 @@ _PUBLIC: dict[str, str] = {
     "DocumentWindows": "tl_spectral.data.windows",
     "CharTokenizer": "tl_spectral.data.tokenizers",
     "tiny_shakespeare": "tl_spectral.data.corpora",
+    "TokenFile": "tl_spectral.data.tokenfile",
+    "write_token_file": "tl_spectral.data.tokenfile",
     # analyses called directly
     "contribution_weights": "tl_spectral.analysis.contributions",
     "layer_maps": "tl_spectral.probes.contributions",

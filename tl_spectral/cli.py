@@ -1,7 +1,14 @@
-"""Command line: ``tl-spectral analyze | train | study NAME | geometry | --version``.
+"""Command line: ``tl-spectral analyze | tokenize | train | study NAME | geometry | --version``.
 
 Every user error is one line on stderr with exit status 2 (``--debug`` anywhere on the
 command line shows the traceback instead). Arguments are validated before a model loads.
+
+Several processes: ``torchrun --nproc_per_node P -m tl_spectral analyze ...`` (or
+``tl-spectral analyze`` started by torchrun) joins the process group torchrun describes
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``): NCCL with one GPU
+per process when CUDA is available, else gloo. Each rank runs the probes on its contiguous
+shard of the windows, the probe states are reduced across ranks, and rank 0 alone renders
+and writes the report.
 The studies (``tl-spectral study NAME``) live in a separate package that registers itself
 under the ``tl_spectral.studies`` entry points; the library never imports it.
 """
@@ -157,8 +164,14 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--model", default=DEFAULT_MODEL,
                     help=f"zoo name ({', '.join(available())}; default {DEFAULT_MODEL}), "
                          "'random', or the path of a local Hugging Face folder (./name)")
-    ap.add_argument("--corpus", default="shakespeare",
-                    help="'shakespeare' (bundled) or the path of a UTF-8 text file")
+    ap.add_argument("--corpus", default=None,
+                    help="'shakespeare' (bundled; the default) or the path of a UTF-8 text file")
+    ap.add_argument("--tokens", default=None,
+                    help="a token file (tl-spectral tokenize) to read windows from lazily, "
+                         "batch by batch, instead of --corpus")
+    ap.add_argument("--stream-rank", type=int, default=None,
+                    help="scale POD with constant-memory statistics of rank cap K (two passes; "
+                         "H* above K reads '> K'); default: keep every window's field")
     ap.add_argument("--n-docs", type=int, default=64, help="number of document windows")
     ap.add_argument("--length", type=int, default=256,
                     help="tokens per window (at most the model's context)")
@@ -190,6 +203,12 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     _int_in(ap, "length", args.length, 2, 1 << 20)
     _int_in(ap, "batch-size", args.batch_size, 1, 1 << 16)
     _int_in(ap, "faithfulness-docs", args.faithfulness_docs, 0, args.n_docs)
+    if args.stream_rank is not None:
+        _int_in(ap, "stream-rank", args.stream_rank, 1, 1 << 16)
+    if args.tokens is not None and args.corpus is not None:
+        raise UsageError("tl-spectral analyze: pass either --corpus or --tokens, not both")
+    if args.corpus is None:
+        args.corpus = "shakespeare"
     sections = list(SECTION_KEYS)
     if args.sections != "all":
         sections = [s.strip() for s in args.sections.split(",") if s.strip()]
@@ -199,13 +218,25 @@ def analyze(argv: Optional[list[str]] = None) -> int:
                              f"{', '.join(SECTION_KEYS)} (or 'all')")
     fields = _scale_pod_fields(args.fields, sections)
     kind, target = resolve_model(args.model)
-    check_corpus(args.corpus)
+    token_file = None
+    if args.tokens is not None:
+        token_file = open_token_file(args.tokens, args.model)
+    else:
+        check_corpus(args.corpus)
+    dist_env = torchrun_env()
+    rank0 = dist_env is None or dist_env[0] == 0
     out = Path(args.out)
-    check_out_dir(out, args.overwrite)
+    if rank0:
+        check_out_dir(out, args.overwrite)
 
     import time
 
     import torch
+
+    if dist_env is not None:
+        _init_process_group(*dist_env)
+        if not rank0:
+            args.no_progress = True
 
     t0 = time.perf_counter()
 
@@ -214,7 +245,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
             print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
     torch.manual_seed(args.seed)
-    text = load_corpus(args.corpus)
+    text = load_corpus(args.corpus) if token_file is None else ""
     tokenizer = None
     if kind == "zoo":  # the char models' tokenizer and context, before their weights
         from tl_spectral.models import zoo
@@ -227,10 +258,19 @@ def analyze(argv: Optional[list[str]] = None) -> int:
                                  f"{n_ctx}; pass --length {n_ctx} or less")
             tokenizer = zoo._char_tokenizer(info)
     windows = None
-    if tokenizer is not None:
+    if token_file is not None:
+        try:
+            windows = token_file.windows(args.n_docs, args.length, seed=args.seed,
+                                         overlap=args.overlap)
+        except ValueError as e:
+            hint = "" if args.overlap else "; or pass --overlap to draw overlapping windows"
+            raise UsageError(f"--tokens {args.tokens}: {e}{hint}") from None
+    elif tokenizer is not None:
         windows = _windows(text, tokenizer, args)
     status(f"loading {args.model}")
     model, tokenizer = load_model(args.model)
+    if dist_env is not None and torch.cuda.is_available():
+        model = model.to(f"cuda:{dist_env[2]}")
 
     from tl_spectral.model_view import ModelView
     from tl_spectral.viz.sections import SECTIONS, ReportContext, build_report
@@ -241,16 +281,46 @@ def analyze(argv: Optional[list[str]] = None) -> int:
                          f"{view.n_ctx}; pass --length {view.n_ctx} or less")
     framing = "disjoint windows of the corpus" if not args.overlap else "windows at random offsets"
     mask = None
+    if not view.causal and token_file is not None:
+        raise UsageError(f"--tokens: {args.model} is bidirectional; its windows are framed "
+                         "by its special tokens from the text, pass --corpus instead")
     if not view.causal:
         status("cutting sentence-aligned windows framed by the model's special tokens")
         tokens, mask, framing = _encoder_windows(text, tokenizer, args)
     else:
         if windows is None:
             windows = _windows(text, tokenizer, args)
-        tokens = windows.tokens
+        # token-file windows stay lazy: the runner reads them batch by batch
+        tokens = windows if token_file is not None else windows.tokens
     name = _display_name(args.model, kind)
     secs = [f() for f in SECTIONS]
     secs = [s for s in secs if s.key in sections]
+    corpus_name = args.corpus if token_file is None else str(args.tokens)
+    if token_file is not None:
+        framing = "disjoint windows of the token file" if not args.overlap else \
+            "windows of the token file at random offsets"
+    options = {"meta": {"corpus": corpus_name, "seed": args.seed},
+               "faithfulness_docs": args.faithfulness_docs, "windows": framing,
+               "save_raw": args.save_raw, "progress": not args.no_progress,
+               "stream_rank": args.stream_rank, "fields": fields}
+    results = None
+    if dist_env is not None:  # every rank runs its shard; the states reduce across ranks
+        import torch.distributed as dist
+
+        from tl_spectral.probes import run_probes
+
+        with tempfile.TemporaryDirectory() as scratch:
+            pctx = ReportContext(view=view, tokens=tokens, tokenizer=tokenizer,
+                                 out_dir=Path(scratch), results_dir=Path(scratch), mask=mask,
+                                 model_name=name, options=dict(options))
+            probes = [p for s in secs for p in s.probes(pctx)]
+            status(f"probes: rank {dist_env[0]} of {dist_env[1]} runs its shard of "
+                   f"{len(tokens)} windows")
+            results = run_probes(view, tokens, probes, batch_size=args.batch_size,
+                                 progress=not args.no_progress, attention_mask=mask)
+        dist.destroy_process_group()  # rendering runs on rank 0 alone, in one process
+        if not rank0:
+            return 0
     # write into a fresh sibling folder, then swap it in: an earlier report is replaced
     # whole (no stale files) and nothing is lost if this run fails half-way
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -258,18 +328,16 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     try:
         ctx = ReportContext(
             view=view, tokens=tokens, tokenizer=tokenizer, out_dir=tmp,
-            results_dir=tmp / "results", mask=mask, model_name=name,
-            options={"meta": {"corpus": args.corpus, "seed": args.seed},
-                     "faithfulness_docs": args.faithfulness_docs, "windows": framing,
-                     "save_raw": args.save_raw, "progress": not args.no_progress,
-                     "fields": fields},
+            results_dir=tmp / "results", mask=mask, model_name=name, options=options,
         )
         ctx._t0 = t0
         ctx.results_dir.mkdir(parents=True, exist_ok=True)
-        build_report(ctx, secs, batch_size=args.batch_size, progress=not args.no_progress)
+        build_report(ctx, secs, batch_size=args.batch_size, progress=not args.no_progress,
+                     results=results)
         (tmp / REPORT_MARKER).write_text(json.dumps({
-            "tool": "tl-spectral analyze", "model": args.model, "corpus": args.corpus,
-            "n_docs": args.n_docs, "length": args.length, "seed": args.seed}) + "\n")
+            "tool": "tl-spectral analyze", "model": args.model, "corpus": corpus_name,
+            "n_docs": args.n_docs, "length": args.length, "seed": args.seed,
+            "processes": 1 if dist_env is None else dist_env[1]}) + "\n")
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a report is the user's folder
         _swap_in(tmp, out)
     finally:
@@ -311,6 +379,49 @@ def _windows(text: str, tokenizer, args):
     if report is not None and report.changed:
         print(f"note: {report.note()}", file=sys.stderr)
     return w
+
+
+def torchrun_env() -> Optional[tuple[int, int, int]]:
+    """``(rank, world_size, local_rank)`` when started by torchrun with more than one
+    process (its ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), else None."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise UsageError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not an integer; start "
+                         "several processes with torchrun --nproc_per_node P") from None
+    if world <= 1:
+        return None
+    if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
+        raise UsageError("WORLD_SIZE is set but RANK or MASTER_ADDR is not; start several "
+                         "processes with torchrun --nproc_per_node P -m tl_spectral analyze ...")
+    return int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _init_process_group(rank: int, world: int, local_rank: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world)
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def open_token_file(path: str, model: str):
+    """``--tokens``: a readable token file written for ``model`` (else UsageError)."""
+    from tl_spectral.data.tokenfile import TokenFile
+
+    try:
+        tf = TokenFile(path)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--tokens {path}: {_one_line(e)}") from None
+    if tf.model and tf.model != model:
+        raise UsageError(f"--tokens {path} was tokenized for --model {tf.model}, not {model}; "
+                         f"pass --model {tf.model} or tokenize again with --model {model}")
+    return tf
 
 
 def _display_name(model: str, kind: str) -> str:
@@ -401,6 +512,83 @@ def _swap_in(new: Path, out: Path) -> None:
     os.replace(new, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------ tokenize
+def tokenizer_for(name: str):
+    """The tokenizer of ``--model`` without loading its weights where that is possible (the
+    shipped char models, 'random', a Hugging Face folder)."""
+    kind, target = resolve_model(name)
+    from tl_spectral.data import CharTokenizer, tiny_shakespeare
+
+    if kind == "random":
+        return CharTokenizer.from_text(tiny_shakespeare())
+    if kind == "zoo":
+        from tl_spectral.models import zoo
+
+        if target in zoo.SHIPPED:
+            return zoo._char_tokenizer(zoo.checkpoint_info(target))
+        return load_model(name)[1]
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(target)
+
+
+def tokenize(argv: Optional[list[str]] = None) -> int:
+    ap = ArgumentParser(
+        prog="tl-spectral tokenize",
+        description="Tokenize text into a token file (memory-mapped ids with document "
+                    "offsets) that analyze --tokens reads window by window.",
+    )
+    ap.add_argument("text", nargs="+", metavar="TEXT",
+                    help="'shakespeare' (bundled) or UTF-8 text files; each is one document")
+    ap.add_argument("--model", default=DEFAULT_MODEL,
+                    help="whose tokenizer: a zoo name, 'random', or a local Hugging Face folder")
+    ap.add_argument("-o", "--out", required=True, help="the token file to write")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    if out.exists() and not out.is_file():
+        raise UsageError(f"tl-spectral tokenize: -o {out} is a folder; pass a file path")
+    if out.exists() and not args.overwrite:
+        raise UsageError(f"tl-spectral tokenize: -o {out} exists; pass --overwrite to replace "
+                         "it, or choose another file")
+    if not out.parent.exists():
+        raise UsageError(f"tl-spectral tokenize: -o {out}: no folder {out.parent}; create it "
+                         "first")
+    for t in args.text:
+        check_corpus(t)
+    resolve_model(args.model)
+    tok = tokenizer_for(args.model)
+
+    from tl_spectral.data import CharTokenizer
+    from tl_spectral.data.tokenfile import write_token_file
+    from tl_spectral.data.windows import encode
+
+    unknown = "drop" if isinstance(tok, CharTokenizer) else None
+
+    def docs():
+        for t in args.text:
+            ids = encode(tok, load_corpus(t), unknown)
+            report = getattr(tok, "last_report", None)
+            if report is not None and report.changed:
+                print(f"note: {t}: {report.note()}", file=sys.stderr)
+            yield ids
+
+    vocab = getattr(tok, "vocab_size", None)
+    if not isinstance(vocab, int) and hasattr(tok, "__len__"):
+        vocab = len(tok)
+    if hasattr(tok, "__len__") and not isinstance(tok, CharTokenizer):
+        vocab = max(int(vocab or 0), len(tok))
+    path = write_token_file(out, docs(), model=args.model, vocab_size=vocab,
+                            overwrite=args.overwrite)
+    from tl_spectral.data.tokenfile import TokenFile
+
+    tf = TokenFile(path)
+    print(f"{path.resolve()}: {tf.n_tokens:,} tokens in {tf.n_docs} document(s) for "
+          f"--model {args.model}")
+    return 0
 
 
 # --------------------------------------------------------------------------------- train
@@ -536,11 +724,13 @@ def study(argv: Optional[list[str]] = None) -> int:
 
 
 # --------------------------------------------------------------------------------- main
-COMMANDS = {"analyze": analyze, "train": train, "study": study, "geometry": geometry}
+COMMANDS = {"analyze": analyze, "tokenize": tokenize, "train": train, "study": study,
+            "geometry": geometry}
 
-USAGE = """usage: tl-spectral {analyze,train,study,geometry} [options] | --version
+USAGE = """usage: tl-spectral {analyze,tokenize,train,study,geometry} [options] | --version
 
   analyze    run the probes on a model and corpus, write an offline HTML report
+  tokenize   tokenize text into a token file that analyze --tokens reads lazily
   train      train a model of the project's GPT family from a JSON config
   study      the paper reproductions: study NAME (routing, surgery, scale-pod, contributions)
   geometry   per-head routing/filtering table of a model's QK weights (CSV + figure)

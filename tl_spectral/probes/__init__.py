@@ -6,7 +6,11 @@ Adding a probe: one new module here and one line in ``PROBES`` below.
 from tl_spectral.probes.attention_stats import AttentionStats, AttentionStatsResult
 from tl_spectral.probes.base import LayerCapture, Probe, merge_tensor, reduce_state
 from tl_spectral.probes.contributions import ContributionProbe, ContributionStats
-from tl_spectral.probes.fields import AttentionFieldProbe, AttentionFields
+from tl_spectral.probes.fields import (
+    AttentionFieldProbe,
+    AttentionFields,
+    StreamedAttentionFields,
+)
 from tl_spectral.probes.runner import Corpus, ProbeRun, as_corpus, run_probes, run_probes_on_cache
 from tl_spectral.probes.sinks import SinkProbe, SinkStats
 
@@ -21,6 +25,7 @@ __all__ = [
     "PROBES",
     "AttentionFieldProbe",
     "AttentionFields",
+    "StreamedAttentionFields",
     "AttentionStats",
     "AttentionStatsResult",
     "ContributionProbe",

@@ -10,6 +10,14 @@ document ``s`` into lag coordinates (SPEC A.3; causal ``tau = i - j``, bidirecti
 
 N = 1,000 documents at T = 256 with all 256 lags is 262 MB per layer (float32). Padded
 positions never enter the mean, and their fluctuation is set to zero (no energy).
+
+``streaming=True`` keeps instead statistics whose size does not grow with N (see
+:mod:`tl_spectral.analysis.streaming_pod` and docs/scale_pod.md, "Corpora larger than
+memory"): two passes over the corpus (``run_probes`` makes both) — the first accumulates the
+mean, the lag second moment (scalogram, dominant scales, band windows), the coherence
+cross-spectrum and the whole field's rank-capped factors; the second the band snapshots'
+factors under the windows the first pass fixed. Its result,
+:class:`StreamedAttentionFields`, offers the same ``.scale_pod(...)``.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import torch
 from torch import Tensor
 
 from tl_spectral.analysis.scale_pod import lag_fields
-from tl_spectral.probes.base import LayerCapture, Probe
+from tl_spectral.probes.base import LayerCapture, Probe, merge_tensor
 from tl_spectral.probes.pair_fields import needs_values, pair_field
 from tl_spectral.results import Result, register_result
 
@@ -121,7 +129,20 @@ class AttentionFieldProbe(Probe):
 
     def __init__(self, layers: Optional[Sequence[int]] = None, *, per_head: bool = False,
                  max_lag: Optional[int] = None, name: Optional[str] = None,
-                 offload: bool = False, field: str = "attention"):
+                 offload: bool = False, field: str = "attention", streaming: bool = False,
+                 rank: int = 128, n_modes: int = 8, fold_every: int = 128,
+                 band_options: Optional[dict] = None):
+        """field: the per-pair map captured (see :mod:`tl_spectral.probes.pair_fields`).
+        streaming: keep constant-memory statistics instead of every document's field (two
+        passes; full windows only, head mean only). rank: the rank cap K of every streamed
+        POD (whole field and bands): eigenvalues beyond K are not kept; ``H*`` is exact, or
+        bounds (``lo–hi``, ``≥ lo``, ``> K``) when the cap dropped energy. n_modes: modes
+        kept per POD in the result. fold_every: documents
+        buffered before a factor update (larger: faster, ``fold_every × T × n_lags`` floats
+        more memory). band_options: the :func:`~tl_spectral.analysis.scale_pod.scale_pod_layer`
+        options that choose the band windows and coherence queries (``scales``, ``wavelet``,
+        ``max_dominant``, ``min_ratio``, ``min_peak_fraction``, ``window_threshold``,
+        ``lag_window``, ``coherence_queries``), fixed before the second pass."""
         super().__init__()
         self.field = field
         self._values = needs_values(field)  # validates the kind
@@ -135,12 +156,45 @@ class AttentionFieldProbe(Probe):
         if name is not None:
             self.name = name  # type: ignore[misc]
         self.reductions = {"doc_mask": "cat", "doc_index": "cat"}  # type: ignore[misc]
+        self.streaming = bool(streaming)
+        if self.streaming:
+            from tl_spectral.analysis.streaming_pod import band_options as _bo
+
+            if per_head:
+                raise ValueError("streaming=True keeps the head-mean field only; pass per_head=False "
+                                 "(or streaming=False for per-head fields)")
+            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+                raise ValueError(f"rank must be an int >= 1 (got {rank!r})")
+            if isinstance(n_modes, bool) or not isinstance(n_modes, int) or n_modes < 0:
+                raise ValueError(f"n_modes must be an int >= 0 (got {n_modes!r})")
+            if isinstance(fold_every, bool) or not isinstance(fold_every, int) or fold_every < 1:
+                raise ValueError(f"fold_every must be an int >= 1 (got {fold_every!r})")
+            self.band_options = _bo(band_options)
+        elif band_options is not None:
+            raise ValueError("band_options applies to streaming=True only; pass the options to "
+                             ".scale_pod() instead")
+        self.rank = int(rank)
+        self.n_modes = min(int(n_modes), self.rank)
+        self.fold_every = int(fold_every)
+        self._phase = 0
+        self._pass1: dict = {}
+        self._selection: dict = {}
+
+    def reset(self) -> None:
+        super().reset()
+        self._phase = 0
+        self._pass1 = {}
+        self._selection = {}
 
     def requires(self, view) -> dict[int, set[str]]:
         if self.layers is None:
             self.layers = list(range(view.n_layers))
         for layer in self.layers:
             self.reductions[f"{layer}.fields"] = "cat"  # type: ignore[index]
+            self.reductions[f"{layer}.pending"] = "cat"  # type: ignore[index]
+            for part in ("full", *(f"band{m}" for m in range(8))):
+                for key in ("W", "sums", "ns"):
+                    self.reductions[f"{layer}.{part}.{key}"] = "cat"  # type: ignore[index]
         self._W = {}  # W_O is read from this run's model
         kinds = {"pattern", "v"} if self._values else {"pattern"}
         return {layer: set(kinds) for layer in self.layers}
@@ -184,6 +238,9 @@ class AttentionFieldProbe(Probe):
         key_real = mask[:, j.clamp(0, T - 1)] & inside[None]  # [b, T, n_lags]
         count = (mask[:, :, None] & key_real).to(F.dtype)
         layer = cap.layer
+        if self.streaming:  # constant-memory statistics instead of every document's field
+            self._stream(layer, F, mask, count)
+            return
         self.accumulate(f"{layer}.sum", F.sum(dim=0))
         self.accumulate(f"{layer}.count", count.sum(dim=0))
         self.accumulate(f"{layer}.fields", F.to("cpu") if self.offload else F.contiguous())
@@ -192,6 +249,8 @@ class AttentionFieldProbe(Probe):
             self.accumulate("doc_index", cap.doc_index)
 
     def result(self) -> AttentionFields:
+        if self.streaming:
+            return self._streamed_result()
         self._require_state()
         assert self.layers is not None
         s = {k: v.cpu() for k, v in self.state.items()}  # state lives on the model's device
@@ -212,3 +271,350 @@ class AttentionFieldProbe(Probe):
             layers=list(self.layers), causal=causal, per_head=self.per_head,
             model_name=self.view.name if self.view is not None else "", field=self.field,
         )
+
+    # ------------------------------------------------------------------ streaming
+    def _stream(self, layer: int, F: Tensor, mask: Tensor, count: Tensor) -> None:
+        """Fold one batch's lag fields ``F [b, T, n_lags]`` into the streamed statistics."""
+        if not bool(mask.all()):
+            raise ValueError(
+                "AttentionFieldProbe(streaming=True) needs full windows (no padding); cut "
+                "equal windows, e.g. with document_windows or a token file's windows()"
+            )
+        if self._phase == 0:
+            P = F.reshape(-1, F.shape[-1]).to(torch.float64)
+            self.accumulate(f"{layer}.sum", F.sum(dim=0, dtype=torch.float64))
+            self.accumulate(f"{layer}.count", count.sum(dim=0))
+            self.accumulate(f"{layer}.moment", P.T @ P)
+            del P
+            if self.layers is not None and layer == self.layers[0]:
+                self.accumulate("n_docs", torch.tensor([float(F.shape[0])], dtype=torch.float64,
+                                                       device=F.device))
+        elif self._phase != 1:
+            raise RuntimeError("this streaming probe has finished both passes; reset it (run "
+                               "run_probes again) to start over")
+        self.accumulate(f"{layer}.pending", F.to("cpu") if self.offload else F.contiguous())
+        if int(self.state[f"{layer}.pending"].shape[0]) >= self.fold_every:
+            self._flush(layer)
+
+    def _factors(self, prefix: str, dim: int, device) -> Any:
+        from tl_spectral.analysis.streaming_pod import StreamingFactors
+
+        if f"{prefix}.W" not in self.state:
+            return StreamingFactors.empty(dim, dtype=torch.float32, device=device)
+        return StreamingFactors(*(self.state[f"{prefix}.{k}"] for k in
+                                  ("W", "sums", "ns", "sumsq", "dropped")))
+
+    def _fold_into(self, prefix: str, X: Tensor) -> None:
+        st = self._factors(prefix, int(X.shape[1]), X.device).add(X).fold(self.rank)
+        for k in ("W", "sums", "ns", "sumsq", "dropped"):
+            self.state[f"{prefix}.{k}"] = getattr(st, k)
+
+    def _coherence_setup(self, T: int, n_lags: int) -> None:
+        from tl_spectral.analysis.streaming_pod import coherence_query_index
+        from tl_spectral.analysis.wavelets import LagCWT, default_scales
+
+        if getattr(self, "_coh_T", None) == (T, n_lags):
+            return
+        opts = self.band_options
+        self._coh_q = coherence_query_index(opts["coherence_queries"], T)
+        scales = default_scales(T) if opts["scales"] is None else opts["scales"]
+        self._coh_op = LagCWT(n_lags, scales, opts["wavelet"], dtype=torch.float32)
+        self._coh_T = (T, n_lags)
+
+    def _flush(self, layer: int) -> None:
+        """Fold the buffered fields of ``layer`` into its factors (and, in the first pass,
+        the coherence cross-spectrum)."""
+        P = self.state.pop(f"{layer}.pending", None)
+        if P is None or P.shape[0] == 0:
+            return
+        b, T, n_lags = (int(d) for d in P.shape)
+        if self._phase == 0:
+            from tl_spectral.analysis.coherence import cross_spectrum
+
+            self._coherence_setup(T, n_lags)
+            if self._coh_q is not None:
+                G = cross_spectrum(P[:, self._coh_q.to(P.device), :].to(torch.float64), self._coh_op)
+                self.accumulate(f"{layer}.coh_re", G.real.contiguous())
+                if G.is_complex():
+                    self.accumulate(f"{layer}.coh_im", G.imag.contiguous())
+            self._fold_into(f"{layer}.full", P.reshape(b, -1))
+        else:
+            sel = self._selection[layer]
+            for m, (w, mk) in enumerate(zip(sel["windows"], sel["masks"])):
+                mk_d = mk.to(P.device)
+                X = P[:, :, mk_d] * w[mk].to(P.dtype).to(P.device)
+                self._fold_into(f"{layer}.band{m}", X.reshape(b, -1))
+
+    def next_pass(self) -> bool:
+        """Called by ``run_probes`` after a pass over the corpus (states already reduced
+        across processes): True when the probe needs another pass over the same corpus.
+        A streaming probe fixes its band windows after the first pass and needs a second."""
+        if not self.streaming or self.layers is None:
+            return False
+        for layer in self.layers:
+            self._flush(layer)
+        if self._phase == 0:
+            from tl_spectral.analysis.streaming_pod import select_bands
+
+            if not self.state:
+                return False
+            N = float(self.state["n_docs"])
+            for layer in self.layers:
+                C = self._centred_moment(self.state, layer, N)
+                n_lags = int(C.shape[0])
+                lags = self._lags(n_lags)
+                self._selection[layer] = select_bands(C.cpu(), lags, self.length, self.band_options)
+                for m in range(len(self._selection[layer]["a_star"])):
+                    for k in ("W", "sums", "ns"):
+                        self.reductions[f"{layer}.band{m}.{k}"] = "cat"  # type: ignore[index]
+            self._pass1, self.state = self.state, {}
+            self._phase = 1
+            return True
+        self._phase = 2
+        return False
+
+    def _lags(self, n_lags: int) -> Tensor:
+        causal = self.view.causal if self.view is not None else True
+        L = (n_lags - 1) if causal else (n_lags - 1) // 2
+        return torch.arange(0, L + 1) if causal else torch.arange(-L, L + 1)
+
+    @staticmethod
+    def _centred_moment(state: dict, layer: int, N: float) -> Tensor:
+        """``C = mean_{s,i} u u^T`` of the fluctuations ``u = F - F̄`` (float64 ``[n_lags,
+        n_lags]``): ``(sum F F^T - S^T S / N) / (N T)`` with ``S`` the ``[T, n_lags]`` sum —
+        the rank-T mean correction is exact."""
+        S = state[f"{layer}.sum"].to(torch.float64)
+        M = state[f"{layer}.moment"].to(torch.float64)
+        T = int(S.shape[0])
+        return (M - S.T @ S / N) / (N * T)
+
+    def merge(self, other: "Probe") -> "Probe":
+        """Combine ``other``'s state into this one's (shards of one corpus). Streaming
+        probes merge at the same pass: after the first pass, or after the second when both
+        used the same band windows (the windows of the merged first pass)."""
+        if not self.streaming:
+            return super().merge(other)
+        if type(other) is not type(self) or not getattr(other, "streaming", False):
+            raise TypeError("cannot merge a non-streaming probe into a streaming one")
+        o: AttentionFieldProbe = other  # type: ignore[assignment]
+        if o._phase != self._phase:
+            raise ValueError(
+                f"cannot merge streaming probes at different passes ({self._phase} and "
+                f"{o._phase}); merge after the first pass, fix the windows, then run the second"
+            )
+        if self._phase >= 1:
+            for layer in self.layers or []:
+                a, b = self._selection.get(layer), o._selection.get(layer)
+                if a is None or b is None or a["a_star"] != b["a_star"]:
+                    raise ValueError(
+                        f"layer {layer}: the two probes chose different band windows (from "
+                        "different first passes); merge the first passes, then run the "
+                        "second pass on each shard with the merged probe's windows"
+                    )
+        if self.layers is not None:
+            for layer in self.layers:
+                self._flush(layer)
+                o._flush(layer)
+        if self._phase >= 1:  # the first passes' statistics (moved aside after pass 1)
+            for key, value in o._pass1.items():
+                cur = self._pass1.get(key)
+                self._pass1[key] = value.clone() if cur is None else merge_tensor(
+                    cur, value, self.reductions.get(key, "sum"))
+        return super().merge(other)
+
+    def _streamed_result(self) -> "StreamedAttentionFields":
+        from tl_spectral.analysis.coherence import coherence_from_spectrum
+        from tl_spectral.analysis.streaming_pod import spectrum
+
+        if self._phase != 2:
+            if not self.state and not self._pass1:
+                self._require_state()
+            raise RuntimeError(
+                f"probe {self.name!r} (streaming=True) needs two passes over the corpus and has "
+                f"made {self._phase}; run it with run_probes, which makes both"
+            )
+        assert self.layers is not None
+        p1 = {k: v.cpu() for k, v in self._pass1.items()}
+        N = float(p1["n_docs"])
+        T = self.length
+        means, moments, coh, eig, modes, pods = {}, {}, {}, {}, {}, {}
+        for layer in self.layers:
+            key = str(layer)
+            cnt = p1[f"{layer}.count"].to(torch.float64)
+            means[key] = torch.where(cnt > 0, p1[f"{layer}.sum"] / cnt.clamp_min(1.0), 0.0).float()
+            moments[key] = self._centred_moment(p1, layer, N)
+            if f"{layer}.coh_re" in p1:
+                self._coherence_setup(T, int(moments[key].shape[0]))
+                from tl_spectral.analysis.coherence import cross_spectrum
+
+                G = p1[f"{layer}.coh_re"]
+                if f"{layer}.coh_im" in p1:
+                    G = torch.complex(G, p1[f"{layer}.coh_im"])
+                mu = means[key].to(torch.float64)[self._coh_q][None]  # [1, Q, n_lags]
+                G = G - N * cross_spectrum(mu, self._coh_op)
+                coh[key] = coherence_from_spectrum(G).to(torch.float32)
+            n_b = len(self._selection[layer]["a_star"])
+            for part in ["full"] + [f"band{m}" for m in range(n_b)]:
+                src = p1 if part == "full" else self.state
+                st = self._factors_from(src, f"{layer}.{part}").fold(self.rank)
+                lam, md = spectrum(st, self.n_modes)
+                pk = f"{layer}.{part}"
+                eig[pk], modes[pk] = lam, md.float()
+                pods[pk] = {"dim": st.dim, "dropped": float(st.dropped) / N,
+                            "scatter": st.total_scatter / N}
+        return StreamedAttentionFields(
+            mean=means, moment=moments, coherence=coh, eigenvalues=eig, modes=modes, pods=pods,
+            lags=self._lags(int(moments[str(self.layers[0])].shape[0])), layers=list(self.layers),
+            n_documents=int(round(N)), length=int(T),
+            causal=self.view.causal if self.view is not None else True, rank=self.rank,
+            band_options=_jsonable(self.band_options),
+            model_name=self.view.name if self.view is not None else "",
+        )
+
+    @staticmethod
+    def _factors_from(state: dict, prefix: str):
+        from tl_spectral.analysis.streaming_pod import StreamingFactors
+
+        return StreamingFactors(*(state[f"{prefix}.{k}"].cpu() for k in
+                                  ("W", "sums", "ns", "sumsq", "dropped")))
+
+
+def _jsonable(opts: dict) -> dict:
+    out = {}
+    for k, v in opts.items():
+        if isinstance(v, Tensor):
+            v = v.tolist()
+        elif isinstance(v, tuple):
+            v = list(v)
+        out[k] = v
+    return out
+
+
+@register_result
+@dataclass
+class StreamedAttentionFields(Result):
+    """What ``AttentionFieldProbe(streaming=True)`` keeps: statistics of the lag fields whose
+    size does not grow with the number of documents.
+
+    mean: ``{str(layer): [T, n_lags]}`` ensemble mean; moment: ``{str(layer): [n_lags,
+    n_lags]}`` float64 centred lag second moment ``mean_{s,i} u u^T`` (the scalogram's input);
+    coherence: ``{str(layer): [S, Q, Q]}`` ``gamma_ij(a)`` (empty without coherence queries);
+    eigenvalues: ``{"L.full" | "L.band<m>": [k <= rank]}`` top POD eigenvalues; modes: same
+    keys, ``[n_modes, dim]``; pods: same keys, ``{"dim", "dropped", "scatter"}`` (energy the
+    rank cap dropped, exact total energy, both per document). ``band_options``: the options
+    that chose the band windows (``.scale_pod`` refuses others).
+    """
+
+    kind: ClassVar[str] = "streamed_attention_fields"
+    main_plot: ClassVar[str | None] = "plot_mean"
+
+    mean: dict
+    moment: dict
+    coherence: dict
+    eigenvalues: dict
+    modes: dict
+    pods: dict
+    lags: Tensor
+    layers: list = field(default_factory=list)
+    n_documents: int = 0
+    length: int = 0
+    causal: bool = True
+    rank: int = 0
+    band_options: dict = field(default_factory=dict)
+    model_name: str = ""
+
+    @property
+    def n_docs(self) -> int:
+        return int(self.n_documents)
+
+    def plot_mean(self):
+        """Mean lag profile per layer: ``mean_i F̄(i, tau)`` against ``tau``."""
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for layer in self.layers:
+            prof = self.mean[str(layer)].mean(dim=0)
+            ax.plot(self.lags.numpy(), prof.numpy(), label=f"layer {layer}")
+        ax.set_xlabel("lag τ (tokens)")
+        ax.set_ylabel("mean attention")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+        return fig
+
+    def scale_pod(self, n_heads: int | Sequence[int], *, head_budget: int | None = None,
+                  epsilon: float = 0.10, n_modes: int | None = None, **band_kwargs: Any):
+        """Scale-selective POD of every layer from the streamed statistics: a
+        :class:`~tl_spectral.analysis.scale_pod.ScalePODResult` like
+        :meth:`AttentionFields.scale_pod`'s (per-document coefficients empty; every POD
+        summary adds ``rank_cap``, ``spectrum_complete`` and ``tspec_exact``; ``H_star_str``
+        reads ``"> K"`` when ``H*`` lies beyond the rank cap). ``band_kwargs`` must equal
+        the probe's ``band_options`` (the windows were fixed before the second pass)."""
+        from tl_spectral.analysis.scale_pod import ScalePODResult, allocation_table
+        from tl_spectral.analysis.streaming_pod import (
+            band_options,
+            coherence_query_index,
+            pod_from_spectrum,
+            scale_pod_layer_streamed,
+            select_bands,
+        )
+
+        if self.n_docs < 2:
+            raise ValueError(f"POD needs at least 2 documents, the ensemble has {self.n_docs}")
+        opts = band_options(self.band_options)
+        for k, v in band_kwargs.items():
+            if k not in opts:
+                raise ValueError(f"unknown option {k!r} for a streamed scale POD; pass epsilon, "
+                                 "n_modes, head_budget or the probe's band options")
+            if _jsonable({k: v})[k] != _jsonable({k: opts[k]})[k]:
+                raise ValueError(
+                    f"{k}={v!r} differs from the streaming probe's {opts[k]!r}: the band windows "
+                    f"were fixed before the second pass; pass band_options={{{k!r}: {v!r}}} to "
+                    "AttentionFieldProbe(streaming=True, ...) and run it again"
+                )
+        L = len(self.layers)
+        uniform = [int(n_heads)] * L if isinstance(n_heads, int) else [int(x) for x in n_heads]
+        if len(uniform) != L:
+            raise ValueError(f"n_heads has {len(uniform)} entries for {L} layers")
+        budget = sum(uniform) if head_budget is None else int(head_budget)
+        T, N = int(self.length), int(self.n_documents)
+        q = coherence_query_index(opts["coherence_queries"], T)
+        config = {
+            "wavelet": opts["wavelet"], "epsilon": float(epsilon),
+            "max_dominant": int(opts["max_dominant"]), "min_ratio": float(opts["min_ratio"]),
+            "min_peak_fraction": float(opts["min_peak_fraction"]),
+            "window_threshold": float(opts["window_threshold"]), "lag_window": opts["lag_window"],
+            "n_modes": int(n_modes if n_modes is not None else min(
+                (m.shape[0] for m in self.modes.values()), default=0)),
+            "center": False, "streaming": True, "rank_cap": int(self.rank),
+        }
+        out = []
+        for layer in self.layers:
+            key = str(layer)
+            sel = select_bands(self.moment[key], self.lags, T, opts)
+            config["n_scales"] = int(sel["scales"].numel())
+
+            def pod_of(part: str):
+                pk = f"{layer}.{part}"
+                md = self.modes[pk]
+                if n_modes is not None:
+                    if n_modes > md.shape[0] and md.shape[0] < self.eigenvalues[pk].numel():
+                        raise ValueError(f"n_modes={n_modes} exceeds the {md.shape[0]} modes the "
+                                         "probe kept; pass n_modes to the probe")
+                    md = md[:n_modes]
+                meta = self.pods[pk]
+                return pod_from_spectrum(
+                    self.eigenvalues[pk], md.to(torch.float64), total_energy=meta["scatter"],
+                    n_snapshots=N, dim=int(meta["dim"]), dropped=meta["dropped"],
+                    epsilon=epsilon,
+                )
+
+            full = pod_of("full")
+            bands = [pod_of(f"band{m}") for m in range(len(sel["a_star"]))]
+            coh = self.coherence.get(key) if q is not None else None
+            out.append(scale_pod_layer_streamed(
+                layer=layer, n_documents=N, T=T, lags=self.lags, selection=sel, full=full,
+                bands=bands, coherence=coh, coherence_queries=q if coh is not None else None,
+                rank_cap=self.rank, config=config,
+            ))
+        return ScalePODResult(layers=out, allocation=allocation_table(out, uniform, budget),
+                              head_budget=budget, config=dict(out[0].config))

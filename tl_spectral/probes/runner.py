@@ -67,6 +67,33 @@ class Corpus:
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def batch(self, lo: int, hi: int) -> tuple[Tensor, Tensor]:
+        return self.tokens[lo:hi], self.mask[lo:hi]
+
+
+class LazyCorpus:
+    """Full windows read batch by batch from a source with ``batch(lo, hi) -> [b, length]``
+    ids, ``len()`` and ``length`` (e.g. :class:`~tl_spectral.data.tokenfile.TokenWindows`);
+    no window is read before its batch runs."""
+
+    def __init__(self, source: Any):
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    @property
+    def length(self) -> int:
+        return int(self.source.length)
+
+    def batch(self, lo: int, hi: int) -> tuple[Tensor, Tensor]:
+        tokens = torch.as_tensor(self.source.batch(lo, hi)).long()
+        return tokens, torch.ones(tokens.shape, dtype=torch.bool)
+
 
 def as_corpus(data: Any, attention_mask: Optional[Tensor] = None, pad_token: int = 0) -> Corpus:
     """Normalise ``data`` into a :class:`Corpus`.
@@ -77,8 +104,15 @@ def as_corpus(data: Any, attention_mask: Optional[Tensor] = None, pad_token: int
     """
     from tl_spectral.data.windows import DocumentWindows
 
-    if isinstance(data, Corpus):
+    if isinstance(data, (Corpus, LazyCorpus)):
         return data
+    if callable(getattr(data, "batch", None)) and hasattr(data, "length"):  # lazy windows
+        if attention_mask is not None:
+            raise ValueError("lazy windows (a token file's windows) are full windows; drop "
+                             "attention_mask")
+        if len(data) == 0:
+            raise ValueError("the corpus is empty; pass at least one window")
+        return LazyCorpus(data)
     if isinstance(data, DocumentWindows):
         data = data.tokens
     if isinstance(data, str):
@@ -297,7 +331,13 @@ def run_probes(
     """Run ``probes`` over ``data`` with one forward pass per batch; return their results.
 
     model: a TransformerLens model (or a :class:`ModelView`). data: see :func:`as_corpus`;
-    an ``ActivationCache`` of the model is handed to :func:`run_probes_on_cache`.
+    lazy windows (:meth:`TokenFile.windows <tl_spectral.data.tokenfile.TokenFile.windows>`)
+    are read batch by batch, never all at once; an ``ActivationCache`` of the model is
+    handed to :func:`run_probes_on_cache`.
+
+    Passes: a probe whose ``next_pass()`` returns True after a pass (its states already
+    reduced across processes) gets another pass over the same corpus — e.g.
+    ``AttentionFieldProbe(streaming=True)``, which fixes its band windows after the first.
     Returns ``{probe.name: probe.result()}`` (a :class:`ProbeRun` with ``return_logits``).
 
     State: each call starts its probes fresh (:meth:`Probe.reset`). ``accumulate=True``
@@ -341,23 +381,20 @@ def run_probes(
                                    check_patterns=check_patterns)
     user_hooks = _validate_user_hooks(view, fwd_hooks)
     corpus = as_corpus(data, attention_mask)
-    if corpus.tokens.shape[1] > view.n_ctx:
+    if corpus.length > view.n_ctx:
         raise ValueError(
-            f"documents of {corpus.tokens.shape[1]} tokens are longer than the model's context "
+            f"documents of {corpus.length} tokens are longer than the model's context "
             f"of {view.n_ctx}; pass windows of at most {view.n_ctx} tokens"
         )
-    corpus = _check_token_ids(view, corpus)
+    if isinstance(corpus, Corpus):
+        corpus = _check_token_ids(view, corpus)
     probe_list, needs, readers = _plan(view, probes, accumulate)
     names = [p.name for p in probe_list]
     _check_hooks_exist(view, needs, readers)
     offsets = {id(p): p.docs_seen for p in probe_list}
     for p in probe_list:
-        p.begin(len(corpus), int(corpus.tokens.shape[1]))
-    last_layer = max(needs) if needs else -1
+        p.begin(len(corpus), corpus.length)
     want_logits = bool(return_logits) or on_logits is not None
-    stop_early = not want_logits and all(
-        (lay := _hook_layer(name)) is not None and lay < last_layer for name, _ in user_hooks
-    )
     edited = _hooked_points(view, user_hooks)
 
     if distributed is None:
@@ -370,37 +407,59 @@ def run_probes(
     if distributed:
         lo, hi = _shard_range(len(corpus), torch.distributed.get_rank(), torch.distributed.get_world_size())
 
-    starts = range(lo, hi, batch_size)
-    iterator: Iterable[int] = starts
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(starts, desc=f"probes ({', '.join(names)})", unit="batch")
-
     underflow: dict[int, Tensor] = {}
     kept: list[tuple[int, Tensor]] = []
-    for start in iterator:
-        stop = min(start + batch_size, hi)
-        tokens = corpus.tokens[start:stop]
-        mask = corpus.mask[start:stop]
-        # trim trailing all-padding columns of this batch
-        T_b = int(mask.sum(dim=1).max())
-        tokens, mask = tokens[:, :T_b], mask[:, :T_b]
-        doc_index = torch.arange(start, stop, device=view.device)
-        logits = _run_batch(view, tokens, mask, doc_index, needs, readers, last_layer,
-                            check_finite, underflow=underflow, user_hooks=user_hooks,
-                            stop_early=stop_early, want_logits=want_logits,
-                            check_patterns=check_patterns, edited=edited, offsets=offsets)
-        if logits is not None:
-            if on_logits is not None:
-                on_logits(start, logits)
-            if return_logits:
-                kept.append((start - lo, logits.cpu()))
+    active = probe_list
+    n_pass = 0
+    while True:
+        last_layer = max(needs) if needs else -1
+        stop_early = not want_logits and all(
+            (lay := _hook_layer(name)) is not None and lay < last_layer for name, _ in user_hooks
+        )
+        starts = range(lo, hi, batch_size)
+        iterator: Iterable[int] = starts
+        if progress:
+            from tqdm.auto import tqdm
+
+            desc = f"probes ({', '.join(p.name for p in active)})"
+            if n_pass:
+                desc += f", pass {n_pass + 1}"
+            iterator = tqdm(starts, desc=desc, unit="batch", total=len(starts))
+
+        for start in iterator:
+            stop = min(start + batch_size, hi)
+            tokens, mask = corpus.batch(start, stop)
+            if not isinstance(corpus, Corpus):
+                tokens = _check_token_ids(view, Corpus(tokens=tokens, mask=mask)).tokens
+            # trim trailing all-padding columns of this batch
+            T_b = int(mask.sum(dim=1).max())
+            tokens, mask = tokens[:, :T_b], mask[:, :T_b]
+            doc_index = torch.arange(start, stop, device=view.device)
+            logits = _run_batch(view, tokens, mask, doc_index, needs, readers, last_layer,
+                                check_finite, underflow=underflow, user_hooks=user_hooks,
+                                stop_early=stop_early, want_logits=want_logits,
+                                check_patterns=check_patterns, edited=edited, offsets=offsets)
+            if logits is not None:
+                if on_logits is not None:
+                    on_logits(start, logits)
+                if return_logits:
+                    kept.append((start - lo, logits.cpu()))
+        if distributed:
+            for p in active:
+                reduce_state(p)
+        again = [p for p in active if callable(getattr(p, "next_pass", None)) and p.next_pass()]
+        if not again:
+            break
+        # another pass over the same corpus for the probes that ask for it (no logits: the
+        # first pass delivered them)
+        active, n_pass, want_logits = again, n_pass + 1, False
+        needs, readers = {}, {}
+        for p in active:
+            for layer, kinds in p.requires(view).items():
+                needs.setdefault(layer, set()).update(kinds)
+                readers.setdefault(layer, []).append(p)
     _warn_underflow(view, underflow)
 
-    if distributed:
-        for p in probe_list:
-            reduce_state(p)
     for p in probe_list:
         p._docs_seen = p.docs_seen + len(corpus)
     results = {p.name: p.result() for p in probe_list}
@@ -409,7 +468,7 @@ def run_probes(
     all_logits = None
     if kept:
         vocab = kept[0][1].shape[-1]
-        all_logits = torch.zeros(hi - lo, int(corpus.tokens.shape[1]), vocab, dtype=kept[0][1].dtype)
+        all_logits = torch.zeros(hi - lo, corpus.length, vocab, dtype=kept[0][1].dtype)
         for i, lg in kept:
             all_logits[i : i + lg.shape[0], : lg.shape[1]] = lg
     return ProbeRun(results, all_logits)

@@ -61,6 +61,11 @@ class ScalePODSection:
     title = "Scale-selective POD of attention fields"
 
     def probes(self, ctx: ReportContext) -> list[Probe]:
+        rank = ctx.options.get("stream_rank")
+        if rank:  # constant-memory statistics (two passes; H* above the cap reads "> K")
+            return [AttentionFieldProbe(max_lag=ctx.options.get("max_lag"), field=f,
+                                        name=_probe_name(f), streaming=True, rank=int(rank))
+                    for f in report_fields(ctx)]
         return [AttentionFieldProbe(max_lag=ctx.options.get("max_lag"), field=f,
                                     name=_probe_name(f)) for f in report_fields(ctx)]
 
@@ -81,7 +86,8 @@ class ScalePODSection:
         (pod if ctx.save_raw else slim_scale_pod(pod)).save(
             ctx.results_dir / f"scale_pod{sfx}.safetensors")
         report.text(
-            f"{text} of {fields.n_docs} windows of {fields.doc_mask.shape[1]} "
+            f"{text} of {fields.n_docs} windows of "
+            f"{getattr(fields, 'length', 0) or fields.doc_mask.shape[1]} "
             "tokens in lag coordinates, minus the ensemble mean (Reynolds split). A complex Morlet "
             "CWT along the lag gives the scalogram E(a, τ) and the scale energy E(a); Gaussian lag "
             "windows at the dominant scales select bands; POD per band gives eigen-spectra, the "

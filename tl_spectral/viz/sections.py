@@ -136,8 +136,12 @@ def build_report(
     batch_size: int = 16,
     progress: bool = True,
     title: Optional[str] = None,
+    results: Optional[dict[str, Any]] = None,
 ) -> Path:
-    """Run all sections' probes in one pass, render every section, write index.html."""
+    """Run all sections' probes in one pass, render every section, write index.html.
+
+    results: the probes' results when they were already computed (e.g. reduced across the
+    processes of ``torchrun`` by ``tl-spectral analyze``); then no probe runs here."""
     from tl_spectral.probes import run_probes
 
     ctx.options.setdefault("progress", progress)
@@ -145,9 +149,12 @@ def build_report(
     probes: list[Probe] = []
     for s in secs:
         probes.extend(s.probes(ctx))
-    results: dict[str, Any] = {}
     n_docs, T = int(ctx.tokens.shape[0]), int(ctx.tokens.shape[1])
-    if probes:
+    if results is not None:
+        pass
+    elif not probes:
+        results = {}
+    else:
         ctx.status(f"probes: one pass over {n_docs} windows of {T} tokens")
         results = run_probes(ctx.view, ctx.tokens, probes, batch_size=batch_size,
                              progress=progress, attention_mask=ctx.mask)
