@@ -143,3 +143,19 @@ def test_bad_arguments():
                     progress=False)["attention_fields"]
     with pytest.raises(ValueError, match="differs from the streaming probe"):
         st.scale_pod(n_heads=4, max_dominant=1)
+
+
+def test_streamed_contribution_field_equals_in_memory():
+    """The streamed statistics work for every per-pair field: the contribution field streamed
+    with a rank cap above the ensemble's rank equals its in-memory scale POD."""
+    model = make_native(seed=4, n_ctx=32)
+    toks = _tokens(12, 32, seed=2)
+    mem = run_probes(model, toks, [AttentionFieldProbe(field="contribution")], batch_size=5,
+                     progress=False)["contribution_fields"]
+    st = run_probes(model, toks, [AttentionFieldProbe(field="contribution", streaming=True,
+                                                      rank=16, fold_every=4)],
+                    batch_size=5, progress=False)["contribution_fields"]
+    assert isinstance(st, StreamedAttentionFields)
+    for layer in mem.layers:
+        torch.testing.assert_close(st.mean[str(layer)], mem.mean[str(layer)], rtol=1e-5, atol=1e-7)
+    _compare(mem.scale_pod(n_heads=4), st.scale_pod(n_heads=4), rtol=1e-4)
