@@ -188,3 +188,23 @@ def test_run_config_bos_saves_the_tokenizer(tmp_path):
     meta = read_checkpoint_config(tmp_path / "run" / "final")
     assert CharTokenizer.from_json(json.dumps(meta["tokenizer"])).bos_id == tok.bos_id
     assert meta["model"]["vocab_size"] == tok.vocab_size
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_document_windows_with_a_start_token(overlap):
+    from tl_spectral.data import document_windows
+
+    text = "".join(chr(97 + (i * 7) % 26) for i in range(600))
+    tok = CharTokenizer.from_text(text, bos=True)
+    ids = torch.tensor(tok.encode(text))
+    w = document_windows(text, tok, 5, 10, seed=3, overlap=overlap, bos_id=tok.bos_id)
+    assert w.tokens.shape == (5, 10) and (w.tokens[:, 0] == tok.bos_id).all()
+    assert w.bos_id == tok.bos_id
+    for row, s in zip(w.tokens, w.starts.tolist()):
+        torch.testing.assert_close(row[1:], ids[s:s + 9])  # 9 stream tokens after the start
+    if not overlap:
+        assert (w.starts % 9 == 0).all()  # disjoint pieces of length - 1
+    plain = document_windows(text, tok, 5, 10, seed=3, overlap=overlap)
+    assert plain.bos_id is None and (plain.tokens != tok.bos_id).all()
+    with pytest.raises(ValueError, match="bos_id"):
+        document_windows(text, tok, 5, 10, bos_id=-1)

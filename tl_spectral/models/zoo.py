@@ -97,7 +97,7 @@ def load(name: str, device: str | torch.device = "cpu") -> tuple[Any, Any]:
         model, tok = load_native(name)
         tl_model = to_transformer_lens(model, device=device)
         tl_model.cfg.model_name = name  # shown by ModelView and in reports
-        attach_tokenizer(tl_model, tok)
+        attach_tokenizer(tl_model, tok, prepend_bos=getattr(tok, "bos", False))
         return tl_model, tok
     if name == "minilm":
         return _load_minilm(device)
