@@ -208,3 +208,26 @@ def test_document_windows_with_a_start_token(overlap):
     assert plain.bos_id is None and (plain.tokens != tok.bos_id).all()
     with pytest.raises(ValueError, match="bos_id"):
         document_windows(text, tok, 5, 10, bos_id=-1)
+
+
+def test_cli_seed_override_and_bos_config(tmp_path, capsys):
+    from tl_spectral.data import tiny_shakespeare
+    from tl_spectral.models.gpt import read_checkpoint_config
+    from tl_spectral.models.train import train_cli
+
+    corpus = tmp_path / "small.txt"
+    corpus.write_text(tiny_shakespeare()[:6000])
+    doc = {"model": {"vocab_size": "auto", "n_layers": 1, "n_heads": 2, "d_model": 8,
+                     "n_ctx": 16, "d_mlp": 16},
+           "data": {"corpus": str(corpus), "val_fraction": 0.1, "bos": True},
+           "train": {"steps": 2, "batch_size": 2, "warmup_steps": 1, "eval_every": 2,
+                     "eval_windows": 2, "checkpoint_every": 2, "progress": False}}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(doc))
+    assert train_cli(["--config", str(path), "--out-dir", str(tmp_path / "s3"),
+                      "--seed", "3"]) == 0
+    meta = read_checkpoint_config(tmp_path / "s3" / "final")
+    assert meta["train"]["seed"] == 3 and meta["tokenizer"]["bos"] is True
+    assert meta["model"]["vocab_size"] == len(set(corpus.read_text())) + 1
+    run = json.loads((tmp_path / "s3" / "run.json").read_text())
+    assert run["identity"]["bos_id"] == meta["model"]["vocab_size"] - 1

@@ -883,7 +883,7 @@ def _all_windows(trainer: Trainer) -> torch.Tensor:
 
 
 def train_cli(argv: list[str]) -> int:
-    """``tl-spectral train --config FILE [--out-dir DIR] [--steps N] [--device D]
+    """``tl-spectral train --config FILE [--out-dir DIR] [--steps N] [--seed S] [--device D]
     [--no-progress] [--overwrite]``. Returns the exit status (0 on success); an out_dir
     holding another run exits with status 2 and a one-line error."""
     ap = argparse.ArgumentParser(prog="tl-spectral train",
@@ -891,6 +891,9 @@ def train_cli(argv: list[str]) -> int:
     ap.add_argument("--config", required=True, help="JSON file with model/data/train sections")
     ap.add_argument("--out-dir", help="override train.out_dir")
     ap.add_argument("--steps", type=int, help="override train.steps")
+    ap.add_argument("--seed", type=int,
+                    help="override train.seed (initialisation and data order; another run: "
+                         "use another --out-dir)")
     ap.add_argument("--device", help="override train.device (auto|cpu|cuda)")
     ap.add_argument("--threads", type=int, help="override train.num_threads")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
@@ -909,6 +912,8 @@ def train_cli(argv: list[str]) -> int:
         ov["out_dir"] = args.out_dir
     if args.steps:
         ov["steps"] = args.steps
+    if args.seed is not None:
+        ov["seed"] = args.seed
     if args.device:
         ov["device"] = args.device
     if args.threads:
