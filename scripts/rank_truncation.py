@@ -7,7 +7,9 @@ For each model: disjoint windows of n_ctx+1 characters from the *validation* tex
 10% of the bundled Tiny Shakespeare, the models' own split; seed 0), the per-window NLL of
 the model and of ``truncate_rank(model, part, r)`` (all layers at once) for r = 1, 2, 4, …
 up to the full rank (routing: even r only), and the relative ΔPPL with a 95% percentile
-bootstrap interval over windows (1000 resamples, seed 0). Writes one JSON file.
+bootstrap interval over windows (1000 resamples, seed 0); at every r both parts were cut
+to, the paired difference rel ΔPPL(filtering) − rel ΔPPL(routing) over the same resampled
+windows (> 0: filtering needs more rank). Writes one JSON file (per-window NLL included).
 """
 
 from __future__ import annotations
@@ -53,12 +55,14 @@ def run(name: str, n_windows: int) -> dict:
     full = dh if sd else min(model.cfg.d_model, 2 * dh)
     ranks = [2 ** k for k in range(int(math.log2(full)) + 1)]
     rows = []
+    nlls: dict[tuple[str, int], torch.Tensor] = {}
     for part in ("routing", "filtering"):
         for r in ranks:
             if part == "routing" and r % 2:
                 continue
             t0 = time.perf_counter()
             nll = window_nll(truncate_rank(model, part, r), w)
+            nlls[part, r] = nll
 
             def rel(idx: torch.Tensor, nll=nll) -> float:
                 return math.exp((nll[idx].sum() - base[idx].sum()) / (len(idx) * n_tgt)) - 1
@@ -68,20 +72,38 @@ def run(name: str, n_windows: int) -> dict:
                          "ppl": math.exp(float(nll.sum()) / (len(w) * n_tgt)),
                          "rel_delta_ppl": iv.estimate, "rel_delta_low": iv.low,
                          "rel_delta_high": iv.high,
-                         "seconds": round(time.perf_counter() - t0, 1)})
-            print(json.dumps({"model": name, **rows[-1]}), flush=True)
+                         "seconds": round(time.perf_counter() - t0, 1),
+                         "window_nll": [round(float(x), 4) for x in nll]})
+            print(json.dumps({"model": name, **{k: v for k, v in rows[-1].items()
+                                                if k != "window_nll"}}), flush=True)
+    paired = []
+    for r in ranks:
+        if ("routing", r) not in nlls or ("filtering", r) not in nlls:
+            continue
+        fa, ro = nlls["filtering", r], nlls["routing", r]
+
+        def diff(idx: torch.Tensor, fa=fa, ro=ro) -> float:
+            n = len(idx) * n_tgt
+            b = base[idx].sum()
+            return math.exp((fa[idx].sum() - b) / n) - math.exp((ro[idx].sum() - b) / n)
+
+        iv = bootstrap(diff, len(w), n_resamples=1000, seed=0)
+        paired.append({"r": r, "filtering_minus_routing": iv.estimate, "low": iv.low,
+                       "high": iv.high})
     return {"model": name, "attention": "sd" if sd else "softmax",
             "baseline_ppl": math.exp(float(base.sum()) / (len(w) * n_tgt)),
             "full_rank": full, "n_windows": len(w), "window_targets": n_tgt,
             "windows": f"{len(w)} disjoint windows of {n_ctx + 1} chars of the validation "
                        "text (last 10% of tiny_shakespeare), seed 0",
             "interval": "95% percentile bootstrap over windows, 1000 resamples, seed 0",
-            "rows": rows}
+            "baseline_window_nll": [round(float(x), 4) for x in base],
+            "rows": rows, "paired": paired}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["char-shakespeare", "sd-char-shakespeare"])
+    ap.add_argument("--models", nargs="+", default=["char-shakespeare", "char-shakespeare-noln",
+                                                    "sd-char-shakespeare"])
     ap.add_argument("--n-windows", type=int, default=32)
     ap.add_argument("--out", default="docs/results/surgery/rank_truncation.json")
     args = ap.parse_args()

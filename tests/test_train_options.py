@@ -231,3 +231,18 @@ def test_cli_seed_override_and_bos_config(tmp_path, capsys):
     assert meta["model"]["vocab_size"] == len(set(corpus.read_text())) + 1
     run = json.loads((tmp_path / "s3" / "run.json").read_text())
     assert run["identity"]["bos_id"] == meta["model"]["vocab_size"] - 1
+
+
+def test_analyze_frames_windows_after_the_start_token():
+    from types import SimpleNamespace
+
+    from tl_spectral.cli import _windows
+    from tl_spectral.data import tiny_shakespeare
+
+    text = tiny_shakespeare()[:20000]
+    args = SimpleNamespace(n_docs=3, length=32, seed=0, overlap=False, corpus="shakespeare")
+    tok = CharTokenizer.from_text(tiny_shakespeare(), bos=True)
+    w = _windows(text, tok, args)
+    assert w.tokens.shape == (3, 32) and (w.tokens[:, 0] == tok.bos_id).all()
+    plain = _windows(text, CharTokenizer.from_text(tiny_shakespeare()), args)
+    assert plain.bos_id is None and plain.tokens.shape == (3, 32)
