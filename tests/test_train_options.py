@@ -120,8 +120,8 @@ def test_resume_keeps_the_groups_and_the_curve(tmp_path):
     assert b.step == 3 and b.decay_split() == a.decay_split()
     assert [g["weight_decay"] for g in b.optimizer.param_groups] == [0.3, 0.0]
     assert b.fit().train_loss == full.train_loss
-    # another no_decay in the same out_dir is another run
-    with pytest.raises(ValueError, match="another run"):
+    # another no_decay in the same out_dir is another run, and the message says why
+    with pytest.raises(ValueError, match="no_decay"):
         Trainer(_model(attention="sd"), data[:3500], data[3500:], _tcfg(tmp_path))
 
 

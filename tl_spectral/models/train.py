@@ -335,6 +335,9 @@ class Trainer:
             return "a different model configuration"
         if train is not None:
             mine = self.cfg.identity()
+            # no_decay is recorded only when set: absent means []
+            train = {"no_decay": [], **train}
+            mine = {"no_decay": [], **mine}
             diff = sorted(k for k in mine if k in train and
                           _canonical(train[k]) != _canonical(mine[k]))
             if diff:
