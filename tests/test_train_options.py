@@ -262,19 +262,3 @@ def test_zoo_load_of_a_start_token_model_prepends_it(tmp_path, monkeypatch):
     assert tok2.bos_id == tok.bos_id and tl_model.cfg.default_prepend_bos
     assert tl_model.to_tokens("abc")[0].tolist() == [tok.bos_id, *tok.encode("abc")]
 
-
-def test_shipped_start_token_model():
-    """The shipped start-token model (once in zoo.SHIPPED): its tokenizer keeps the start
-    token and its weights give about the recorded validation loss on [BOS] windows."""
-    from tl_spectral.data import document_windows, tiny_shakespeare, train_val_split
-    from tl_spectral.models import zoo
-
-    if "char-shakespeare-bos" not in zoo.SHIPPED:
-        pytest.skip("char-shakespeare-bos is not shipped yet (training in progress)")
-    model, tok = zoo.load_native("char-shakespeare-bos")
-    assert tok.bos_id == model.cfg.vocab_size - 1
-    _, val = train_val_split(tiny_shakespeare())
-    w = document_windows(val, tok, 8, 257, seed=0, bos_id=tok.bos_id).tokens
-    with torch.no_grad():
-        loss = model.loss(w).item()
-    assert abs(loss - zoo.checkpoint_info("char-shakespeare-bos")["metrics"]["val_loss"]) < 0.3

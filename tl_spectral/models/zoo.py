@@ -36,6 +36,7 @@ from tl_spectral.models.gpt import GPT, load_model, read_checkpoint_config
 
 SHIPPED = ("char-shakespeare", "char-shakespeare-noln", "sd-char-shakespeare",
            "sd-char-shakespeare-noln")
+SHIPPED += ("char-shakespeare-bos",)  # windows start with a BOS token (issue 17)
 BUNDLED = ("minilm",)
 
 
