@@ -25,7 +25,7 @@ def _instances(tmp_path) -> dict[str, Result]:
     from tl_spectral.geometry.cascade import CascadeResult
     from tl_spectral.geometry.qk import qk_geometry, sd_geometry
     from tl_spectral.models import GPT, GPTConfig
-    from tl_spectral.models.ablations import ablation_table
+    from tl_spectral.models.ablations import ablation_table, rank_truncation_curve
     from tl_spectral.models.surgery import (
         AllocationStudy,
         cascade_allocation,
@@ -89,6 +89,8 @@ def _instances(tmp_path) -> dict[str, Result]:
     w = torch.randint(0, 20, (2, 9), generator=g)
     a = ablation_table(gpt, w, per_layer=False)
     out[a.kind] = a
+    rt = rank_truncation_curve(gpt, w, ranks=[2, 4])
+    out[rt.kind] = rt
     c = linearization_curve(gpt, w, ks=[0, 1])
     out[c.kind] = c
     al = cascade_allocation(gpt, 0.9, multiple=2)

@@ -27,7 +27,8 @@ def no_network(monkeypatch):
 
 def test_available_and_unknown_name():
     assert zoo.available() == ["char-shakespeare", "char-shakespeare-noln", "sd-char-shakespeare",
-                               "sd-char-shakespeare-noln", "char-shakespeare-rotary", "minilm"]
+                               "sd-char-shakespeare-noln", "char-shakespeare-rotary",
+                               "char-shakespeare-bos", "minilm"]
     with pytest.raises(ValueError, match="known models"):
         zoo.load("gpt-17")
     with pytest.raises(ValueError, match="char-shakespeare"):
@@ -147,3 +148,26 @@ def test_char_model_has_transformer_lens_idioms(tmp_path, monkeypatch, no_networ
         assert tlb.to_tokens("Hello world")[0].tolist() == [15496, 995]
         assert tlb.to_str_tokens("Hello world") == ["Hello", " world"]
         assert isinstance(tlb.generate("Hello", max_new_tokens=3, verbose=False), str)
+
+
+def test_shipped_start_token_model(no_network):
+    """char-shakespeare-bos loads offline; its tokenizer keeps the start token, the
+    TransformerLens model prepends it, and [BOS] windows give the recorded validation loss."""
+    from tl_spectral.data import document_windows
+
+    _require_shipped("char-shakespeare-bos")
+    model, tok = zoo.load_native("char-shakespeare-bos")
+    c = model.cfg
+    assert (c.n_layers, c.n_heads, c.d_model, c.n_ctx) == (6, 8, 128, 256)
+    assert tok.bos_id == c.vocab_size - 1 == 78
+    info = zoo.checkpoint_info("char-shakespeare-bos")
+    assert info["tokenizer"]["bos"] is True and info["metrics"]["val_loss"] <= 1.75
+    _, val = train_val_split(tiny_shakespeare(), 0.1)
+    w = document_windows(val, tok, 4, 257, seed=0, bos_id=tok.bos_id).tokens
+    with torch.no_grad():
+        loss = model.loss(w).item()
+    assert abs(loss - info["metrics"]["val_loss"]) < 0.3
+    tl_model, _ = zoo.load("char-shakespeare-bos")
+    assert tl_model.cfg.default_prepend_bos
+    assert tl_model.to_tokens("To be")[0].tolist() == [tok.bos_id, *tok.encode("To be")]
+    assert max_logit_diff(model, tl_model, w[:2, :-1]) <= 1e-4

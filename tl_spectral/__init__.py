@@ -56,6 +56,8 @@ _PUBLIC: dict[str, str] = {
     "to_transformer_lens": "tl_spectral.models.convert",
     "ablate": "tl_spectral.models.ablations",
     "ablation_table": "tl_spectral.models.ablations",
+    "truncate_rank": "tl_spectral.models.ablations",
+    "rank_truncation_curve": "tl_spectral.models.ablations",
     "linearize": "tl_spectral.models.surgery",
     "linearization_curve": "tl_spectral.models.surgery",
     "tl_linearization_curve": "tl_spectral.models.surgery",

@@ -280,6 +280,8 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         raise UsageError(f"--length {args.length} is longer than the model's context of "
                          f"{view.n_ctx}; pass --length {view.n_ctx} or less")
     framing = "disjoint windows of the corpus" if not args.overlap else "windows at random offsets"
+    if windows is not None and windows.bos_id is not None:
+        framing += ", each after the model's start token"
     mask = None
     if not view.causal and token_file is not None:
         raise UsageError(f"--tokens: {args.model} is bidirectional; its windows are framed "
@@ -370,8 +372,10 @@ def _windows(text: str, tokenizer, args):
     # what is still unknown is dropped, with a one-line note of what was dropped
     unknown = "drop" if isinstance(tokenizer, CharTokenizer) else None
     try:
+        # a model trained with a start token sees it in front of every window
         w = document_windows(text, tokenizer, args.n_docs, args.length, seed=args.seed,
-                             overlap=args.overlap, unknown=unknown)
+                             overlap=args.overlap, unknown=unknown,
+                             bos_id=getattr(tokenizer, "bos_id", None))
     except ValueError as e:
         hint = "" if args.overlap else "; or pass --overlap to draw overlapping windows"
         raise UsageError(f"--corpus {args.corpus}: {e}{hint}") from None

@@ -12,6 +12,14 @@ products such as ``0.7 × 5 = 3.4999999999999996`` count as 3.5 → 4. ``r = 0``
 nothing, ``r = 1`` removes every allowed source. Ties are broken by position: among equal
 scores the earlier key (smaller ``j``) is removed first, for both ``top`` and ``bottom``.
 
+Global ranking (``scope="layer"``): instead of each query ranking its own sources, all
+allowed (query, source) pairs of one document in one layer (per head at head level) are
+ranked together and ``k = round(r · N)`` of them removed, ``N`` = number of allowed pairs;
+ties are broken by flattened position (earlier query, then earlier key). Measures that give
+the same order within every query (value-weighted and output-normalized, which differ by
+a positive factor ``1/‖o_i‖`` per query) can then give different removal sets, so their
+curves can differ.
+
 The returned boolean mask marks the pairs to remove; the intervention (zeroing ``α_ij`` of
 those pairs without renormalizing, the same as masking the projected value of ``j`` for
 query ``i``) is ``remove_pairs``; the model-side loop lives with the probes.
@@ -26,6 +34,16 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 WHICH = ("top", "bottom")
+SCOPES = ("query", "layer")
+"""Ranking scopes: ``"query"`` (each query ranks its sources, SPEC C.3) or ``"layer"``
+(every allowed pair of a document's layer — and head, at head level — ranked together)."""
+
+
+def check_scope(scope: str) -> str:
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {SCOPES} ('query': each query ranks its "
+                         f"sources; 'layer': all pairs of a layer together), got {scope!r}")
+    return scope
 
 
 def allowed_mask(
@@ -79,6 +97,7 @@ def removal_mask(
     allowed: Bool[Tensor, "batch_or_1 head_or_1 query key"] | None = None,
     *,
     n_heads: int | None = None,
+    scope: str = "query",
 ) -> Bool[Tensor, "batch head query key"]:
     """Boolean mask of the (query, source) pairs to zero for one removal fraction.
 
@@ -86,7 +105,10 @@ def removal_mask(
     (head axis 1); allowed: bool, broadcastable to scores' shape (e.g. ``allowed_mask(...)``,
     ``[batch or 1, 1, query, key]``); None = every key allowed; fraction in [0, 1];
     which: ``"top"`` (comprehensiveness) or ``"bottom"`` (sufficiency); n_heads: expand a
-    token-level result (head axis 1) to this many heads (the same pairs in every head).
+    token-level result (head axis 1) to this many heads (the same pairs in every head);
+    scope: ``"query"`` (rank each query's sources, ``k_i`` per query) or ``"layer"`` (rank
+    all allowed pairs of each [batch, head] slice together, one ``k``; see the module
+    docstring).
 
     Steps: 1. per row, ``k_i = floor(fraction · n_allowed_i + 1/2)``; 2. stable sort of the
     scores (descending for top, ascending for bottom; ties keep key order), then a stable
@@ -97,6 +119,7 @@ def removal_mask(
     if which not in WHICH:
         raise ValueError(f"which must be one of {WHICH}, got {which!r}")
     _check_fraction(fraction)
+    check_scope(scope)
     if not isinstance(scores, Tensor) or scores.ndim != 4:
         shape = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores)
         raise ValueError(
@@ -119,7 +142,12 @@ def removal_mask(
     a = allowed.to(scores.device).expand(shape)
     if torch.isnan(s[a]).any():
         raise ValueError("scores have NaN on allowed pairs; mask or replace them first")
-    k = removal_counts(a, float(fraction))  # [b, h, q]
+    full_shape = shape
+    if scope == "layer":  # one row of every pair of the [batch, head] slice, query-major
+        s = s.reshape(*shape[:-2], 1, shape[-2] * shape[-1])
+        a = a.reshape(s.shape)
+        shape = s.shape
+    k = removal_counts(a, float(fraction))  # [b, h, q] (q = 1 for the layer scope)
     key = s.double() if which == "bottom" else -s.double()
     order = torch.sort(key, dim=-1, stable=True).indices
     a_sorted = a.gather(-1, order)
@@ -129,7 +157,7 @@ def removal_mask(
     ranks.scatter_(
         -1, order, torch.arange(shape[-1], device=order.device).expand(shape).contiguous()
     )
-    mask = (ranks < k.unsqueeze(-1)) & a
+    mask = ((ranks < k.unsqueeze(-1)) & a).reshape(full_shape)
     if n_heads is not None:
         if mask.shape[1] not in (1, n_heads):
             raise ValueError(f"cannot expand {mask.shape[1]} heads to n_heads={n_heads}")

@@ -100,9 +100,17 @@ class CharTokenizer:
     ``ValueError`` naming them; ``encode(text, unknown="drop" | "replace")`` drops or
     replaces them instead, and :attr:`last_report` (an :class:`EncodeReport`) counts every
     change. Nothing is silently dropped.
+
+    ``bos=True`` adds a start-of-sequence token with id :attr:`bos_id` = ``len(alphabet)``
+    (so ``vocab_size = len(alphabet) + 1``); :meth:`encode` never emits it (text is one
+    running stream), the trainer and the window builders put it in front of each window
+    (``"data": {"bos": true}`` of a run config), :meth:`decode` renders it as
+    :attr:`BOS_TEXT`, and :meth:`to_json` records it so a checkpoint's tokenizer keeps it.
     """
 
-    def __init__(self, alphabet: Sequence[str]):
+    BOS_TEXT = "<|bos|>"
+
+    def __init__(self, alphabet: Sequence[str], *, bos: bool = False):
         chars = list(alphabet)
         if len(set(chars)) != len(chars):
             raise ValueError("alphabet has repeated characters")
@@ -110,14 +118,17 @@ class CharTokenizer:
             raise ValueError("every alphabet entry must be one character")
         self.alphabet: list[str] = chars
         self.stoi = {c: i for i, c in enumerate(chars)}
-        self.vocab_size = len(chars)
+        self.bos = bool(bos)
+        #: id of the start token (``len(alphabet)``), None without ``bos``
+        self.bos_id: Optional[int] = len(chars) if self.bos else None
+        self.vocab_size = len(chars) + (1 if self.bos else 0)
         self.last_report: Optional[EncodeReport] = None
 
     @classmethod
-    def from_text(cls, text: str) -> "CharTokenizer":
+    def from_text(cls, text: str, *, bos: bool = False) -> "CharTokenizer":
         if not text:
             raise ValueError("cannot build a character tokenizer from an empty text")
-        return cls(sorted(set(text)))
+        return cls(sorted(set(text)), bos=bos)
 
     def _ascii_form(self, c: str) -> Optional[str]:
         """The ASCII stand-in of ``c`` if every character of it is in the alphabet."""
@@ -206,8 +217,9 @@ class CharTokenizer:
 
         Unicode punctuation is normalised as in :meth:`encode` where the ASCII form is in
         the alphabet; other unknown characters raise. ``<|endoftext|>`` is added as BOS/EOS
-        with id ``vocab_size`` (outside the model's vocabulary, so ``generate`` runs to
-        ``max_new_tokens``); the pad id is the alphabet's first character.
+        with id ``len(alphabet)``: without ``bos`` that lies outside the model's vocabulary
+        (so ``generate`` runs to ``max_new_tokens``); with ``bos`` it is :attr:`bos_id`, the
+        model's start token. The pad id is the alphabet's first character.
         """
         from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
         from transformers import PreTrainedTokenizerFast
@@ -234,20 +246,26 @@ class CharTokenizer:
     def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
-        return "".join(self.alphabet[i] for i in ids)
+        n = len(self.alphabet)
+        return "".join(self.alphabet[i] if i != n or not self.bos else self.BOS_TEXT
+                       for i in ids)
 
     def to_json(self) -> str:
-        return json.dumps({"type": "char", "alphabet": "".join(self.alphabet)})
+        d: dict = {"type": "char", "alphabet": "".join(self.alphabet)}
+        if self.bos:
+            d["bos"] = True
+        return json.dumps(d)
 
     @classmethod
     def from_json(cls, s: str) -> "CharTokenizer":
         d = json.loads(s)
         if d.get("type") != "char":
             raise ValueError(f"not a character tokenizer description: type={d.get('type')!r}")
-        return cls(list(d["alphabet"]))
+        return cls(list(d["alphabet"]), bos=bool(d.get("bos", False)))
 
     def __repr__(self) -> str:
-        return f"CharTokenizer(vocab_size={self.vocab_size})"
+        extra = f", bos_id={self.bos_id}" if self.bos else ""
+        return f"CharTokenizer(vocab_size={self.vocab_size}{extra})"
 
 
 class BPETokenizer:

@@ -12,7 +12,9 @@ import torch
 class DocumentWindows:
     """An ensemble of ``n_docs`` windows of exactly ``length`` tokens.
 
-    tokens: ``[n_docs, length]`` int64; starts: ``[n_docs]`` offsets in the token stream.
+    tokens: ``[n_docs, length]`` int64; starts: ``[n_docs]`` offsets in the token stream (of
+    the first stream token: after the start token when ``bos_id`` is set).
+    bos_id: the start token in front of every window (None: windows are pure stream).
     encode_report: what a :class:`~tl_spectral.data.CharTokenizer` normalised, dropped or
     replaced in the text (an ``EncodeReport``; None for other tokenizers).
     """
@@ -21,6 +23,7 @@ class DocumentWindows:
     starts: torch.Tensor
     seed: int
     encode_report: Optional[Any] = None
+    bos_id: Optional[int] = None
 
     @property
     def n_docs(self) -> int:
@@ -51,7 +54,7 @@ def encode(tokenizer, text: str, unknown: Optional[str] = None) -> list[int]:
 
 def document_windows(
     text: str, tokenizer, n_docs: int, length: int, seed: int = 0, *, overlap: bool = False,
-    unknown: Optional[str] = None,
+    unknown: Optional[str] = None, bos_id: Optional[int] = None,
 ) -> DocumentWindows:
     """Draw ``n_docs`` windows of exactly ``length`` tokens from ``text``.
 
@@ -62,11 +65,21 @@ def document_windows(
 
     ``unknown``: policy for characters outside a CharTokenizer's alphabet (see
     ``CharTokenizer.encode``); what was changed is in ``DocumentWindows.encode_report``.
+
+    ``bos_id``: for a model trained with a start token (``CharTokenizer(bos=True)``, its
+    ``bos_id``): every window is ``[bos_id]`` followed by ``length - 1`` stream tokens, the
+    framing the trainer used (``length`` counts the start token; the stream is cut into
+    pieces of ``length - 1``).
     """
     if n_docs < 1:
         raise ValueError(f"n_docs must be >= 1, got {n_docs}")
     if length < 2:
         raise ValueError(f"length must be >= 2 tokens, got {length}")
+    if bos_id is not None and (not isinstance(bos_id, int) or bos_id < 0):
+        raise ValueError(f"bos_id must be a token id (int >= 0) or None, got {bos_id!r}")
+    full_length = length
+    if bos_id is not None:
+        length -= 1
     ids = torch.tensor(encode(tokenizer, text, unknown), dtype=torch.long)
     report = getattr(tokenizer, "last_report", None)
     g = torch.Generator().manual_seed(seed)
@@ -84,4 +97,9 @@ def document_windows(
             raise ValueError(f"the text has {ids.numel()} tokens, fewer than length={length}")
         starts = torch.randint(0, ids.numel() - length + 1, (n_docs,), generator=g)
     tokens = torch.stack([ids[s : s + length] for s in starts.tolist()])
-    return DocumentWindows(tokens=tokens, starts=starts, seed=seed, encode_report=report)
+    if bos_id is not None:
+        tokens = torch.cat([torch.full((tokens.shape[0], 1), bos_id, dtype=tokens.dtype),
+                            tokens], 1)
+    assert tokens.shape[1] == full_length
+    return DocumentWindows(tokens=tokens, starts=starts, seed=seed, encode_report=report,
+                           bos_id=bos_id)

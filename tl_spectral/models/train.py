@@ -88,7 +88,10 @@ class TrainConfig:
     steps: total optimizer steps; batch_size: global batch (windows of ``seq_len+1``
     tokens; ``seq_len`` None = the model's n_ctx); lr peaks after ``warmup_steps`` of linear
     warm-up and decays along a cosine to ``min_lr`` at ``steps``; AdamW with
-    ``weight_decay`` on matrices/embeddings only; ``grad_clip`` (global norm, 0 = off).
+    ``weight_decay`` on matrices/embeddings only, except the parameters whose names match
+    one of the shell-style patterns of ``no_decay`` (``fnmatch`` on
+    ``model.named_parameters()`` names, e.g. ``["*.A", "*.delta"]`` for the S–D kernels;
+    every pattern must match a parameter); ``grad_clip`` (global norm, 0 = off).
     Every ``eval_every`` steps: validation loss/perplexity on ``eval_windows`` evenly spaced
     windows of the validation tokens (None = all). Every ``checkpoint_every`` steps: a
     checkpoint in ``out_dir/checkpoints`` (the last ``keep_checkpoints`` are kept).
@@ -121,9 +124,15 @@ class TrainConfig:
     num_threads: int | None = None
     progress: bool = True
     log_every: int = 10
+    no_decay: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
+        if isinstance(self.no_decay, str) or not all(isinstance(x, str) and x
+                                                      for x in self.no_decay):
+            raise ValueError("TrainConfig.no_decay must be a list of parameter-name patterns "
+                             f"such as ['*.A', '*.delta'], got {self.no_decay!r}")
+        self.no_decay = list(self.no_decay)
         for name in ("steps", "batch_size", "eval_every", "checkpoint_every", "eval_batch_size",
                      "log_every", "keep_checkpoints"):
             v = getattr(self, name)
@@ -157,9 +166,13 @@ class TrainConfig:
                                 warmup_steps=self.warmup_steps, steps=self.steps)
 
     def identity(self) -> dict[str, Any]:
-        """The fields of :data:`IDENTITY_FIELDS` (JSON-able): what a resume must not change."""
+        """The fields of :data:`IDENTITY_FIELDS` (JSON-able): what a resume must not change;
+        ``no_decay`` too when it is set (absent when empty, so older runs keep their id)."""
         d = self.to_dict()
-        return {k: d[k] for k in IDENTITY_FIELDS}
+        out = {k: d[k] for k in IDENTITY_FIELDS}
+        if self.no_decay:
+            out["no_decay"] = list(self.no_decay)
+        return out
 
 
 @dataclass
@@ -234,10 +247,17 @@ class Trainer:
     It is written to ``out_dir/run.json`` and into every checkpoint; a trainer whose
     ``out_dir`` holds another run's outputs raises :class:`RunConflictError` unless
     ``overwrite`` is set, and it never overwrites or prunes another run's checkpoints.
+
+    bos_id: a start token put in front of every window (training and validation): a
+    window is then ``[bos_id] + seq_len`` consecutive stream tokens, so the model reads
+    ``[bos_id] + seq_len-1`` tokens and predicts all ``seq_len`` stream tokens (the first
+    from the start token alone). None (default): windows are ``seq_len+1`` stream tokens.
+    A run with a start token has another run id (``bos_id`` joins the identity).
     """
 
     def __init__(self, model: GPT, train_tokens, val_tokens, config: TrainConfig,
-                 *, extra_metadata: dict[str, Any] | None = None):
+                 *, extra_metadata: dict[str, Any] | None = None,
+                 bos_id: int | None = None):
         self.cfg = config
         self.seq_len = config.seq_len or model.cfg.n_ctx
         if self.seq_len > model.cfg.n_ctx:
@@ -249,6 +269,11 @@ class Trainer:
                                                     self.val_tokens.min())) < 0:
             raise ValueError(f"token ids must lie in [0, vocab_size={model.cfg.vocab_size}), "
                              f"found max id {vmax}")
+        if bos_id is not None and not (isinstance(bos_id, int) and
+                                       0 <= bos_id < model.cfg.vocab_size):
+            raise ValueError(f"bos_id must be an int in [0, vocab_size={model.cfg.vocab_size}),"
+                             f" got {bos_id!r}")
+        self.bos_id = bos_id
         self.extra_metadata = dict(extra_metadata or {})
 
         # distributed setup ------------------------------------------------------------
@@ -289,6 +314,8 @@ class Trainer:
             "model": self.model.cfg.to_dict(), "train": config.identity(),
             "seq_len": self.seq_len,
             "train_tokens_sha256": sha256_bytes(self.train_tokens.numpy().tobytes())}
+        if bos_id is not None:  # absent otherwise: older runs keep their run id
+            self.run_identity["bos_id"] = bos_id
         self.run_id = sha256_bytes(_canonical(self.run_identity).encode())[:16]
         self.rejected_checkpoints: list[tuple[Path, str]] = []
         if self.out_dir is not None:
@@ -308,6 +335,9 @@ class Trainer:
             return "a different model configuration"
         if train is not None:
             mine = self.cfg.identity()
+            # no_decay is recorded only when set: absent means []
+            train = {"no_decay": [], **train}
+            mine = {"no_decay": [], **mine}
             diff = sorted(k for k in mine if k in train and
                           _canonical(train[k]) != _canonical(mine[k]))
             if diff:
@@ -409,12 +439,29 @@ class Trainer:
             dist.barrier()
 
     # --------------------------------------------------------------------- optimizer
+    def decay_split(self) -> tuple[list[str], list[str]]:
+        """(names of the parameters with weight decay, names without): decay goes to
+        parameters of >= 2 dimensions not matched by any ``no_decay`` pattern."""
+        from fnmatch import fnmatchcase
+
+        pats = self.cfg.no_decay
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        unused = [pat for pat in pats if not any(fnmatchcase(n, pat) for n, _ in named)]
+        if unused:
+            raise ValueError(f"no_decay patterns {unused} match no parameter of the model; "
+                             f"names look like {[n for n, _ in named[:4]]} (shell patterns "
+                             "such as '*.A', 'blocks.0.*')")
+        decay, no = [], []
+        for n, p in named:
+            excluded = p.dim() < 2 or any(fnmatchcase(n, pat) for pat in pats)
+            (no if excluded else decay).append(n)
+        return decay, no
+
     def _make_optimizer(self) -> torch.optim.Optimizer:
-        decay, no_decay = [], []
-        for _, p in self.model.named_parameters():
-            if not p.requires_grad:
-                continue
-            (decay if p.dim() >= 2 else no_decay).append(p)
+        params = dict(self.model.named_parameters())
+        names_decay, names_no = self.decay_split()
+        decay = [params[n] for n in names_decay]
+        no_decay = [params[n] for n in names_no]
         groups = [{"params": decay, "weight_decay": self.cfg.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
         kw: dict[str, Any] = {}
@@ -424,24 +471,38 @@ class Trainer:
                                  eps=self.cfg.eps, **kw)
 
     # --------------------------------------------------------------------------- data
+    @property
+    def _stream_len(self) -> int:
+        """Stream tokens per window: seq_len+1, or seq_len after a start token."""
+        return self.seq_len + (1 if self.bos_id is None else 0)
+
+    def _frame(self, tokens: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """Windows [len(starts), seq_len+1] of ``tokens`` at ``starts`` (with the start
+        token in front when ``bos_id`` is set)."""
+        w = tokens[starts[:, None] + torch.arange(self._stream_len)[None, :]]
+        if self.bos_id is not None:
+            w = torch.cat([torch.full((w.shape[0], 1), self.bos_id, dtype=w.dtype), w], 1)
+        return w
+
     def _batch(self) -> torch.Tensor:
         """This rank's slice of the next global batch: [batch/world, seq_len+1]."""
-        n = self.train_tokens.numel() - (self.seq_len + 1) + 1
+        n = self.train_tokens.numel() - self._stream_len + 1
         starts = torch.randint(0, n, (self.cfg.batch_size,), generator=self.generator)
         per = self.cfg.batch_size // self.world_size
         starts = starts[self.rank * per:(self.rank + 1) * per]
-        idx = starts[:, None] + torch.arange(self.seq_len + 1)[None, :]
-        return self.train_tokens[idx].to(self.device, non_blocking=True)
+        return self._frame(self.train_tokens, starts).to(self.device, non_blocking=True)
 
-    def val_windows(self) -> torch.Tensor:
-        """Validation windows [n, seq_len+1], stride seq_len (each target counted once);
-        ``eval_windows`` of them evenly spaced, or all."""
-        n = (self.val_tokens.numel() - 1) // self.seq_len
+    def val_windows(self, limit: int | None = -1) -> torch.Tensor:
+        """Validation windows [n, seq_len+1], stride seq_len (each target counted once;
+        with a start token each window is ``[bos_id]`` + seq_len stream tokens);
+        ``limit`` of them evenly spaced (default: ``eval_windows``; None = all)."""
+        limit = self.cfg.eval_windows if limit == -1 else limit
+        n = (self.val_tokens.numel() - self._stream_len + self.seq_len) // self.seq_len
         starts = torch.arange(n) * self.seq_len
-        if self.cfg.eval_windows is not None and self.cfg.eval_windows < n:
-            pick = torch.linspace(0, n - 1, self.cfg.eval_windows).round().long()
+        if limit is not None and limit < n:
+            pick = torch.linspace(0, n - 1, limit).round().long()
             starts = starts[pick]
-        return self.val_tokens[starts[:, None] + torch.arange(self.seq_len + 1)[None, :]]
+        return self._frame(self.val_tokens, starts)
 
     @torch.no_grad()
     def evaluate(self, windows: torch.Tensor | None = None) -> dict[str, float]:
@@ -772,8 +833,11 @@ def _load_data(data: dict[str, Any]):
     if data.get("tokenizer", "char") != "char":
         raise ValueError(f"only the 'char' tokenizer is supported by train_cli, "
                          f"got {data.get('tokenizer')!r}")
+    bos = data.get("bos", False)
+    if not isinstance(bos, bool):
+        raise ValueError(f"data.bos must be true or false, got {bos!r}")
     train_text, val_text = train_val_split(text, float(data.get("val_fraction", 0.1)))
-    tok = CharTokenizer.from_text(text)
+    tok = CharTokenizer.from_text(text, bos=bos)
     return tok, torch.tensor(tok.encode(train_text)), torch.tensor(tok.encode(val_text))
 
 
@@ -802,7 +866,8 @@ def run_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None = N
     model = GPT(GPTConfig.from_dict(mdoc))
     tok_doc = json.loads(tok.to_json())
     trainer = Trainer(model, train_ids, val_ids, train_cfg,
-                      extra_metadata={"tokenizer": tok_doc, "data": doc.get("data", {})})
+                      extra_metadata={"tokenizer": tok_doc, "data": doc.get("data", {})},
+                      bos_id=getattr(tok, "bos_id", None))
     history = trainer.fit()
     if trainer.out_dir is not None:
         full = trainer.evaluate(_all_windows(trainer))  # every rank joins the all_reduce
@@ -817,13 +882,11 @@ def run_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None = N
 
 
 def _all_windows(trainer: Trainer) -> torch.Tensor:
-    n = (trainer.val_tokens.numel() - 1) // trainer.seq_len
-    starts = torch.arange(n) * trainer.seq_len
-    return trainer.val_tokens[starts[:, None] + torch.arange(trainer.seq_len + 1)[None, :]]
+    return trainer.val_windows(limit=None)
 
 
 def train_cli(argv: list[str]) -> int:
-    """``tl-spectral train --config FILE [--out-dir DIR] [--steps N] [--device D]
+    """``tl-spectral train --config FILE [--out-dir DIR] [--steps N] [--seed S] [--device D]
     [--no-progress] [--overwrite]``. Returns the exit status (0 on success); an out_dir
     holding another run exits with status 2 and a one-line error."""
     ap = argparse.ArgumentParser(prog="tl-spectral train",
@@ -831,6 +894,9 @@ def train_cli(argv: list[str]) -> int:
     ap.add_argument("--config", required=True, help="JSON file with model/data/train sections")
     ap.add_argument("--out-dir", help="override train.out_dir")
     ap.add_argument("--steps", type=int, help="override train.steps")
+    ap.add_argument("--seed", type=int,
+                    help="override train.seed (initialisation and data order; another run: "
+                         "use another --out-dir)")
     ap.add_argument("--device", help="override train.device (auto|cpu|cuda)")
     ap.add_argument("--threads", type=int, help="override train.num_threads")
     ap.add_argument("--no-progress", action="store_true", help="no tqdm bar")
@@ -849,6 +915,8 @@ def train_cli(argv: list[str]) -> int:
         ov["out_dir"] = args.out_dir
     if args.steps:
         ov["steps"] = args.steps
+    if args.seed is not None:
+        ov["seed"] = args.seed
     if args.device:
         ov["device"] = args.device
     if args.threads:

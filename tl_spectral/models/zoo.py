@@ -38,6 +38,7 @@ from tl_spectral.models.gpt import GPT, load_model, read_checkpoint_config
 
 SHIPPED = ("char-shakespeare", "char-shakespeare-noln", "sd-char-shakespeare",
            "sd-char-shakespeare-noln", "char-shakespeare-rotary")
+SHIPPED += ("char-shakespeare-bos",)  # windows start with a BOS token (issue 17)
 BUNDLED = ("minilm",)
 
 
@@ -99,7 +100,7 @@ def load(name: str, device: str | torch.device = "cpu") -> tuple[Any, Any]:
         model, tok = load_native(name)
         tl_model = to_transformer_lens(model, device=device)
         tl_model.cfg.model_name = name  # shown by ModelView and in reports
-        attach_tokenizer(tl_model, tok)
+        attach_tokenizer(tl_model, tok, prepend_bos=getattr(tok, "bos", False))
         return tl_model, tok
     if name == "minilm":
         return _load_minilm(device)

@@ -49,8 +49,10 @@ from torch import Tensor
 
 from tl_spectral.analysis.contributions import MEASURES, contribution_weights
 from tl_spectral.analysis.faithfulness import (
+    SCOPES,
     WHICH,
     allowed_mask,
+    check_scope,
     curve_area,
     fraction_grid,
     removal_counts,
@@ -312,17 +314,26 @@ def removal_ranks(
     scores: Float[Tensor, "batch head_or_1 query key"],
     which: str,
     allowed: Bool[Tensor, "batch_or_1 head_or_1 query key"],
+    scope: str = "query",
 ) -> Int[Tensor, "batch head query key"]:
     """Rank of each pair in the removal order of ``analysis.faithfulness.removal_mask``.
 
     The pairs removed at fraction ``r`` are exactly ``(rank < removal_counts(allowed, r))
-    & allowed``, so one ranking serves every fraction. Same order as ``removal_mask``:
-    stable sort by score (descending for ``top``, ascending for ``bottom``; ties → earlier
-    key first), allowed keys before disallowed ones. int32.
+    & allowed`` (``scope="query"``; for ``"layer"`` the count of :func:`scope_counts`), so
+    one ranking serves every fraction. Same order as ``removal_mask``: stable sort by
+    score (descending for ``top``, ascending for ``bottom``; ties → earlier key first, or
+    earlier flattened (query, key) position for ``"layer"``), allowed pairs before
+    disallowed ones. For ``"layer"`` the rank runs over the whole [query, key] slice. int32.
     """
     if which not in WHICH:
         raise ValueError(f"which must be one of {WHICH}, got {which!r}")
+    check_scope(scope)
     shape = torch.broadcast_shapes(scores.shape, allowed.shape)
+    if scope == "layer":
+        flat = (*shape[:-2], 1, shape[-2] * shape[-1])
+        r = removal_ranks(scores.expand(shape).reshape(flat), which,
+                          allowed.to(scores.device).expand(shape).reshape(flat))
+        return r.reshape(shape)
     s = scores.expand(shape)
     a = allowed.to(scores.device).expand(shape)
     if torch.isnan(s[a]).any():
@@ -337,18 +348,31 @@ def removal_ranks(
     return ranks
 
 
-def structural_aliases(measures: Sequence[str], mode: str, level: str) -> dict[str, str]:
+def scope_counts(allowed: Bool[Tensor, "batch_or_1 head_or_1 query key"], fraction: float,
+                 scope: str = "query") -> Tensor:
+    """Pairs to remove at ``fraction``, shaped to compare with :func:`removal_ranks`:
+    ``[b, h, query, 1]`` per query (``"query"``) or ``[b, h, 1, 1]`` per layer slice
+    (``"layer"``: ``round(fraction · N)``, N = allowed pairs of the slice)."""
+    if check_scope(scope) == "layer":
+        return removal_counts(allowed.flatten(-2), fraction)[..., None, None]
+    return removal_counts(allowed, fraction).unsqueeze(-1)
+
+
+def structural_aliases(measures: Sequence[str], mode: str, level: str,
+                       scope: str = "query") -> dict[str, str]:
     """Measures whose removal order equals value_weighted's by construction.
 
-    Removal ranks each query's sources. ``output_normalized = α ‖ṽ_j‖ / ‖o‖`` divides
-    the value-weighted score by a positive constant of the row when ``‖o‖ = ‖o_i‖`` (inter
-    mode) or when each head ranks alone (``level="head"``, ``‖o_i^h‖`` constant per head
-    and row): the same order in exact arithmetic (float rounding could only swap exact
-    near-ties). Returns ``{"output_normalized[@mode]": "value_weighted[@…]"}``.
+    With ``scope="query"`` removal ranks each query's sources. ``output_normalized =
+    α ‖ṽ_j‖ / ‖o‖`` divides the value-weighted score by a positive constant of the row
+    when ``‖o‖ = ‖o_i‖`` (inter mode) or when each head ranks alone (``level="head"``,
+    ``‖o_i^h‖`` constant per head and row): the same order in exact arithmetic (float
+    rounding could only swap exact near-ties). With ``scope="layer"`` the factor varies
+    across the ranked pairs (over queries), so nothing is aliased. Returns
+    ``{"output_normalized[@mode]": "value_weighted[@…]"}``.
     """
     vw = next((m for m in measures if m.partition("@")[0] == "value_weighted"), None)
     out: dict[str, str] = {}
-    if vw is None:
+    if vw is None or check_scope(scope) == "layer":
         return out
     for m in measures:
         base, eff = _parse_measure(m, mode)
@@ -383,7 +407,12 @@ class FaithfulnessResult(Result):
     ``clean``: clean PPL (decoders) or 0. settings: e.g. ``["all layers", "layer 3"]``.
     ``aliases``: measure → a measure with the same removal order (by construction, see
     :func:`structural_aliases`, or found identical in every batch); its curves are copied,
-    not recomputed.
+    not recomputed. ``scope``: ``"query"`` or ``"layer"`` ranking (see
+    ``analysis.faithfulness``). ``doc_stats``: per-document statistics ``[doc, setting,
+    measure, 2 (top, bottom), fraction, 2 (NLL sum, target count) | 1 (embedding
+    distance)]`` and ``clean_doc`` ``[doc, 2 | 1]`` (documents in the order the probe ran
+    them: sorted by decreasing length), from which :meth:`area_intervals` and
+    :meth:`area_difference` bootstrap over documents (None in results of older versions).
     """
 
     kind: ClassVar[str] = "faithfulness"
@@ -406,6 +435,58 @@ class FaithfulnessResult(Result):
     n_tokens: int = 0
     model_name: str = ""
     aliases: dict = dataclasses.field(default_factory=dict)
+    scope: str = "query"
+    doc_stats: Optional[Tensor] = None
+    clean_doc: Optional[Tensor] = None
+
+    def _areas(self, idx: Tensor) -> Tensor:
+        """``[2 (comprehensiveness, sufficiency), setting, measure]`` areas of the documents
+        ``idx`` (with repeats in a bootstrap resample)."""
+        if self.doc_stats is None or self.clean_doc is None:
+            raise ValueError("this result holds no per-document statistics (saved by an "
+                             "older version); rerun faithfulness() to get intervals")
+        d = self.doc_stats[idx].sum(0)  # [S, M, 2, F, dim]
+        if self.metric == "delta_ppl":
+            c = self.clean_doc[idx].sum(0)
+            curves = torch.exp(d[..., 0] / d[..., 1].clamp_min(1.0)) - math.exp(
+                float(c[0] / c[1].clamp_min(1.0)))
+        else:
+            curves = d[..., 0] / len(idx)
+        return curve_area(self.fractions, curves).permute(2, 0, 1)
+
+    def area_intervals(self, *, n_resamples: int = 1000, seed: int = 0,
+                       level: float = 0.95) -> dict:
+        """Bootstrap over documents of the curve areas: ``{"comprehensiveness_area":
+        Intervals [setting, measure], "sufficiency_area": ...}``."""
+        from tl_spectral.analysis.bootstrap import bootstrap
+
+        iv = bootstrap(self._areas, self._n_docs_for_bootstrap(), n_resamples=n_resamples,
+                       seed=seed, level=level)
+        return {"comprehensiveness_area": iv[0], "sufficiency_area": iv[1]}
+
+    def _n_docs_for_bootstrap(self) -> int:
+        if self.doc_stats is None or self.clean_doc is None:
+            self._areas(torch.arange(0))  # raises the clear error
+        n = int(self.doc_stats.shape[0])  # type: ignore[union-attr]
+        if n < 2:
+            raise ValueError(f"a bootstrap needs at least 2 documents, this result has {n}")
+        return n
+
+    def area_difference(self, a: str, b: str, *, setting: int = 0, n_resamples: int = 1000,
+                        seed: int = 0, level: float = 0.95) -> dict:
+        """Paired bootstrap over documents of ``area(a) − area(b)`` for measures ``a`` and
+        ``b``: ``{"comprehensiveness": Interval, "sufficiency": Interval}`` (an interval
+        that excludes 0 separates the two measures on this corpus)."""
+        from tl_spectral.analysis.bootstrap import bootstrap
+
+        for m in (a, b):
+            if m not in self.measures:
+                raise ValueError(f"unknown measure {m!r}; this result has {self.measures}")
+        ia, ib = self.measures.index(a), self.measures.index(b)
+        n = self._n_docs_for_bootstrap()
+        iv = bootstrap(lambda idx: (lambda A: A[:, setting, ia] - A[:, setting, ib])(
+            self._areas(idx)), n, n_resamples=n_resamples, seed=seed, level=level)
+        return {"comprehensiveness": iv[0], "sufficiency": iv[1]}
 
     def table(self, setting: int = 0) -> list[dict]:
         """Rows ``{measure, comprehensiveness_area, sufficiency_area}`` for one setting."""
@@ -450,7 +531,8 @@ class FaithfulnessResult(Result):
             for crit, vals, better in (("comprehensiveness", comp, lambda a, b: b > a),
                                        ("sufficiency", suff, lambda a, b: b < a)):
                 ok = True
-                same = {**structural_aliases(self.measures, self.mode, self.level), **self.aliases}
+                same = {**structural_aliases(self.measures, self.mode, self.level,
+                                             self.scope), **self.aliases}
                 for (na, ia), (nb, ib) in zip(zip(chain, pos), list(zip(chain, pos))[1:]):
                     if same.get(nb) == na or same.get(na) == nb:
                         res["ties"] += crit == "comprehensiveness"
@@ -556,6 +638,7 @@ def faithfulness(
     fractions: Optional[Sequence[float]] = None,
     mode: str = "inter",
     level: str = "token",
+    scope: str = "query",
     metric: Optional[str] = None,
     batch_size: int = 8,
     rows_per_pass: int = 64,
@@ -572,7 +655,10 @@ def faithfulness(
     ``"abs_contribution"`` (``|C_ij|``, a diagnostic), optionally suffixed ``@intra`` / ``@inter`` to override ``mode``; fractions: removal grid
     (default 0, 0.1, …, 0.9); mode: contribution mode; level: ``"token"`` (a pair (i, j) is
     ranked by the sum over heads of the measure and removed in every head) or ``"head"``
-    (each head ranks and removes its own pairs); metric: ``"delta_ppl"`` (decoders, default)
+    (each head ranks and removes its own pairs); scope: ``"query"`` (each query ranks its
+    sources, SPEC C.3) or ``"layer"`` (all allowed pairs of a document's layer — per head at
+    head level — ranked together, ``round(r · N)`` removed: a global ranking under which
+    value-weighted and output-normalized can differ); metric: ``"delta_ppl"`` (decoders, default)
     or ``"embedding_distance"`` (encoders, default); rows_per_pass: rows of one batched
     intervention pass (documents × conditions).
 
@@ -581,14 +667,16 @@ def faithfulness(
     ranked once (``removal_ranks``) for top and bottom; 3. the conditions (setting ×
     measure × top/bottom × fraction > 0, plus one fraction-0 run shared by all curves) are
     stacked ``rows_per_pass`` rows at a time and run with :func:`removal_hooks`; 4. the
-    statistics are summed over the corpus, turned into ΔPPL (``exp`` of the mean NLL minus
-    the clean PPL) or the mean embedding distance, and integrated (``curve_area``).
+    statistics are kept per document (``doc_stats``, for bootstrap intervals) and summed
+    over the corpus, turned into ΔPPL (``exp`` of the mean NLL minus the clean PPL) or the
+    mean embedding distance, and integrated (``curve_area``).
     """
     view = model if isinstance(model, ModelView) else ModelView(model)
     if level not in ("token", "head"):
         raise ValueError(f"level must be 'token' or 'head', got {level!r}")
     if mode not in ("intra", "inter"):
         raise ValueError(f"mode must be 'intra' or 'inter', got {mode!r}")
+    check_scope(scope)
     measures = list(measures)
     if not measures or len(set(measures)) != len(measures):
         raise ValueError(f"measures must be a non-empty list of distinct names, got {measures}")
@@ -610,10 +698,10 @@ def faithfulness(
     gen = torch.Generator().manual_seed(seed)
     dim = 2 if met.metric == "delta_ppl" else 1
     # accumulated statistics per condition: [S, M, 2 (top, bottom), F, dim]
-    acc = torch.zeros(S, M, 2, F, dim, dtype=torch.float64)
-    clean_acc = torch.zeros(dim, dtype=torch.float64)
+    doc_parts: list[Tensor] = []  # per batch: [b, S, M, 2, F, dim]
+    clean_parts: list[Tensor] = []  # per batch: [b, dim]
     alias_seen: Optional[dict[str, str]] = None
-    structural = structural_aliases(measures, mode, level)
+    structural = structural_aliases(measures, mode, level, scope)
     scored = [m for m in measures if m not in structural]
     starts = range(0, len(corpus), batch_size)
     it: Any = starts
@@ -638,7 +726,8 @@ def faithfulness(
         for m in scored:
             for which in WHICH:
                 ranks[m, which] = {
-                    l: removal_ranks(scores[m][l], which, allowed) for l in range(view.n_layers)
+                    l: removal_ranks(scores[m][l], which, allowed, scope)
+                    for l in range(view.n_layers)
                 }
         del scores
         # measures whose removal order is identical to an earlier one's in this batch
@@ -657,7 +746,7 @@ def faithfulness(
         alias_seen = dict(alias) if alias_seen is None else {
             k: v for k, v in alias_seen.items() if alias.get(k) == v
         }
-        counts = {f: removal_counts(allowed, f) for f in fr}  # [b, 1, T]
+        counts = {f: scope_counts(allowed, f, scope) for f in fr}  # [b, 1, T | 1, 1]
         # conditions: (si, mi, wi, fi); fraction 0 once
         conds = [(0, 0, 0, 0)] + [
             (si, mi, wi, fi)
@@ -668,7 +757,7 @@ def faithfulness(
             for fi in range(1, F)
         ]
         per = max(1, rows_per_pass // b)
-        acc_b = torch.zeros_like(acc)
+        acc_b = torch.zeros(b, S, M, 2, F, dim, dtype=torch.float64)
         for c0 in range(0, len(conds), per):
             chunk = conds[c0 : c0 + per]
             masks: dict[int, Tensor] = {}
@@ -678,7 +767,7 @@ def faithfulness(
                 for si, mi, wi, fi in chunk:
                     if l in setting_layers[si] and fi > 0:
                         r = ranks[measures[mi], WHICH[wi]][l]
-                        parts.append((r < counts[fr[fi]].unsqueeze(-1)) & allowed)
+                        parts.append((r < counts[fr[fi]]) & allowed)
                         any_l = True
                     else:
                         parts.append(torch.zeros_like(allowed).expand(b, -1, -1, -1))
@@ -695,22 +784,25 @@ def faithfulness(
             for ci, (si, mi, wi, fi) in enumerate(chunk):
                 row = stats[ci * b : (ci + 1) * b]
                 if met.metric == "delta_ppl":
-                    val = row.sum(0)
-                else:  # summed embedding distance, count
-                    dist = 1.0 - (row * clean_rows).sum(-1)
-                    val = dist.sum().reshape(1)
+                    val = row  # [b, 2]: NLL sum, count per document
+                else:  # embedding distance per document
+                    val = (1.0 - (row * clean_rows).sum(-1)).unsqueeze(-1)
                 if fi == 0:
-                    acc_b[:, :, :, 0] += val
+                    acc_b[..., 0, :] += val[:, None, None, None, :]
                 else:
-                    acc_b[si, mi, wi, fi] += val
+                    acc_b[:, si, mi, wi, fi] += val
         for m in alias:
             root = m
             while root in alias:
                 root = alias[root]
-            acc_b[:, measures.index(m), :, 1:] = acc_b[:, measures.index(root), :, 1:]
-        acc += acc_b
-        if met.metric == "delta_ppl":
-            clean_acc += clean_rows.sum(0)
+            acc_b[:, :, measures.index(m), :, 1:] = acc_b[:, :, measures.index(root), :, 1:]
+        doc_parts.append(acc_b)
+        clean_parts.append(clean_rows.double() if met.metric == "delta_ppl"
+                           else torch.zeros(b, 1, dtype=torch.float64))
+    doc_stats = torch.cat(doc_parts)
+    clean_doc = torch.cat(clean_parts)
+    acc = doc_stats.sum(0)
+    clean_acc = clean_doc.sum(0)
     n_docs = len(corpus)
     if met.metric == "delta_ppl":
         n_tok = float(clean_acc[1])
@@ -739,4 +831,7 @@ def faithfulness(
         n_tokens=int(n_tok),
         model_name=view.name,
         aliases=alias_seen or {},
+        scope=scope,
+        doc_stats=doc_stats,
+        clean_doc=clean_doc,
     )
