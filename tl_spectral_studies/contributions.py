@@ -306,7 +306,8 @@ def load_study_data(name: str, n_docs: int, length: int, seed: int = 0,
     from tl_spectral.data import document_windows, tiny_shakespeare, train_val_split
 
     _, val = train_val_split(tiny_shakespeare())
-    w = document_windows(val, tok, n_docs, length, seed=seed)
+    w = document_windows(val, tok, n_docs, length, seed=seed,
+                         bos_id=getattr(tok, "bos_id", None))  # a start-token model: [BOS] first
     return model, tok, w.tokens, torch.ones_like(w.tokens)
 
 

@@ -164,7 +164,8 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
     text = load_corpus(corpus)
     _, val = train_val_split(text)
     try:
-        windows = document_windows(val, tok, n_docs, length, seed=seed)
+        windows = document_windows(val, tok, n_docs, length, seed=seed,
+                                   bos_id=getattr(tok, "bos_id", None))
         source = "validation split"
     except ValueError:
         windows = document_windows(text, tok, n_docs, length, seed=seed)
