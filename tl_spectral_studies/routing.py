@@ -303,11 +303,35 @@ def figures_from_dir(out_dir: str | Path, fig_dir: str | Path) -> list[Path]:
             p = out / f"{name}_{suffix}.safetensors"
             if p.is_file():
                 store[name] = Result.load(p)
-    shown = [m for m, e in summary["models"].items() if "error" not in e]
-    caption = (f"models: {', '.join(shown)}; ablations on "
-               f"{summary.get('n_windows', '?')} validation windows; weights only otherwise; "
-               "tl-spectral study routing")
-    return study_figures(geos, sds, cascades, abls, fig_dir, caption=caption)
+    return study_figures(geos, sds, cascades, abls, fig_dir, caption=figure_caption(summary))
+
+
+def figure_caption(summary: dict[str, Any]) -> str:
+    """The caption of the routing figures: every model with its training steps, the
+    ablation windows × length and the seed as recorded in ``summary`` ("not recorded"
+    where the results do not say); models without results (unshipped runs) are named as
+    left out."""
+    parts, windows, left_out = [], set(), []
+    for name, e in summary["models"].items():
+        if "error" in e:
+            left_out.append(name)
+            continue
+        step = e.get("step")
+        parts.append(name if name == "minilm" else
+                     f"{name} ({step if step is not None else 'steps not recorded'} steps)")
+        a = e.get("ablation")
+        if a:
+            windows.add(f"{a.get('n_windows', '?')} × {a.get('seq_len', '?')}")
+    seeds = {e.get("config", {}).get("seed") for e in summary["models"].values()
+             if "error" not in e}
+    seed = ("not recorded" if seeds <= {None} else ", ".join(str(x) for x in sorted(
+        x for x in seeds if x is not None)))
+    cap = (f"models: {', '.join(parts)}; ablations on "
+           f"{', '.join(sorted(windows)) or 'no'} validation windows (tokens), weights only "
+           f"otherwise; training seed: {seed}")
+    if left_out:
+        cap += f"; shipped models only ({', '.join(left_out)}: no committed results)"
+    return cap + "; tl-spectral study routing"
 
 
 def study_figures(geos: dict[str, QKGeometry], sds: dict[str, SDGeometry],
@@ -323,7 +347,9 @@ def study_figures(geos: dict[str, QKGeometry], sds: dict[str, SDGeometry],
     paths = []
 
     def save(fig, name):
-        add_caption(fig, caption)
+        import textwrap
+
+        add_caption(fig, textwrap.fill(caption, int(fig.get_figwidth() * 17)))
         p = fig_dir / f"routing_{name}.png"
         fig.savefig(p, dpi=100, bbox_inches="tight")
         plt.close(fig)
@@ -381,21 +407,27 @@ def study_figures(geos: dict[str, QKGeometry], sds: dict[str, SDGeometry],
             a.axis("off")
         fig.tight_layout()
         save(fig, "cascade_training_R")
-    if abls:
-        fig, ax = plt.subplots(figsize=(8, 3.8))
+    if abls:  # ΔPPL/PPL of each ablation on all layers; log only if some value is ≤ 0
+        fig, ax = plt.subplots(figsize=(9, 4.2))
         kinds = list(ABLATIONS_SD) + list(ABLATIONS_SOFTMAX)
         width = 0.8 / max(1, len(abls))
+        allv = []
         for j, (n, a) in enumerate(abls.items()):
             vals = []
             for kd in kinds:
                 r = [x for x in a.rows if x["ablation"] == kd and x["layers"] == "all"]
-                vals.append(max(r[0]["rel_delta"], 1e-4) if r else float("nan"))
+                vals.append(r[0]["rel_delta"] if r else float("nan"))
+            allv += [v for v in vals if v == v]
             ax.bar([i + j * width for i in range(len(kinds))], vals, width, label=n)
-        ax.set_yscale("log")
+        if allv and min(allv) <= 0:
+            ax.set_yscale("symlog", linthresh=1e-3)
+            ax.axhline(0, color="0.3", lw=0.6)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(kinds))])
         ax.set_xticklabels([kd.replace("_", "\n") for kd in kinds], fontsize=8)
-        ax.set_ylabel("ΔPPL / PPL (all layers; floor 1e-4)")
-        ax.set_title("SPEC B.4 ablations")
+        ax.set_xlabel("ablation (SPEC B.4), applied to every layer; blank: not applicable")
+        ax.set_ylabel("ΔPPL / PPL")
+        ax.set_title("SPEC B.4 ablations: relative perplexity increase")
+        ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
         save(fig, "ablations")
