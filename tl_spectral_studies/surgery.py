@@ -215,7 +215,11 @@ def cmd_cascade(a) -> None:
     axes[1].set_title(f"{name}: rank of the effective routing W_P S W_Pᵀ", fontsize=9)
     fig.tight_layout()
     FIG.mkdir(parents=True, exist_ok=True)
-    fig.savefig(FIG / f"surgery_cascade_{name}.png", dpi=120)
+    steps = res.steps.tolist()
+    _caption(fig, f"{name}: every checkpoint of the training run {_rel(ROOT / a.model)} "
+             f"(steps {steps[0]}–{steps[-1]}, {len(steps)} checkpoints), weights only; training "
+             "seed: see the run's config.json (tl-spectral study surgery cascade)")
+    fig.savefig(FIG / f"surgery_cascade_{name}.png", dpi=120, bbox_inches="tight")
     last = res.rank().double().mean(-1)[-1].tolist()
     frac = (res.routing_fraction_S if res.routing_fraction_S is not None
             else res.routing_fraction_R).double().mean(-1)[-1].tolist()
