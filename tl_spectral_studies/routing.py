@@ -418,17 +418,20 @@ def study_figures(geos: dict[str, QKGeometry], sds: dict[str, SDGeometry],
                 r = [x for x in a.rows if x["ablation"] == kd and x["layers"] == "all"]
                 vals.append(r[0]["rel_delta"] if r else float("nan"))
             allv += [v for v in vals if v == v]
-            ax.bar([i + j * width for i in range(len(kinds))], vals, width, label=n)
+            bars = ax.bar([i + j * width for i in range(len(kinds))], vals, width, label=n)
+            ax.bar_label(bars, labels=["" if v != v else f"{v:.2g}" for v in vals],
+                         fontsize=6.5, padding=2, rotation=90)  # tiny values stay readable
         if allv and min(allv) <= 0:
             ax.set_yscale("symlog", linthresh=1e-3)
             ax.axhline(0, color="0.3", lw=0.6)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(kinds))])
         ax.set_xticklabels([kd.replace("_", "\n") for kd in kinds], fontsize=8)
         ax.set_xlabel("ablation (SPEC B.4), applied to every layer; blank: not applicable")
-        ax.set_ylabel("ΔPPL / PPL")
+        ax.set_ylabel("ΔPPL / PPL (value above each bar)")
         ax.set_title("SPEC B.4 ablations: relative perplexity increase")
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.12)
+        ax.legend(fontsize=7, loc="upper left")
         fig.tight_layout()
         save(fig, "ablations")
     return paths
