@@ -342,7 +342,7 @@ def _curve_caption(cs: list[Any]) -> str:
                  for c in cs if c.fine_tune})
     return (f"{runs}. PPL on {', '.join(win)} validation windows (tokens); "
             + (f"fine-tuned: {', '.join(ft)}; " if ft else "zero-shot only; ")
-            + "training seed: not recorded in the results; shipped char runs only "
+            + "training seed: not recorded in the results; curves from the committed files "
             "(tl-spectral study surgery curves / figures)")
 
 
