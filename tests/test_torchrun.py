@@ -53,6 +53,15 @@ def test_tokenize_errors(token_file, tmp_path, capsys):
     assert main(["analyze", "--model", "random", "--tokens", str(token_file), "--n-docs", "900",
                  "--length", "32", "--out", str(tmp_path / "r")]) == 2
     assert "disjoint windows" in capsys.readouterr().err
+    # a start-token model: token-file windows are not framed with BOS, refused before loading
+    bos_file = tmp_path / "bos.tok"
+    text = tmp_path / "bos.txt"
+    text.write_text(tiny_shakespeare()[:5_000], encoding="utf-8")
+    assert main(["tokenize", str(text), "--model", "char-shakespeare-bos", "-o",
+                 str(bos_file)]) == 0
+    assert main(["analyze", "--model", "char-shakespeare-bos", "--tokens", str(bos_file),
+                 "--n-docs", "2", "--length", "32", "--out", str(tmp_path / "rb")]) == 2
+    assert "start token" in capsys.readouterr().err
 
 
 def test_torchrun_two_processes_equal_one(token_file, tmp_path):

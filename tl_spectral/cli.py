@@ -259,6 +259,9 @@ def analyze(argv: Optional[list[str]] = None) -> int:
             tokenizer = zoo._char_tokenizer(info)
     windows = None
     if token_file is not None:
+        if getattr(tokenizer, "bos_id", None) is not None:
+            raise UsageError(f"--tokens: {args.model} was trained with a start token and "
+                             "token-file windows are not framed with one yet; pass --corpus")
         try:
             windows = token_file.windows(args.n_docs, args.length, seed=args.seed,
                                          overlap=args.overlap)
@@ -280,7 +283,10 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         raise UsageError(f"--length {args.length} is longer than the model's context of "
                          f"{view.n_ctx}; pass --length {view.n_ctx} or less")
     framing = "disjoint windows of the corpus" if not args.overlap else "windows at random offsets"
-    if windows is not None and windows.bos_id is not None:
+    if token_file is not None and getattr(tokenizer, "bos_id", None) is not None:
+        raise UsageError(f"--tokens: {args.model} was trained with a start token and token-file "
+                         "windows are not framed with one yet; pass --corpus instead")
+    if windows is not None and getattr(windows, "bos_id", None) is not None:
         framing += ", each after the model's start token"
     mask = None
     if not view.causal and token_file is not None:
