@@ -200,3 +200,20 @@ def test_shipped_rotary_checkpoint():
     assert max_logit_diff(model, tl_model, w[:2, :-1]) <= 1e-4
     g = model_rotary_geometry(tl_model, offsets=[0, -8], average_ranks=False)
     assert g.pairing == "adjacent" and g.routing_fraction.shape == (6, 8, 2)
+
+
+def test_cascade_over_training_reads_rotary_sd_runs(tmp_path):
+    """The cascade over training reads a rotary S–D run: S (before the rotation, the same at
+    every offset) as for learned positions, R at offset 0."""
+    from tl_spectral.geometry.cascade import cascade_over_training
+    from tl_spectral.geometry.model import model_sd_geometry
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=20, n_layers=2, n_heads=2, d_model=16, d_head=8, n_ctx=12,
+                    d_mlp=32, attention="sd", positional="rotary", rotary_dim=4)
+    model = GPT(cfg)
+    save_model(model, tmp_path / "run" / "final")
+    res = cascade_over_training(tmp_path / "run")
+    torch.testing.assert_close(res.rank_S[-1], model_sd_geometry(model).eff_rank_S)
+    torch.testing.assert_close(res.rank_R[-1], model_qk_geometry(model, biases=False,
+                                                                 allow_rotary=True).eff_rank_R)

@@ -101,7 +101,10 @@ def cascade_over_training(run_dir: str | Path, *, name: str | None = None) -> Ca
     model = None
     for s, p in ck:
         model = load_model(p)
-        g = model_qk_geometry(model, biases=False)
+        # rotary models: R is read at offset 0 (the kernel W_Q W_Kᵀ); an S–D layer's S is the
+        # d_head × d_head form before the rotation, the same at every offset
+        rotary = getattr(model.cfg, "positional", "learned") == "rotary"
+        g = model_qk_geometry(model, biases=False, allow_rotary=rotary)
         steps.append(s)
         rr.append(g.eff_rank_R)
         fr.append(g.routing_fraction)
