@@ -217,3 +217,20 @@ def test_cascade_over_training_reads_rotary_sd_runs(tmp_path):
     torch.testing.assert_close(res.rank_S[-1], model_sd_geometry(model).eff_rank_S)
     torch.testing.assert_close(res.rank_R[-1], model_qk_geometry(model, biases=False,
                                                                  allow_rotary=True).eff_rank_R)
+
+
+def test_rotary_cascade_doc_table_regenerates_from_committed_results():
+    """The rotary S–D cascade table of docs/routing_filtering.md is
+    rotary_cascade_markdown(docs/results/routing/rotary_sd), verbatim, and a changed
+    number is caught."""
+    from pathlib import Path
+
+    from tl_spectral_studies.routing import rotary_cascade_markdown, rotary_cascade_verdict
+
+    root = Path(__file__).resolve().parents[1]
+    res = root / "docs" / "results" / "routing" / "rotary_sd"
+    doc = (root / "docs" / "routing_filtering.md").read_text(encoding="utf-8")
+    assert rotary_cascade_markdown(res) in doc
+    s = json.loads((res / "summary.json").read_text())
+    s["final"]["rotary_R"][0]["high"] = 99.0  # layer 0 no longer separated
+    assert "rotary: layer 0 is not separated" in rotary_cascade_verdict(s)

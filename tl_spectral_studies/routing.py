@@ -45,6 +45,7 @@ from tl_spectral.models.ablations import (
 from tl_spectral.results import Result
 from tl_spectral.usage import ArgumentParser
 from tl_spectral_studies._common import (
+    StudyUsageError,
     add_caption,
     add_run_arguments,
     prepare_out,
@@ -929,6 +930,99 @@ def rotary_markdown(results_dir: str | Path) -> str:
     return "\n".join(L) + "\n"
 
 
+def _head_interval(x: torch.Tensor, seed: int = 0) -> dict[str, float]:
+    """Mean over heads with its percentile bootstrap interval over heads (1,000 resamples)."""
+    from tl_spectral.analysis.bootstrap import mean_interval
+
+    iv = mean_interval(x.double(), n_resamples=1000, seed=seed)
+    return {"estimate": iv.estimate, "low": iv.low, "high": iv.high}
+
+
+def rotary_cascade_study(run_dir: str | Path, results_dir: str | Path, *,
+                         reference: str = "sd-char-shakespeare-noln",
+                         overwrite: bool = False) -> dict[str, Any]:
+    """Does the S–D cascade survive rotary positions? The routing rank per layer over every
+    checkpoint of a rotary S–D run (R at offset 0, S before the rotation) beside the shipped
+    learned-position S–D model of the same recipe (``reference``), with intervals over heads
+    (1,000 bootstrap resamples of the heads, seed 0). Writes ``results_dir/summary.json``."""
+    from tl_spectral.geometry.cascade import cascade_over_training
+    from tl_spectral.geometry.model import model_qk_geometry, model_sd_geometry
+    from tl_spectral.models import zoo
+
+    results_dir = Path(results_dir)
+    out = results_dir / "summary.json"
+    if out.exists() and not overwrite:
+        raise StudyUsageError(f"{out} exists; pass --overwrite to replace it")
+    c = cascade_over_training(run_dir)
+    ref = zoo.load_native(reference)[0]
+    ref_R = model_qk_geometry(ref, biases=False).eff_rank_R
+    ref_S = model_sd_geometry(ref).eff_rank_S
+    L = int(c.rank_R.shape[1])
+    s: dict[str, Any] = {
+        "name": c.run_name, "reference": reference, "steps": c.steps.tolist(),
+        "val_loss": c.val_loss.tolist(),
+        "rank_R_mean": c.rank_R.double().mean(-1).tolist(),
+        "rank_S_mean": c.rank_S.double().mean(-1).tolist() if c.rank_S is not None else None,
+        "final": {
+            "rotary_R": [_head_interval(c.rank_R[-1, i]) for i in range(L)],
+            "rotary_S": [_head_interval(c.rank_S[-1, i]) for i in range(L)]
+            if c.rank_S is not None else None,
+            "learned_R": [_head_interval(ref_R[i]) for i in range(L)],
+            "learned_S": [_head_interval(ref_S[i]) for i in range(L)],
+        },
+        "reference_val_loss": zoo.checkpoint_info(reference)["metrics"]["val_loss"],
+        "intervals": "95% percentile bootstrap over the heads of a layer, 1,000 resamples, seed 0",
+        "command": f"tl-spectral study routing rotary-cascade --run-dir {Path(run_dir).name} "
+                   f"--results DIR",
+    }
+    results_dir.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")
+    return s
+
+
+def rotary_cascade_verdict(s: dict[str, Any]) -> str:
+    """One sentence from the intervals: is layer 0 the minimum of the effective routing rank,
+    with rotary and with learned positions?"""
+    out = []
+    for key, label in (("rotary_R", "rotary"), ("learned_R", "learned positions")):
+        rows = s["final"][key]
+        others_low = min(r["low"] for r in rows[1:])
+        if rows[0]["high"] < others_low:
+            out.append(f"{label}: layer 0 is the minimum (its interval lies below every other "
+                       "layer's)")
+        else:
+            out.append(f"{label}: layer 0 is not separated from the other layers")
+    return "; ".join(out) + "."
+
+
+def rotary_cascade_markdown(results_dir: str | Path) -> str:
+    """The rotary S–D cascade table of docs/routing_filtering.md from ``summary.json``."""
+    s = json.loads((Path(results_dir) / "summary.json").read_text())
+    f = s["final"]
+    L = [f"| layer | R rank, {s['name']} (rotary) | R rank, {s['reference']} (learned) | "
+         "S rank, rotary | S rank, learned |", "|---|---|---|---|---|"]
+    for i in range(len(f["rotary_R"])):
+        L.append(f"| {i} | {_fmt_iv(f['rotary_R'][i], '{:.2f}')} | {_fmt_iv(f['learned_R'][i], '{:.2f}')} | "
+                 f"{_fmt_iv(f['rotary_S'][i], '{:.2f}') if f['rotary_S'] else '—'} | "
+                 f"{_fmt_iv(f['learned_S'][i], '{:.2f}')} |")
+    L.append("")
+    L.append("| step | " + " | ".join(str(x) for x in s["steps"]) + " |")
+    L.append("|---|" + "---|" * len(s["steps"]))
+    L.append("| layer 0, R rank (rotary) | "
+             + " | ".join(f"{r[0]:.2f}" for r in s["rank_R_mean"]) + " |")
+    L.append("| min over layers 1–5 | "
+             + " | ".join(f"{min(r[1:]):.2f}" for r in s["rank_R_mean"]) + " |")
+    L.append("")
+    vl = [v for v in s["val_loss"] if v >= 0]
+    if vl and s.get("reference_val_loss") is not None:
+        L.append(f"Validation loss after {s['steps'][-1]} steps: {vl[-1]:.3f} nats/char "
+                 f"(rotary) vs {s['reference_val_loss']:.3f} ({s['reference']}, learned "
+                 "positions), all validation windows.")
+        L.append("")
+    L.append(f"Verdict: {rotary_cascade_verdict(s)} Intervals: {s['intervals']}.")
+    return "\n".join(L) + "\n"
+
+
 # ------------------------------------------------------------------------------- CLI
 def main(argv: Sequence[str], prog: str = "tl-spectral study routing") -> int:
     ap = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
@@ -953,12 +1047,21 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study routing") -> int:
     tb.add_argument("--no-progress", action="store_true")
     tt = sub.add_parser("tables", help="markdown tables of a study summary.json")
     tt.add_argument("summary")
+    tc = sub.add_parser("rotary-cascade", help="routing rank over training of a rotary S–D "
+                        "run beside the shipped learned-position S–D model")
+    tc.add_argument("--run-dir", required=True, help="the rotary S–D training run folder")
+    tc.add_argument("--results", required=True, help="folder for summary.json")
+    tc.add_argument("--overwrite", action="store_true", help="replace an existing summary.json")
     tr = sub.add_parser("rotary", help="offset-resolved routing of a rotary GPT checkpoint")
     tr.add_argument("--model-dir", required=True, help="save_model folder or step_* checkpoint")
     tr.add_argument("--results", required=True, help="folder for summary.json and the result")
     tr.add_argument("--figure", default=None, help="PNG path of the routing-vs-lag figure")
     tr.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     args = ap.parse_args(list(argv))
+    if args.cmd == "rotary-cascade":
+        rotary_cascade_study(args.run_dir, args.results, overwrite=args.overwrite)
+        print(rotary_cascade_markdown(args.results))
+        return 0
     if args.cmd == "rotary":
         rotary_study(args.model_dir, args.results, fig_path=args.figure,
                      overwrite=args.overwrite)
