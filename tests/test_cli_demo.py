@@ -27,6 +27,9 @@ def test_analyze_random_model_offline_report(tmp_path):
     assert views, "circuitsvis view missing"
     v = views[0].read_text()
     assert "CircuitsVis" in v and "unpkg.com" not in v and "cdn." not in v.lower()[:5000]
+    # the standalone pages share one copy of the bundle beside them
+    assert "<script src='circuitsvis.js'>" in v and "var CircuitsVis" not in v
+    assert "var CircuitsVis" in (out / "views" / "circuitsvis.js").read_text()
     assert (out / "results" / "attention_stats.safetensors").exists()
 
 

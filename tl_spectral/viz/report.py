@@ -195,6 +195,11 @@ def circuitsvis_bundle() -> str:
     return js.replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
+VIEW_BUNDLE = "circuitsvis.js"
+"""The circuitsvis bundle beside the standalone view pages in ``views/`` (loaded from the
+same folder: no network)."""
+
+
 def _view_script(div_id: str, element: str, props: dict) -> str:
     if not re.fullmatch(r"\w+", element):
         raise ValueError(f"bad circuitsvis element name {element!r}")
@@ -367,10 +372,12 @@ class Report:
         self._n_views += 1
         div = f"cv-{self._n_views}-{_slug(name)}"
         fname = f"views/{_slug(name)}.html"
+        # the standalone pages share one copy of the bundle (views/circuitsvis.js, 1.4 MB),
+        # written once by write(): a page per layer must not repeat it
         self._views[fname] = (
             "<!DOCTYPE html><html><head><meta charset='utf-8'>"
             f"<title>{esc(name)}</title></head><body><div id='view'></div>"
-            f"<script>{circuitsvis_bundle()}</script>{_view_script('view', element, props)}"
+            f"<script src='{VIEW_BUNDLE}'></script>{_view_script('view', element, props)}"
             "</body></html>")
         return f'<div class="cvview" id="{esc(div)}"></div>' + _view_script(div, element, props)
 
@@ -454,6 +461,8 @@ class Report:
             p = out / fname
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(content, encoding="utf-8")
+        if self._views:
+            (out / "views" / VIEW_BUNDLE).write_text(circuitsvis_bundle(), encoding="utf-8")
         if self.tables:
             (out / "tables").mkdir(exist_ok=True)
             for fname, text in self.tables.items():
