@@ -121,3 +121,20 @@ def test_allocation_difference_beyond_the_seed_spread_is_resolved(tmp_path):
                       ("cascade", 1): 4.444, ("uniform-8", 0): 4.0, ("uniform-8", 1): 4.04})
     nums, v = _alloc_verdict(tmp_path, "_long", "cascade", "uniform-8")
     assert v == "resolved (worse)", (nums, v)
+
+
+def test_validation_windows_frame_bos_in_both_branches():
+    """Study windows come from the validation split, or the whole text when it is too short;
+    a start-token model gets its BOS in front of every window either way."""
+    from tl_spectral.data import CharTokenizer
+    from tl_spectral_studies._common import validation_windows
+
+    text = "abcdefgh " * 60
+    tok = CharTokenizer.from_text(text, bos=True)
+    w, src = validation_windows(text, tok, 2, 8, seed=0)
+    assert src == "validation split" and (w.tokens[:, 0] == tok.bos_id).all()
+    w, src = validation_windows(text, tok, 5, 64, seed=0)  # the split is too short
+    assert src == "whole corpus" and (w.tokens[:, 0] == tok.bos_id).all()
+    plain = CharTokenizer.from_text(text)
+    w, _ = validation_windows(text, plain, 2, 8, seed=0)
+    assert w.bos_id is None

@@ -160,3 +160,19 @@ def save_figures(figs: dict[str, Any], fig_dir: Path, prefix: str, dpi: int = 10
         plt.close(fig)
         paths[key] = p.name
     return paths
+
+
+def validation_windows(text: str, tok: Any, n_docs: int, length: int, seed: int) -> tuple[Any, str]:
+    """``(windows, source)``: ``n_docs`` windows of ``length`` tokens from the validation
+    split of ``text``, or from the whole text when the split is too short; a model trained
+    with a start token gets it in front of every window either way."""
+    from tl_spectral.data import document_windows, train_val_split
+
+    bos = getattr(tok, "bos_id", None)
+    _, val = train_val_split(text)
+    try:
+        return document_windows(val, tok, n_docs, length, seed=seed, bos_id=bos), \
+            "validation split"
+    except ValueError:
+        return document_windows(text, tok, n_docs, length, seed=seed, bos_id=bos), \
+            "whole corpus"

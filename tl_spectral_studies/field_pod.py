@@ -49,6 +49,7 @@ from tl_spectral_studies._common import (
     add_run_arguments,
     prepare_out,
     save_figures,
+    validation_windows,
 )
 
 NAME = "scale-pod"  # reached as `tl-spectral study scale-pod --fields ...`
@@ -151,7 +152,6 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
     matplotlib.use("Agg")
     from tl_spectral.analysis.bootstrap import bootstrap
     from tl_spectral.cli import load_corpus, load_model
-    from tl_spectral.data import document_windows, train_val_split
     from tl_spectral.model_view import ModelView
     from tl_spectral.probes import AttentionFieldProbe, run_probes
 
@@ -162,14 +162,7 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
     net, tok = load_model(model)
     view = ModelView(net)
     text = load_corpus(corpus)
-    _, val = train_val_split(text)
-    try:
-        windows = document_windows(val, tok, n_docs, length, seed=seed,
-                                   bos_id=getattr(tok, "bos_id", None))
-        source = "validation split"
-    except ValueError:
-        windows = document_windows(text, tok, n_docs, length, seed=seed)
-        source = "whole corpus"
+    windows, source = validation_windows(text, tok, n_docs, length, seed)
     probes = [AttentionFieldProbe(field=f, name=f) for f in fields]
     t0 = time.perf_counter()
     res = run_probes(view, windows, probes, batch_size=batch_size, progress=False)

@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from tl_spectral.usage import ArgumentParser
-from tl_spectral_studies._common import add_run_arguments, fmt_interval, prepare_out, save_figures
+from tl_spectral_studies._common import (
+    add_run_arguments,
+    fmt_interval,
+    prepare_out,
+    save_figures,
+    validation_windows,
+)
 
 NAME = "scale-pod"
 BOOT_SEED = 0
@@ -124,21 +130,13 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
 
     matplotlib.use("Agg")
     from tl_spectral.cli import load_corpus, load_model
-    from tl_spectral.data import document_windows, train_val_split
     from tl_spectral.model_view import ModelView
     from tl_spectral.probes import AttentionFieldProbe, run_probes
 
     net, tok = load_model(model)
     view = ModelView(net)
     text = load_corpus(corpus)
-    _, val = train_val_split(text)
-    try:
-        windows = document_windows(val, tok, n_docs, length, seed=seed,
-                                   bos_id=getattr(tok, "bos_id", None))
-        source = "validation split"
-    except ValueError:
-        windows = document_windows(text, tok, n_docs, length, seed=seed)
-        source = "whole corpus"
+    windows, source = validation_windows(text, tok, n_docs, length, seed)
     t0 = time.perf_counter()
     fields = run_probes(view, windows, [AttentionFieldProbe(max_lag=max_lag)],
                         batch_size=batch_size)["attention_fields"]
