@@ -21,7 +21,7 @@ Figures (the last line printed, one JSON object):
   many of them were exact; ``scales_equal``: the dominant scales agree;
 - per N: wall seconds, peak RSS (MiB); the in-memory reference's wall time and peak RSS.
 
-Usage: ``python benchmarks/streaming_scale.py [--n-docs 500,1000,2000,4000] [--rank 256]
+Usage: ``python benchmarks/streaming_scale.py [--n-docs 500,1000,2000,4000] [--rank 512]
 [--ref-docs 1000] [--records DIR [--resume]]``; ``--quick`` runs N = 40, 80 with T = 64 and
 K = 16 (a smoke test). The figures in docs/scale_pod.md: ``--records
 docs/results/streaming_scale/records`` (one JSON record per run; the summary line in
@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--n-docs", default="500,1000,2000,4000")
     ap.add_argument("--ref-docs", type=int, default=1000)
     ap.add_argument("--length", type=int, default=256)
-    ap.add_argument("--rank", type=int, default=256)
+    ap.add_argument("--rank", type=int, default=512)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--records", default=None,
@@ -180,7 +180,9 @@ def main() -> None:
     xs = [math.log(n) for n in ns]
     ys = [math.log(runs[n]["wall_s"]) for n in ns]
     xm, ym = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - xm) * (y - ym) for x, y in zip(xs, ys)) / sum((x - xm) ** 2 for x in xs)
+    # the exponent needs two sizes at least; with one N there is no slope to report
+    sxx = sum((x - xm) ** 2 for x in xs)
+    slope = (sum((x - xm) * (y - ym) for x, y in zip(xs, ys)) / sxx) if sxx > 0 else None
     out = {
         "benchmark": "streaming_scale",
         "model": "char-shakespeare",

@@ -241,3 +241,61 @@ def test_corrupted_and_foreign_checkpoints(tmp_path):
         load_model(d)
     with pytest.raises(FileNotFoundError):
         load_model(tmp_path / "nowhere")
+
+
+# ------------------------------------------------------------ per-layer head counts
+def test_per_layer_heads_build_run_and_count_like_uniform(tmp_path):
+    """A head allocation (issue 17 item 2): every layer has its own head count; with the same
+    total number of heads of the same d_head, the attention parameter count equals the
+    uniform model's (what "equal parameter count" means for the allocation comparison)."""
+    from tl_spectral.models.surgery import attention_param_count
+
+    alloc = GPTConfig(vocab_size=11, n_layers=3, n_heads=[1, 2, 5], d_model=16, d_head=4,
+                      n_ctx=8)
+    uni = GPTConfig(vocab_size=11, n_layers=2, n_heads=4, d_model=16, d_head=4, n_ctx=8)
+    assert alloc.heads_per_layer == [1, 2, 5] and uni.heads_per_layer == [4, 4]
+    # parameters per layer are affine in the head count: (per-layer constant) + heads x (per head)
+    per_head = attention_param_count(GPTConfig(vocab_size=11, n_layers=1, n_heads=2, d_model=16,
+                                               d_head=4, n_ctx=8)) - \
+        attention_param_count(GPTConfig(vocab_size=11, n_layers=1, n_heads=1, d_model=16,
+                                        d_head=4, n_ctx=8))
+    one = attention_param_count(GPTConfig(vocab_size=11, n_layers=1, n_heads=1, d_model=16,
+                                          d_head=4, n_ctx=8))
+    assert per_head > 0
+    assert attention_param_count(alloc) == 3 * (one - per_head) + 8 * per_head
+    assert attention_param_count(uni) == 2 * (one - per_head) + 8 * per_head
+    # counted from the built modules, not only by the meta-device helper
+    assert sum(p.numel() for b in GPT(alloc).blocks for p in b.attn.parameters()) == \
+        attention_param_count(alloc)
+    torch.manual_seed(0)
+    model = GPT(alloc).eval()
+    assert [blk.attn.n_heads for blk in model.blocks] == [1, 2, 5]
+    tokens = torch.randint(0, 11, (2, 8))
+    logits, pats = model(tokens, return_patterns=True)
+    assert logits.shape == (2, 8, 11) and torch.isfinite(logits).all()
+    assert [p.shape[1] for p in pats] == [1, 2, 5]
+    # causal in every layer: changing the last token leaves earlier logits unchanged
+    t2 = tokens.clone()
+    t2[:, -1] = (t2[:, -1] + 1) % 11
+    assert torch.allclose(model(t2)[:, :-1], logits[:, :-1], atol=1e-6)
+    # JSON round trip and save / load keep the allocation
+    assert GPTConfig.from_dict(json.loads(json.dumps(alloc.to_dict()))) == alloc
+    save_model(model, tmp_path / "m")
+    again = load_model(tmp_path / "m")
+    assert again.cfg.heads_per_layer == [1, 2, 5]
+    torch.testing.assert_close(again.eval()(tokens), logits)
+
+
+def test_per_layer_heads_errors_say_what_to_pass():
+    with pytest.raises(ValueError, match="one head count per layer"):
+        GPTConfig(vocab_size=5, n_layers=2, n_heads=[2, 2, 2], d_head=4)
+    with pytest.raises(ValueError, match="pass d_head explicitly"):
+        GPTConfig(vocab_size=5, n_layers=2, n_heads=[2, 4])
+    with pytest.raises(ValueError, match="positive int"):
+        GPTConfig(vocab_size=5, n_layers=2, n_heads=[2, 0], d_head=4)
+    from tl_spectral.models.convert import to_transformer_lens
+
+    model = GPT(GPTConfig(vocab_size=5, n_layers=2, n_heads=[1, 3], d_model=8, d_head=4,
+                          n_ctx=4))
+    with pytest.raises(NotImplementedError, match="one head count for every layer"):
+        to_transformer_lens(model)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from fnmatch import fnmatchcase
+from pathlib import Path
 
 import pytest
 import torch
@@ -262,3 +263,25 @@ def test_zoo_load_of_a_start_token_model_prepends_it(tmp_path, monkeypatch):
     assert tok2.bos_id == tok.bos_id and tl_model.cfg.default_prepend_bos
     assert tl_model.to_tokens("abc")[0].tolist() == [tok.bos_id, *tok.encode("abc")]
 
+
+
+@pytest.mark.parametrize("path", sorted(Path("configs").glob("*.json")), ids=lambda p: p.stem)
+def test_every_shipped_config_builds(path):
+    """Every run config in configs/ builds its model and its trainer settings (a config that
+    only fails when its multi-hour run starts is caught here), and the head-allocation
+    config has the same attention parameter count as the uniform model it is compared with."""
+    from tl_spectral.models import GPT, GPTConfig
+    from tl_spectral.models.surgery import attention_param_count
+    from tl_spectral.models.train import TrainConfig
+
+    doc = json.loads(path.read_text())
+    mdoc = {**doc["model"], "vocab_size": 65}
+    with torch.device("meta"):
+        GPT(GPTConfig.from_dict(mdoc))
+    TrainConfig.from_dict(doc["train"])
+    assert doc["train"]["out_dir"] == f"runs/{doc['name']}"
+    if path.stem == "char-shakespeare-alloc":
+        uni = json.loads(Path("configs/char-shakespeare.json").read_text())["model"]
+        assert sum(mdoc["n_heads"]) == uni["n_layers"] * uni["n_heads"]
+        assert attention_param_count(GPTConfig.from_dict(mdoc)) == \
+            attention_param_count(GPTConfig.from_dict({**uni, "vocab_size": 65}))

@@ -75,6 +75,13 @@ def _check_model(model: GPT) -> None:
                 f"layer {l} uses {kind!r} attention, which TransformerLens' softmax attention "
                 "cannot express; only 'softmax', 'sd' and 'linear' layers convert"
             )
+    heads = model.cfg.heads_per_layer
+    if len(set(heads)) > 1:
+        raise NotImplementedError(
+            f"the model has {heads} heads per layer; TransformerLens needs one head count for "
+            "every layer, so a head-allocated GPT does not convert (train, evaluate and "
+            "measure it natively with tl_spectral.models)"
+        )
 
 
 def tl_attention_weights(model: GPT) -> list[dict[str, torch.Tensor]]:
@@ -116,7 +123,7 @@ def to_transformer_lens_config(model: GPT, *, device: str | torch.device = "cpu"
         "d_head": max(c.d_heads),
         "n_layers": c.n_layers,
         "n_ctx": c.n_ctx,
-        "n_heads": c.n_heads,
+        "n_heads": c.layer_n_heads(0),
         "d_vocab": c.vocab_size,
         "d_mlp": c.d_mlp,
         "act_fn": "gelu",
@@ -165,7 +172,7 @@ def _to_bridge(model: GPT, cfg, device, tokenizer):
     native = bridge.original_model
     params = {n.replace("._original_component", ""): p for n, p in native.named_parameters()}
     c = model.cfg
-    H, d_max, dm = c.n_heads, max(c.d_heads), c.d_model
+    H, d_max, dm = c.layer_n_heads(0), max(c.d_heads), c.d_model
     src: dict[str, torch.Tensor] = {
         "tok_embed.weight": model.tok_embed.weight,
         "head.weight": model.unembed.weight,

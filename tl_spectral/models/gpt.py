@@ -40,8 +40,10 @@ _ROTARY_FIELDS = ("positional", "rotary_dim", "rotary_base")
 class GPTConfig:
     """Configuration of a :class:`GPT`.
 
-    d_head: one int for all layers, a list with one int per layer, or None for
-    ``d_model // n_heads``. attention: one kind for all layers or a list per layer.
+    n_heads: one int for all layers or a list with one int per layer (a head allocation;
+    such a model trains and evaluates natively, but TransformerLens needs one head count for
+    every layer, so it does not convert). d_head: one int for all layers, a list with one int
+    per layer, or None for ``d_model // n_heads`` (a single n_heads only). attention: one kind for all layers or a list per layer.
     attention_options: keyword options of the attention kind (one dict for all layers, or a
     list of dicts per layer). d_mlp: None means ``4 * d_model``.
 
@@ -55,7 +57,7 @@ class GPTConfig:
 
     vocab_size: int
     n_layers: int = 6
-    n_heads: int = 8
+    n_heads: int | list[int] = 8
     d_model: int = 128
     d_head: int | list[int] | None = None
     n_ctx: int = 256
@@ -71,10 +73,24 @@ class GPTConfig:
     rotary_base: float = 10000.0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_layers", "n_heads", "d_model", "n_ctx"):
+        for name in ("vocab_size", "n_layers", "d_model", "n_ctx"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"GPTConfig.{name} must be a positive int, got {v!r}")
+        if isinstance(self.n_heads, (list, tuple)):
+            self.n_heads = list(self.n_heads)
+            if len(self.n_heads) != self.n_layers:
+                raise ValueError(
+                    f"n_heads lists {len(self.n_heads)} layers, the model has {self.n_layers}; "
+                    "pass one head count per layer or a single int"
+                )
+        for v in self.n_heads if isinstance(self.n_heads, list) else [self.n_heads]:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"GPTConfig.n_heads must be a positive int or a list of them, "
+                                 f"got {self.n_heads!r}")
+        if self.d_head is None and isinstance(self.n_heads, list):
+            raise ValueError(f"n_heads={self.n_heads} varies by layer: pass d_head explicitly "
+                             "(e.g. d_head=16)")
         if self.d_head is None:
             if self.d_model % self.n_heads:
                 raise ValueError(
@@ -144,6 +160,14 @@ class GPTConfig:
     # per-layer accessors ------------------------------------------------------------
     def layer_d_head(self, layer: int) -> int:
         return self.d_head[layer] if isinstance(self.d_head, list) else int(self.d_head)
+
+    def layer_n_heads(self, layer: int) -> int:
+        return self.n_heads[layer] if isinstance(self.n_heads, list) else int(self.n_heads)
+
+    @property
+    def heads_per_layer(self) -> list[int]:
+        """Number of heads of every layer."""
+        return [self.layer_n_heads(l) for l in range(self.n_layers)]
 
     def layer_attention(self, layer: int) -> str:
         return self.attention[layer] if isinstance(self.attention, list) else self.attention
@@ -229,7 +253,7 @@ class Block(nn.Module):
         rotary = (Rotary(cfg.rotary_dim, cfg.n_ctx, cfg.rotary_base)
                   if cfg.positional == "rotary" else None)
         self.attn = make_attention(
-            cfg.layer_attention(layer), cfg.d_model, cfg.n_heads, cfg.layer_d_head(layer),
+            cfg.layer_attention(layer), cfg.d_model, cfg.layer_n_heads(layer), cfg.layer_d_head(layer),
             cfg.n_ctx, rotary=rotary, **cfg.layer_attention_options(layer),
         )
         self.ln2 = _norm(cfg)

@@ -478,7 +478,7 @@ def attention_param_count(cfg: GPTConfig, d_heads: Sequence[int] | None = None) 
     total = 0
     with torch.device("meta"):
         for l, d in enumerate(d_heads):
-            att = make_attention(cfg.layer_attention(l), cfg.d_model, cfg.n_heads, int(d),
+            att = make_attention(cfg.layer_attention(l), cfg.d_model, cfg.layer_n_heads(l), int(d),
                                  cfg.n_ctx, **cfg.layer_attention_options(l))
             total += sum(p.numel() for p in att.parameters())
     return int(total)
