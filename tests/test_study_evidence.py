@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tl_spectral_studies._common import fill_generated, fmt_interval, generated_blocks
 
@@ -138,3 +140,53 @@ def test_validation_windows_frame_bos_in_both_branches():
     plain = CharTokenizer.from_text(text)
     w, _ = validation_windows(text, plain, 2, 8, seed=0)
     assert w.bos_id is None
+
+
+@given(n_tok=st.integers(20, 200), length=st.integers(2, 16), data=st.data())
+@settings(max_examples=40, deadline=None)
+def test_strided_windows_are_distinct_slices_at_multiples_of_the_stride(n_tok, length, data):
+    """``document_windows(stride=s)``: every window is the stream slice starting at a multiple
+    of s, no window twice, all candidates reachable; stride = length is the disjoint cut."""
+    from tl_spectral.data import CharTokenizer, document_windows
+
+    alphabet = "abcdefghij"
+    text = "".join(alphabet[(i * 7 + i // 3) % 10] for i in range(n_tok))
+    tok = CharTokenizer.from_text(text)
+    ids = torch.tensor(tok.encode(text))
+    stride = data.draw(st.integers(1, length))
+    n_cand = (n_tok - length) // stride + 1 if n_tok >= length else 0
+    if n_cand < 1:
+        return
+    n = data.draw(st.integers(1, n_cand))
+    w = document_windows(text, tok, n, length, seed=data.draw(st.integers(0, 5)),
+                         stride=stride)
+    starts = w.starts.tolist()
+    assert len(set(starts)) == n and all(s % stride == 0 and s + length <= n_tok for s in starts)
+    for row, s in zip(w.tokens, starts):
+        assert torch.equal(row, ids[s:s + length])
+    full = document_windows(text, tok, n_cand, length, stride=stride)
+    assert full.starts.tolist() == [k * stride for k in range(n_cand)]
+    if n_tok // length >= 1:
+        a = document_windows(text, tok, 1, length, seed=3, stride=length)
+        b = document_windows(text, tok, 1, length, seed=3)
+        assert torch.equal(a.tokens, b.tokens)
+    with pytest.raises(ValueError, match="smaller stride"):
+        document_windows(text, tok, n_cand + 1, length, stride=stride)
+
+
+def test_validation_only_windows_refuse_the_whole_text_and_name_the_stride():
+    from tl_spectral.data import CharTokenizer, document_windows
+    from tl_spectral_studies._common import validation_windows
+
+    text = "abcdefgh " * 60  # validation split: 54 characters
+    tok = CharTokenizer.from_text(text, bos=True)
+    with pytest.raises(ValueError, match="pass a stride below the window length"):
+        validation_windows(text, tok, 5, 16, seed=0, validation_only=True)
+    w, src = validation_windows(text, tok, 5, 16, seed=0, stride=4, validation_only=True)
+    assert src == "validation split, stride 4" and (w.tokens[:, 0] == tok.bos_id).all()
+    # with a start token the stride applies to the stream pieces of length - 1
+    assert all(s % 4 == 0 for s in w.starts.tolist())
+    with pytest.raises(ValueError, match="not both"):
+        document_windows(text, tok, 2, 8, overlap=True, stride=2)
+    with pytest.raises(ValueError, match="stride must be an int"):
+        document_windows(text, tok, 2, 8, stride=9)

@@ -162,17 +162,25 @@ def save_figures(figs: dict[str, Any], fig_dir: Path, prefix: str, dpi: int = 10
     return paths
 
 
-def validation_windows(text: str, tok: Any, n_docs: int, length: int, seed: int) -> tuple[Any, str]:
+def validation_windows(text: str, tok: Any, n_docs: int, length: int, seed: int, *,
+                       stride: int | None = None, validation_only: bool = False
+                       ) -> tuple[Any, str]:
     """``(windows, source)``: ``n_docs`` windows of ``length`` tokens from the validation
-    split of ``text``, or from the whole text when the split is too short; a model trained
-    with a start token gets it in front of every window either way."""
+    split of ``text``, or from the whole text when the split is too short (unless
+    ``validation_only``: then the shortfall is an error naming the stride to pass); a model
+    trained with a start token gets it in front of every window either way. ``stride``: the
+    windows start at multiples of it inside the split (overlapping when stride < length)."""
     from tl_spectral.data import document_windows, train_val_split
 
     bos = getattr(tok, "bos_id", None)
     _, val = train_val_split(text)
+    where = "validation split" + (f", stride {stride}" if stride is not None else "")
     try:
-        return document_windows(val, tok, n_docs, length, seed=seed, bos_id=bos), \
-            "validation split"
-    except ValueError:
+        return document_windows(val, tok, n_docs, length, seed=seed, bos_id=bos,
+                                stride=stride), where
+    except ValueError as e:
+        if validation_only:
+            raise ValueError(f"validation windows only: {e}; pass a stride below the window "
+                             f"length (e.g. stride={max(1, length // 4)})") from None
         return document_windows(text, tok, n_docs, length, seed=seed, bos_id=bos), \
             "whole corpus"

@@ -118,14 +118,18 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
               corpus: str = "shakespeare", n_docs: int = 150, length: int = 256,
               max_lag: int | None = None, batch_size: int = 16, seed: int = 0,
               fig_dir: str | Path | None = None, n_resamples: int = 1000,
-              command: str = "") -> dict[str, Any]:
+              command: str = "", stride: int | None = None,
+              validation_only: bool = False) -> dict[str, Any]:
     """Run the attention-field probe and scale POD; write the JSON summary and figures.
     Returns the summary (also in ``out_dir/scale_pod_<model>_N<n_docs>.json``).
 
     ``n_resamples`` > 0 adds bootstrap intervals over documents (seed 0) of every layer's band
     energy shares, H* and T_spec fitted over the modes holding 90 / 95 / 99% of the energy
     (:func:`~tl_spectral.analysis.scale_pod.scale_pod_bootstrap`); ``command`` is recorded as
-    the run's provenance."""
+    the run's provenance. ``stride`` / ``validation_only``: windows at multiples of ``stride``
+    inside the validation split, and no fallback to the whole text
+    (:func:`~tl_spectral_studies._common.validation_windows`); the output name then ends in
+    ``_val`` (and ``_s<stride>``) so it never replaces a run on other windows."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,7 +140,8 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
     net, tok = load_model(model)
     view = ModelView(net)
     text = load_corpus(corpus)
-    windows, source = validation_windows(text, tok, n_docs, length, seed)
+    windows, source = validation_windows(text, tok, n_docs, length, seed, stride=stride,
+                                         validation_only=validation_only)
     t0 = time.perf_counter()
     fields = run_probes(view, windows, [AttentionFieldProbe(max_lag=max_lag)],
                         batch_size=batch_size)["attention_fields"]
@@ -150,11 +155,14 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
         boot = bootstrap_layers([fields.fluctuations(layer) for layer in fields.layers],
                                 n_resamples=n_resamples)
         boot["seconds"] = round(time.perf_counter() - t0, 2)
-    tag = f"scale_pod_{model}_N{n_docs}"
+    stem = Path(model).name if Path(model).name != "final" else Path(model).parent.name
+    tag = f"scale_pod_{stem}_N{n_docs}" + ("_val" if validation_only else "") + \
+        (f"_s{stride}" if stride is not None else "")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = {
         "model": model, "view": repr(view), "corpus": corpus, "windows_from": source,
+        "stride": stride,
         "n_docs": n_docs, "length": length, "max_lag": max_lag, "seed": seed,
         "forward_s": round(t_fwd, 2), "analysis_s": round(t_an, 2),
         "table": pod.table(), **pod.to_dict(include_curves=True),
@@ -424,6 +432,13 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study scale-pod") -> int:
     ap.add_argument("--max-lag", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stride", type=int, default=None,
+                    help="windows start at multiples of this inside the validation split "
+                         "(overlapping when below --length); e.g. 64 gives 1,700 windows of "
+                         "256 characters from Tiny Shakespeare's validation text")
+    ap.add_argument("--validation-only", action="store_true",
+                    help="never fall back to the whole text when the validation split holds "
+                         "too few windows: fail and name the stride to pass")
     ap.add_argument("--fields", default=None,
                     help="compare the scale POD of these per-pair fields (comma-separated, "
                          "attention first, e.g. attention,contribution,value_weighted) with "
@@ -445,7 +460,8 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study scale-pod") -> int:
     s = run_study(out, model=args.model, corpus=args.corpus, n_docs=args.n_docs,
                   length=args.length, max_lag=args.max_lag, batch_size=args.batch_size,
                   seed=args.seed, fig_dir=args.fig_dir, n_resamples=args.n_resamples,
-                  command=" ".join(["tl-spectral study scale-pod", *argv]))
+                  command=" ".join(["tl-spectral study scale-pod", *argv]),
+                  stride=args.stride, validation_only=args.validation_only)
     print(f"{s['view']}; {s['n_docs']} windows of {s['length']} ({s['windows_from']}); "
           f"forward {s['forward_s']:.1f} s, analysis {s['analysis_s']:.1f} s")
     print(table_markdown(s))

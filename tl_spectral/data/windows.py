@@ -54,14 +54,17 @@ def encode(tokenizer, text: str, unknown: Optional[str] = None) -> list[int]:
 
 def document_windows(
     text: str, tokenizer, n_docs: int, length: int, seed: int = 0, *, overlap: bool = False,
-    unknown: Optional[str] = None, bos_id: Optional[int] = None,
+    unknown: Optional[str] = None, bos_id: Optional[int] = None, stride: Optional[int] = None,
 ) -> DocumentWindows:
     """Draw ``n_docs`` windows of exactly ``length`` tokens from ``text``.
 
     Steps: 1. tokenize the whole text; 2. without ``overlap`` cut the stream into
     ``floor(len/length)`` disjoint windows and draw ``n_docs`` of them without replacement
-    (seeded); with ``overlap`` draw start offsets uniformly. Raises when the text is too
-    short for the request, naming how many windows it holds.
+    (seeded); with ``overlap`` draw start offsets uniformly; with ``stride`` (1 <= stride <=
+    length) the candidate windows start at every multiple of ``stride`` (consecutive ones
+    overlap by ``length - stride`` tokens when stride < length) and ``n_docs`` distinct ones
+    are drawn without replacement (``stride=length`` is the disjoint cut). Raises when the
+    text is too short for the request, naming how many windows it holds.
 
     ``unknown``: policy for characters outside a CharTokenizer's alphabet (see
     ``CharTokenizer.encode``); what was changed is in ``DocumentWindows.encode_report``.
@@ -77,14 +80,31 @@ def document_windows(
         raise ValueError(f"length must be >= 2 tokens, got {length}")
     if bos_id is not None and (not isinstance(bos_id, int) or bos_id < 0):
         raise ValueError(f"bos_id must be a token id (int >= 0) or None, got {bos_id!r}")
+    if stride is not None:
+        if overlap:
+            raise ValueError("pass either overlap=True (random offsets) or stride (offsets at "
+                             "multiples of stride), not both")
+        if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= length:
+            raise ValueError(f"stride must be an int in [1, length={length}], got {stride!r}")
     full_length = length
     if bos_id is not None:
         length -= 1
+        if stride is not None:
+            stride = min(stride, length)
     ids = torch.tensor(encode(tokenizer, text, unknown), dtype=torch.long)
     report = getattr(tokenizer, "last_report", None)
     g = torch.Generator().manual_seed(seed)
     n_avail = ids.numel() // length
-    if not overlap:
+    if stride is not None:
+        n_avail = (ids.numel() - length) // stride + 1 if ids.numel() >= length else 0
+        if n_avail < n_docs:
+            raise ValueError(
+                f"the text holds {n_avail} windows of {length} tokens at stride {stride}, "
+                f"{n_docs} were asked for; use a smaller stride, a longer text or fewer windows"
+            )
+        pick = torch.randperm(n_avail, generator=g)[:n_docs].sort().values
+        starts = pick * stride
+    elif not overlap:
         if n_avail < n_docs:
             raise ValueError(
                 f"the text holds {n_avail} disjoint windows of {length} tokens, "
