@@ -156,13 +156,13 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
                                 n_resamples=n_resamples)
         boot["seconds"] = round(time.perf_counter() - t0, 2)
     stem = Path(model).name if Path(model).name != "final" else Path(model).parent.name
-    tag = f"scale_pod_{stem}_N{n_docs}" + ("_val" if validation_only else "") + \
-        (f"_s{stride}" if stride is not None else "")
+    tag = f"scale_pod_{stem}_N{n_docs}" + run_suffix({"stride": stride,
+                                                    "validation_only": validation_only})
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = {
         "model": model, "view": repr(view), "corpus": corpus, "windows_from": source,
-        "stride": stride,
+        "stride": stride, "validation_only": validation_only,
         "n_docs": n_docs, "length": length, "max_lag": max_lag, "seed": seed,
         "forward_s": round(t_fwd, 2), "analysis_s": round(t_an, 2),
         "table": pod.table(), **pod.to_dict(include_curves=True),
@@ -206,6 +206,17 @@ def table_markdown(summary: dict[str, Any]) -> str:
 
 
 COMMANDS = {
+    ("char-shakespeare-d256", 150): "tl-spectral study scale-pod --model char-shakespeare-d256 "
+                                    "--n-docs 150 --length 256 --out docs/results/scale_pod "
+                                    "--fig-dir docs/figures",
+    ("char-shakespeare-d256_val_s64", 1000): "tl-spectral study scale-pod --model "
+                                             "char-shakespeare-d256 --n-docs 1000 --length 256 "
+                                             "--stride 64 --validation-only --n-resamples 200 "
+                                             "--out docs/results/scale_pod --fig-dir docs/figures",
+    ("char-shakespeare_val_s64", 1000): "tl-spectral study scale-pod --model char-shakespeare "
+                                        "--n-docs 1000 --length 256 --stride 64 "
+                                        "--validation-only --n-resamples 200 "
+                                        "--out docs/results/scale_pod --fig-dir docs/figures",
     ("char-shakespeare", 150): "tl-spectral study scale-pod --model char-shakespeare --n-docs 150 "
                                "--length 256 --out docs/results/scale_pod --fig-dir docs/figures",
     ("char-shakespeare", 1000): "tl-spectral study scale-pod --model char-shakespeare --n-docs 1000 "
@@ -220,11 +231,19 @@ COMMANDS = {
 PAPER_MODEL = "paper: char GPT, 6 layers, 8 heads, d_model 256, N = 150"
 
 
+def run_suffix(summary: dict[str, Any]) -> str:
+    """``"_val"`` for validation-only windows, ``"_s<stride>"`` for strided windows: the
+    suffix of a run's file name and of its key in :func:`_runs` (empty for the runs made
+    before these options, so their keys and doc blocks are unchanged)."""
+    return ("_val" if summary.get("validation_only") else "") + \
+        (f"_s{summary['stride']}" if summary.get("stride") else "")
+
+
 def _runs(results_dir: str | Path) -> dict[tuple[str, int], dict[str, Any]]:
     out = {}
     for p in Path(results_dir).glob("scale_pod_*.json"):
         s = json.loads(p.read_text())
-        out[(s["model"], int(s["n_docs"]))] = s
+        out[(s["model"] + run_suffix(s), int(s["n_docs"]))] = s
     return dict(sorted(out.items()))
 
 
@@ -326,79 +345,99 @@ def _sign_verdict(iv: dict[str, Any] | None, positive: bool = True) -> str:
     return "not distinguishable at this size"
 
 
+VERDICT_RUNS: tuple[tuple[tuple[str, int], str], ...] = (
+    (("char-shakespeare-d256", 150), "d_model 256 (the paper's width), N = 150"),
+    (("char-shakespeare-d256_val_s64", 1000), "d_model 256, N = 1,000"),
+    (("char-shakespeare", 150), "d_model 128, N = 150"),
+    (("char-shakespeare_val_s64", 1000), "d_model 128, N = 1,000"),
+)
+"""The runs of the claim table (its columns): the paper's configuration (6 layers, 8 heads,
+d_model 256) and our d_model-128 model, each on N = 150 disjoint validation windows and on
+N = 1,000 validation windows at stride 64 (overlapping: the validation text holds 403
+disjoint windows of 256 characters)."""
+
+
+def _claim_cells(s: dict[str, Any], n: int) -> list[str]:
+    """The six claim cells (number [95% CI]: verdict) of one run, in the row order of
+    :func:`verdict_markdown`."""
+    L = len(s["table"])
+    boot = bool(s.get("bootstrap"))
+    cells = []
+    for layers, positive in (((0, 1), True), ((L - 2, L - 1), False)):
+        for li in layers:
+            r = s["table"][li]
+            iv = _boot(s, li, "E_fine_minus_coarse") if boot else None
+            num = fmt_interval(iv, "{:.2f}") if iv else f"{r['E_fine'] - r['E_coarse']:.2f}"
+            cells.append(f"{num}: " + (_sign_verdict(iv, positive) if iv else
+                                       "not distinguishable (no interval in this run)"))
+    hs = [r["H_star"] for r in s["table"]]
+    sat = [h for h in hs if str(h).startswith("≥")]
+    dh = _contrast(s, "H_star") if boot else None
+    cells.append(f"{', '.join(str(h) for h in hs)} (at most {n - 1})"
+                 + (f"; layer {L} − layer 1 = {fmt_interval(dh, '{:.0f}')}" if dh else "")
+                 + ": " + ("**not reproduced**: no layer saturates"
+                           + (", the last layer is the least compressible"
+                              if dh and dh["low"] > 0 else "") if not sat else "see the values"))
+    f0, fL = (tspec_fits(s["layers"][i]["full_eigenvalues"]) for i in (0, L - 1))
+    d = _contrast(s, "T_spec_99") if boot else None
+    cells.append(f"{f0[99]['T_spec']:.2f} → {fL[99]['T_spec']:.2f} (99% fit), "
+                 f"{f0[90]['T_spec']:.2f} → {fL[90]['T_spec']:.2f} (90% fit)"
+                 + (f"; layer {L} − layer 1 = {fmt_interval(d, '{:.2f}')}" if d else "")
+                 + ": " + ((_sign_verdict(d, positive=False)
+                            + (", T_spec rises with depth" if d["low"] > 0 else ""))
+                           if d else "not distinguishable (no interval in this run)"))
+    return cells
+
+
+def _claim_rows(L: int) -> list[str]:
+    return [
+        "layers 1–2 put their energy at fine scales a ≤ 7 (SPEC A; seed 000): E fine − E "
+        "coarse, layer 1",
+        "… layer 2",
+        f"layers {L - 1}–{L} at coarse scales a ≥ 20 (SPEC A; seed 000): E fine − E coarse, "
+        f"layer {L - 1}",
+        f"… layer {L}",
+        "H*(0.1) > 150 (saturated) for layers 1–2 vs ≈ 91 for layers 3–6 at N = 150 (SPEC A; "
+        "seed 000): H* by layer",
+        "T_spec = 1/β high early (slow decay), low late (SPEC A.7; the summary's \"T_spec ≈ "
+        "1.0\" for early layers contradicts 1/β): T_spec layer 1 → layer 6",
+    ]
+
+
 def verdict_markdown(runs: dict[tuple[str, int], dict[str, Any]]) -> str:
-    """The claim table of docs/scale_pod.md: the paper's headline results (SPEC A, seed 000)
-    against the char-shakespeare runs, with bootstrap intervals where the run has them (a
-    run without says how to rerun it)."""
-    rows = ["| paper's claim (source) | ours: model, data, N | ours: number [95% CI] | verdict |",
-            "|---|---|---|---|"]
-    for n in (150, 1000):
-        s = runs.get(("char-shakespeare", n))
-        who = (f"char-shakespeare† (½ the paper's width), N = {n} Tiny Shakespeare windows × 256"
-               + ("" if n == 150 else " — N ≠ the paper's 150"))
-        if s is None:
-            rows.append(f"| all claims | {who} | needs rerun: "
-                        f"`{COMMANDS[('char-shakespeare', n)]}` | — |")
-            continue
-        boot = bool(s.get("bootstrap"))
-        rerun = f"no interval in this run; needs rerun: `{COMMANDS[('char-shakespeare', n)]}`"
-        L = len(s["table"])
-
-        def iv_or_point(li: int, key: str, point: float) -> tuple[str, dict | None]:
-            iv = _boot(s, li, key) if boot else None
-            return (fmt_interval(iv, "{:.2f}") if iv else f"{point:.2f} ({rerun})"), iv
-
-        for claim, layers, positive in (
-                ("layers 1–2 put their energy at fine scales a ≤ 7 (SPEC A; seed 000)", (0, 1), True),
-                (f"layers {L - 1}–{L} at coarse scales a ≥ 20 (SPEC A; seed 000)", (L - 2, L - 1), False)):
-            for li in layers:
-                r = s["table"][li]
-                txt, iv = iv_or_point(li, "E_fine_minus_coarse", r["E_fine"] - r["E_coarse"])
-                rows.append(f"| {claim} | {who}; layer {li + 1} | E fine − E coarse = {txt} | "
-                            + (_sign_verdict(iv, positive) if iv else
-                               "not distinguishable at this size (no interval yet)") + " |")
-        hs = [r["H_star"] for r in s["table"]]
-        sat = [h for h in hs if str(h).startswith("≥")]
-        dh = _contrast(s, "H_star")
-        contrast = (f"; layer {L} − layer 1 = {fmt_interval(dh, '{:.0f}')}" if dh else
-                    f"; {rerun}")
-        rows.append(
-            f"| H*(0.1) > 150 (saturated) for layers 1–2 vs ≈ 91 for layers 3–6 at N = 150 "
-            f"(SPEC A; seed 000) | {who} | H* by layer: {', '.join(str(h) for h in hs)} (at "
-            f"most {n - 1}){contrast} | "
-            + (("**not reproduced**: no layer saturates at N − 1 (a count: no interval "
-                "needed)" + ((", and layer " + str(L) + " − layer 1 lies above 0: the last "
-                              "layer, not the first, is the least compressible")
-                             if dh and dh["low"] > 0 else ""))
-               if not sat else "see the values") + " |")
-        f0, fL = (tspec_fits(s["layers"][i]["full_eigenvalues"]) for i in (0, L - 1))
-        d = _contrast(s, "T_spec_99")
-        rows.append(
-            f"| T_spec = 1/β high early (slow decay), low late (SPEC A.7; the summary's "
-            f"\"T_spec ≈ 1.0\" for early layers contradicts 1/β) | {who} | T_spec layer 1 → "
-            f"layer {L}: {f0[99]['T_spec']:.2f} → {fL[99]['T_spec']:.2f} (99% fit), "
-            f"{f0[90]['T_spec']:.2f} → {fL[90]['T_spec']:.2f} (90% fit); layer {L} − layer 1 "
-            f"(99% fit) = " + (fmt_interval(d, "{:.2f}") + " (jackknife)" if d else rerun)
-            + " | " + ((_sign_verdict(d, positive=False)
-                        + (": T_spec rises with depth" if d["low"] > 0 else ""))
-                       if d else "not distinguishable at this size (no interval yet)")
-            + "; the number depends on the fit range and on N (T_spec table below) |")
+    """The claim table of docs/scale_pod.md: the paper's headline results (SPEC A, seed 000),
+    one row per claim, one column per run of :data:`VERDICT_RUNS` (the paper's width beside
+    ours, validation windows only), each cell the number with its 95% interval and the
+    verdict; a run not yet made says how to make it."""
+    present = [(key, label) for key, label in VERDICT_RUNS if key in runs]
+    missing = [(key, label) for key, label in VERDICT_RUNS if key not in runs]
+    L = len(runs[present[0][0]]["table"]) if present else 6
+    rows = ["| paper's claim (source): what is compared | "
+            + " | ".join(label for _, label in present) + " |",
+            "|---|" + "---|" * len(present)]
+    cols = [_claim_cells(runs[key], key[1]) for key, _ in present]
+    for i, claim in enumerate(_claim_rows(L)):
+        rows.append(f"| {claim} | " + " | ".join(c[i] for c in cols) + " |")
     rows.append("")
-    rows.append("† 6 layers, 8 heads, d_model 128, 2,600 training steps; " + PAPER_MODEL
-                + ": an unequal scale in every row.")
-    b = [s["bootstrap"] for (m, _), s in runs.items()
-         if m == "char-shakespeare" and s.get("bootstrap")]
+    rows.append("Models: 6 layers, 8 heads, context 256, trained 2,600 steps on Tiny "
+                "Shakespeare (d_model 256: `char-shakespeare-d256`, the paper's configuration — "
+                + PAPER_MODEL + "; d_model 128: `char-shakespeare`). Windows: 256 characters from the "
+                "validation text only (the last 10%, never trained on): N = 150 disjoint "
+                "windows; N = 1,000 windows starting at multiples of 64 characters "
+                "(overlapping; the validation text holds 403 disjoint windows).")
+    for key, label in missing:
+        rows.append("")
+        rows.append(f"Not yet run: {label} — `{COMMANDS[key]}`.")
+    b = [(key, runs[key]["bootstrap"]) for key, _ in present if runs[key].get("bootstrap")]
     if b:
         rows.append("")
-        rows.append("Intervals: band shares, 95% percentile bootstrap over documents (resamples: "
-                    + ", ".join(f"N = {n}: {s['bootstrap']['n_resamples']}"
-                                for (m, n), s in runs.items()
-                                if m == "char-shakespeare" and s.get("bootstrap"))
-                    + f"; seed {b[0]['seed']}); H* and T_spec, 95% delete-a-group jackknife "
-                    "over documents (groups: "
-                    + ", ".join(f"N = {n}: {s['bootstrap']['jackknife']['n_groups']}"
-                                for (m, n), s in runs.items() if m == "char-shakespeare"
-                                and "jackknife" in (s.get("bootstrap") or {}))
+        rows.append("Intervals: band shares, 95% percentile bootstrap over documents "
+                    "(resamples: " + ", ".join(f"{key[0]} N = {key[1]}: {bb['n_resamples']}"
+                                               for key, bb in b)
+                    + f"; seed {b[0][1]['seed']}); H* and T_spec, 95% delete-a-group "
+                    "jackknife over documents (groups: " + ", ".join(
+                        f"{key[0]} N = {key[1]}: {bb['jackknife']['n_groups']}" for key, bb in b
+                        if "jackknife" in bb)
                     + "), since both depend on the number of documents. The paper gives no "
                     "uncertainty.")
     return "\n".join(rows)
