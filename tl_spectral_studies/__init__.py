@@ -15,4 +15,5 @@ STUDIES = {
     "surgery": "tl_spectral_studies.surgery",
     "scale-pod": "tl_spectral_studies.scale_pod",
     "contributions": "tl_spectral_studies.contributions",
+    "head-allocation": "tl_spectral_studies.head_allocation",
 }

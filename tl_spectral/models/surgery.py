@@ -229,6 +229,24 @@ def perplexity(model: nn.Module, windows: torch.Tensor, *, batch_size: int = 16
     return {"loss": loss, "ppl": math.exp(loss)}
 
 
+@torch.no_grad()
+def window_losses(model: nn.Module, windows: torch.Tensor, *, batch_size: int = 16
+                  ) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) of every window ``[n, seq_len + 1]``, float64
+    ``[n]``: the unit a bootstrap over windows resamples. With windows of equal length their
+    mean is :func:`perplexity`'s ``loss``. The model is put in eval mode."""
+    windows = as_token_tensor(windows, "windows", min_len=2)
+    model.eval()
+    device = next(model.parameters()).device
+    out = []
+    for s in range(0, windows.shape[0], batch_size):
+        w = windows[s:s + batch_size].to(device)
+        logits = model(w[:, :-1]).float()
+        ce = F.cross_entropy(logits.transpose(1, 2), w[:, 1:], reduction="none")
+        out.append(ce.double().mean(1).cpu())
+    return torch.cat(out)
+
+
 # ---------------------------------------------------------------- the ΔPPL curve
 @register_result
 @dataclasses.dataclass
