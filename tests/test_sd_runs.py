@@ -14,6 +14,7 @@ import torch
 
 from tl_spectral.models import GPT, GPTConfig
 from tl_spectral.models.ablations import ablate, perplexity
+from tl_spectral_studies import sd_runs
 from tl_spectral_studies._common import StudyUsageError
 from tl_spectral_studies.sd_runs import (
     d_statistics,
@@ -168,6 +169,9 @@ def test_seed_spread_groups_by_config_name():
                   "c": _run(R(4.5), None, None, seed=2), "x": _run(R(9.0), None, None, "other")}}
     (g,) = seed_spread(s)
     assert g["labels"] == ["a", "b", "c"] and g["seeds"] == [0, 1, 2] and g["seed_only"]
+    assert "different steps" not in sd_runs._seed_line(g)
+    s["runs"]["c"]["identity"]["steps"] = 300
+    assert "(at different steps: None, None, 300)" in sd_runs._seed_line(seed_spread(s)[0])
     assert math.isclose(g["layer0_R_mean"], 9.5 / 3) and (g["layer0_R_min"], g["layer0_R_max"]) == (
         2.0, 4.5)
     s["runs"]["c"]["identity"]["recipe_id"] = "another"
@@ -246,6 +250,7 @@ def test_sd_runs_study_on_tiny_runs(tiny_runs, tmp_path):
     for label in ("seed0", "seed1", "partial"):
         assert f"| {label} |" in md
     assert "Seed spread: tiny-sd, seeds 0, 1:" in md and "Intervals: " in md
+    assert p["identity"]["recipe_id"] == b["identity"]["recipe_id"]  # a copy of seed 1's run
     assert "(step 4, no final/)" in md
 
 

@@ -308,8 +308,8 @@ def filtering_collapse_verdict(run: dict[str, Any]) -> str:
 
 def seed_spread(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """For every config name shared by several runs: layer 0's head-mean R rank at the last
-    checkpoint, its mean and min–max over the runs (the seeds), and whether the runs differ
-    in the seed only (equal recipe ids)."""
+    checkpoint, its mean and min–max over the runs (the seeds), their steps, and whether the
+    runs differ in the seed only (equal recipe ids)."""
     groups: dict[str, list[str]] = {}
     for label, run in summary["runs"].items():
         groups.setdefault(run["identity"]["config_name"], []).append(label)
@@ -321,6 +321,7 @@ def seed_spread(summary: dict[str, Any]) -> list[dict[str, Any]]:
         r0 = [r["cascade"]["final"]["R"][0]["estimate"] for r in runs]
         out.append({"config_name": name, "labels": labels,
                     "seeds": [r["identity"]["seed"] for r in runs],
+                    "steps": [r["identity"].get("steps") for r in runs],
                     "seed_only": len({r["identity"]["recipe_id"] for r in runs}) == 1,
                     "layer0_R_mean": sum(r0) / len(r0), "layer0_R_min": min(r0),
                     "layer0_R_max": max(r0)})
@@ -329,6 +330,8 @@ def seed_spread(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _seed_line(g: dict[str, Any]) -> str:
     what = "" if g["seed_only"] else " (the runs differ in more than the seed)"
+    if len(set(g.get("steps") or [None])) > 1:
+        what += f" (at different steps: {', '.join(str(x) for x in g['steps'])})"
     return (f"{g['config_name']}, seeds {', '.join(str(s) for s in g['seeds'])}{what}: layer 0 "
             f"R rank {g['layer0_R_mean']:.2f} (min–max {g['layer0_R_min']:.2f}–"
             f"{g['layer0_R_max']:.2f})")
