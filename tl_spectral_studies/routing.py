@@ -9,6 +9,7 @@ study's BPE models.
     tl-spectral study routing train-bpe --config configs/bpe-sd-noln.json --data-dir ../shared/data
     tl-spectral study routing tables DIR/summary.json
     tl-spectral study routing rotary --model-dir CKPT --results DIR [--figure PNG]
+    tl-spectral study routing sd-runs --run-dir A --run-dir B --results DIR  (sd_runs.py)
 
 Results go to ``DIR`` (one ``.safetensors`` per result and ``summary.json``), figures to
 ``DIR/figures`` (or ``--fig-dir``); :func:`markdown` renders the doc tables from ``summary.json``.
@@ -1052,6 +1053,17 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study routing") -> int:
     tc.add_argument("--run-dir", required=True, help="the rotary S–D training run folder")
     tc.add_argument("--results", required=True, help="folder for summary.json")
     tc.add_argument("--overwrite", action="store_true", help="replace an existing summary.json")
+    ts = sub.add_parser("sd-runs", help="compare S–D training runs: cascade, D statistics, "
+                        "ablations with paired intervals (tl_spectral_studies.sd_runs)")
+    ts.add_argument("--run-dir", action="append", required=True,
+                    help="an S–D training run folder (repeat for each run)")
+    ts.add_argument("--label", action="append", default=None,
+                    help="a label per --run-dir, in order (default: the folder names)")
+    ts.add_argument("--results", required=True, help="folder for summary.json")
+    ts.add_argument("--windows", type=int, default=64,
+                    help="evenly spaced validation windows for the ablations (default 64)")
+    ts.add_argument("--data-dir", default=None, help="BPE corpora folder (BPE runs only)")
+    ts.add_argument("--overwrite", action="store_true", help="replace an existing summary.json")
     tr = sub.add_parser("rotary", help="offset-resolved routing of a rotary GPT checkpoint")
     tr.add_argument("--model-dir", required=True, help="save_model folder or step_* checkpoint")
     tr.add_argument("--results", required=True, help="folder for summary.json and the result")
@@ -1061,6 +1073,13 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study routing") -> int:
     if args.cmd == "rotary-cascade":
         rotary_cascade_study(args.run_dir, args.results, overwrite=args.overwrite)
         print(rotary_cascade_markdown(args.results))
+        return 0
+    if args.cmd == "sd-runs":
+        from tl_spectral_studies.sd_runs import sd_runs_markdown, sd_runs_study
+
+        sd_runs_study(args.run_dir, args.results, labels=args.label, n_windows=args.windows,
+                      overwrite=args.overwrite, data_dir=args.data_dir)
+        print(sd_runs_markdown(args.results))
         return 0
     if args.cmd == "rotary":
         rotary_study(args.model_dir, args.results, fig_path=args.figure,
