@@ -48,7 +48,7 @@ def test_paired_difference_estimate_and_interval():
     assert d["low"] <= d["estimate"] <= d["high"] < 0
     same = paired_ppl_difference(b, b, n_resamples=50)
     assert same["estimate"] == same["low"] == same["high"] == 0.0
-    with pytest.raises(ValueError, match="equal 1-D"):
+    with pytest.raises(ValueError, match="per-window losses of one shape"):
         paired_ppl_difference(a, b[:5])
 
 

@@ -14,6 +14,7 @@ import torch
 
 from tl_spectral.models import GPT, GPTConfig
 from tl_spectral.models.ablations import ablate, perplexity
+from tl_spectral.models.surgery import window_losses
 from tl_spectral_studies import sd_runs
 from tl_spectral_studies._common import StudyUsageError
 from tl_spectral_studies.sd_runs import (
@@ -24,7 +25,6 @@ from tl_spectral_studies.sd_runs import (
     sd_runs_markdown,
     sd_runs_study,
     seed_spread,
-    window_losses,
 )
 
 

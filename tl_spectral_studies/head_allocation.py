@@ -88,17 +88,12 @@ def validation_windows_all(text: str | None = None) -> tuple[torch.Tensor, Any]:
 def paired_ppl_difference(a: torch.Tensor, b: torch.Tensor, *, n_resamples: int = 1000,
                           seed: int = 0) -> dict[str, float]:
     """PPL(a) − PPL(b) from per-window mean losses of equal-length windows (PPL = exp of the
-    mean loss), with a 95% percentile bootstrap over windows (the same resampled windows for
-    both)."""
-    from tl_spectral.analysis.bootstrap import bootstrap
+    mean loss), with a 95% percentile bootstrap over windows, paired (the same resampled
+    windows for both): :func:`tl_spectral_studies.sd_runs.paired_delta_ppl` with ``b`` as
+    the base."""
+    from tl_spectral_studies.sd_runs import paired_delta_ppl
 
-    a, b = a.double(), b.double()
-    if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"per-window losses must be two equal 1-D tensors, got "
-                         f"{tuple(a.shape)} and {tuple(b.shape)}")
-    iv = bootstrap(lambda idx: a[idx].mean().exp() - b[idx].mean().exp(), a.numel(),
-                   n_resamples=n_resamples, seed=seed)
-    return {"estimate": float(a.mean().exp() - b.mean().exp()), "low": iv.low, "high": iv.high}
+    return paired_delta_ppl(b, a, n_resamples=n_resamples, seed=seed)["delta_ppl"]
 
 
 def verdict(summary: dict[str, Any]) -> str:

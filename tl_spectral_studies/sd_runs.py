@@ -28,8 +28,7 @@ import torch.nn.functional as F
 from tl_spectral_studies._common import StudyUsageError
 
 __all__ = ["d_statistics", "filtering_collapse_verdict", "layer0_minimum_verdict",
-           "paired_delta_ppl", "sd_runs_markdown", "sd_runs_study", "seed_spread",
-           "window_losses"]
+           "paired_delta_ppl", "sd_runs_markdown", "sd_runs_study", "seed_spread"]
 
 #: the ablations of the study, all S–D layers at once (names of models.ablations.ABLATIONS_SD)
 SD_RUN_ABLATIONS = ("filtering_collapse", "routing_removal", "filtering_removal")
@@ -41,34 +40,13 @@ INTERVALS = ("95% percentile bootstrap, 1,000 resamples, seed 0: over the heads 
 
 
 # ------------------------------------------------------------------ per-window losses
-def window_losses(model: torch.nn.Module, windows: torch.Tensor, *, batch_size: int = 16
-                  ) -> torch.Tensor:
-    """Mean next-token cross-entropy (nats) of each window ``[n, seq_len + 1]``: the model
-    reads ``w[:-1]`` and predicts ``w[1:]``. Returns ``[n]`` (float64). Every window has the
-    same number of targets, so the mean of the result is the token-weighted mean loss of
-    :func:`tl_spectral.models.surgery.perplexity` on the same windows."""
-    from tl_spectral.data.inputs import as_token_tensor
-
-    windows = as_token_tensor(windows, "windows", min_len=2)
-    model.eval()
-    device = next(model.parameters()).device
-    out = []
-    with torch.no_grad():
-        for s in range(0, windows.shape[0], batch_size):
-            w = windows[s:s + batch_size].to(device)
-            logits = model(w[:, :-1]).float()
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
-                                 reduction="none").reshape(w.shape[0], -1)
-            out.append(ce.double().mean(-1).cpu())
-    return torch.cat(out)
-
-
 def paired_delta_ppl(base: torch.Tensor, ablated: torch.Tensor, *, n_resamples: int = 1000,
                      seed: int = 0) -> dict[str, Any]:
     """ΔPPL = exp(mean ablated loss) − exp(mean base loss) over windows, and the relative
     ΔPPL (ΔPPL / base PPL), each with a paired percentile bootstrap interval over windows
     (one resample of window indices is used for both models). ``base``, ``ablated``: per-window
-    mean losses ``[n]`` on the same windows (:func:`window_losses`)."""
+    mean losses ``[n]`` on the same windows
+    (:func:`tl_spectral.models.surgery.window_losses`)."""
     from tl_spectral.analysis.bootstrap import bootstrap
 
     base, ablated = base.double(), ablated.double()
@@ -221,6 +199,7 @@ def sd_runs_study(run_dirs: Sequence[str | Path], results_dir: str | Path, *,
     from tl_spectral.geometry.cascade import cascade_over_training, latest_model_dir
     from tl_spectral.models import load_model
     from tl_spectral.models.ablations import ablate
+    from tl_spectral.models.surgery import window_losses
     from tl_spectral_studies.routing import _head_interval, validation_windows
 
     results_dir = Path(results_dir)
