@@ -49,7 +49,6 @@ from torch import Tensor
 
 from tl_spectral.analysis.contributions import MEASURES, contribution_weights
 from tl_spectral.analysis.faithfulness import (
-    SCOPES,
     WHICH,
     allowed_mask,
     check_scope,

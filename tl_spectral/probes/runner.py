@@ -389,7 +389,6 @@ def run_probes(
     if isinstance(corpus, Corpus):
         corpus = _check_token_ids(view, corpus)
     probe_list, needs, readers = _plan(view, probes, accumulate)
-    names = [p.name for p in probe_list]
     _check_hooks_exist(view, needs, readers)
     offsets = {id(p): p.docs_seen for p in probe_list}
     for p in probe_list:
