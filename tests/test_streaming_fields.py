@@ -159,3 +159,21 @@ def test_streamed_contribution_field_equals_in_memory():
     for layer in mem.layers:
         torch.testing.assert_close(st.mean[str(layer)], mem.mean[str(layer)], rtol=1e-5, atol=1e-7)
     _compare(mem.scale_pod(n_heads=4), st.scale_pod(n_heads=4), rtol=1e-4)
+
+
+def test_streaming_benchmark_line_in_the_doc_is_the_committed_summary():
+    """docs/scale_pod.md quotes the benchmark's summary line verbatim from
+    docs/results/streaming_scale/summary.json, and the records behind it are committed (a
+    number in the docs comes from a committed results file)."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    res = root / "docs" / "results" / "streaming_scale"
+    line = (res / "summary.json").read_text().strip()
+    assert line in (root / "docs" / "scale_pod.md").read_text(encoding="utf-8")
+    s = json.loads(line)
+    for n in s["n_docs"]:
+        assert (res / "records" / f"stream_{n}_T{s['T']}_K{s['rank']}.json").is_file()
+    ref = s["in_memory_ref"]["n_docs"]
+    assert (res / "records" / f"memory_{ref}_T{s['T']}_K{s['rank']}.json").is_file()
