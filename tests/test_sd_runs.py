@@ -214,6 +214,11 @@ def test_sd_runs_study_on_tiny_runs(tiny_runs, tmp_path):
     runs = [tiny_runs / "tiny-sd", tiny_runs / "tiny-sd-s1", tiny_runs / "partial"]
     s = sd_runs_study(runs, tmp_path / "res", labels=["seed0", "seed1", "partial"], n_windows=8)
     assert json.loads((tmp_path / "res" / "summary.json").read_text()) == s
+    # the figure redraws from summary.json alone
+    from tl_spectral_studies.sd_runs import sd_runs_figure
+
+    png = sd_runs_figure(tmp_path / "res", tmp_path / "fig" / "sd_runs.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     a, b, p = (s["runs"][k] for k in ("seed0", "seed1", "partial"))
     assert (a["identity"]["config_name"], b["identity"]["config_name"]) == ("tiny-sd", "tiny-sd")
     assert (a["identity"]["seed"], b["identity"]["seed"]) == (0, 1)

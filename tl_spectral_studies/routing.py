@@ -726,6 +726,10 @@ def tables(results_dir: str | Path) -> dict[str, str]:
             + f", then `{RUNS_COMMAND}`.")
     if long:
         out["routing/sd_noln_long"] = long
+    if (d / "sd_runs" / "summary.json").is_file():
+        from tl_spectral_studies.sd_runs import sd_runs_markdown
+
+        out["routing/sd_runs"] = sd_runs_markdown(d / "sd_runs").strip()
     return out
 
 

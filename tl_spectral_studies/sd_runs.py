@@ -386,3 +386,37 @@ def sd_runs_markdown(results_dir: str | Path) -> str:
              "D₀ = softplus(δ_init) = 0.693 for δ_init = 0.")
     L.append(f"Intervals: {s['intervals']}.")
     return "\n".join(L) + "\n"
+
+
+# ------------------------------------------------------------------ figure
+def sd_runs_figure(results_dir: str | Path, path: str | Path) -> Path:
+    """Effective routing rank over training, per run: layer 0 (solid) and the lowest of the
+    other layers (dashed), head means, from ``summary.json`` alone (so the committed results
+    redraw it). Returns the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tl_spectral_studies._common import add_caption
+
+    s = json.loads((Path(results_dir) / "summary.json").read_text())
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    for i, (label, run) in enumerate(s["runs"].items()):
+        c = run["cascade"]
+        color = f"C{i}"
+        ax.plot(c["steps"], [r[0] for r in c["rank_R_mean"]], "-", color=color,
+                label=f"{label}: layer 0")
+        ax.plot(c["steps"], [min(r[1:]) for r in c["rank_R_mean"]], "--", color=color,
+                lw=0.9, label=f"{label}: min of layers 1–5")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("effective routing rank (head mean)")
+    ax.legend(fontsize=6, ncol=2)
+    ax.set_title("S–D runs: routing rank of W_P S W_Pᵀ over training", fontsize=9)
+    add_caption(fig, "every checkpoint of each run; " + s["command"])
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
