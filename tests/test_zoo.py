@@ -171,3 +171,21 @@ def test_shipped_start_token_model(no_network):
     assert tl_model.cfg.default_prepend_bos
     assert tl_model.to_tokens("To be")[0].tolist() == [tok.bos_id, *tok.encode("To be")]
     assert max_logit_diff(model, tl_model, w[:2, :-1]) <= 1e-4
+
+
+def test_shipped_paper_width_model(no_network):
+    """char-shakespeare-d256 (the scale-POD paper's configuration: 6 layers, 8 heads,
+    d_model 256) loads offline, as the native GPT and as a TransformerLens model with equal
+    logits, and gives its recorded validation loss on validation windows."""
+    _require_shipped("char-shakespeare-d256")
+    model, tok = zoo.load_native("char-shakespeare-d256")
+    c = model.cfg
+    assert (c.n_layers, c.n_heads, c.d_model, c.d_heads[0], c.n_ctx) == (6, 8, 256, 32, 256)
+    info = zoo.checkpoint_info("char-shakespeare-d256")
+    assert info["metrics"]["steps"] == 2600 and info["metrics"]["val_loss"] <= 1.6
+    w = _val_windows(tok)
+    with torch.no_grad():
+        loss = model.loss(w).item()
+    assert abs(loss - info["metrics"]["val_loss"]) < 0.3
+    tl_model, _ = zoo.load("char-shakespeare-d256")
+    assert max_logit_diff(model, tl_model, w[:2, :-1]) <= 1e-4

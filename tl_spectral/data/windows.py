@@ -94,24 +94,19 @@ def document_windows(
     ids = torch.tensor(encode(tokenizer, text, unknown), dtype=torch.long)
     report = getattr(tokenizer, "last_report", None)
     g = torch.Generator().manual_seed(seed)
-    n_avail = ids.numel() // length
-    if stride is not None:
-        n_avail = (ids.numel() - length) // stride + 1 if ids.numel() >= length else 0
+    if not overlap:
+        # windows start at multiples of the stride; the disjoint cut is stride = length
+        step = length if stride is None else stride
+        n_avail = (ids.numel() - length) // step + 1 if ids.numel() >= length else 0
         if n_avail < n_docs:
-            raise ValueError(
-                f"the text holds {n_avail} windows of {length} tokens at stride {stride}, "
-                f"{n_docs} were asked for; use a smaller stride, a longer text or fewer windows"
-            )
+            what = (f"disjoint windows of {length} tokens" if stride is None else
+                    f"windows of {length} tokens at stride {stride}")
+            fix = ("a longer text, shorter windows or overlap=True" if stride is None else
+                   "a smaller stride, a longer text or fewer windows")
+            raise ValueError(f"the text holds {n_avail} {what}, {n_docs} were asked for; "
+                             f"use {fix}")
         pick = torch.randperm(n_avail, generator=g)[:n_docs].sort().values
-        starts = pick * stride
-    elif not overlap:
-        if n_avail < n_docs:
-            raise ValueError(
-                f"the text holds {n_avail} disjoint windows of {length} tokens, "
-                f"{n_docs} were asked for; use a longer text, shorter windows or overlap=True"
-            )
-        pick = torch.randperm(n_avail, generator=g)[:n_docs].sort().values
-        starts = pick * length
+        starts = pick * step
     else:
         if ids.numel() < length:
             raise ValueError(f"the text has {ids.numel()} tokens, fewer than length={length}")
