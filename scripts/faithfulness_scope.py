@@ -1,7 +1,9 @@
 """Faithfulness with a global (layer-level) ranking on a zoo model (issue 17 item 4).
 
     python scripts/faithfulness_scope.py [--model char-shakespeare] [--n-docs 32]
-        [--scope layer] [--level token] [--out docs/results/faithfulness_scope/FILE.json]
+        [--scope layer] [--level token] [--out FILE.json]
+
+Default output: docs/results/faithfulness_scope/<model>_<scope>_<level>_N<n-docs>.json.
 
 Windows: ``n_docs`` disjoint 256-character windows of the validation text (last 10% of the
 bundled Tiny Shakespeare, seed 0). Measures: attention, value_weighted, output_normalized,
@@ -63,7 +65,8 @@ def main() -> None:
                 f"{crit}_a_minus_b": {"estimate": v.estimate, "low": v.low, "high": v.high}
                 for crit, v in d.items()}})
     path = Path(args.out or f"docs/results/faithfulness_scope/"
-                           f"{args.model.replace('-', '_')}_{args.scope}_{args.level}.json")
+                           f"{args.model.replace('-', '_')}_{args.scope}_{args.level}"
+                           f"_N{args.n_docs}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(path, round(secs, 1))

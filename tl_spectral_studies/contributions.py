@@ -683,7 +683,38 @@ def tables(results_dir: str | Path) -> dict[str, str]:
         out[f"{k}/sink_intervention"] = rows_markdown(s["sink_intervention"], "{:.4g}")
         out[f"{k}/provenance"] = (f"{s['n_docs']} documents, {s['n_tokens']} tokens, seed "
                                   f"{s.get('seed', 0)}: `{s.get('command') or COMMANDS.get(slug, '')}`")
+    for p in sorted((Path(results_dir).parent / "faithfulness_scope").glob("*.json")):
+        out[f"contributions/faithfulness_scope/{p.stem}"] = faithfulness_scope_markdown(p)
     return out
+
+
+def faithfulness_scope_markdown(path: str | Path) -> str:
+    """The tables of one ``scripts/faithfulness_scope.py`` result (issue 17 item 4): per
+    measure the comprehensiveness and sufficiency areas with removal in all layers, then the
+    paired differences of the paper's adjacent measures in every setting, with their 95%
+    intervals over documents, and the command that made it."""
+    d = json.loads(Path(path).read_text())
+    iv = {c: d[f"{c}_area"] for c in ("comprehensiveness", "sufficiency")}
+
+    def cell(c: str, si: int, mi: int) -> str:
+        v = iv[c]
+        return fmt_interval({"estimate": v["estimate"][si][mi], "low": v["low"][si][mi],
+                             "high": v["high"][si][mi]}, "{:.3g}")
+
+    L = [f"| measure ({d['settings'][0]}) | comprehensiveness (higher = better) | "
+         "sufficiency (lower = better) |", "|---|---|---|"]
+    for mi, m in enumerate(d["measures"]):
+        L.append(f"| {m} | {cell('comprehensiveness', 0, mi)} | {cell('sufficiency', 0, mi)} |")
+    L += ["", "| setting | a − b | comprehensiveness | sufficiency |", "|---|---|---|---|"]
+    for p in d["paired"]:
+        L.append(f"| {p['setting']} | {p['a']} − {p['b']} | "
+                 f"{fmt_interval(p['comprehensiveness_a_minus_b'], '{:+.3g}')} | "
+                 f"{fmt_interval(p['sufficiency_a_minus_b'], '{:+.3g}')} |")
+    L += ["", f"{d['model']}, {d['n_docs']} validation windows ({d['n_tokens']} tokens), scope "
+          f"{d['scope']}, level {d['level']}, {d['mode']} mode, clean PPL {d['clean_ppl']:.3f}; "
+          f"areas = mean ΔPPL over the removal fractions; intervals: {d['interval']}; "
+          f"{d['seconds']:.0f} s: `{d['command']}`."]
+    return "\n".join(L)
 
 
 def markdown(results_dir: str | Path) -> str:
