@@ -274,3 +274,33 @@ def test_sd_runs_cli_refuses_to_overwrite(tiny_runs, tmp_path, capsys):
     assert "again" in json.loads((tmp_path / "summary.json").read_text())["runs"]
     with pytest.raises(StudyUsageError, match="one --label per --run-dir"):
         main(args + ["--label", "a", "--label", "b", "--overwrite"])
+
+
+def test_routing_verdict_rows_from_sd_runs_follow_the_numbers():
+    """The claim rows that docs/routing_filtering.md takes from the S–D runs: a layer-0 rank
+    above 3, or a collapse that costs, changes the verdict (a changed number is caught)."""
+    from tl_spectral_studies.routing import _sd_runs_verdict_rows
+
+    def iv(e, lo, hi):
+        return {"estimate": e, "low": lo, "high": hi}
+
+    def run(seed, r0, collapse):
+        return {"identity": {"normalization": "none", "seed": seed, "no_decay": [],
+                             "config_name": "cfg", "recipe_id": "x", "steps": 10},
+                "cascade": {"final": {"R": [r0, iv(5, 4.5, 5.5), iv(6, 5, 7)]}},
+                "filtering": [{"cv": iv(0.05, 0.04, 0.06)}, None, {"cv": iv(0.02, 0.01, 0.03)}],
+                "ablations": {"filtering_collapse": {
+                    "delta_ppl": collapse, "rel_delta_ppl": {k: v / 5 for k, v in
+                                                             collapse.items()}}}}
+
+    s = {"runs": {"a": run(0, iv(2.1, 2.0, 2.2), iv(0.01, -0.01, 0.03)),
+                  "b": run(1, iv(2.3, 2.2, 2.4), iv(0.02, 0.0, 0.04))}}
+    rank, coll = _sd_runs_verdict_rows(s)
+    assert "reproduced in every run" in rank and "seeds 0, 1): 2.10–2.30" in rank
+    assert "reproduced, but D stays near a scalar" in coll and "CV ≤ 0.05" in coll
+    s["runs"]["b"]["cascade"]["final"]["R"][0] = iv(4.6, 4.4, 4.8)  # above 3, not separated
+    assert "layer 0 at ≤ 3 in 1 of 2 runs, the minimum in 1 of 2" in _sd_runs_verdict_rows(s)[0]
+    s["runs"]["a"]["ablations"]["filtering_collapse"] = {
+        "delta_ppl": iv(0.5, 0.4, 0.6), "rel_delta_ppl": iv(0.1, 0.08, 0.12)}
+    assert "not reproduced in every run" in _sd_runs_verdict_rows(s)[1]
+    assert _sd_runs_verdict_rows(None) == []
