@@ -39,6 +39,7 @@ from tl_spectral.models.gpt import GPT, load_model, read_checkpoint_config
 SHIPPED = ("char-shakespeare", "char-shakespeare-noln", "sd-char-shakespeare",
            "sd-char-shakespeare-noln", "char-shakespeare-rotary")
 SHIPPED += ("char-shakespeare-bos",)  # windows start with a BOS token (issue 17)
+SHIPPED += ("char-shakespeare-d256",)  # the scale-POD paper's width, d_model 256 (issue 17)
 BUNDLED = ("minilm",)
 
 
