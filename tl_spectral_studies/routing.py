@@ -747,9 +747,10 @@ def _sd_runs_verdict_rows(s: dict[str, Any] | None) -> list[str]:
                              f"{g['layer0_R_min']:.2f}–{g['layer0_R_max']:.2f}"
                              for g in seed_spread(s) if g["seed_only"])
                    + "; the rise with depth is not monotone (see the section's table) |")
-    cells, moved = [], []
+    cells, moved, highs = [], [], []
     for label, r in runs.items():
         a = r["ablations"]["filtering_collapse"]
+        highs.append(a["delta_ppl"]["high"])
         cv = max(x["cv"]["estimate"] for x in r["filtering"] if x)
         moved.append(cv)
         cells.append(f"{label}: {_fmt_iv(a['delta_ppl'], '{:+.3g}')} "
@@ -758,11 +759,18 @@ def _sd_runs_verdict_rows(s: dict[str, Any] | None) -> list[str]:
     out.append("| filtering collapse (D → mean scalar per head) is nearly free (paper: +0.3 PPL) "
                "| S–D training runs, with and without weight decay on A and δ (not shipped) | "
                "ΔPPL [95% CI, paired over 64 windows]: " + "; ".join(cells) + " | "
-               + ("reproduced, but D stays near a scalar even without weight decay (within-head "
-                  f"CV ≤ {max(moved):.2f}), so the collapse removes little"
-                  if all(filtering_collapse_verdict(r) == "free" for r in runs.values())
-                  else "not reproduced in every run (see the runs)") + " |")
+               + (f"reproduced: every run's interval lies below the paper's +0.3 PPL (highest "
+                  f"upper end {max(highs):+.3g}); but D stays near a scalar even without weight "
+                  f"decay (within-head CV ≤ {max(moved):.2f}), so the collapse removes little"
+                  if max(highs) <= PAPER_COLLAPSE_PPL
+                  else "not reproduced in every run: an interval reaches above the paper's "
+                       "+0.3 PPL") + " |")
     return out
+
+
+PAPER_COLLAPSE_PPL = 0.3
+"""The paper's cost of filtering collapse (SPEC B.4: +0.3 PPL): "nearly free" is judged
+against it (the per-run "free" of the sd-runs table is the stricter ±1% of the PPL)."""
 
 
 def tables(results_dir: str | Path) -> dict[str, str]:
