@@ -187,6 +187,15 @@ class AblationResult(Result):
         return fig
 
 
+def _scored(model: Any, windows: torch.Tensor, base: dict[str, float], batch_size: int
+            ) -> dict[str, float]:
+    """``loss``, ``ppl``, ``delta_ppl`` and ``rel_delta`` of a changed model against the
+    baseline ``base`` (a :func:`perplexity` result) on the same windows."""
+    r = perplexity(model, windows, batch_size=batch_size)
+    d = r["ppl"] - base["ppl"]
+    return {"loss": r["loss"], "ppl": r["ppl"], "delta_ppl": d, "rel_delta": d / base["ppl"]}
+
+
 def ablation_table(model: Any, windows: torch.Tensor, *, kinds: Sequence[str] | None = None,
                    per_layer: bool = True, batch_size: int = 16, name: str = "model"
                    ) -> AblationResult:
@@ -206,11 +215,8 @@ def ablation_table(model: Any, windows: torch.Tensor, *, kinds: Sequence[str] | 
         cands = [i for i in range(model.cfg.n_layers) if model.cfg.layer_attention(i) == want]
         targets: list[Any] = ["all"] + (cands if per_layer else [])
         for t in targets:
-            m = ablate(model, k, None if t == "all" else [t])
-            r = perplexity(m, windows, batch_size=batch_size)
-            rows.append({"ablation": k, "layers": t, "loss": r["loss"], "ppl": r["ppl"],
-                         "delta_ppl": r["ppl"] - base["ppl"],
-                         "rel_delta": (r["ppl"] - base["ppl"]) / base["ppl"]})
+            rows.append({"ablation": k, "layers": t, **_scored(
+                ablate(model, k, None if t == "all" else [t]), windows, base, batch_size)})
     att = "+".join(sorted(kinds_present))
     return AblationResult(model_name=name, attention=att, baseline_loss=base["loss"],
                           baseline_ppl=base["ppl"], n_windows=int(windows.shape[0]),
@@ -397,8 +403,7 @@ def rank_truncation_curve(model: Any, windows: torch.Tensor, *,
     skipped for the routing part (its singular values come in pairs)."""
     windows = as_token_tensor(windows, "windows", min_len=2)
     kinds = {model.cfg.layer_attention(i) for i in range(model.cfg.n_layers)}
-    dh = model.cfg.d_head
-    dh = max(dh) if isinstance(dh, list) else int(dh)
+    dh = max(model.cfg.d_heads)
     # rank W_Q W_Kᵀ <= d_head, so each of its parts has rank <= 2·d_head
     full = dh if kinds <= {"sd"} else min(int(model.cfg.d_model), 2 * dh)
     if ranks is None:
@@ -409,11 +414,8 @@ def rank_truncation_curve(model: Any, windows: torch.Tensor, *,
         for r in ranks:
             if part == "routing" and r % 2:
                 continue
-            m = truncate_rank(model, part, int(r), layers)
-            res = perplexity(m, windows, batch_size=batch_size)
-            rows.append({"part": part, "r": int(r), "loss": res["loss"], "ppl": res["ppl"],
-                         "delta_ppl": res["ppl"] - base["ppl"],
-                         "rel_delta": (res["ppl"] - base["ppl"]) / base["ppl"]})
+            rows.append({"part": part, "r": int(r), **_scored(
+                truncate_rank(model, part, int(r), layers), windows, base, batch_size)})
     return RankTruncationCurve(model_name=name, attention="+".join(sorted(kinds)),
                                baseline_loss=base["loss"], baseline_ppl=base["ppl"],
                                n_windows=int(windows.shape[0]),
