@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,8 +26,13 @@ def _free_port() -> int:
 def _spawn2(fn, tmp_path, port=None) -> None:
     """Two gloo processes. A process killed by a signal (gloo's TCP store aborting on a
     loaded 2-core machine: "terminate called without an active exception") is retried once
-    on a fresh port; an exception raised inside a worker (a failed check) is not."""
+    on a fresh port, into an emptied ``tmp_path`` (the killed attempt may have saved some
+    results already, and saving never overwrites); an exception raised inside a worker (a
+    failed check) is not retried."""
     for attempt in range(2):
+        if attempt:
+            for p in Path(tmp_path).iterdir():
+                p.unlink()
         try:
             mp.spawn(fn, args=(2, port if port and attempt == 0 else _free_port(),
                                str(tmp_path)), nprocs=2, join=True)
