@@ -100,7 +100,8 @@ def _study(tmp_path, ppl):
                      "attention_params": 100 if name == "uniform" else 50,
                      "total_params": 1, "ppl": p, "loss": 0.0, "steps": 1})
     AllocationStudy(rows=rows, recipe={"steps": 1}, n_windows=1, seq_len=1,
-                    note="test").save(tmp_path / "allocation_study_long.safetensors")
+                    note="test").save(tmp_path / "allocation_study_long.safetensors",
+                                      overwrite=True)
 
 
 def test_allocation_deltas_are_against_the_same_seed(tmp_path):
@@ -111,9 +112,9 @@ def test_allocation_deltas_are_against_the_same_seed(tmp_path):
     rows = {r["name"]: r for r in _study_rows(tmp_path, "_long")}
     assert rows["cascade (seed 1)"]["delta_same_seed_%"] == pytest.approx(10.0)
     assert rows["cascade"]["delta_same_seed_%"] == pytest.approx(10.0)
-    # both seeds: cascade 8 and 8 points worse than uniform-8, seed spread 25% -> unresolved
+    # cascade / uniform-8 of the same seed: 4.4 / 4.2 and 5.5 / 5.1, seed range 25% -> unresolved
     nums, v = _alloc_verdict(tmp_path, "_long", "cascade", "uniform-8")
-    assert v.startswith("not distinguishable") and "+5.00, +8.00" in nums
+    assert v.startswith("not distinguishable") and "+4.76%, +7.84%" in nums, nums
 
 
 def test_allocation_difference_beyond_the_seed_spread_is_resolved(tmp_path):
@@ -123,6 +124,52 @@ def test_allocation_difference_beyond_the_seed_spread_is_resolved(tmp_path):
                       ("cascade", 1): 4.444, ("uniform-8", 0): 4.0, ("uniform-8", 1): 4.04})
     nums, v = _alloc_verdict(tmp_path, "_long", "cascade", "uniform-8")
     assert v == "resolved (worse)", (nums, v)
+
+
+def test_three_seeds_use_the_t_interval_and_need_no_uniform_run(tmp_path):
+    """Seed 2 has only the cascade and the equal-budget model: the comparison is per seed, so
+    it counts; with three seeds the verdict is the 95% t-interval of the mean difference."""
+    import statistics
+
+    from tl_spectral_studies.surgery import _alloc_verdict, seed_difference, seed_markdown
+
+    base = {("uniform", 0): 4.0, ("uniform", 1): 4.2}
+    _study(tmp_path, {**base, ("cascade", 0): 4.4, ("uniform-8", 0): 4.0,
+                      ("cascade", 1): 4.62, ("uniform-8", 1): 4.2,
+                      ("cascade", 2): 4.59, ("uniform-8", 2): 4.1})
+    nums, v = _alloc_verdict(tmp_path, "_long", "cascade", "uniform-8")
+    assert "seeds 0 / 1 / 2" in nums and v == "resolved (worse)", (nums, v)
+    assert "no uniform run" in seed_markdown(tmp_path, "_long")
+    _study(tmp_path, {**base, ("cascade", 0): 4.4, ("uniform-8", 0): 4.0,
+                      ("cascade", 1): 4.0, ("uniform-8", 1): 4.2,
+                      ("cascade", 2): 4.2, ("uniform-8", 2): 4.1})
+    nums, v = _alloc_verdict(tmp_path, "_long", "cascade", "uniform-8")
+    assert v.startswith("not distinguishable") and "t-interval" in v, (nums, v)
+    d = [10.0, 10.0, 12.0]
+    iv = seed_difference(d)
+    half = 4.303 * statistics.stdev(d) / 3 ** 0.5
+    assert iv["estimate"] == pytest.approx(statistics.mean(d))
+    assert (iv["low"], iv["high"]) == pytest.approx((statistics.mean(d) - half,
+                                                     statistics.mean(d) + half))
+
+
+def test_evaluate_keeps_committed_rows_and_refuses_another_recipe():
+    import torch
+
+    from tl_spectral.models.surgery import AllocationStudy
+    from tl_spectral_studies.surgery import _merge_rows
+
+    row = {"d_head": [16], "attention_params": 1, "total_params": 1, "loss": 0.0, "steps": 1}
+    kept = AllocationStudy(rows=[{**row, "name": "cascade", "ppl": 5.0}],
+                           recipe={"steps": 10, "seed": 0}, n_windows=2, seq_len=3)
+    W = torch.zeros(2, 4, dtype=torch.long)
+    new = [{**row, "name": "cascade", "ppl": 9.0}, {**row, "name": "cascade (seed 2)", "ppl": 6.0}]
+    rows, recipe = _merge_rows(kept, new, [{"steps": 10, "seed": 2}], W)
+    assert [(r["name"], r["ppl"]) for r in rows] == [("cascade", 5.0), ("cascade (seed 2)", 6.0)]
+    with pytest.raises(SystemExit, match="steps"):
+        _merge_rows(kept, new, [{"steps": 20, "seed": 2}], W)
+    with pytest.raises(SystemExit, match="windows"):
+        _merge_rows(kept, new, [], torch.zeros(3, 4, dtype=torch.long))
 
 
 def test_validation_windows_frame_bos_in_both_branches():

@@ -453,6 +453,11 @@ def tables(results_dir: str | Path) -> dict[str, str]:
     for (model, n), s in runs.items():
         out[f"scale_pod/{model}_N{n}/table"] = table_markdown(s)
         out[f"scale_pod/{model}_N{n}/intervals"] = interval_markdown(s)
+    ha = Path(results_dir).parent / "head_allocation"
+    if (ha / "summary.json").is_file():
+        from tl_spectral_studies import head_allocation
+
+        out["scale_pod/head_allocation"] = head_allocation.markdown(ha)
     return out
 
 

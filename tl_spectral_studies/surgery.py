@@ -238,16 +238,18 @@ def cmd_evaluate(a) -> None:
     W = _windows(ROOT / info["model_dir"])
     rows = []
     recipe = RECIPE
-    runs = [("uniform", OUT / f"alloc{_tag(a)}-uniform")]
-    runs += [("uniform", p) for p in sorted(OUT.glob(f"alloc{_tag(a)}-uniform-s*"))
-             if p.is_dir()]
+    runs = [("uniform", p) for p in [OUT / f"alloc{_tag(a)}-uniform"]
+            + sorted(OUT.glob(f"alloc{_tag(a)}-uniform-s*")) if p.is_dir()]
+    recipes = []
     for which in ("cascade", "matched"):
         runs += [(which, p) for p in sorted(OUT.glob(f"alloc{_tag(a)}-{which}*"))
                  if p.is_dir() and not p.name.endswith("-check")]
     for which, run in runs:
         seed = run.name.rsplit("-s", 1)[1] if "-s" in run.name.split(which)[-1] else ""
-        if not seed and (run / "recipe.json").exists():
-            recipe = json.loads((run / "recipe.json").read_text())
+        if (run / "recipe.json").exists():
+            recipes.append(json.loads((run / "recipe.json").read_text()))
+            if not seed:
+                recipe = recipes[-1]
         d, step, fin = latest_model_dir(run)
         m = load_model(d)
         r = perplexity(m, W)
@@ -257,11 +259,35 @@ def cmd_evaluate(a) -> None:
                      "attention_params": attention_param_count(m.cfg),
                      "total_params": m.num_params(), "ppl": r["ppl"], "loss": r["loss"],
                      "steps": step})
+    if getattr(a, "keep", None):
+        rows, recipe = _merge_rows(AllocationStudy.load(a.keep), rows, recipes, W)
     st = AllocationStudy(rows=rows, recipe=recipe, n_windows=int(W.shape[0]),
                          seq_len=int(W.shape[1] - 1),
                          note=f"allocation from {info['model_dir']} (step {info['step']})")
     st.save(OUT / f"allocation_study{_tag(a)}.safetensors", overwrite=True)
     print(json.dumps(st.to_rows(), indent=1))
+
+
+def _merge_rows(kept: Any, rows: list[dict[str, Any]], recipes: list[dict[str, Any]],
+                W: torch.Tensor) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows of a committed study (``kept``) followed by the newly evaluated ``rows`` that it
+    does not hold (same name: the committed row stays). The runs behind the committed rows
+    may be gone; merging is refused unless the windows and the recipe (seed aside) match."""
+    if (kept.n_windows, kept.seq_len) != (int(W.shape[0]), int(W.shape[1] - 1)):
+        raise SystemExit(f"--keep: the committed study scored {kept.n_windows} windows × "
+                         f"{kept.seq_len}, these runs {W.shape[0]} × {W.shape[1] - 1}; "
+                         "evaluate without --keep")
+    def bare(r):
+        return {k: v for k, v in r.items() if k != "seed"}
+
+    for r in recipes:
+        if bare(r) != bare(kept.recipe):
+            diff = sorted(k for k in set(r) | set(kept.recipe)
+                          if k != "seed" and r.get(k) != kept.recipe.get(k))
+            raise SystemExit(f"--keep: these runs differ from the committed study's recipe in "
+                             f"{', '.join(diff)}; evaluate without --keep")
+    names = {r["name"] for r in kept.rows}
+    return list(kept.rows) + [r for r in rows if r["name"] not in names], kept.recipe
 
 
 def _md_table(rows: list[dict]) -> str:
@@ -629,8 +655,8 @@ def allocations_markdown(d: Path) -> str:
 
 
 def seed_markdown(d: Path, tag: str = "_long") -> str:
-    """Same-seed ΔPPL of every allocation with two seeds, the seed-to-seed change of each
-    model, and the cascade − equal-budget difference per seed."""
+    """PPL of every model per seed (with ΔPPL against the uniform model of the same seed where
+    that seed has one) and each model's seed-to-seed range."""
     rows = _study_rows(d, tag)
     if rows is None:
         return ""
@@ -639,41 +665,69 @@ def seed_markdown(d: Path, tag: str = "_long") -> str:
         n = r["name"].split(" (")[0]
         if n not in names:
             names.append(n)
-    seeds = sorted({r["seed"] for r in rows})
+    seeds = sorted({r["seed"] for r in rows}, key=int)
     by = {(r["name"].split(" (")[0], r["seed"]): r for r in rows}
     out = ["| model | " + " | ".join(f"seed {s}: PPL (ΔPPL vs uniform, same seed)" for s in seeds)
-           + " | seed-to-seed PPL change |", "|---|" + "---|" * len(seeds) + "---|"]
+           + " | seed-to-seed PPL range (max / min − 1) |", "|---|" + "---|" * len(seeds) + "---|"]
     for n in names:
         cells = []
         for s in seeds:
             r = by.get((n, s))
-            cells.append("—" if r is None else f"{r['ppl']:.3f} ({r['delta_same_seed_%']:+.2f}%)")
-        ch = ""
-        if all((n, s) in by for s in seeds) and len(seeds) == 2:
-            a, b = by[(n, seeds[0])]["ppl"], by[(n, seeds[1])]["ppl"]
-            ch = f"{100 * (b / a - 1):+.1f}%"
+            dl = None if r is None else r["delta_same_seed_%"]
+            cells.append("—" if r is None else f"{r['ppl']:.3f}"
+                         + (" (no uniform run)" if dl is None else f" ({dl:+.2f}%)"))
+        p = [by[(n, s)]["ppl"] for s in seeds if (n, s) in by]
+        ch = f"{100 * (max(p) / min(p) - 1):.1f}% ({len(p)} seeds)" if len(p) >= 2 else ""
         out.append(f"| {n} | " + " | ".join(cells) + f" | {ch} |")
     return "\n".join(out)
 
 
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+        9: 2.262, 10: 2.228}
+"""Two-sided 95% quantiles of Student's t by degrees of freedom (seeds − 1)."""
+
+SEEDS_T_RULE = ("three or more seeds: a difference counts only when the 95% t-interval of its "
+                "mean over seeds excludes 0")
+
+
+def seed_difference(diffs: Sequence[float]) -> dict[str, float]:
+    """Mean of per-seed differences with its 95% t-interval over seeds (n ≥ 2)."""
+    n = len(diffs)
+    mean = sum(diffs) / n
+    sd = (sum((x - mean) ** 2 for x in diffs) / (n - 1)) ** 0.5
+    half = T975.get(n - 1, 1.96) * sd / n ** 0.5
+    return {"estimate": mean, "low": mean - half, "high": mean + half, "sd": sd, "n": n}
+
+
+def _paired_seeds(rows: list[dict[str, Any]], a: str, b: str) -> list[str]:
+    """Seeds (ascending) with both model ``a`` and model ``b``."""
+    have = {(r["name"].split(" (")[0], r["seed"]) for r in rows}
+    return sorted((s for (n, s) in have if n == a and (b, s) in have), key=int)
+
+
 def _alloc_verdict(d: Path, tag: str, a: str, b: str) -> tuple[str, str]:
-    """``(numbers, verdict)`` for "model a vs model b" (same-seed ΔPPL differences)."""
+    """``(numbers, verdict)`` for "model a vs model b": per seed the PPL of a relative to b
+    of the same seed (%), then the seed rule (:data:`SEED_SPREAD_RULE` with two seeds,
+    :data:`SEEDS_T_RULE` with three or more)."""
     rows = _study_rows(d, tag) or []
     by = {(r["name"].split(" (")[0], r["seed"]): r for r in rows}
-    seeds = sorted({s for (_, s) in by})
-    diffs, spread = [], None
-    for s in seeds:
-        if (a, s) in by and (b, s) in by:
-            diffs.append(by[(a, s)]["delta_same_seed_%"] - by[(b, s)]["delta_same_seed_%"])
-    if len(seeds) == 2 and all(("uniform", s) in by for s in seeds):
-        u0, u1 = by[("uniform", seeds[0])]["ppl"], by[("uniform", seeds[1])]["ppl"]
-        spread = abs(100 * (u1 / u0 - 1))
-    nums = ", ".join(f"{x:+.2f}" for x in diffs) + f" points (seed{'s' if len(diffs) > 1 else ''} "
-    nums += " / ".join(seeds[: len(diffs)]) + ")"
+    seeds = _paired_seeds(rows, a, b)
+    diffs = [100 * (by[(a, s)]["ppl"] / by[(b, s)]["ppl"] - 1) for s in seeds]
+    spread = _uniform_spread(rows) if sum(n == "uniform" for n, _ in by) >= 2 else None
+    nums = ", ".join(f"{x:+.2f}%" for x in diffs) + f" (seed{'s' if len(diffs) > 1 else ''} "
+    nums += " / ".join(seeds) + ")"
+    if len(diffs) >= 3:
+        iv = seed_difference(diffs)
+        nums += f"; mean {iv['estimate']:+.2f}% [{iv['low']:+.2f}, {iv['high']:+.2f}]"
     if spread is not None:
-        nums += f"; uniform seed-to-seed change {spread:.1f}%"
+        nums += f"; uniform seed-to-seed range {spread:.1f}%"
     if len(diffs) < 2:
         return nums, "not distinguishable at this size (one seed; no spread to compare with)"
+    if len(diffs) >= 3:
+        iv = seed_difference(diffs)
+        if iv["low"] > 0 or iv["high"] < 0:
+            return nums, "resolved (" + ("worse" if iv["estimate"] > 0 else "better") + ")"
+        return nums, "not distinguishable at this size (" + SEEDS_T_RULE + ")"
     same = all(x > 0 for x in diffs) or all(x < 0 for x in diffs)
     if same and spread is not None and all(abs(x) > spread for x in diffs):
         return nums, "resolved (" + ("worse" if diffs[0] > 0 else "better") + ")"
@@ -681,9 +735,9 @@ def _alloc_verdict(d: Path, tag: str, a: str, b: str) -> tuple[str, str]:
 
 
 def _uniform_spread(rows: list[dict[str, Any]]) -> float:
-    """|PPL change| (%) of the full uniform model between seeds 0 and 1 (0 if one seed)."""
-    u = {r["seed"]: r["ppl"] for r in rows if r["name"].split(" (")[0] == "uniform"}
-    return abs(100 * (u["1"] / u["0"] - 1)) if "0" in u and "1" in u else 0.0
+    """Seed-to-seed range of the full uniform model's PPL, max / min − 1 (%; 0 with one seed)."""
+    u = [r["ppl"] for r in rows if r["name"].split(" (")[0] == "uniform"]
+    return 100 * (max(u) / min(u) - 1) if len(u) >= 2 else 0.0
 
 
 def verdict_markdown(d: Path) -> str:
@@ -733,28 +787,34 @@ def verdict_markdown(d: Path) -> str:
                    f"{' '.join(str(x) for x in casc['d_head'])}) | none applies: the saving is "
                    f"set by the chosen budget | not a test (the budget sets it); the test is "
                    f"the next two rows |")
-        c0 = [r for r in rows if r["name"].split(" (")[0] == "cascade"]
-        u8 = [r for r in rows if r["name"].split(" (")[0] == "uniform-8"]
+        c0 = [r for r in rows if r["name"].split(" (")[0] == "cascade"
+              and r["delta_same_seed_%"] is not None]
+        u8 = [r for r in rows if r["name"].split(" (")[0] == "uniform-8"
+              and r["delta_same_seed_%"] is not None]
         nums = " / ".join(f"{r['delta_same_seed_%']:+.2f}%" for r in c0)
         inside = all(3.9 <= r["delta_same_seed_%"] <= 8.4 for r in c0)
         out.append(f"| at +3.9% to +8.4% PPL | softmax cascade vs uniform d_head 16, same seed, "
                    f"2,600 steps each, {scale} | {nums} (seeds "
-                   f"{' / '.join(r['seed'] for r in c0)}) | no interval from two seeds; the "
+                   f"{' / '.join(r['seed'] for r in c0)}) | no interval from {len(c0)} seeds; the "
                    f"uniform model itself moves {_uniform_spread(rows):.1f}% between seeds | "
-                   + ("inside the paper's range for both seeds" if inside else
+                   + ("inside the paper's range for every seed" if inside else
                       "not inside the paper's range for every seed")
                    + ", but a uniform model of equal size costs "
                    + " / ".join(f"{r['delta_same_seed_%']:+.2f}%" for r in u8)
                    + ": the cost is that of the size (next row) |")
-        nums, v = _alloc_verdict(d, "_long", "cascade", "uniform-8")
-        out.append(f"| (the real test) the cascade beats a uniform model of equal size | softmax "
-                   f"cascade (48%) − uniform d_head 8 (50%), ΔPPL vs same-seed uniform, 2,600 "
-                   f"steps | {nums} | no interval from two seeds; {SEED_SPREAD_RULE} | {v} |")
-    if _study_rows(d, "_sd"):
-        nums, v = _alloc_verdict(d, "_sd", "cascade", "uniform-8")
-        out.append(f"| (the real test, S–D) | S–D cascade from the effective routing rank (49%) "
-                   f"− uniform d_head 8 (49%), one seed, 2,600 steps | {nums} | one seed: no interval | "
-                   f"{v} |")
+    for tag, what in (("_long", "(the real test) the cascade beats a uniform model of equal "
+                                "size | softmax cascade (48%) vs uniform d_head 8 (50%)"),
+                      ("_sd", "(the real test, S–D) | S–D cascade from the effective routing "
+                              "rank (49%) vs uniform d_head 8 (49%)")):
+        if not _study_rows(d, tag):
+            continue
+        nums, v = _alloc_verdict(d, tag, "cascade", "uniform-8")
+        n = len(_paired_seeds(_study_rows(d, tag) or [], "cascade", "uniform-8"))
+        unc = ("one seed: no interval" if n == 1 else
+               f"no interval from two seeds; {SEED_SPREAD_RULE}" if n == 2 else
+               f"95% t-interval over {n} seeds ({T975[n - 1]} × sd / √{n})")
+        out.append(f"| {what}, PPL of the cascade / PPL of the equal-budget model − 1 per seed, "
+                   f"2,600 steps | {nums} | {unc} | {v} |")
     return "\n".join(out)
 
 
@@ -896,7 +956,11 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study surgery") -> int:
                    help="with --ft-models: also fine-tune the same layers without linearizing")
     p.add_argument("--step", type=int, default=0,
                    help="use checkpoint step_N of every run (default: final / latest)")
-    sub.add_parser("evaluate").add_argument("--tag", default="")
+    p = sub.add_parser("evaluate")
+    p.add_argument("--tag", default="")
+    p.add_argument("--keep", default=None,
+                   help="a committed allocation_study*.safetensors whose rows are kept (runs "
+                        "evaluated now add the seeds it lacks)")
     sub.add_parser("cascade").add_argument("--model", required=True, help="a run directory")
     sub.add_parser("figures").add_argument(
         "--publish", default=None, help="copy the result files there (docs/results/surgery)")
