@@ -91,6 +91,12 @@ def test_run_study_on_tiny_runs(tmp_path):
         abs(m["uniform:1"]["val_ppl"] - m["uniform:0"]["val_ppl"]))
     md = markdown(tmp_path / "res")
     assert "1, 3" in md and "Verdict:" in md and s["verdict"] in md
+    # every model came from a run folder: the table says how to re-check it
+    assert "Re-checking:" in md and s["command"] in md
+    from tl_spectral_studies.head_allocation import short_verdict
+
+    assert short_verdict(tmp_path / "res").startswith(s["verdict"])
+    assert "seed 1:" in short_verdict(tmp_path / "res")
     assert json.loads((tmp_path / "res" / "summary.json").read_text())["verdict"] == s["verdict"]
     with pytest.raises(StudyUsageError, match="--overwrite"):
         run_study(specs, tmp_path / "res", windows=w)

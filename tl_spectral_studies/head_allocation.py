@@ -171,7 +171,9 @@ def markdown(results_dir: str | Path) -> str:
     L = ["| model | seed | heads per layer | attention params | steps | validation PPL |",
          "|---|---|---|---|---|---|"]
     for m in s["models"].values():
-        L.append(f"| {m['which']} ({m['source']}) | {m['seed']} | "
+        src = (m["source"] if m["source"].startswith("zoo:")
+               else "training run " + m["source"].removeprefix("runs/"))
+        L.append(f"| {m['which']} ({src}) | {m['seed']} | "
                  f"{', '.join(str(h) for h in m['heads_per_layer'])} | "
                  f"{m['attention_params']:,} | {m['steps']}{'' if m['final'] else ' (not final)'} | "
                  f"{m['val_ppl']:.4f} |")
@@ -186,7 +188,21 @@ def markdown(results_dir: str | Path) -> str:
                  + ", ".join(f"{w} {v:.4f}" for w, v in s["seed_change"].items()) + ".")
     L.append("")
     L.append(f"Verdict: {s['verdict']}. Intervals: {s['intervals']}.")
+    runs = [m["source"].removeprefix("runs/") for m in s["models"].values()
+            if not m["source"].startswith("zoo:")]
+    if runs:
+        L.append("")
+        L.append(f"Re-checking: {', '.join(runs)} are training runs, not shipped; retrain them "
+                 "with the commands of docs/models.md (\"Compute plan\"), then "
+                 f"`{s['command']}`.")
     return "\n".join(L) + "\n"
+
+
+def short_verdict(results_dir: str | Path) -> str:
+    """The verdict with the per-seed differences, for the claim table's note."""
+    s = json.loads((Path(results_dir) / "summary.json").read_text())
+    per = "; ".join(f"seed {k}: {fmt_interval(d, '{:+.4f}')}" for k, d in s["paired"].items())
+    return f"{s['verdict']} (PPL allocation − uniform, {per})"
 
 
 def main(argv: Sequence[str], prog: str = "tl-spectral study head-allocation") -> int:

@@ -457,7 +457,11 @@ def tables(results_dir: str | Path) -> dict[str, str]:
     if (ha / "summary.json").is_file():
         from tl_spectral_studies import head_allocation
 
-        out["scale_pod/head_allocation"] = head_allocation.markdown(ha)
+        out["scale_pod/head_allocation"] = head_allocation.markdown(ha).strip()
+        out["scale_pod/verdict"] += ("\n\nThe head allocation the study recommends (SPEC A.10), "
+                                     "trained against the uniform model at equal attention "
+                                     "parameters (section \"Head allocation, trained\"): "
+                                     + head_allocation.short_verdict(ha) + ".")
     return out
 
 
