@@ -251,6 +251,9 @@ def cmd_evaluate(a) -> None:
             if not seed:
                 recipe = recipes[-1]
         d, step, fin = latest_model_dir(run)
+        if getattr(a, "keep", None) and not fin:
+            raise SystemExit(f"--keep: {run.name} is not finished (latest checkpoint: step "
+                             f"{step}); finish its training (train-alloc resumes it) first")
         m = load_model(d)
         r = perplexity(m, W)
         name = f"uniform-{m.cfg.d_heads[0]}" if which == "matched" else which
@@ -440,7 +443,7 @@ def figures_from_results(results_dir: str | Path, fig_dir: str | Path) -> list[P
 def _combined_params_figure(src: Path, fig_dir: Path) -> Path | None:
     """Attention parameters vs PPL of the 2,600-step allocation studies, one panel per family
     (docs/figures/surgery_params_vs_ppl_all.png): ★ cascade, ■ equal-budget uniform,
-    ● full uniform; open markers for seed 1."""
+    ● full uniform; open markers for seeds other than 0."""
     import matplotlib.pyplot as plt
 
     from tl_spectral.models.surgery import AllocationStudy
@@ -474,7 +477,7 @@ def _combined_params_figure(src: Path, fig_dir: Path) -> Path | None:
         ax.set_xlabel("attention parameters (% of uniform d_head 16)")
         ax.set_ylabel(f"validation PPL ({', '.join(wins)})")
         ax.set_title(f"{fam}: ★ cascade, ■ uniform at equal budget, ● uniform 16; "
-                     "open = seed 1", fontsize=8)
+                     "open = seeds 1, 2", fontsize=8)
         ax.legend(fontsize=7)
         ax.margins(x=0.15, y=0.2)
     fig.tight_layout()
@@ -483,7 +486,7 @@ def _combined_params_figure(src: Path, fig_dir: Path) -> Path | None:
     notes = "; ".join(f"{t}: {st.note}" for t, st in studies.items())
     path = fig_dir / "surgery_params_vs_ppl_all.png"
     _save(fig, path, f"allocation studies {', '.join(studies)} ({notes}); every model trained "
-          f"{', '.join(map(str, steps))} steps, seed 0 (filled) and seed 1 (open) as recorded "
+          f"{', '.join(map(str, steps))} steps, seed 0 (filled) and seeds 1, 2 (open) as recorded "
           "in the rows (tl-spectral study surgery evaluate --tag TAG / figures)", [])
     return path
 
@@ -503,10 +506,12 @@ sd-char-shakespeare[-noln] weights)."""
 ALLOC_RETRAIN = {
     "long": ("allocate --model runs/char-shakespeare-noln --budget 0.5 --multiple 2 --tag long; "
              "train-alloc --which W --tag long --steps 2600 --warmup 200 --eval-every 200 "
-             "[--seed 1] for W in uniform, cascade, matched; evaluate --tag long"),
+             "[--seed 1] for W in uniform, cascade, matched, and --seed 2 for W in cascade, "
+             "matched; evaluate --tag long"),
     "sd": ("allocate --model runs/sd-char-shakespeare-noln-long --budget 0.5 --multiple 2 "
            "--source R --tag sd; train-alloc --which W --tag sd --steps 2600 --warmup 200 "
-           "--eval-every 200 for W in uniform, cascade, matched; evaluate --tag sd"),
+           "--eval-every 200 for W in uniform, cascade, matched, and --seed 1, --seed 2 for W "
+           "in cascade, matched; evaluate --tag sd"),
     "sdS": ("allocate --model runs/sd-char-shakespeare-noln-long --budget 0.65 --multiple 2 "
             "--source S --tag sdS; train-alloc --which W --tag sdS --steps 2600 --warmup 200 "
             "--eval-every 200 for W in uniform, cascade; evaluate --tag sdS"),
