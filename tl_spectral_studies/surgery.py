@@ -251,7 +251,8 @@ def cmd_evaluate(a) -> None:
             if not seed:
                 recipe = recipes[-1]
         d, step, fin = latest_model_dir(run)
-        if getattr(a, "keep", None) and not fin:
+        want = recipes[-1]["steps"] if (run / "recipe.json").exists() else step
+        if getattr(a, "keep", None) and not fin and step < want:
             raise SystemExit(f"--keep: {run.name} is not finished (latest checkpoint: step "
                              f"{step}); finish its training (train-alloc resumes it) first")
         m = load_model(d)
