@@ -281,6 +281,7 @@ def _merge_rows(kept: Any, rows: list[dict[str, Any]], recipes: list[dict[str, A
         raise SystemExit(f"--keep: the committed study scored {kept.n_windows} windows × "
                          f"{kept.seq_len}, these runs {W.shape[0]} × {W.shape[1] - 1}; "
                          "evaluate without --keep")
+
     def bare(r):
         return {k: v for k, v in r.items() if k != "seed"}
 
@@ -841,6 +842,7 @@ def tables(results_dir: str | Path) -> dict[str, str]:
             x for x in (allocation_markdown(d, "_long"), allocation_markdown(d, "_sd"),
                         allocation_markdown(d, "_sdS")) if x),
         "surgery/seeds": seed_markdown(d, "_long"),
+        "surgery/seeds_sd": seed_markdown(d, "_sd"),
         "surgery/session1_linearization": linearization_markdown(
             curves, ["softmax-ln", "softmax-noln"] + steps, header="model (checkpoint)"),
         "surgery/session1_finetune": finetune_markdown(
