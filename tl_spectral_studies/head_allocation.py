@@ -165,14 +165,19 @@ def run_study(specs: Sequence[str], results_dir: str | Path, *, n_resamples: int
     return s
 
 
+def _run(model: dict[str, Any]) -> str:
+    """The training run's folder name (``runs/NAME`` -> ``NAME``): docs name runs, they do not
+    read them."""
+    return model["source"].removeprefix("runs/")
+
+
 def markdown(results_dir: str | Path) -> str:
     """The head-allocation table of docs/scale_pod.md from ``summary.json``."""
     s = json.loads((Path(results_dir) / "summary.json").read_text())
     L = ["| model | seed | heads per layer | attention params | steps | validation PPL |",
          "|---|---|---|---|---|---|"]
     for m in s["models"].values():
-        src = (m["source"] if m["source"].startswith("zoo:")
-               else "training run " + m["source"].removeprefix("runs/"))
+        src = m["source"] if m["source"].startswith("zoo:") else "training run " + _run(m)
         L.append(f"| {m['which']} ({src}) | {m['seed']} | "
                  f"{', '.join(str(h) for h in m['heads_per_layer'])} | "
                  f"{m['attention_params']:,} | {m['steps']}{'' if m['final'] else ' (not final)'} | "
@@ -188,8 +193,7 @@ def markdown(results_dir: str | Path) -> str:
                  + ", ".join(f"{w} {v:.4f}" for w, v in s["seed_change"].items()) + ".")
     L.append("")
     L.append(f"Verdict: {s['verdict']}. Intervals: {s['intervals']}.")
-    runs = [m["source"].removeprefix("runs/") for m in s["models"].values()
-            if not m["source"].startswith("zoo:")]
+    runs = [_run(m) for m in s["models"].values() if not m["source"].startswith("zoo:")]
     if runs:
         L.append("")
         L.append(f"Re-checking: {', '.join(runs)} are training runs, not shipped; retrain them "

@@ -689,21 +689,26 @@ def seed_markdown(d: Path, tag: str = "_long") -> str:
     return "\n".join(out)
 
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-        9: 2.262, 10: 2.228}
-"""Two-sided 95% quantiles of Student's t by degrees of freedom (seeds − 1)."""
-
 SEEDS_T_RULE = ("three or more seeds: a difference counts only when the 95% t-interval of its "
                 "mean over seeds excludes 0")
 
 
+def _t975(dof: int) -> float:
+    """Two-sided 95% quantile of Student's t with ``dof`` degrees of freedom."""
+    from scipy.stats import t as student_t
+
+    return float(student_t.ppf(0.975, dof))
+
+
 def seed_difference(diffs: Sequence[float]) -> dict[str, float]:
-    """Mean of per-seed differences with its 95% t-interval over seeds (n ≥ 2)."""
+    """Mean of per-seed differences with its 95% t-interval over seeds (n ≥ 2): mean ±
+    t(0.975, n − 1) · sd / √n; ``t`` is the quantile used."""
     n = len(diffs)
     mean = sum(diffs) / n
     sd = (sum((x - mean) ** 2 for x in diffs) / (n - 1)) ** 0.5
-    half = T975.get(n - 1, 1.96) * sd / n ** 0.5
-    return {"estimate": mean, "low": mean - half, "high": mean + half, "sd": sd, "n": n}
+    t = _t975(n - 1)
+    half = t * sd / n ** 0.5
+    return {"estimate": mean, "low": mean - half, "high": mean + half, "sd": sd, "n": n, "t": t}
 
 
 def _paired_seeds(rows: list[dict[str, Any]], a: str, b: str) -> list[str]:
@@ -723,15 +728,14 @@ def _alloc_verdict(d: Path, tag: str, a: str, b: str) -> tuple[str, str]:
     spread = _uniform_spread(rows) if sum(n == "uniform" for n, _ in by) >= 2 else None
     nums = ", ".join(f"{x:+.2f}%" for x in diffs) + f" (seed{'s' if len(diffs) > 1 else ''} "
     nums += " / ".join(seeds) + ")"
-    if len(diffs) >= 3:
-        iv = seed_difference(diffs)
+    iv = seed_difference(diffs) if len(diffs) >= 3 else None
+    if iv is not None:
         nums += f"; mean {iv['estimate']:+.2f}% [{iv['low']:+.2f}, {iv['high']:+.2f}]"
     if spread is not None:
         nums += f"; uniform seed-to-seed range {spread:.1f}%"
     if len(diffs) < 2:
         return nums, "not distinguishable at this size (one seed; no spread to compare with)"
-    if len(diffs) >= 3:
-        iv = seed_difference(diffs)
+    if iv is not None:
         if iv["low"] > 0 or iv["high"] < 0:
             return nums, "resolved (" + ("worse" if iv["estimate"] > 0 else "better") + ")"
         return nums, "not distinguishable at this size (" + SEEDS_T_RULE + ")"
@@ -819,7 +823,8 @@ def verdict_markdown(d: Path) -> str:
         n = len(_paired_seeds(_study_rows(d, tag) or [], "cascade", "uniform-8"))
         unc = ("one seed: no interval" if n == 1 else
                f"no interval from two seeds; {SEED_SPREAD_RULE}" if n == 2 else
-               f"95% t-interval over {n} seeds ({T975[n - 1]} × sd / √{n})")
+               f"95% t-interval over {n} seeds "
+               f"({_t975(n - 1):.3f} × sd / √{n})")
         out.append(f"| {what}, PPL of the cascade / PPL of the equal-budget model − 1 per seed, "
                    f"2,600 steps | {nums} | {unc} | {v} |")
     return "\n".join(out)
