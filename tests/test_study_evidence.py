@@ -147,7 +147,7 @@ def test_three_seeds_use_the_t_interval_and_need_no_uniform_run(tmp_path):
     assert v.startswith("not distinguishable") and "t-interval" in v, (nums, v)
     d = [10.0, 10.0, 12.0]
     iv = seed_difference(d)
-    half = 4.303 * statistics.stdev(d) / 3 ** 0.5
+    half = 4.302653 * statistics.stdev(d) / 3 ** 0.5  # t(0.975, 2), tabulated
     assert iv["estimate"] == pytest.approx(statistics.mean(d))
     assert (iv["low"], iv["high"]) == pytest.approx((statistics.mean(d) - half,
                                                      statistics.mean(d) + half))
