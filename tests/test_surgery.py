@@ -327,3 +327,16 @@ def test_report_section_renders(tmp_path):
     assert "Spectral surgery" in html and "curve" in html.lower()
     # only the analysed model: a stored study given in the options is not shown
     assert "curve_tiny" not in html and "stored study" not in html
+
+
+def test_study_quick_recheck_runs_and_writes_its_own_tables(tmp_path, capsys):
+    """``tl-spectral study surgery --quick --out DIR`` (the re-check docs/surgery.md offers):
+    the tables step reads the curves this command just wrote, not the committed run names."""
+    from tl_spectral_studies import surgery
+
+    assert surgery.main(["--quick", "--out", str(tmp_path / "s")]) == 0
+    md = (tmp_path / "s" / "summary.md").read_text()
+    for name in ("char-shakespeare-noln", "sd-char-shakespeare-noln"):
+        assert (tmp_path / "s" / f"curve_{name}.safetensors").is_file()
+        assert f"| {name} (zoo:{name}, 8 validation windows" in md
+    assert "surgery/verdict" not in md  # no committed runs here: no claim rows to render

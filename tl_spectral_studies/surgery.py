@@ -571,9 +571,14 @@ def _pct(x: float) -> str:
 
 
 def linearization_markdown(curves: dict[str, Any], names: Sequence[str],
-                           header: str = "model (final, 2,600 steps)") -> str:
-    """Zero-shot relative ΔPPL (%) for k = 1..L, with the largest k within 5% and 1.4%."""
+                           header: str = "model (final, 2,600 steps)", *,
+                           retrain: bool = True) -> str:
+    """Zero-shot relative ΔPPL (%) for k = 1..L, with the largest k within 5% and 1.4%
+    (``""`` when none of ``names`` is in ``curves``); ``retrain``: with the line saying how
+    to re-check them."""
     cs = [(n, curves[n]) for n in names if n in curves]
+    if not cs:  # a folder without these curves (e.g. the output of run_study)
+        return ""
     L = max(len(c.ks) for _, c in cs) - 1
     rows = [f"| {header} | PPL k=0 | " + " | ".join(f"k={k}" for k in range(1, L + 1))
             + " | k within 5% | within 1.4% |", "|---|---|" + "---|" * L + "---|---|"]
@@ -582,12 +587,15 @@ def linearization_markdown(curves: dict[str, Any], names: Sequence[str],
         rows.append(f"| {n} ({_where(c.note)}) | {c.base_ppl:.3f} | "
                     + " | ".join(_pct(r) for r in rel[1:]) + f" | {c.max_k_within(0.05)} | "
                     f"{c.max_k_within(0.014)} |")
-    rows += ["", _retrain_line(names)]
+    if retrain:
+        rows += ["", _retrain_line(names)]
     return "\n".join(rows)
 
 
 def finetune_markdown(curves: dict[str, Any], names: Sequence[str]) -> str:
     """Fine-tuned curves: zero-shot, fine-tuned, control and fine-tuned vs control (%)."""
+    if not any(n in curves for n in names):
+        return ""
     rows = ["| model (checkpoint) | k | zero-shot | fine-tuned | control (no swap) | "
             "fine-tuned vs control |", "|---|---|---|---|---|---|"]
     for n in names:
@@ -827,7 +835,7 @@ def verdict_markdown(d: Path) -> str:
                f"({_t975(n - 1):.3f} × sd / √{n})")
         out.append(f"| {what}, PPL of the cascade / PPL of the equal-budget model − 1 per seed, "
                    f"2,600 steps | {nums} | {unc} | {v} |")
-    return "\n".join(out)
+    return "\n".join(out) if len(out) > 2 else ""
 
 
 def tables(results_dir: str | Path) -> dict[str, str]:
@@ -866,7 +874,7 @@ def markdown(results_dir: str | Path) -> str:
     from tl_spectral.models.surgery import CascadeAllocation, LinearizationCurve
 
     d = Path(results_dir)
-    md = [f"<!-- {k} -->\n{v}" for k, v in tables(d).items()]
+    md = [f"<!-- {k} -->\n{v}" for k, v in tables(d).items() if v.strip()]
     for p in sorted(d.glob("curve_*.safetensors")):
         c = LinearizationCurve.load(p)
         n = p.stem[len("curve_"):]
@@ -927,7 +935,10 @@ def run_study(out_dir: str | Path, *, quick: bool = False, budget: float = 0.5,
     save_figures(figs, Path(fig_dir) if fig_dir else out / "figures", "surgery", dpi=110,
                  caption=f"shipped char models, {n_win} validation windows × 256, zero-shot, "
                          f"budget {budget}; tl-spectral study surgery")
-    (out / "summary.md").write_text(markdown(out))
+    own = linearization_markdown({c.model_name: c for c in curves}, [c.model_name for c in curves],
+                                 header="model (shipped, zero-shot)", retrain=False)
+    (out / "summary.md").write_text("<!-- this run's curves -->\n" + own + "\n\n"
+                                    + markdown(out))
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     return summary
 
