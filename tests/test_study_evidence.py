@@ -237,3 +237,17 @@ def test_validation_only_windows_refuse_the_whole_text_and_name_the_stride():
         document_windows(text, tok, 2, 8, overlap=True, stride=2)
     with pytest.raises(ValueError, match="stride must be an int"):
         document_windows(text, tok, 2, 8, stride=9)
+
+
+def test_contribution_verdict_rules_follow_the_numbers():
+    """The four-measure order with a tie by construction is at most partly reproduced; ρ* < 1
+    is the share of queries with 0 < ρ* < 1 against 50%, so a changed share changes it."""
+    from tl_spectral_studies.contributions import order_label, rho_star_label
+
+    assert order_label(["reproduced", "reproduced"], 1).startswith("partly")
+    assert order_label(["reproduced", "reproduced"], 0) == "reproduced"
+    assert order_label(["reproduced", "**not reproduced**: x"], 1).startswith("**not")
+    assert order_label(["reproduced", "not distinguishable at this size"], 1) == (
+        "not distinguishable at this size")
+    assert rho_star_label([0.9, 0.6]).endswith("in 2 of 2 layers — reproduced by that rule")
+    assert rho_star_label([0.9, 0.4]).endswith("in 1 of 2 layers")
