@@ -77,12 +77,16 @@ def test_verdict_names_only_intervals_that_exclude_zero():
     assert v.startswith("contribution vs attention: differs in fine share (layers 0: +0.100")
     assert "**+0.100 [+0.050, +0.150]**" in table_markdown(s)
     s = _summary(-0.05, 0.15)
-    assert verdict(s) == "contribution vs attention: not distinguishable at this size."
+    assert verdict(s).startswith("contribution vs attention: not distinguishable at this size.")
+    # a summary without the jackknife (written before it): no T_spec / H* call
+    assert "T_spec and H*: no call" in verdict(s)
+    s["jackknife"] = {"n_groups": 19}
+    assert "no call" not in verdict(s) and "uncorrected for the 1 layers and 6" in verdict(s)
     assert "**" not in table_markdown(s)
     # an interval off 0 on the other side of the estimate (a biased resample statistic)
     s = _summary(0.05, 0.15)
     s["differences"]["contribution"][0]["E_fine"]["estimate"] = -0.02
-    assert verdict(s) == "contribution vs attention: not distinguishable at this size."
+    assert verdict(s).startswith("contribution vs attention: not distinguishable at this size.")
 
 
 def test_subset_statistics_equal_scale_pod_of_the_subset():

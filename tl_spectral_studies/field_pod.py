@@ -382,9 +382,11 @@ def verdict(summary: dict[str, Any]) -> str:
     names = {"a_peak": "peak scale", "E_fine": "fine share", "E_medium": "medium share",
              "E_coarse": "coarse share", "T_spec": "T_spec", "H_star": "H*"}
     parts = []
+    # a summary written before the jackknife holds biased bootstrap intervals of T_spec, H*
+    keys = [k for k in STATS if "jackknife" in summary or k not in JACKKNIFE_KEYS]
     for f in summary["fields"][1:]:
         hits = []
-        for k in STATS:
+        for k in keys:
             lay = [r for r in summary["differences"][f] if differs(r[k])]
             if lay:
                 hits.append(f"{names[k]} (layers "
@@ -392,6 +394,12 @@ def verdict(summary: dict[str, Any]) -> str:
                             + ")")
         parts.append(f"{f} vs attention: " + ("differs in " + "; ".join(hits) if hits else
                                               "not distinguishable at this size") + ".")
+    if "jackknife" not in summary:
+        parts.append("T_spec and H*: no call (bootstrap intervals, biased for statistics that "
+                     "grow with N; rerun for the jackknife).")
+    parts.append(f"Each call is one layer's 95% interval, uncorrected for the "
+                 f"{len(summary['differences'][summary['fields'][1]])} layers and "
+                 f"{len(keys)} statistics: a description of where the difference is resolved.")
     return " ".join(parts)
 
 
