@@ -113,3 +113,58 @@ def test_field_pod_doc_tables_regenerate_from_committed_results():
     s = json.loads(runs[0].read_text())
     s["per_field"]["contribution"][0]["E_fine"]["estimate"] += 0.05
     assert table_markdown(s) not in doc
+
+
+@pytest.mark.parametrize("study", sorted(DOCS))
+def test_every_verdict_line_is_generated(study):
+    """One source for the verdicts: a line that opens with "Verdict" (or "**Verdict") in a
+    reproduction doc lies inside a generated block, so the claim table's generator wrote it
+    from the same rows — prose outside the blocks reads the numbers but carries no verdict."""
+    from tl_spectral_studies._common import _GEN_RE
+
+    text = _GEN_RE.sub("", (ROOT / "docs" / DOCS[study]).read_text(encoding="utf-8"))
+    bad = [ln for ln in text.splitlines() if re.match(r"\**Verdict", ln.strip())]
+    assert not bad, bad
+
+
+def test_routing_section_verdict_lines_are_the_claim_rows():
+    """The sections' verdict lines of docs/routing_filtering.md carry the claim table's labels
+    (one source), and a changed number changes both."""
+    from tl_spectral_studies.routing import claim_rows, tables
+
+    t = tables(RESULTS / "routing")
+    for r in claim_rows(RESULTS / "routing"):
+        if f"routing/verdict_line/{r.key}" in t:
+            assert r.label in t[f"routing/verdict_line/{r.key}"]
+            assert f"| {r.label} |" in t["routing/verdict"]
+
+
+def test_routing_labels_follow_the_numbers():
+    """Computed labels: a removal under +100% is not catastrophic; truncation reversed."""
+    from tl_spectral_studies.routing import truncation_label
+    from tl_spectral_studies.verdicts import (
+        holm,
+        layer0_minimum,
+        removal_class,
+        side,
+        t_interval,
+    )
+
+    assert removal_class(0.53) == "costly" and removal_class(4.1) == "catastrophic"
+    assert removal_class(0.05) == "cheap"
+    p = [{"r": 2, "low": 0.2, "high": 0.3}, {"r": 16, "low": -0.014, "high": -0.004}]
+    assert truncation_label(p).startswith("reproduced at low rank")
+    p[1] = {"r": 16, "low": 0.001, "high": 0.01}
+    assert truncation_label(p).startswith("reproduced:")
+    assert truncation_label(p, sd=True).startswith("**not reproduced**")
+    iv = t_interval([1.0, 2.0, 3.0])
+    assert abs(iv["high"] - 2.0 - 4.302653 / 3 ** 0.5) < 1e-5
+    assert side(iv, 5.0) == "reproduced" and side(iv, 2.0) == "not distinguishable at this size"
+    assert side(iv, -1.0).startswith("**not reproduced**")
+    assert holm([0.01, 0.04, 0.03]) == [True, False, False]
+    assert holm([0.01, 0.02, 0.03]) == [True, True, True]
+    low = [2.0, 2.1, 2.2, 2.05, 2.15, 2.1, 2.0, 2.2]
+    assert layer0_minimum([low, [5 + x for x in low], [9 + x for x in low]]) == (
+        "layer 0 is the minimum")
+    assert layer0_minimum([low, [x + 0.05 for x in low]]).startswith("layer 0 is the lowest")
+    assert layer0_minimum([low, [x - 1 for x in low]]) == "no layer-0 minimum"
