@@ -251,3 +251,17 @@ def test_contribution_verdict_rules_follow_the_numbers():
         "not distinguishable at this size")
     assert rho_star_label([0.9, 0.6]).endswith("in 2 of 2 layers — reproduced by that rule")
     assert rho_star_label([0.9, 0.4]).endswith("in 1 of 2 layers")
+
+
+@pytest.mark.parametrize("name", ["rank_truncation", "sink_bos", "faithfulness_scope"])
+def test_moved_measurements_run_as_modules(name):
+    """The former scripts live in tl_spectral_studies and answer `python -m ...`."""
+    import importlib
+
+    from tl_spectral_studies import MEASUREMENTS
+
+    assert name in MEASUREMENTS
+    mod = importlib.import_module(f"tl_spectral_studies.{name}")
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--help"])
+    assert e.value.code == 0

@@ -747,7 +747,7 @@ def tables(results_dir: str | Path) -> dict[str, str]:
 
 
 def faithfulness_scope_markdown(path: str | Path) -> str:
-    """The tables of one ``scripts/faithfulness_scope.py`` result (issue 17 item 4): per
+    """The tables of one ``tl_spectral_studies/faithfulness_scope.py`` result (issue 17 item 4): per
     measure the comprehensiveness and sufficiency areas with removal in all layers, then the
     paired differences of the paper's adjacent measures in every setting, with their 95%
     intervals over documents, and the command that made it."""
