@@ -265,3 +265,25 @@ def test_moved_measurements_run_as_modules(name):
     with pytest.raises(SystemExit) as e:
         mod.main(["--help"])
     assert e.value.code == 0
+
+
+def test_global_ranking_order_rows_follow_the_numbers():
+    """The global-ranking rows of the contributions claim table: a step whose interval flips
+    sign changes the order's verdict."""
+    from tl_spectral_studies.contributions import global_order_rows
+
+    def iv(e, lo, hi):
+        return {"estimate": e, "low": lo, "high": hi}
+
+    steps = [("attention", "value_weighted"), ("value_weighted", "output_normalized"),
+             ("output_normalized", "contribution")]
+    r = {"model": "m", "scope": "layer", "level": "token", "n_docs": 8,
+         "paired": [{"setting": "all layers", "a": a, "b": b,
+                     "comprehensiveness_a_minus_b": iv(-1, -2, -0.5),
+                     "sufficiency_a_minus_b": iv(1, 0.5, 2)} for a, b in steps]}
+    comp, suff = global_order_rows(r)
+    assert comp.endswith("| reproduced |") and suff.endswith("| reproduced |")
+    r["paired"][1]["sufficiency_a_minus_b"] = iv(-1, -2, -0.5)  # the step reverses
+    assert "**not reproduced**" in global_order_rows(r)[1]
+    r["paired"][0]["comprehensiveness_a_minus_b"] = iv(0, -1, 1)  # an unresolved step
+    assert global_order_rows(r)[0].endswith("| not distinguishable at this size |")

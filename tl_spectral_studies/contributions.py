@@ -659,6 +659,31 @@ def _verdict_rows(slug: str, s: dict | None) -> list[str]:
     return rows
 
 
+def global_order_rows(r: dict) -> list[str]:
+    """The four-measure order under a global ranking (one ``faithfulness_scope`` result, its
+    all-layers setting): each adjacent step's paired difference, judged by :func:`_verdict`
+    (better = larger comprehensiveness, smaller sufficiency), then :func:`order_label`."""
+    steps = [x for x in r["paired"] if x["setting"] == "all layers"]
+    if not steps:
+        return []
+    out = []
+    for crit in ("comprehensiveness", "sufficiency"):
+        cells, vs = [], []
+        for x in steps:
+            d = x[f"{crit}_a_minus_b"]
+            # b better than a: comprehensiveness b − a > 0, sufficiency a − b > 0
+            iv = ({"estimate": -d["estimate"], "low": -d["high"], "high": -d["low"]}
+                  if crit == "comprehensiveness" else d)
+            vs.append(_verdict(iv))
+            cells.append(f"{x['a']} < {x['b']}: {fmt_interval(iv)}")
+        out.append(f"| full order α < value-weighted < output-normalized < C, {crit}, global "
+                   f"ranking ({r['scope']} scope, {r['level']} level; seed 003 §3.1) | "
+                   f"{r['model']}†; {r['n_docs']} validation windows × 256, all layers | "
+                   f"better − worse area per "
+                   f"step: {'; '.join(cells)} | {order_label(vs, 0)} |")
+    return out
+
+
 ORDER_RULE = ("the order is reproduced only when every step can be tested and each step's "
               "paired interval lies on the claimed side")
 RHO_SHARE = 0.5
@@ -715,6 +740,13 @@ def tables(results_dir: str | Path) -> dict[str, str]:
                    "(the files hold 95% intervals only, so a Holm or Bonferroni call, which "
                    "needs 99.2% intervals for 6 layers, cannot be made from them). Full order: "
                    + ORDER_RULE + ".")
+    scope = [json.loads(p.read_text()) for p in
+             sorted((Path(results_dir).parent / "faithfulness_scope").glob("*.json"))]
+    for r in scope:  # the largest run of each (model, scope, level); smaller ones are records
+        if int(r["n_docs"]) == max(int(x["n_docs"]) for x in scope if
+                                   (x["model"], x["scope"], x["level"]) ==
+                                   (r["model"], r["scope"], r["level"])):
+            verdict[-4:-4] = global_order_rows(r)
     verdict.insert(-4, "| the value's norm vs its cosine: which part of the sink's small "
                        "contribution each explains (seed 003 §3.2) | — | — | not implemented: "
                        "the summary does not define the split |")
