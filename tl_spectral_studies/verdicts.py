@@ -5,6 +5,20 @@ in words beside it (the ``*_RULE`` strings, printed under the tables).
 A claim table is a list of :class:`Row` (claim, model, number, label, rule). The generator of
 a doc renders the table *and* every section's verdict line from the same rows
 (:func:`table`, :func:`verdict_line`), so the two cannot disagree.
+
+Adding a model (a new column or rows, e.g. SmolLM2): each claim is one rule applied to one
+model's committed results, so a model is one entry in the doc's model list plus its result
+files, and every claim it has data for gets its cell from the same rule —
+
+- scale-pod (columns): ``scale_pod.VERDICT_RUNS`` ((model, N) → column label; a run on
+  overlapping windows is made descriptive by :func:`~tl_spectral_studies.scale_pod.overlapping`)
+  and the run's ``scale_pod_<model>_N<n>.json``;
+- routing (rows per model): ``routing.STANDARD_MODELS`` (model → its Gaussian baseline in
+  ``summary.json``) and ``<model>_heads.csv`` from ``tl-spectral study routing``;
+- contributions (rows per model): ``contributions.COMMANDS`` / ``MODEL_LABEL`` and the
+  model's ``<slug>_summary.json``;
+- surgery: the claims are about trained S–D / softmax pairs of one recipe; a pretrained
+  model has no row there.
 """
 
 from __future__ import annotations
