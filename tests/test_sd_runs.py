@@ -319,3 +319,18 @@ def test_routing_verdict_rows_from_sd_runs_follow_the_numbers():
     s["runs"]["a"]["ablations"]["routing_removal"]["rel_delta_ppl"] = iv(0.6, 0.5, 0.7)
     assert _sd_runs_verdict_rows(s)[2].label.startswith("reproduced in 1 of 2 runs")
     assert _sd_runs_verdict_rows(None) == []
+
+
+def test_no_import_circle_between_routing_and_sd_runs():
+    """sd_runs (and the shared _runs) never import the routing study; routing imports them."""
+    import ast
+    from pathlib import Path
+
+    import tl_spectral_studies
+
+    pkg = Path(tl_spectral_studies.__file__).parent
+    for name in ("sd_runs.py", "_runs.py", "verdicts.py"):
+        tree = ast.parse((pkg / name).read_text(encoding="utf-8"))
+        mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "tl_spectral_studies.routing" not in mods, name

@@ -163,7 +163,7 @@ def _tag(a) -> str:
 
 
 def _windows(model_dir: Path) -> torch.Tensor:
-    from tl_spectral_studies.routing import validation_windows
+    from tl_spectral_studies._runs import validation_windows
 
     return validation_windows(model_dir, "char", n_windows=N_WINDOWS)
 
@@ -978,7 +978,7 @@ def run_study(out_dir: str | Path, *, quick: bool = False, budget: float = 0.5,
     from tl_spectral.models import zoo
     from tl_spectral.models.surgery import cascade_allocation, linearization_curve, plot_collapse
     from tl_spectral_studies._common import save_figures
-    from tl_spectral_studies.routing import validation_windows
+    from tl_spectral_studies._runs import validation_windows
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
