@@ -168,3 +168,14 @@ def test_routing_labels_follow_the_numbers():
         "layer 0 is the minimum")
     assert layer0_minimum([low, [x + 0.05 for x in low]]).startswith("layer 0 is the lowest")
     assert layer0_minimum([low, [x - 1 for x in low]]) == "no layer-0 minimum"
+
+
+def test_sd_side_of_the_inversion_needs_free_filtering():
+    from tl_spectral_studies.routing import sd_truncation_label
+
+    m = {"full_rank": 16, "paired": [{"r": 2, "low": -0.3, "high": -0.2}],
+         "rows": [{"part": "filtering", "r": 1, "rel_delta_ppl": 0.17, "rel_delta_low": 0.15,
+                   "rel_delta_high": 0.2}]}
+    assert sd_truncation_label(m).startswith("partly: reproduced: routing costs more at r = 2")
+    m["rows"][0].update(rel_delta_ppl=0.002, rel_delta_low=-0.001, rel_delta_high=0.005)
+    assert sd_truncation_label(m).endswith(": free")

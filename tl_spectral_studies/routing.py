@@ -715,8 +715,7 @@ def _inversion_rows(d: Path, M: dict[str, Any]) -> list[Any]:
                                            f"{100 * x['filtering_minus_routing']:+.1f} "
                                            f"[{100 * x['low']:+.1f}, {100 * x['high']:+.1f}]"
                                            for x in m["paired"] if x["r"] < m["full_rank"]),
-                               truncation_label([x for x in m["paired"]
-                                                 if x["r"] < m["full_rank"]], sd=True)))
+                               sd_truncation_label(m)))
                 continue
             out.append(Row("inversion", claim + " — rank truncation (keep the top r singular "
                            "directions of one part)", f"{m['model']}; {m['n_windows']} windows",
@@ -751,6 +750,22 @@ def truncation_label(paired: Sequence[dict[str, float]], *, sd: bool = False) ->
     if less:
         parts.append(f"reversed ({b} costs more) at r = {rs(str(r) for r in less)}")
     return head + ": " + "; ".join(parts)
+
+
+def sd_truncation_label(m: dict[str, Any]) -> str:
+    """S–D side of the inversion (routing truncation prohibitive, filtering truncation free)
+    from one model of ``rank_truncation.json``: the order by :func:`truncation_label` and
+    whether truncating D to its lowest rank stays within ±1% of the PPL (the sd-runs "free")."""
+    from tl_spectral_studies.sd_runs import FREE_REL
+
+    order = truncation_label([x for x in m["paired"] if x["r"] < m["full_rank"]], sd=True)
+    f = min((r for r in m["rows"] if r["part"] == "filtering"), key=lambda r: r["r"])
+    free = f["rel_delta_high"] <= FREE_REL
+    cost = (f"truncating filtering to r = {f['r']} costs {100 * f['rel_delta_ppl']:+.1f}% "
+            f"[{100 * f['rel_delta_low']:.1f}, {100 * f['rel_delta_high']:.1f}]")
+    if free:
+        return order + f"; {cost}: free"
+    return "partly: " + order + f"; not free: {cost}"
 
 
 def rank_truncation_markdown(path: str | Path) -> str:

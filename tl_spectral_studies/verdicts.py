@@ -81,9 +81,10 @@ def verdict_line(rows: Sequence[Row], key: str) -> str:
     hit = [r for r in rows if r.key == key]
     if not hit:
         raise KeyError(f"no claim row {key!r}")
-    return ("**Verdict** (" + hit[0].claim + "; the claim table's row"
-            + ("s" if len(hit) > 1 else "") + "): "
-            + "; ".join(f"{r.model}: {r.label}" for r in hit) + ".")
+    if len(hit) == 1:
+        return f"**Verdict** (claim table: {hit[0].claim}; {hit[0].model}): {hit[0].label}."
+    return ("**Verdict** (the claim table's rows for this claim):\n\n"
+            + "\n".join(f"- {r.claim} — {r.model}: {r.label}" for r in hit))
 
 
 # ------------------------------------------------------------------ intervals
