@@ -287,3 +287,24 @@ def test_global_ranking_order_rows_follow_the_numbers():
     assert "**not reproduced**" in global_order_rows(r)[1]
     r["paired"][0]["comprehensiveness_a_minus_b"] = iv(0, -1, 1)  # an unresolved step
     assert global_order_rows(r)[0].endswith("| not distinguishable at this size |")
+
+
+def test_sink_rows_do_not_apply_without_a_sink():
+    """char-shakespeare has no sink: its anti-alignment and cone rows say "does not apply";
+    give it a sink head (a changed number) and the same rows get a sign verdict."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from tl_spectral_studies.contributions import _verdict_rows
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "results" / "contributions"
+    s = json.loads((root / "char_shakespeare_summary.json").read_text())
+    rows = _verdict_rows("char_shakespeare", s)
+    anti = next(r for r in rows if "anti-aligned" in r)
+    assert "| does not apply: this model has no sink" in anti
+    s2 = copy.deepcopy(s)
+    for r in s2["sink_intervals"]:
+        r["sink_head_share"] = {"estimate": 0.5, "low": 0.4, "high": 0.6}
+    anti2 = next(r for r in _verdict_rows("char_shakespeare", s2) if "anti-aligned" in r)
+    assert anti2.endswith("| reproduced in layers 0 only |")
