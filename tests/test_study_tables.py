@@ -179,3 +179,21 @@ def test_sd_side_of_the_inversion_needs_free_filtering():
     assert sd_truncation_label(m).startswith("partly: reproduced: routing costs more at r = 2")
     m["rows"][0].update(rel_delta_ppl=0.002, rel_delta_low=-0.001, rel_delta_high=0.005)
     assert sd_truncation_label(m).endswith(": free")
+
+
+def test_overlapping_windows_carry_no_verdict():
+    """The N = 1,000 columns of the scale-pod claim table (stride 64 < 256) are descriptive;
+    the same run with disjoint windows (a changed stride) gets its verdicts back."""
+    from tl_spectral_studies.scale_pod import _runs, overlapping, verdict_markdown
+
+    runs = _runs(RESULTS / "scale_pod")
+    key = ("char-shakespeare_val_s64", 1000)
+    assert overlapping(runs[key]) and not overlapping(runs[("char-shakespeare", 150)])
+    table = verdict_markdown(runs)
+    first = next(ln for ln in table.splitlines() if ln.startswith("| layers 1–2"))
+    cells = first.split(" | ")
+    assert "descriptive (overlapping windows" in cells[2] and "reproduced" in cells[1]
+    runs[key] = {**runs[key], "stride": 256}
+    first = next(ln for ln in verdict_markdown(runs).splitlines() if ln.startswith("| layers 1–2"))
+    assert "descriptive" not in first.split(" | ")[4]
+    assert "energy-gated" in table and "interpretable POD modes" in table
