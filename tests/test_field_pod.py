@@ -77,9 +77,46 @@ def test_verdict_names_only_intervals_that_exclude_zero():
     assert v.startswith("contribution vs attention: differs in fine share (layers 0: +0.100")
     assert "**+0.100 [+0.050, +0.150]**" in table_markdown(s)
     s = _summary(-0.05, 0.15)
-    assert verdict(s) == "contribution vs attention: not distinguishable at this size."
+    assert verdict(s).startswith("contribution vs attention: not distinguishable at this size.")
+    # a summary without the jackknife (written before it): no T_spec / H* call
+    assert "T_spec and H*: no call" in verdict(s)
+    s["jackknife"] = {"n_groups": 19}
+    assert "no call" not in verdict(s) and "uncorrected for the 1 layers and 6" in verdict(s)
     assert "**" not in table_markdown(s)
     # an interval off 0 on the other side of the estimate (a biased resample statistic)
     s = _summary(0.05, 0.15)
     s["differences"]["contribution"][0]["E_fine"]["estimate"] = -0.02
-    assert verdict(s) == "contribution vs attention: not distinguishable at this size."
+    assert verdict(s).startswith("contribution vs attention: not distinguishable at this size.")
+
+
+def test_subset_statistics_equal_scale_pod_of_the_subset():
+    """A jackknife replicate (fewer, all-distinct documents): E'(a), T_spec and H* equal the
+    scale POD run on those documents alone (n = len(idx), not N, in every mean)."""
+    F = _fields(N=12, seed=4)
+    keep = torch.tensor([0, 2, 3, 5, 6, 7, 9, 11])
+    bs = LayerBootstrap(F, torch.arange(F.shape[-1]))
+    want, lay = _direct(F[keep])
+    torch.testing.assert_close(bs.stats(keep), want, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(bs.scale_energy(keep), lay.scale_energy, rtol=1e-4,
+                               atol=1e-9 * float(lay.scale_energy.max()))
+
+
+def test_jackknife_intervals_hold_their_estimates():
+    """T_spec and H* take the delete-a-group jackknife's interval (estimate ± t·se, so the
+    estimate lies inside); the other statistics keep the bootstrap's."""
+    from tl_spectral.analysis.bootstrap import bootstrap
+    from tl_spectral_studies.field_pod import JACKKNIFE_KEYS, combine_intervals
+    from tl_spectral_studies.scale_pod import group_jackknife
+
+    F = _fields(N=16, seed=5)
+    bs = LayerBootstrap(F, torch.arange(F.shape[-1]))
+    iv = bootstrap(bs.stats, 16, n_resamples=30, seed=0)
+    jk = group_jackknife(bs.stats, 16, n_groups=8, seed=0)
+    est, low, high = combine_intervals(iv.estimate, iv.low, iv.high, jk)
+    for k in STATS:
+        i = STATS.index(k)
+        if k in JACKKNIFE_KEYS:
+            assert low[i] <= est[i] <= high[i]
+            assert float(low[i]) == float(jk["low"][i]) and float(high[i]) == float(jk["high"][i])
+        else:
+            assert float(low[i]) == float(iv.low[i]) and float(high[i]) == float(iv.high[i])

@@ -233,4 +233,5 @@ def test_rotary_cascade_doc_table_regenerates_from_committed_results():
     assert rotary_cascade_markdown(res) in doc
     s = json.loads((res / "summary.json").read_text())
     s["final"]["rotary_R"][0]["high"] = 99.0  # layer 0 no longer separated
-    assert "rotary: layer 0 is not separated" in rotary_cascade_verdict(s)
+    s["final"]["rotary_R"][3]["estimate"] = 0.5  # layer 3 falls below layer 0
+    assert "rotary: layer 0 does not have the lowest head mean" in rotary_cascade_verdict(s)

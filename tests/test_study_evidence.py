@@ -237,3 +237,74 @@ def test_validation_only_windows_refuse_the_whole_text_and_name_the_stride():
         document_windows(text, tok, 2, 8, overlap=True, stride=2)
     with pytest.raises(ValueError, match="stride must be an int"):
         document_windows(text, tok, 2, 8, stride=9)
+
+
+def test_contribution_verdict_rules_follow_the_numbers():
+    """The four-measure order with a tie by construction is at most partly reproduced; ρ* < 1
+    is the share of queries with 0 < ρ* < 1 against 50%, so a changed share changes it."""
+    from tl_spectral_studies.contributions import order_label, rho_star_label
+
+    assert order_label(["reproduced", "reproduced"], 1).startswith("partly")
+    assert order_label(["reproduced", "reproduced"], 0) == "reproduced"
+    assert order_label(["reproduced", "**not reproduced**: x"], 1).startswith("**not")
+    assert order_label(["reproduced", "not distinguishable at this size"], 1) == (
+        "not distinguishable at this size")
+    assert rho_star_label([0.9, 0.6]).endswith("in 2 of 2 layers — reproduced by that rule")
+    assert rho_star_label([0.9, 0.4]).endswith("in 1 of 2 layers")
+
+
+@pytest.mark.parametrize("name", ["rank_truncation", "sink_bos", "faithfulness_scope"])
+def test_moved_measurements_run_as_modules(name):
+    """The former scripts live in tl_spectral_studies and answer `python -m ...`."""
+    import importlib
+
+    from tl_spectral_studies import MEASUREMENTS
+
+    assert name in MEASUREMENTS
+    mod = importlib.import_module(f"tl_spectral_studies.{name}")
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--help"])
+    assert e.value.code == 0
+
+
+def test_global_ranking_order_rows_follow_the_numbers():
+    """The global-ranking rows of the contributions claim table: a step whose interval flips
+    sign changes the order's verdict."""
+    from tl_spectral_studies.contributions import global_order_rows
+
+    def iv(e, lo, hi):
+        return {"estimate": e, "low": lo, "high": hi}
+
+    steps = [("attention", "value_weighted"), ("value_weighted", "output_normalized"),
+             ("output_normalized", "contribution")]
+    r = {"model": "m", "scope": "layer", "level": "token", "n_docs": 8,
+         "paired": [{"setting": "all layers", "a": a, "b": b,
+                     "comprehensiveness_a_minus_b": iv(-1, -2, -0.5),
+                     "sufficiency_a_minus_b": iv(1, 0.5, 2)} for a, b in steps]}
+    comp, suff = global_order_rows(r)
+    assert comp.endswith("| reproduced |") and suff.endswith("| reproduced |")
+    r["paired"][1]["sufficiency_a_minus_b"] = iv(-1, -2, -0.5)  # the step reverses
+    assert "**not reproduced**" in global_order_rows(r)[1]
+    r["paired"][0]["comprehensiveness_a_minus_b"] = iv(0, -1, 1)  # an unresolved step
+    assert global_order_rows(r)[0].endswith("| not distinguishable at this size |")
+
+
+def test_sink_rows_do_not_apply_without_a_sink():
+    """char-shakespeare has no sink: its anti-alignment and cone rows say "does not apply";
+    give it a sink head (a changed number) and the same rows get a sign verdict."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from tl_spectral_studies.contributions import _verdict_rows
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "results" / "contributions"
+    s = json.loads((root / "char_shakespeare_summary.json").read_text())
+    rows = _verdict_rows("char_shakespeare", s)
+    anti = next(r for r in rows if "anti-aligned" in r)
+    assert "| does not apply: this model has no sink" in anti
+    s2 = copy.deepcopy(s)
+    for r in s2["sink_intervals"]:
+        r["sink_head_share"] = {"estimate": 0.5, "low": 0.4, "high": 0.6}
+    anti2 = next(r for r in _verdict_rows("char_shakespeare", s2) if "anti-aligned" in r)
+    assert anti2.endswith("| reproduced in layers 0 only |")

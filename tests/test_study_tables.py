@@ -62,7 +62,8 @@ def test_each_doc_opens_with_its_verdict_table(study):
 
 
 REASONS = ("[", "no interval", "none", "needs rerun", "needs retraining", "not a test",
-           "not comparable", "a count", "theorem")
+           "not comparable", "a count", "theorem", "not tested, because", "not implemented",
+           "out of scope", "descriptive", "does not apply")
 
 
 @pytest.mark.parametrize("study", sorted(DOCS))
@@ -112,3 +113,87 @@ def test_field_pod_doc_tables_regenerate_from_committed_results():
     s = json.loads(runs[0].read_text())
     s["per_field"]["contribution"][0]["E_fine"]["estimate"] += 0.05
     assert table_markdown(s) not in doc
+
+
+@pytest.mark.parametrize("study", sorted(DOCS))
+def test_every_verdict_line_is_generated(study):
+    """One source for the verdicts: a line that opens with "Verdict" (or "**Verdict") in a
+    reproduction doc lies inside a generated block, so the claim table's generator wrote it
+    from the same rows — prose outside the blocks reads the numbers but carries no verdict."""
+    from tl_spectral_studies._common import _GEN_RE
+
+    text = _GEN_RE.sub("", (ROOT / "docs" / DOCS[study]).read_text(encoding="utf-8"))
+    bad = [ln for ln in text.splitlines() if re.match(r"\**Verdict", ln.strip())]
+    assert not bad, bad
+
+
+def test_routing_section_verdict_lines_are_the_claim_rows():
+    """The sections' verdict lines of docs/routing_filtering.md carry the claim table's labels
+    (one source), and a changed number changes both."""
+    from tl_spectral_studies.routing import claim_rows, tables
+
+    t = tables(RESULTS / "routing")
+    for r in claim_rows(RESULTS / "routing"):
+        if f"routing/verdict_line/{r.key}" in t:
+            assert r.label in t[f"routing/verdict_line/{r.key}"]
+            assert f"| {r.label} |" in t["routing/verdict"]
+
+
+def test_routing_labels_follow_the_numbers():
+    """Computed labels: a removal under +100% is not catastrophic; truncation reversed."""
+    from tl_spectral_studies.routing import truncation_label
+    from tl_spectral_studies.verdicts import (
+        holm,
+        layer0_minimum,
+        removal_class,
+        side,
+        t_interval,
+    )
+
+    assert removal_class(0.53) == "costly" and removal_class(4.1) == "catastrophic"
+    assert removal_class(0.05) == "cheap"
+    p = [{"r": 2, "low": 0.2, "high": 0.3}, {"r": 16, "low": -0.014, "high": -0.004}]
+    assert truncation_label(p).startswith("reproduced at low rank")
+    p[1] = {"r": 16, "low": 0.001, "high": 0.01}
+    assert truncation_label(p).startswith("reproduced:")
+    assert truncation_label(p, sd=True).startswith("**not reproduced**")
+    iv = t_interval([1.0, 2.0, 3.0])
+    assert abs(iv["high"] - 2.0 - 4.302653 / 3 ** 0.5) < 1e-5
+    assert side(iv, 5.0) == "reproduced" and side(iv, 2.0) == "not distinguishable at this size"
+    assert side(iv, -1.0).startswith("**not reproduced**")
+    assert holm([0.01, 0.04, 0.03]) == [True, False, False]
+    assert holm([0.01, 0.02, 0.03]) == [True, True, True]
+    low = [2.0, 2.1, 2.2, 2.05, 2.15, 2.1, 2.0, 2.2]
+    assert layer0_minimum([low, [5 + x for x in low], [9 + x for x in low]]) == (
+        "layer 0 is the minimum")
+    assert layer0_minimum([low, [x + 0.05 for x in low]]).startswith("layer 0 is the lowest")
+    assert layer0_minimum([low, [x - 1 for x in low]]) == "no layer-0 minimum"
+
+
+def test_sd_side_of_the_inversion_needs_free_filtering():
+    from tl_spectral_studies.routing import sd_truncation_label
+
+    m = {"full_rank": 16, "paired": [{"r": 2, "low": -0.3, "high": -0.2}],
+         "rows": [{"part": "filtering", "r": 1, "rel_delta_ppl": 0.17, "rel_delta_low": 0.15,
+                   "rel_delta_high": 0.2}]}
+    assert sd_truncation_label(m).startswith("partly: reproduced: routing costs more at r = 2")
+    m["rows"][0].update(rel_delta_ppl=0.002, rel_delta_low=-0.001, rel_delta_high=0.005)
+    assert sd_truncation_label(m).endswith(": free")
+
+
+def test_overlapping_windows_carry_no_verdict():
+    """The N = 1,000 columns of the scale-pod claim table (stride 64 < 256) are descriptive;
+    the same run with disjoint windows (a changed stride) gets its verdicts back."""
+    from tl_spectral_studies.scale_pod import _runs, overlapping, verdict_markdown
+
+    runs = _runs(RESULTS / "scale_pod")
+    key = ("char-shakespeare_val_s64", 1000)
+    assert overlapping(runs[key]) and not overlapping(runs[("char-shakespeare", 150)])
+    table = verdict_markdown(runs)
+    first = next(ln for ln in table.splitlines() if ln.startswith("| layers 1–2"))
+    cells = first.split(" | ")
+    assert "descriptive (overlapping windows" in cells[2] and "reproduced" in cells[1]
+    runs[key] = {**runs[key], "stride": 256}
+    first = next(ln for ln in verdict_markdown(runs).splitlines() if ln.startswith("| layers 1–2"))
+    assert "descriptive" not in first.split(" | ")[4]
+    assert "energy-gated" in table and "interpretable POD modes" in table

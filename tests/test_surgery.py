@@ -327,3 +327,41 @@ def test_report_section_renders(tmp_path):
     assert "Spectral surgery" in html and "curve" in html.lower()
     # only the analysed model: a stored study given in the options is not shown
     assert "curve_tiny" not in html and "stored study" not in html
+
+
+def test_study_quick_recheck_runs_and_writes_its_own_tables(tmp_path, capsys):
+    """``tl-spectral study surgery --quick --out DIR`` (the re-check docs/surgery.md offers):
+    the tables step reads the curves this command just wrote, not the committed run names."""
+    from tl_spectral_studies import surgery
+
+    assert surgery.main(["--quick", "--out", str(tmp_path / "s")]) == 0
+    md = (tmp_path / "s" / "summary.md").read_text()
+    for name in ("char-shakespeare-noln", "sd-char-shakespeare-noln"):
+        assert (tmp_path / "s" / f"curve_{name}.safetensors").is_file()
+        assert f"| {name} (zoo:{name}, 8 validation windows" in md
+    assert "surgery/verdict" not in md  # no committed runs here: no claim rows to render
+
+
+def test_surgery_verdict_rules_follow_the_numbers():
+    """The claim-table labels of docs/surgery.md are computed: a changed number changes them."""
+    from tl_spectral_studies.surgery import (
+        collapse_k,
+        collapse_label,
+        depth_label,
+        graceful_label,
+        paper_range_label,
+    )
+
+    assert depth_label(4, 6, 7, 12).startswith("not comparable: 4 of 6 (67%")
+    assert depth_label(7, 12, 7, 12) == "reproduced"
+    assert depth_label(6, 12, 7, 12) == "**not reproduced**"
+    ln, noln = [0, 0.01, 0.39, 4.08], [0, 0.0, 0.01, 0.013, 0.109, 9.16]
+    assert (collapse_k(ln), collapse_k(noln)) == (3, 5)
+    assert collapse_label(3, 5).startswith("reproduced with LayerNorm only")
+    assert collapse_label(3, 3).startswith("reproduced (")
+    assert collapse_label(4, None).startswith("**not reproduced**")
+    assert "not distinguishable" in graceful_label(1, -0.1, 3.5)
+    assert "S–D better by 4.0 points" in graceful_label(1, -4.0, 3.5)
+    assert paper_range_label([5.4, 6.6], 3.9, 8.4) == "inside the paper's range for every seed"
+    assert paper_range_label([10.7], 3.9, 8.4) == "outside the paper's range for every seed"
+    assert paper_range_label([5.4, 10.7], 3.9, 8.4) == "inside the paper's range for 1 of 2 seeds"

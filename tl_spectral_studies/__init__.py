@@ -17,3 +17,7 @@ STUDIES = {
     "contributions": "tl_spectral_studies.contributions",
     "head-allocation": "tl_spectral_studies.head_allocation",
 }
+
+#: Single measurements behind parts of the docs, run as ``python -m tl_spectral_studies.NAME``
+#: (each writes one JSON file under docs/results/ that the doc tables read).
+MEASUREMENTS = ("rank_truncation", "sink_bos", "faithfulness_scope")

@@ -1,4 +1,4 @@
-"""What every study shares: its output folder, explicit data folders, markdown tables."""
+"""What every study shares: its output folder, explicit data folders, generated doc blocks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import argparse
 import json
 import re
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,20 +79,6 @@ def require_data_dir(path: str | Path | None, what: str) -> Path:
     if not p.is_dir():
         raise StudyUsageError(f"--data-dir {p} is not a folder; it must hold {what}")
     return p
-
-
-def md_table(rows: Sequence[dict[str, Any]], fmt: str = "{:.3g}",
-             keys: Sequence[str] | None = None) -> str:
-    """A markdown table of ``rows`` (dicts with the same keys); floats through ``fmt``."""
-    if not rows:
-        return ""
-    keys = list(keys or rows[0].keys())
-    out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    for r in rows:
-        out.append("| " + " | ".join(
-            fmt.format(r[k]) if isinstance(r.get(k), float) else str(r.get(k, ""))
-            for k in keys) + " |")
-    return "\n".join(out)
 
 
 GENERATED_OPEN = "<!-- generated: {key} -->"

@@ -1,6 +1,7 @@
 """The field-POD study of docs/scale_pod.md ("Scale POD of contribution fields"): scale-selective
 POD of attention, contribution and value-weighted fields of the same documents, with 95%
-bootstrap intervals over documents.
+intervals over documents (bootstrap for the band shares and the peak scale, delete-a-group
+jackknife for T_spec and H*).
 
     F=attention,contribution,value_weighted
     tl-spectral study scale-pod --fields $F --model char-shakespeare --n-docs 150 --length 256 \
@@ -16,8 +17,11 @@ One forward pass captures every field (``AttentionFieldProbe(field=...)``, one p
 field); each gets the scale POD of the scale-pod study (same windows: validation tenth of
 the corpus, seed 0). Per layer and field: the peak scale ``a_peak`` (the largest ``E(a)``),
 the fixed band shares, ``T_spec`` and ``H*(0.1)`` of the whole-field POD, each with a
-percentile bootstrap interval over documents, and the paired differences field − attention
-(the same resampled documents for every field, so the differences are paired).
+percentile bootstrap interval over documents — except ``T_spec`` and ``H*``, which grow with
+the number of documents and get the delete-a-group jackknife of the scale-pod study (20
+random groups of documents, each replicate all-distinct; ``θ̂ ± t·se``) — and the paired
+differences field − attention (the same documents for every field, so the differences are
+paired).
 
 Bootstrap (exact per resample, no pass over the fields): with ``w`` the resample's document
 multiplicities, ``E'(a) = [Σ_s w_s e_s(a) − N ⟨P_a, mᵀm⟩] / (N T)``, where
@@ -100,12 +104,14 @@ class LayerBootstrap:
         self.eps = float(torch.finfo(F.dtype).eps)
 
     def scale_energy(self, idx: Tensor) -> Tensor:
-        """``E'(a) [S]`` of the resample ``idx`` (up to the common factor 1/(N T))."""
+        """``E'(a) [S]`` of the documents ``idx`` (a resample with repeats, or a subset such as
+        a jackknife replicate; ``n = len(idx)`` documents)."""
+        n = int(idx.numel())
         w = torch.bincount(idx, minlength=self.N).to(torch.float64)
         first = w @ self.e
-        m = ((w / self.N).to(self.dtype) @ self.F).reshape(self.T, self.n).double()
-        second = self.N * (self.P @ (m.T @ m).reshape(-1))
-        return (first - second).clamp_min(0.0) / (self.N * self.T)
+        m = ((w / n).to(self.dtype) @ self.F).reshape(self.T, self.n).double()
+        second = n * (self.P @ (m.T @ m).reshape(-1))
+        return (first - second).clamp_min(0.0) / (n * self.T)
 
     def pod_stats(self, idx: Tensor) -> tuple[float, float]:
         """``(T_spec, H*)`` of the whole-field POD of the resample (same zero tolerance as
@@ -113,10 +119,11 @@ class LayerBootstrap:
         from tl_spectral.analysis.bootstrap import centred_gram_resample
         from tl_spectral.analysis.pod import effective_rank, spectral_concentration
 
-        K = centred_gram_resample(self.G, idx) / self.N
+        n = int(idx.numel())
+        K = centred_gram_resample(self.G, idx) / n
         lam = torch.linalg.eigvalsh(0.5 * (K + K.T)).flip(0)
         total = float(torch.diagonal(K).sum())
-        tol = max(float(lam[0]) * self.N * torch.finfo(torch.float64).eps, self.eps * total)
+        tol = max(float(lam[0]) * n * torch.finfo(torch.float64).eps, self.eps * total)
         lam = lam[lam > tol]
         H, _ = effective_rank(lam, self.epsilon, total_energy=total)
         fit = spectral_concentration(lam, total_energy=total)
@@ -132,6 +139,25 @@ class LayerBootstrap:
         T_spec, H = self.pod_stats(idx)
         return torch.tensor([peak, bands["fine"], bands["medium"], bands["coarse"], T_spec, H],
                             dtype=torch.float64)
+
+
+JACKKNIFE_GROUPS = 20
+JACKKNIFE_KEYS = ("T_spec", "H_star")
+"""Statistics whose interval is the delete-a-group jackknife's, as in the scale-pod study: they
+grow with the number of documents, so bootstrap resamples (about 63% distinct documents) are
+biased for them and their percentile intervals need not contain the estimate."""
+
+
+def combine_intervals(est: Tensor, low: Tensor, high: Tensor, jk: dict[str, Any]
+                      ) -> tuple[Tensor, Tensor, Tensor]:
+    """``(estimate, low, high)`` ``[..., len(STATS)]``: the bootstrap's for the band shares
+    and the peak scale, the jackknife's (``jk`` from
+    :func:`~tl_spectral_studies.scale_pod.group_jackknife`) for :data:`JACKKNIFE_KEYS`."""
+    low, high = low.clone(), high.clone()
+    for k in JACKKNIFE_KEYS:
+        i = STATS.index(k)
+        low[..., i], high[..., i] = jk["low"][..., i], jk["high"][..., i]
+    return est, low, high
 
 
 def _interval_dict(est: Tensor, lo: Tensor, hi: Tensor) -> dict[str, dict[str, float]]:
@@ -154,6 +180,7 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
     from tl_spectral.cli import load_corpus, load_model
     from tl_spectral.model_view import ModelView
     from tl_spectral.probes import AttentionFieldProbe, run_probes
+    from tl_spectral_studies.scale_pod import group_jackknife
 
     fields = list(fields)
     if fields[0] != "attention":
@@ -184,6 +211,8 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
 
     t0 = time.perf_counter()
     iv = bootstrap(statistic, n_docs, n_resamples=n_resamples, seed=bootstrap_seed)
+    jk = group_jackknife(statistic, n_docs, n_groups=JACKKNIFE_GROUPS, seed=bootstrap_seed)
+    est, low, high = combine_intervals(iv.estimate, iv.low, iv.high, jk)
     t_boot = time.perf_counter() - t0
     per_field, diffs = {}, {}
     for k, f in enumerate(fields):
@@ -191,12 +220,11 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
         for li, (lay, tab) in enumerate(zip(layers, pods[f].table())):
             rows.append({"layer": lay, "dominant_scales": tab["dominant_scales"],
                          "tspec_r2": tab["tspec_r2"], "H_star_str": tab["H_star"],
-                         **_interval_dict(iv.estimate[k, li], iv.low[k, li], iv.high[k, li])})
+                         **_interval_dict(est[k, li], low[k, li], high[k, li])})
         per_field[f] = rows
         if k:
             j = nF + k - 1
-            diffs[f] = [{"layer": lay, **_interval_dict(iv.estimate[j, li], iv.low[j, li],
-                                                        iv.high[j, li])}
+            diffs[f] = [{"layer": lay, **_interval_dict(est[j, li], low[j, li], high[j, li])}
                         for li, lay in enumerate(layers)]
     curves = {f: {"scales": pods[f].layers[0].scales.tolist(),
                   "scale_energy": [lay.scale_energy.tolist() for lay in pods[f].layers]}
@@ -205,7 +233,10 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
         "model": model, "view": repr(view), "corpus": corpus, "windows_from": source,
         "n_docs": n_docs, "length": length, "seed": seed, "fields": fields,
         "bootstrap": {"n_resamples": n_resamples, "seed": bootstrap_seed, "level": 0.95,
-                      "over": "documents (percentile intervals; paired across fields)"},
+                      "over": "documents (percentile intervals; paired across fields)",
+                      "keys": [k for k in STATS if k not in JACKKNIFE_KEYS]},
+        "jackknife": {**jk["meta"], "keys": list(JACKKNIFE_KEYS),
+                      "over": "documents (delete-a-group; paired across fields)"},
         "forward_s": round(t_fwd, 2), "analysis_s": round(t_an, 2),
         "bootstrap_s": round(t_boot, 2),
         "per_field": per_field, "differences": diffs, "curves": curves,
@@ -232,8 +263,10 @@ def write_figures(summary: dict[str, Any], fig_dir: str | Path) -> dict:
         {"energies": plot_energies(s), "summary": plot_summary(s)}, Path(fig_dir),
         f"field_pod_{s['model']}_N{s['n_docs']}", dpi=90,
         caption=f"{s['model']}: {s['n_docs']} windows × {s['length']} tokens ({s['windows_from']} "
-                f"of {s['corpus']}), seed {s['seed']}; 95% bootstrap intervals over documents "
-                f"({b['n_resamples']} resamples, seed {b['seed']}); "
+                f"of {s['corpus']}), seed {s['seed']}; 95% intervals over documents: "
+                f"bootstrap ({b['n_resamples']} resamples, seed {b['seed']})"
+                + (f", T_spec and H* delete-a-group jackknife ({s['jackknife']['n_groups']} "
+                   "groups)" if "jackknife" in s else "") + "; "
                 "tl-spectral study scale-pod --fields")
 
 
@@ -312,9 +345,8 @@ _DIFF_FMT = {"a_peak": "{:+.1f}", "E_fine": "{:+.3f}", "E_medium": "{:+.3f}",
 
 def differs(d: dict[str, float]) -> bool:
     """The 95% interval of a paired difference excludes 0, on the side of the full-ensemble
-    difference. (Resamples hold about 63% distinct documents, so statistics that grow with
-    N — H*, T_spec — are biased in them and their intervals need not contain the estimate;
-    a difference is called only when estimate and interval agree in sign.)"""
+    difference (H*, T_spec: jackknife intervals, which contain their estimate; the sign
+    condition guards results written before the jackknife)."""
     return (d["low"] > 0 and d["estimate"] > 0) or (d["high"] < 0 and d["estimate"] < 0)
 
 
@@ -350,9 +382,11 @@ def verdict(summary: dict[str, Any]) -> str:
     names = {"a_peak": "peak scale", "E_fine": "fine share", "E_medium": "medium share",
              "E_coarse": "coarse share", "T_spec": "T_spec", "H_star": "H*"}
     parts = []
+    # a summary written before the jackknife holds biased bootstrap intervals of T_spec, H*
+    keys = [k for k in STATS if "jackknife" in summary or k not in JACKKNIFE_KEYS]
     for f in summary["fields"][1:]:
         hits = []
-        for k in STATS:
+        for k in keys:
             lay = [r for r in summary["differences"][f] if differs(r[k])]
             if lay:
                 hits.append(f"{names[k]} (layers "
@@ -360,6 +394,12 @@ def verdict(summary: dict[str, Any]) -> str:
                             + ")")
         parts.append(f"{f} vs attention: " + ("differs in " + "; ".join(hits) if hits else
                                               "not distinguishable at this size") + ".")
+    if "jackknife" not in summary:
+        parts.append("T_spec and H*: no call (bootstrap intervals, biased for statistics that "
+                     "grow with N; rerun for the jackknife).")
+    parts.append(f"Each call is one layer's 95% interval, uncorrected for the "
+                 f"{len(summary['differences'][summary['fields'][1]])} layers and "
+                 f"{len(keys)} statistics: a description of where the difference is resolved.")
     return " ".join(parts)
 
 
@@ -370,9 +410,13 @@ def markdown(results_dir: str | Path) -> str:
     for p in sorted(Path(results_dir).glob("field_pod_*.json")):
         s = json.loads(p.read_text())
         b = s["bootstrap"]
+        jk = s.get("jackknife")
         parts.append(f"#### {s['model']}, N = {s['n_docs']}, T = {s['length']} (windows from the "
                      f"{s['windows_from']}; {b['n_resamples']} bootstrap resamples, seed "
-                     f"{b['seed']})\n\n" + table_markdown(s) + "\n\nVerdict: " + verdict(s))
+                     f"{b['seed']}"
+                     + (f"; T_spec and H*: delete-a-group jackknife, {jk['n_groups']} groups"
+                        if jk else "; T_spec and H*: bootstrap, biased (rerun for the jackknife)")
+                     + ")\n\n" + table_markdown(s) + "\n\nVerdict: " + verdict(s))
     return "\n\n".join(parts) + "\n"
 
 

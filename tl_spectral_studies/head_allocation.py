@@ -192,7 +192,7 @@ def markdown(results_dir: str | Path) -> str:
         L.append("Seed-to-seed PPL change (max − min over seeds): "
                  + ", ".join(f"{w} {v:.4f}" for w, v in s["seed_change"].items()) + ".")
     L.append("")
-    L.append(f"Verdict: {s['verdict']}. Intervals: {s['intervals']}.")
+    L.append(f"Verdict: {verdict(s)}. Intervals: {s['intervals']}.")
     runs = [_run(m) for m in s["models"].values() if not m["source"].startswith("zoo:")]
     if runs:
         L.append("")
@@ -206,7 +206,7 @@ def short_verdict(results_dir: str | Path) -> str:
     """The verdict with the per-seed differences, for the claim table's note."""
     s = json.loads((Path(results_dir) / "summary.json").read_text())
     per = "; ".join(f"seed {k}: {fmt_interval(d, '{:+.4f}')}" for k, d in s["paired"].items())
-    return f"{s['verdict']} (PPL allocation − uniform, {per})"
+    return f"{verdict(s)} (PPL allocation − uniform, {per})"
 
 
 def main(argv: Sequence[str], prog: str = "tl-spectral study head-allocation") -> int:

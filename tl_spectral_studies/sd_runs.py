@@ -34,9 +34,11 @@ __all__ = ["d_statistics", "filtering_collapse_verdict", "layer0_minimum_verdict
 SD_RUN_ABLATIONS = ("filtering_collapse", "routing_removal", "filtering_removal")
 #: a filtering collapse whose ΔPPL interval lies within ± this share of the base PPL is "free"
 FREE_REL = 0.01
-INTERVALS = ("95% percentile bootstrap, 1,000 resamples, seed 0: over the heads of a layer "
-             "(ranks, D statistics); over validation windows, paired (the same resampled "
-             "windows for the base and the ablated model), for ΔPPL")
+INTERVALS = ("95% t-interval over the heads of a layer (ranks, D statistics); 95% percentile "
+             "bootstrap over validation windows, 1,000 resamples, seed 0, paired (the same "
+             "resampled windows for the base and the ablated model), for ΔPPL")
+"""The intervals of a summary written now (the committed summary records its own: percentile
+bootstrap over heads, written before the t-interval)."""
 
 
 # ------------------------------------------------------------------ per-window losses
@@ -77,8 +79,8 @@ def d_statistics(model: torch.nn.Module) -> list[dict[str, Any] | None]:
       (population std, ddof 0), head mean with its interval;
     - ``rel_change``: mean over a head's entries of |D − D₀| / D₀, D₀ = softplus(δ_init)
       the initial value (0.693 for δ_init = 0), head mean with its interval;
-    - ``d_init``: D₀. Intervals: :func:`tl_spectral_studies.routing._head_interval`."""
-    from tl_spectral_studies.routing import _head_interval
+    - ``d_init``: D₀. Intervals: :func:`tl_spectral_studies._runs.head_interval`."""
+    from tl_spectral_studies._runs import head_interval as _head_interval
 
     out: list[dict[str, Any] | None] = []
     for i, block in enumerate(model.blocks):
@@ -160,7 +162,7 @@ def _identity(run_dir: Path, mdir: Path, step: int, finished: bool, model) -> di
 # ------------------------------------------------------------------ the study
 def _window_kind(mdir: Path) -> str:
     """"char" (Tiny Shakespeare, the run's character table) or "bpe" (the study's top-K BPE
-    corpora): the window kinds of :func:`tl_spectral_studies.routing.validation_windows`."""
+    corpora): the window kinds of :func:`tl_spectral_studies._runs.validation_windows`."""
     meta = json.loads((mdir / "config.json").read_text())
     data, tok = meta.get("data", {}), meta.get("tokenizer") or {}
     if tok.get("type") == "gpt2-bpe-topk":
@@ -192,7 +194,7 @@ def sd_runs_study(run_dirs: Sequence[str | Path], results_dir: str | Path, *,
     - ``filtering``: :func:`d_statistics` of the model;
     - ``ablations``: per ablation of :data:`SD_RUN_ABLATIONS` (all S–D layers at once)
       :func:`paired_delta_ppl` on ``n_windows`` evenly spaced validation windows of the run
-      (:func:`tl_spectral_studies.routing.validation_windows`).
+      (:func:`tl_spectral_studies._runs.validation_windows`).
 
     Writes ``results_dir/summary.json`` (refused when it exists, unless ``overwrite``);
     ``data_dir``: the BPE corpora folder, for BPE runs. Returns the summary."""
@@ -200,7 +202,8 @@ def sd_runs_study(run_dirs: Sequence[str | Path], results_dir: str | Path, *,
     from tl_spectral.models import load_model
     from tl_spectral.models.ablations import ablate
     from tl_spectral.models.surgery import window_losses
-    from tl_spectral_studies.routing import _head_interval, validation_windows
+    from tl_spectral_studies._runs import head_interval as _head_interval
+    from tl_spectral_studies._runs import validation_windows
 
     results_dir = Path(results_dir)
     out = results_dir / "summary.json"
@@ -260,18 +263,16 @@ def sd_runs_study(run_dirs: Sequence[str | Path], results_dir: str | Path, *,
 
 # ------------------------------------------------------------------ verdicts
 def layer0_minimum_verdict(run: dict[str, Any]) -> str:
-    """From a run's last-checkpoint R-rank intervals per layer: "layer 0 is the minimum" when
-    layer 0's interval lies below every other layer's (high < every other low), "layer 0 is
-    the lowest mean but not separated" when only its mean is the lowest, else "no layer-0
-    minimum"."""
+    """From a run's last-checkpoint R-rank head means per layer: a description, not a test —
+    the summary holds head means with percentile intervals over 8 heads, which under-cover
+    (:func:`~tl_spectral_studies.verdicts.layer0_minimum_descriptive`; with per-head values
+    the test is :func:`~tl_spectral_studies.verdicts.layer0_minimum`)."""
+    from tl_spectral_studies.verdicts import layer0_minimum_descriptive
+
     rows = run["cascade"]["final"]["R"]
     if len(rows) < 2:
         raise ValueError(f"a layer-0 verdict needs at least 2 layers, got {len(rows)}")
-    if rows[0]["high"] < min(r["low"] for r in rows[1:]):
-        return "layer 0 is the minimum"
-    if rows[0]["estimate"] < min(r["estimate"] for r in rows[1:]):
-        return "layer 0 is the lowest mean but not separated"
-    return "no layer-0 minimum"
+    return layer0_minimum_descriptive([r["estimate"] for r in rows])
 
 
 def filtering_collapse_verdict(run: dict[str, Any]) -> str:
@@ -321,13 +322,13 @@ def sd_runs_markdown(results_dir: str | Path) -> str:
     """The tables of the S–D training-runs comparison from ``results_dir/summary.json``:
     (a) per run: validation loss, layer-0 verdict, filtering-collapse ΔPPL; (b) R and S rank
     per layer and run; (c) D statistics per layer and run; (d) the seed spread."""
-    from tl_spectral_studies.routing import _fmt_iv
+    from tl_spectral_studies._common import fmt_interval
 
     s = json.loads((Path(results_dir) / "summary.json").read_text())
     runs = s["runs"]
 
     L = ["| run | config | seed | norm | a_init_std | no_decay | steps | val loss | "
-         "layer-0 verdict | filtering collapse ΔPPL | verdict | routing removal ΔPPL | "
+         "layer 0 (descriptive) | filtering collapse ΔPPL | verdict | routing removal ΔPPL | "
          "filtering removal ΔPPL |", "|---|" + "---|" * 12]
     for label, r in runs.items():
         i, a = r["identity"], r["ablations"]
@@ -337,10 +338,10 @@ def sd_runs_markdown(results_dir: str | Path) -> str:
         L.append(f"| {label} | {i['config_name']} | {i['seed']} | {i['normalization']} | "
                  f"{i['a_init_std']:.3g} | {', '.join(i['no_decay']) or '—'} | {i['steps']} | "
                  f"{vl} | {layer0_minimum_verdict(r)} | "
-                 f"{_fmt_iv(a['filtering_collapse']['delta_ppl'])} | "
+                 f"{fmt_interval(a['filtering_collapse']['delta_ppl'])} | "
                  f"{filtering_collapse_verdict(r)} | "
-                 f"{_fmt_iv(a['routing_removal']['delta_ppl'])} | "
-                 f"{_fmt_iv(a['filtering_removal']['delta_ppl'])} |")
+                 f"{fmt_interval(a['routing_removal']['delta_ppl'])} | "
+                 f"{fmt_interval(a['filtering_removal']['delta_ppl'])} |")
     L.append("")
     labels = list(runs)
     n_layers = max(len(r["cascade"]["final"]["R"]) for r in runs.values())
@@ -350,8 +351,8 @@ def sd_runs_markdown(results_dir: str | Path) -> str:
         cells = []
         for r in runs.values():
             f = r["cascade"]["final"]
-            cells += [_fmt_iv(f["R"][li], "{:.2f}") if li < len(f["R"]) else "—",
-                      _fmt_iv(f["S"][li], "{:.2f}") if li < len(f["S"]) else "—"]
+            cells += [fmt_interval(f["R"][li], "{:.2f}") if li < len(f["R"]) else "—",
+                      fmt_interval(f["S"][li], "{:.2f}") if li < len(f["S"]) else "—"]
         L.append(f"| {li} | " + " | ".join(cells) + " |")
     L.append("")
     L.append("| layer | " + " | ".join(f"D mean, {lb} | CV of D, {lb} | \\|D − D₀\\|/D₀, {lb}"
@@ -362,7 +363,7 @@ def sd_runs_markdown(results_dir: str | Path) -> str:
         for r in runs.values():
             d = r["filtering"][li] if li < len(r["filtering"]) else None
             cells += (["—"] * 3 if d is None else
-                      [_fmt_iv(d["mean"]), _fmt_iv(d["cv"]), _fmt_iv(d["rel_change"])])
+                      [fmt_interval(d["mean"]), fmt_interval(d["cv"]), fmt_interval(d["rel_change"])])
         L.append(f"| {li} | " + " | ".join(cells) + " |")
     spread = seed_spread(s)
     if spread:
@@ -384,7 +385,11 @@ def sd_runs_markdown(results_dir: str | Path) -> str:
              f"filtering collapse \"free\" when its interval contains 0 or lies within "
              f"±{100 * FREE_REL:.0f}% of the base PPL. Ranks at the last checkpoint; "
              "D₀ = softplus(δ_init) = 0.693 for δ_init = 0.")
-    L.append(f"Intervals: {s['intervals']}.")
+    L.append(f"Intervals: {s['intervals']}."
+             + (" A percentile bootstrap over the 8 heads of a layer under-covers, so the "
+                "layer-0 column only describes the head means (no test)."
+                if "bootstrap, 1,000 resamples, seed 0: over the heads" in s["intervals"]
+                else ""))
     return "\n".join(L) + "\n"
 
 

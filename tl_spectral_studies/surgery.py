@@ -163,7 +163,7 @@ def _tag(a) -> str:
 
 
 def _windows(model_dir: Path) -> torch.Tensor:
-    from tl_spectral_studies.routing import validation_windows
+    from tl_spectral_studies._runs import validation_windows
 
     return validation_windows(model_dir, "char", n_windows=N_WINDOWS)
 
@@ -571,9 +571,14 @@ def _pct(x: float) -> str:
 
 
 def linearization_markdown(curves: dict[str, Any], names: Sequence[str],
-                           header: str = "model (final, 2,600 steps)") -> str:
-    """Zero-shot relative ΔPPL (%) for k = 1..L, with the largest k within 5% and 1.4%."""
+                           header: str = "model (final, 2,600 steps)", *,
+                           retrain: bool = True) -> str:
+    """Zero-shot relative ΔPPL (%) for k = 1..L, with the largest k within 5% and 1.4%
+    (``""`` when none of ``names`` is in ``curves``); ``retrain``: with the line saying how
+    to re-check them."""
     cs = [(n, curves[n]) for n in names if n in curves]
+    if not cs:  # a folder without these curves (e.g. the output of run_study)
+        return ""
     L = max(len(c.ks) for _, c in cs) - 1
     rows = [f"| {header} | PPL k=0 | " + " | ".join(f"k={k}" for k in range(1, L + 1))
             + " | k within 5% | within 1.4% |", "|---|---|" + "---|" * L + "---|---|"]
@@ -582,12 +587,15 @@ def linearization_markdown(curves: dict[str, Any], names: Sequence[str],
         rows.append(f"| {n} ({_where(c.note)}) | {c.base_ppl:.3f} | "
                     + " | ".join(_pct(r) for r in rel[1:]) + f" | {c.max_k_within(0.05)} | "
                     f"{c.max_k_within(0.014)} |")
-    rows += ["", _retrain_line(names)]
+    if retrain:
+        rows += ["", _retrain_line(names)]
     return "\n".join(rows)
 
 
 def finetune_markdown(curves: dict[str, Any], names: Sequence[str]) -> str:
     """Fine-tuned curves: zero-shot, fine-tuned, control and fine-tuned vs control (%)."""
+    if not any(n in curves for n in names):
+        return ""
     rows = ["| model (checkpoint) | k | zero-shot | fine-tuned | control (no swap) | "
             "fine-tuned vs control |", "|---|---|---|---|---|---|"]
     for n in names:
@@ -751,6 +759,63 @@ def _uniform_spread(rows: list[dict[str, Any]]) -> float:
     return 100 * (max(u) / min(u) - 1) if len(u) >= 2 else 0.0
 
 
+def depth_label(k: int, L: int, paper_k: int, paper_L: int) -> str:
+    """A linearization depth claim ("first paper_k of paper_L layers"): comparable only at
+    the paper's depth; otherwise the share of depth, described."""
+    if L == paper_L:
+        return "reproduced" if k >= paper_k else "**not reproduced**"
+    return (f"not comparable: {k} of {L} ({k / L:.0%} of the depth) vs {paper_k} of {paper_L} "
+            f"({paper_k / paper_L:.0%}) at 100× fewer parameters; no like-for-like test at "
+            f"{L} layers")
+
+
+def first_k_beyond(rel: Sequence[float], threshold: float) -> int | None:
+    """The first k whose relative ΔPPL exceeds ``threshold`` (None: never)."""
+    return next((k for k, x in enumerate(rel) if k and x > threshold), None)
+
+
+def collapse_k(rel: Sequence[float]) -> int | None:
+    """The first k at which the model collapses: relative ΔPPL ≥ +100% (the PPL doubles;
+    :data:`~tl_spectral_studies.verdicts.CATASTROPHIC_REL`)."""
+    from tl_spectral_studies.verdicts import CATASTROPHIC_REL
+
+    return next((k for k, x in enumerate(rel) if k and x >= CATASTROPHIC_REL), None)
+
+
+def collapse_label(with_ln: int | None, without_ln: int | None, paper_k: int = 3) -> str:
+    """"Standard attention collapses from layer 3": collapse = first k with ΔPPL ≥ +100%."""
+    def one(k):
+        return "no collapse" if k is None else f"collapse at k = {k}"
+
+    hit = [k == paper_k for k in (with_ln, without_ln)]
+    head = ("reproduced" if all(hit) else "**not reproduced**" if not any(hit) else
+            "reproduced with LayerNorm only" if hit[0] else "reproduced without LayerNorm only")
+    return (f"{head} (rule: collapse = the first k whose ΔPPL is ≥ +100%): with LN "
+            f"{one(with_ln)}, without LN {one(without_ln)}")
+
+
+def graceful_label(extra_layers: int, finetuned_diff: float, spread: float) -> str:
+    """S–D vs softmax, one seed each: the zero-shot depth within 5% (descriptive) and the
+    fine-tuned difference against the uniform model's seed-to-seed change."""
+    zs = (f"zero-shot: {extra_layers:+d} layer{'s' if abs(extra_layers) != 1 else ''} within 5% "
+          "for S–D (descriptive: one seed each)")
+    ft = ("after fine-tuning: not distinguishable at this size (the difference "
+          f"{finetuned_diff:+.1f} points is below the {spread:.1f}% seed-to-seed change)"
+          if abs(finetuned_diff) < spread else
+          f"after fine-tuning: S–D {'better' if finetuned_diff < 0 else 'worse'} by "
+          f"{abs(finetuned_diff):.1f} points, more than the {spread:.1f}% seed-to-seed change "
+          "(one seed)")
+    return zs + "; " + ft
+
+
+def paper_range_label(vals: Sequence[float], lo: float, hi: float) -> str:
+    """Each seed's cost inside the paper's range [lo, hi] (%)?"""
+    k = sum(lo <= x <= hi for x in vals)
+    return ("inside the paper's range for every seed" if k == len(vals) else
+            "outside the paper's range for every seed" if k == 0 else
+            f"inside the paper's range for {k} of {len(vals)} seeds")
+
+
 def verdict_markdown(d: Path) -> str:
     """The claim table of docs/surgery.md (SPEC B.5–B.6, seed 002) from the committed
     results in ``d``."""
@@ -761,35 +826,44 @@ def verdict_markdown(d: Path) -> str:
     sd, smn, sml = curves.get("sd-noln-long"), curves.get("softmax-noln"), curves.get("softmax-ln")
     no_iv = ("none: the curve files hold the PPL of the 32 windows together, not per-window "
              "losses (re-checking: see the tables below)")
+    spread = _uniform_spread(_study_rows(d, "_long") or [])
     if sd is not None:
         rel = sd.rel_delta()
+        L = len(sd.ks) - 1
+        k5, k14 = sd.max_k_within(0.05), sd.max_k_within(0.014)
         out.append(f"| S–D: first 7 of 12 layers linearized at < 5% PPL | sd-noln-long, {scale} "
-                   f"and depth (6 layers), 2,600 steps | first {sd.max_k_within(0.05)} of "
-                   f"{len(sd.ks) - 1} within 5% (k = 4: {_pct(rel[4])}%, k = 5: {_pct(rel[5])}%) | "
-                   f"{no_iv} | not comparable: 4 of 6 vs 7 of 12 layers is a share of depth at "
-                   f"100× fewer parameters; no like-for-like test |")
+                   f"and depth ({L} layers), 2,600 steps | first {k5} of {L} within 5% "
+                   f"(k = {k5}: {_pct(rel[k5])}%, k = {k5 + 1}: {_pct(rel[k5 + 1])}%) | "
+                   f"{no_iv} | {depth_label(k5, L, 7, 12)} |")
         out.append(f"| S–D: first 4 layers within 1.4% | sd-noln-long, as above | "
-                   f"{sd.max_k_within(0.014)} layers within 1.4% (k = 3: {_pct(rel[3])}%, k = 4: "
-                   f"{_pct(rel[4])}%) | {no_iv} | not comparable (as above) |")
+                   f"{k14} layers within 1.4% (k = {k14}: {_pct(rel[k14])}%, k = {k14 + 1}: "
+                   f"{_pct(rel[k14 + 1])}%) | {no_iv} | {depth_label(k14, L, 4, 12)} |")
     if sml is not None and smn is not None:
         a, b = sml.rel_delta(), smn.rel_delta()
+        ca, cb = collapse_k(a), collapse_k(b)
+        first = [first_k_beyond(x, 0.05) for x in (a, b)]
+        jumps = [x[k] for x, k in zip((a, b), first) if k is not None]
+        ratio = (f"the first steps beyond 5% (with LN k = {first[0]}: {_pct(a[first[0]])}%, "
+                 f"without k = {first[1]}: {_pct(b[first[1]])}%) are "
+                 f"{min(jumps) * 100 / spread:.0f}–{max(jumps) * 100 / spread:.0f}× the "
+                 f"{spread:.1f}% seed-to-seed change of the uniform softmax model"
+                 if spread and len(jumps) == 2 else "no seed spread to compare with")
         out.append(f"| standard attention collapses from layer 3 | softmax-ln / softmax-noln, "
                    f"{scale}, 2,600 steps | with LN: k = 2 {_pct(a[2])}%, k = 3 {_pct(a[3])}%; "
                    f"without LN: k = 3 {_pct(b[3])}%, k = 4 {_pct(b[4])}%, k = 5 {_pct(b[5])}% | "
-                   f"{no_iv}; the jumps are > 100× the {_uniform_spread(_study_rows(d, '_long') or []):.1f}% "
-                   f"seed-to-seed change of the uniform softmax model | reproduced with LayerNorm (from k = 2–3); without it softmax "
-                   f"holds to k = 3 |")
+                   f"{no_iv}; {ratio} | {collapse_label(ca, cb)} |")
     ft_sd, ft_sm = curves.get("sd-noln-long_ft"), curves.get("softmax-noln_ft")
     if sd is not None and smn is not None and ft_sd is not None and ft_sm is not None:
         i4 = ft_sd.ks.index(4)
+        z_sd, z_sm = sd.max_k_within(0.05), smn.max_k_within(0.05)
+        f_sd = 100 * ft_sd.rel_delta("fine_tuned_vs_control")[i4]
+        f_sm = 100 * ft_sm.rel_delta("fine_tuned_vs_control")[ft_sm.ks.index(4)]
         out.append(f"| S–D degrades more gracefully than standard attention | sd-noln-long vs "
-                   f"softmax-noln, equal budgets (2,600 steps), {scale} | zero-shot k = 4: "
-                   f"{_pct(sd.rel_delta()[4])}% vs {_pct(smn.rel_delta()[4])}%; fine-tuned net of "
-                   f"the control, k = 4: {_pct(ft_sd.rel_delta('fine_tuned_vs_control')[i4])}% vs "
-                   f"{_pct(ft_sm.rel_delta('fine_tuned_vs_control')[ft_sm.ks.index(4)])}% | one "
-                   f"seed each; {no_iv} | zero-shot: one more layer within 5% (one seed, not "
-                   f"distinguishable from seed spread without more seeds); after fine-tuning: "
-                   f"not distinguishable at this size |")
+                   f"softmax-noln, equal budgets (2,600 steps), {scale} | zero-shot: within 5% "
+                   f"up to k = {z_sd} vs {z_sm} (k = 4: {_pct(sd.rel_delta()[4])}% vs "
+                   f"{_pct(smn.rel_delta()[4])}%); fine-tuned net of the control, k = 4: "
+                   f"{f_sd:+.1f}% vs {f_sm:+.1f}% | one seed each; {no_iv} | "
+                   f"{graceful_label(z_sd - z_sm, f_sd - f_sm, spread)} |")
     rows = _study_rows(d, "_long")
     if rows:
         casc = next(r for r in rows if r["name"] == "cascade")
@@ -797,22 +871,30 @@ def verdict_markdown(d: Path) -> str:
                    f"budget 0.5 | {100 - casc['attn_params_%']:.0f}% fewer (d_head "
                    f"{' '.join(str(x) for x in casc['d_head'])}) | none applies: the saving is "
                    f"set by the chosen budget | not a test (the budget sets it); the test is "
-                   f"the next two rows |")
-        c0 = [r for r in rows if r["name"].split(" (")[0] == "cascade"
-              and r["delta_same_seed_%"] is not None]
-        u8 = [r for r in rows if r["name"].split(" (")[0] == "uniform-8"
-              and r["delta_same_seed_%"] is not None]
-        nums = " / ".join(f"{r['delta_same_seed_%']:+.2f}%" for r in c0)
-        inside = all(3.9 <= r["delta_same_seed_%"] <= 8.4 for r in c0)
-        out.append(f"| at +3.9% to +8.4% PPL | softmax cascade vs uniform d_head 16, same seed, "
-                   f"2,600 steps each, {scale} | {nums} (seeds "
-                   f"{' / '.join(r['seed'] for r in c0)}) | no interval from {len(c0)} seeds; the "
-                   f"uniform model itself moves {_uniform_spread(rows):.1f}% between seeds | "
-                   + ("inside the paper's range for every seed" if inside else
-                      "not inside the paper's range for every seed")
-                   + ", but a uniform model of equal size costs "
-                   + " / ".join(f"{r['delta_same_seed_%']:+.2f}%" for r in u8)
-                   + ": the cost is that of the size (next row) |")
+                   f"the next rows |")
+        sd_rows = _study_rows(d, "_sd") or []
+        for label, rs in (("softmax cascade", rows), ("S–D cascade (effective routing rank)",
+                                                      sd_rows)):
+            c0 = [r for r in rs if r["name"].split(" (")[0] == "cascade"
+                  and r["delta_same_seed_%"] is not None]
+            u8 = [r for r in rs if r["name"].split(" (")[0] == "uniform-8"
+                  and r["delta_same_seed_%"] is not None]
+            if not c0:
+                continue
+            vals = [r["delta_same_seed_%"] for r in c0]
+            out.append(f"| at +3.9% to +8.4% PPL | {label} vs uniform d_head 16, same seed, "
+                       f"2,600 steps each, {scale} | "
+                       + " / ".join(f"{x:+.2f}%" for x in vals)
+                       + f" (seed{'s' if len(c0) > 1 else ''} "
+                       f"{' / '.join(r['seed'] for r in c0)}) | no interval from {len(c0)} "
+                       f"seed{'s' if len(c0) > 1 else ''}"
+                       + (f"; the uniform model itself moves {_uniform_spread(rs):.1f}% between "
+                          "seeds" if _uniform_spread(rs) else "") + " | "
+                       + paper_range_label(vals, 3.9, 8.4)
+                       + (", but a uniform model of equal size costs "
+                          + " / ".join(f"{r['delta_same_seed_%']:+.2f}%" for r in u8)
+                          + ": the cost is that of the size (the real-test rows)" if u8 else "")
+                       + " |")
     for tag, what in (("_long", "(the real test) the cascade beats a uniform model of equal "
                                 "size | softmax cascade (48%) vs uniform d_head 8 (50%)"),
                       ("_sd", "(the real test, S–D) | S–D cascade from the effective routing "
@@ -827,7 +909,7 @@ def verdict_markdown(d: Path) -> str:
                f"({_t975(n - 1):.3f} × sd / √{n})")
         out.append(f"| {what}, PPL of the cascade / PPL of the equal-budget model − 1 per seed, "
                    f"2,600 steps | {nums} | {unc} | {v} |")
-    return "\n".join(out)
+    return "\n".join(out) if len(out) > 2 else ""
 
 
 def tables(results_dir: str | Path) -> dict[str, str]:
@@ -866,7 +948,7 @@ def markdown(results_dir: str | Path) -> str:
     from tl_spectral.models.surgery import CascadeAllocation, LinearizationCurve
 
     d = Path(results_dir)
-    md = [f"<!-- {k} -->\n{v}" for k, v in tables(d).items()]
+    md = [f"<!-- {k} -->\n{v}" for k, v in tables(d).items() if v.strip()]
     for p in sorted(d.glob("curve_*.safetensors")):
         c = LinearizationCurve.load(p)
         n = p.stem[len("curve_"):]
@@ -896,7 +978,7 @@ def run_study(out_dir: str | Path, *, quick: bool = False, budget: float = 0.5,
     from tl_spectral.models import zoo
     from tl_spectral.models.surgery import cascade_allocation, linearization_curve, plot_collapse
     from tl_spectral_studies._common import save_figures
-    from tl_spectral_studies.routing import validation_windows
+    from tl_spectral_studies._runs import validation_windows
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -927,7 +1009,10 @@ def run_study(out_dir: str | Path, *, quick: bool = False, budget: float = 0.5,
     save_figures(figs, Path(fig_dir) if fig_dir else out / "figures", "surgery", dpi=110,
                  caption=f"shipped char models, {n_win} validation windows × 256, zero-shot, "
                          f"budget {budget}; tl-spectral study surgery")
-    (out / "summary.md").write_text(markdown(out))
+    own = linearization_markdown({c.model_name: c for c in curves}, [c.model_name for c in curves],
+                                 header="model (shipped, zero-shot)", retrain=False)
+    (out / "summary.md").write_text("<!-- this run's curves -->\n" + own + "\n\n"
+                                    + markdown(out))
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     return summary
 

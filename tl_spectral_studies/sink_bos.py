@@ -1,6 +1,6 @@
 """Sink analysis of the start-token model (issue 17 item 3) beside the model without one.
 
-    python scripts/sink_bos.py --model-dir DIR [--label NAME] [--n-docs 32]
+    python -m tl_spectral_studies.sink_bos --model-dir DIR [--label NAME] [--n-docs 32]
         [--out docs/results/sink_bos/sink_bos.json]
 
 DIR: a checkpoint folder of ``tl-spectral train`` (``runs/char-shakespeare-bos/final`` or
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -69,17 +71,18 @@ def analyse(gpt, tok, label: str, n_docs: int) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     from tl_spectral.data import CharTokenizer
     from tl_spectral.models import zoo
     from tl_spectral.models.gpt import load_model, read_checkpoint_config
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tl_spectral_studies.sink_bos",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--label", default="char-shakespeare-bos")
     ap.add_argument("--n-docs", type=int, default=32)
     ap.add_argument("--out", default="docs/results/sink_bos/sink_bos.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     d = Path(args.model_dir)
     info = read_checkpoint_config(d)
@@ -88,7 +91,7 @@ def main() -> None:
         raise SystemExit(f"{d}: its tokenizer has no start token; pass the BOS model's folder")
     gpt = load_model(d).eval()
     ref, ref_tok = zoo.load_native("char-shakespeare")
-    doc = {"command": f"python scripts/sink_bos.py --model-dir {args.model_dir} "
+    doc = {"command": f"python -m tl_spectral_studies.sink_bos --model-dir {args.model_dir} "
                       f"--label {args.label} --n-docs {args.n_docs}",
            "checkpoint_step": info.get("step"),
            "interval": "95% percentile bootstrap over documents, 1000 resamples, seed 0",
@@ -100,7 +103,8 @@ def main() -> None:
     for m in doc["models"]:
         print(m["model"], [round(x, 3) for x in m["alpha_on_token0_layer"]["estimate"]],
               m["zero_the_sink"]["rows"][-1])
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

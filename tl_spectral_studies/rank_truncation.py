@@ -1,6 +1,6 @@
 """ΔPPL against the kept rank r of the routing / filtering part, shipped models (issue 17.7).
 
-    python scripts/rank_truncation.py [--models char-shakespeare sd-char-shakespeare]
+    python -m tl_spectral_studies.rank_truncation [--models char-shakespeare sd-char-shakespeare]
         [--n-windows 32] [--out docs/results/surgery/rank_truncation.json]
 
 For each model: disjoint windows of n_ctx+1 characters from the *validation* text (the last
@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -100,20 +102,22 @@ def run(name: str, n_windows: int) -> dict:
             "rows": rows, "paired": paired}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tl_spectral_studies.rank_truncation",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["char-shakespeare", "char-shakespeare-noln",
                                                     "sd-char-shakespeare"])
     ap.add_argument("--n-windows", type=int, default=32)
     ap.add_argument("--out", default="docs/results/surgery/rank_truncation.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    doc = {"command": "python scripts/rank_truncation.py " + " ".join(
+    doc = {"command": "python -m tl_spectral_studies.rank_truncation " + " ".join(
                ["--models", *args.models, "--n-windows", str(args.n_windows)]),
            "models": [run(m, args.n_windows) for m in args.models]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

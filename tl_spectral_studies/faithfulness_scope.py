@@ -1,6 +1,6 @@
 """Faithfulness with a global (layer-level) ranking on a zoo model (issue 17 item 4).
 
-    python scripts/faithfulness_scope.py [--model char-shakespeare] [--n-docs 32]
+    python -m tl_spectral_studies.faithfulness_scope [--model char-shakespeare] [--n-docs 32]
         [--scope layer] [--level token] [--out FILE.json]
 
 Default output: docs/results/faithfulness_scope/<model>_<scope>_<level>_N<n-docs>.json.
@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -25,18 +27,19 @@ import torch
 MEASURES = ["attention", "value_weighted", "output_normalized", "contribution", "random"]
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     from tl_spectral.data import document_windows, tiny_shakespeare, train_val_split
     from tl_spectral.models import zoo
     from tl_spectral.probes.faithfulness import faithfulness
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tl_spectral_studies.faithfulness_scope",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="char-shakespeare")
     ap.add_argument("--n-docs", type=int, default=32)
     ap.add_argument("--scope", default="layer")
     ap.add_argument("--level", default="token")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     model, tok = zoo.load(args.model)
     _, val = train_val_split(tiny_shakespeare())
@@ -47,7 +50,7 @@ def main() -> None:
                        layer=3)
     secs = time.perf_counter() - t0
     iv = res.area_intervals()
-    out = {"command": f"python scripts/faithfulness_scope.py --model {args.model} --n-docs "
+    out = {"command": f"python -m tl_spectral_studies.faithfulness_scope --model {args.model} --n-docs "
                       f"{args.n_docs} --scope {args.scope} --level {args.level}",
            "model": args.model, "scope": args.scope, "level": args.level, "mode": res.mode,
            "n_docs": res.n_docs, "n_tokens": res.n_tokens, "clean_ppl": res.clean,
@@ -70,7 +73,8 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(path, round(secs, 1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
