@@ -445,6 +445,7 @@ class ContributionProbe(Probe):
     def requires(self, view: ModelView) -> dict[int, set[str]]:
         layers = self.layers if self.layers is not None else list(range(view.n_layers))
         self.layers = layers
+        self._W = {}  # W_O is read from this run's model (weights edited in place between runs)
         return {layer: {"pattern", "v"} for layer in layers}
 
     def _w_o(self, layer: int, device: torch.device) -> Tensor:
