@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import make_native
+
 from tl_spectral.probes import (
     AttentionFieldProbe,
-    AttentionStats,
     ContributionProbe,
     SinkProbe,
     run_probes,
@@ -56,3 +55,56 @@ def test_reused_probes_read_weights_edited_in_place_between_runs():
     fresh = run_probes(model, tokens, _weight_probes(), progress=False)
     for name in fresh:
         _same(again[name], fresh[name])
+
+
+# ----------------------------------------------------------------------------- item 4
+@pytest.fixture(scope="module")
+def small():
+    return make_native(n_layers=2, seed=7)
+
+
+def test_one_token_documents_get_a_clear_error(small):
+    from tl_spectral.probes.faithfulness import faithfulness
+    from tl_spectral.probes.sinks import zero_sink_value
+
+    one = torch.tensor([[3], [4]])
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        faithfulness(small, one, fractions=[0, 0.5])
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        zero_sink_value(small, one)
+    # one 1-token document among longer ones is fine, and finite
+    r = zero_sink_value(small, [[3], [4, 5, 6, 7]])
+    assert torch.isfinite(r.delta).all()
+
+
+def test_zero_sink_value_warns_when_not_finite(small, monkeypatch):
+    import tl_spectral.probes.faithfulness as F
+    from tl_spectral.probes.sinks import zero_sink_value
+
+    tokens = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
+    real = F._Metric.run
+
+    def run(self, tokens, mask, hooks, *, attn_mask):  # a model whose logits overflow
+        inf = ("ln_final.hook_normalized", lambda t, hook: t * float("inf"))
+        return real(self, tokens, mask, hooks + [inf], attn_mask=attn_mask)
+
+    monkeypatch.setattr(F._Metric, "run", run)
+    with pytest.warns(RuntimeWarning, match="NaN or inf"):
+        zero_sink_value(small, tokens)
+
+
+def test_faithfulness_frame_has_both_settings(small):
+    from tl_spectral.probes.faithfulness import faithfulness
+
+    tokens = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(2))
+    r = faithfulness(small, tokens, fractions=[0, 0.5], layer=1)
+    df = r.to_frame()
+    assert len(df) == 2 * len(r.measures) == 10
+    assert list(df.columns[:2]) == ["setting", "measure"]
+    assert list(df["setting"].unique()) == ["all layers", "layer 1"]
+    for si in range(2):
+        sub = df[df["setting"] == r.settings[si]]
+        np.testing.assert_allclose(sub["comprehensiveness_area"].to_numpy(),
+                                   r.comprehensiveness_area[si].numpy(), rtol=1e-6)
+    html = r._repr_html_()
+    assert "<th>setting</th>" in html and "layer 1" in html
