@@ -10,6 +10,7 @@ from conftest import make_native
 
 from tl_spectral.probes import (
     AttentionFieldProbe,
+    AttentionStats,
     ContributionProbe,
     SinkProbe,
     run_probes,
@@ -108,3 +109,45 @@ def test_faithfulness_frame_has_both_settings(small):
                                    r.comprehensiveness_area[si].numpy(), rtol=1e-6)
     html = r._repr_html_()
     assert "<th>setting</th>" in html and "layer 1" in html
+
+
+# ----------------------------------------------------------------------------- item 14
+def _fake_ipython(monkeypatch):
+    """IPython with a live shell whose display() records what it is given."""
+    import sys
+    import types
+
+    shown: list = []
+    ip = types.ModuleType("IPython")
+    ip.get_ipython = lambda: object()
+    disp = types.ModuleType("IPython.display")
+    disp.display = lambda obj: shown.append(obj)
+    ip.display = disp
+    monkeypatch.setitem(sys.modules, "IPython", ip)
+    monkeypatch.setitem(sys.modules, "IPython.display", disp)
+    return shown
+
+
+def test_show_displays_once_and_returns_none(small, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from tl_spectral.probes.sinks import zero_sink_value
+
+    shown = _fake_ipython(monkeypatch)
+    tokens = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(3))
+    plt.close("all")
+    fig_result = zero_sink_value(small, tokens)  # figure-based: no circuitsvis view
+    assert fig_result.show() is None  # nothing for Jupyter to display a second time
+    assert len(shown) == 1 and callable(getattr(shown[0], "savefig", None))
+    assert plt.get_fignums() == []  # closed: the inline backend adds no copy
+    stats = run_probes(small, tokens, [AttentionStats()], progress=False)["attention_stats"]
+    assert stats.show() is None  # its circuitsvis view, displayed once
+    assert len(shown) == 2 and hasattr(shown[1], "local_src")
+    assert plt.get_fignums() == []
+
+
+def test_show_outside_a_notebook_says_how_to_save(small):
+    tokens = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(3))
+    stats = run_probes(small, tokens, [AttentionStats()], progress=False)["attention_stats"]
+    with pytest.warns(UserWarning, match="view"):
+        assert stats.show() is None
