@@ -151,3 +151,180 @@ def test_show_outside_a_notebook_says_how_to_save(small):
     stats = run_probes(small, tokens, [AttentionStats()], progress=False)["attention_stats"]
     with pytest.warns(UserWarning, match="view"):
         assert stats.show() is None
+
+
+# ----------------------------------------------------------------------------- item 2
+@pytest.fixture(scope="module")
+def tiny_gpt2(tmp_path_factory):
+    """A GPT-2-shaped HF model through the bridge; its tokenizer pads with id 0, which is
+    also its BOS and EOS (as GPT-2 pads with <|endoftext|>)."""
+    pytest.importorskip("transformer_lens.model_bridge")
+    from _tiny_hf import tiny_bridge
+
+    model = tiny_bridge("gpt2", tmp_path_factory.mktemp("gpt2"), seed=3)
+    assert model.tokenizer.pad_token_id == 0 == model.tokenizer.bos_token_id
+    return model
+
+
+def _docs():
+    g = torch.Generator().manual_seed(4)
+    # each document starts with the BOS (= the pad id) and holds one more inside
+    docs = [torch.randint(1, 64, (n,), generator=g) for n in (9, 6, 4)]
+    docs[0][5] = 0
+    return [torch.cat([torch.zeros(1, dtype=torch.long), d]) for d in docs]
+
+
+def _padded(docs, left=False):
+    T = max(len(d) for d in docs)
+    tokens = torch.zeros(len(docs), T, dtype=torch.long)
+    mask = torch.zeros(len(docs), T, dtype=torch.long)
+    for i, d in enumerate(docs):
+        sl = slice(T - len(d), T) if left else slice(0, len(d))
+        tokens[i, sl] = d
+        mask[i, sl] = 1
+    return tokens, mask
+
+
+def _padding_probes():
+    return [AttentionStats(), SinkProbe(), ContributionProbe(rank_stride=1)]
+
+
+def _alone(model, docs):
+    probes = _padding_probes()
+    for i, d in enumerate(docs):
+        out = run_probes(model, d[None], probes, progress=False, accumulate=i > 0)
+    return out
+
+
+def test_padded_batch_with_a_mask_equals_each_document_alone(tiny_gpt2):
+    docs = _docs()
+    alone = _alone(tiny_gpt2, docs)
+    tokens, mask = _padded(docs)
+    batch = run_probes(tiny_gpt2, tokens, _padding_probes(), progress=False,
+                       attention_mask=mask)
+    for name in alone:
+        _same(batch[name], alone[name], atol=2e-5)
+
+
+@pytest.mark.parametrize("left", [False, True], ids=["right", "left"])
+def test_padded_batch_without_a_mask_infers_it_from_the_pad_id(tiny_gpt2, left):
+    from tl_spectral.probes.runner import PaddingInferredWarning
+
+    docs = _docs()
+    alone = _alone(tiny_gpt2, docs)
+    tokens, _ = _padded(docs, left=left)
+    with pytest.warns(PaddingInferredWarning, match="attention_mask") as rec:
+        batch = run_probes(tiny_gpt2, tokens, _padding_probes(), progress=False)
+    assert len(rec) == 1  # said once per run, not per batch or probe
+    for name in alone:
+        _same(batch[name], alone[name], atol=2e-5)
+    # the check has teeth: counting the pads as tokens gives other numbers
+    counted = run_probes(tiny_gpt2, tokens, _padding_probes(), progress=False,
+                         attention_mask=torch.ones_like(tokens))
+    with pytest.raises(AssertionError):
+        _same(counted["attention_stats"], alone["attention_stats"], atol=2e-5)
+
+
+def test_padded_cache_without_a_mask(tiny_gpt2):
+    from tl_spectral.probes import run_probes_on_cache
+    from tl_spectral.probes.runner import PaddingInferredWarning
+
+    docs = _docs()
+    alone = _alone(tiny_gpt2, docs)
+    tokens, _ = _padded(docs)
+    _, cache = tiny_gpt2.run_with_cache(tokens)
+    with pytest.warns(PaddingInferredWarning):
+        res = run_probes_on_cache(cache, _padding_probes(), model=tiny_gpt2, tokens=tokens)
+    for name in alone:
+        _same(res[name], alone[name], atol=2e-5)
+    left, _ = _padded(docs, left=True)
+    _, cache = tiny_gpt2.run_with_cache(left)
+    with pytest.raises(ValueError, match="left padding.*attention_mask"):
+        run_probes_on_cache(cache, _padding_probes(), model=tiny_gpt2, tokens=left)
+
+
+def test_no_inference_when_rows_are_not_padded(tiny_gpt2):
+    import warnings
+
+    docs = [d[:4] for d in _docs()]  # every row starts with the BOS (= pad id), none padded
+    tokens = torch.stack(docs)
+    tokens[1, -1] = 0  # a row ending with the EOS (= pad id) ... and all rows doing so
+    tokens[:, -1] = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run_probes(tiny_gpt2, tokens, [AttentionStats()], progress=False)
+        # an explicit all-ones mask keeps a shorter row's trailing pad ids as tokens
+        tokens[0, -2] = 0
+        run_probes(tiny_gpt2, tokens, [AttentionStats()], progress=False,
+                   attention_mask=torch.ones_like(tokens))
+
+
+# ----------------------------------------------------------------------------- item 13
+def _mistakes():
+    import tl_spectral as tls
+
+    t = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(5))
+    S = [AttentionStats()]
+    return {
+        "probe class": (lambda m: run_probes(m, t, [AttentionStats], progress=False),
+                        TypeError, r"pass AttentionStats\(\)"),
+        "probe class alone": (lambda m: run_probes(m, t, SinkProbe, progress=False),
+                              TypeError, r"pass SinkProbe\(\)"),
+        "probe names": (lambda m: run_probes(m, t, ["attention_stats"], progress=False),
+                        TypeError, r"not names.*AttentionStats\(\)"),
+        "batch_size str": (lambda m: run_probes(m, t, S, batch_size="8", progress=False),
+                           TypeError, "batch_size must be an int"),
+        "batch_size 0": (lambda m: run_probes(m, t, S, batch_size=0, progress=False),
+                         ValueError, "batch_size must be >= 1"),
+        "keep_docs count": (lambda m: ContributionProbe(keep_docs=2),
+                            TypeError, r"keep_docs=\[2\].*range\(2\)"),
+        "keep_docs negative": (lambda m: ContributionProbe(keep_docs=[-1]),
+                               ValueError, "keep_docs"),
+        "strings as tokens": (lambda m: run_probes(m, ["some text", "more"], S, progress=False),
+                              TypeError, "to_tokens"),
+        "contribution_view(model, tokens)": (lambda m: tls.contribution_view(m, t),
+                                             TypeError, "ContributionMaps"),
+        "contribution_view ids": (lambda m: tls.contribution_view(
+            tls.layer_maps(m, t[:1], layers=[0])[0], t[0]), TypeError, "to_str_tokens"),
+        "document_windows(text, model)": (lambda m: tls.document_windows("abc " * 50, m, 2, 8),
+                                          TypeError, r"model\.tokenizer"),
+        "mask of 2": (lambda m: run_probes(m, t, S, progress=False,
+                                           attention_mask=torch.full_like(t, 2)),
+                      ValueError, "0 .*and 1"),
+        "mask NaN": (lambda m: run_probes(m, t, S, progress=False,
+                                          attention_mask=torch.full(t.shape, float("nan"))),
+                     ValueError, "0 .*and 1"),
+        "bool tokens": (lambda m: run_probes(m, t > 3, S, progress=False),
+                        TypeError, "integer ids.*bool"),
+        "float tokens": (lambda m: run_probes(m, t.float(), S, progress=False),
+                         TypeError, "integer ids.*float"),
+        "float numpy tokens": (lambda m: run_probes(m, t.numpy().astype("float32"), S,
+                                                    progress=False), TypeError, "integer ids"),
+        "faithfulness batch_size": (lambda m: __import__(
+            "tl_spectral.probes.faithfulness", fromlist=["x"]).faithfulness(m, t, batch_size="2"),
+            TypeError, "batch_size must be an int"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_mistakes()))
+def test_common_mistakes_get_a_one_line_error(small, case):
+    fn, exc, match = _mistakes()[case]
+    with pytest.raises(exc, match=match) as info:
+        fn(small)
+    assert "\n" not in str(info.value)
+
+
+def test_numpy_token_arrays_are_accepted(small):
+    t = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(6))
+    a = run_probes(small, t, [AttentionStats()], progress=False)["attention_stats"]
+    for arr in (t.numpy(), t.numpy().astype("int32"), [row for row in t.numpy()]):
+        _same(run_probes(small, arr, [AttentionStats()], progress=False)["attention_stats"], a)
+    # a numpy / float 0-1 mask works like a bool one
+    m = torch.ones_like(t)
+    m[1, 5:] = 0
+    b = run_probes(small, t, [AttentionStats()], progress=False, attention_mask=m.bool())
+    c = run_probes(small, t, [AttentionStats()], progress=False, attention_mask=m.float())
+    _same(b["attention_stats"], c["attention_stats"])
+    d = run_probes(small, t.numpy(), [AttentionStats()], progress=False,
+                   attention_mask=m.numpy().astype("float64"))
+    _same(b["attention_stats"], d["attention_stats"])

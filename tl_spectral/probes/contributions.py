@@ -23,6 +23,7 @@ maps call it directly).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, ClassVar, Optional, Sequence
 
 import torch
@@ -425,6 +426,17 @@ class ContributionProbe(Probe):
             raise ValueError(f"rank_queries must be >= 0, got {rank_queries}")
         self.layers = None if layers is None else sorted(set(int(x) for x in layers))
         self.mode = mode
+        if isinstance(keep_docs, numbers.Integral):
+            raise TypeError(
+                f"keep_docs takes the corpus indices of the documents whose maps to keep, not a "
+                f"count: keep_docs=[{keep_docs}] keeps document {keep_docs}, "
+                f"keep_docs=range({keep_docs}) the first {keep_docs}")
+        if isinstance(keep_docs, str) or not all(
+                isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in keep_docs):
+            raise TypeError(f"keep_docs takes corpus indices (ints), e.g. keep_docs=[0, 3]; got "
+                            f"{keep_docs!r}")
+        if any(int(d) < 0 for d in keep_docs):
+            raise ValueError(f"keep_docs are corpus indices (>= 0), got {list(keep_docs)}")
         self.keep_docs = sorted(set(int(d) for d in keep_docs))
         self.rank_queries = int(rank_queries)
         if chunk_docs < 1:

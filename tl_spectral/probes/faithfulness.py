@@ -57,7 +57,7 @@ from tl_spectral.analysis.faithfulness import (
     removal_counts,
 )
 from tl_spectral.model_view import ModelView
-from tl_spectral.probes.runner import Corpus, as_corpus
+from tl_spectral.probes.runner import Corpus, _with_padding, as_corpus, check_count
 from tl_spectral.results import Result, register_result
 
 STRATEGIES = ("pattern", "z")
@@ -701,8 +701,9 @@ def faithfulness(
         raise ValueError(f"fractions must increase strictly from 0 to at most 1, got {fr}")
     layer = view.n_layers // 2 if layer is None else int(layer)
     view._check_layer(layer)
-    if rows_per_pass < 1 or batch_size < 1:
-        raise ValueError("batch_size and rows_per_pass must be >= 1")
+    batch_size = check_count("batch_size", batch_size)
+    rows_per_pass = check_count("rows_per_pass", rows_per_pass)
+    data, attention_mask = _with_padding(view, data, attention_mask, "faithfulness")
     corpus: Corpus = by_length(as_corpus(data, attention_mask))
     strategy = intervention_strategy(view)
     met = _Metric(view, metric)

@@ -401,12 +401,15 @@ def zero_sink_value(
         intervention_strategy,
         removal_hooks,
     )
-    from tl_spectral.probes.runner import as_corpus
+    from tl_spectral.probes.runner import _with_padding, as_corpus, check_count
 
     view = model if isinstance(model, ModelView) else ModelView(model)
     layers = list(range(view.n_layers)) if layers is None else [int(x) for x in layers]
     for layer in layers:
         view._check_layer(layer)
+    batch_size = check_count("batch_size", batch_size)
+    rows_per_pass = check_count("rows_per_pass", rows_per_pass)
+    data, attention_mask = _with_padding(view, data, attention_mask, "zero_sink_value")
     corpus = by_length(as_corpus(data, attention_mask))
     strategy = intervention_strategy(view)
     met = _Metric(view, metric)
