@@ -39,6 +39,7 @@ def _weight_probes():
 
 
 # ----------------------------------------------------------------------------- item 1
+@pytest.mark.tl39
 def test_reused_probes_read_weights_edited_in_place_between_runs():
     model = make_native(n_layers=2, seed=5)
     tokens = torch.randint(0, 50, (3, 10), generator=torch.Generator().manual_seed(0))
@@ -306,6 +307,7 @@ def _mistakes():
     }
 
 
+@pytest.mark.tl39
 @pytest.mark.parametrize("case", list(_mistakes()))
 def test_common_mistakes_get_a_one_line_error(small, case):
     fn, exc, match = _mistakes()[case]
@@ -314,6 +316,7 @@ def test_common_mistakes_get_a_one_line_error(small, case):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.tl39
 def test_numpy_token_arrays_are_accepted(small):
     t = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(6))
     a = run_probes(small, t, [AttentionStats()], progress=False)["attention_stats"]
