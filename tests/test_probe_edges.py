@@ -384,3 +384,23 @@ def test_compatibility_mode_is_the_processed_frame(tmp_path):
     d_sink = max(abs(x["v0_over_sbar"] - y["v0_over_sbar"])
                  for x, y in zip(a["sinks"].summary_rows(), b["sinks"].summary_rows()))
     assert 1e-4 < d_rank < 0.2 and 1e-4 < d_sink < 1.0
+
+
+def test_no_inference_when_the_pad_id_is_a_text_token(small, monkeypatch):
+    """The project's char models pad with "\\n" (id 0), a real character: windows ending in
+    newlines are never trimmed."""
+    import warnings
+
+    from tl_spectral.data.tokenizers import CharTokenizer
+
+    hf = CharTokenizer(sorted(set("ab cd\nef"))).to_hf()
+    assert hf.pad_token_id == 0 and hf.convert_ids_to_tokens(0) == "\n"
+    monkeypatch.setattr(small, "tokenizer", hf, raising=False)
+    tokens = torch.randint(1, 7, (3, 8), generator=torch.Generator().manual_seed(9))
+    tokens[0, -3:] = 0  # a window ending with three newlines
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a = run_probes(small, tokens, [AttentionStats()], progress=False)
+    b = run_probes(small, tokens, [AttentionStats()], progress=False,
+                   attention_mask=torch.ones_like(tokens))
+    _same(a["attention_stats"], b["attention_stats"])

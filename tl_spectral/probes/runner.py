@@ -208,14 +208,18 @@ def infer_padding(
       else a ``ValueError``: an activation cache cannot be shifted);
     * a row made of pad ids only keeps its first token (a lone BOS).
 
-    Nothing is inferred without a tokenizer pad id, for a single row, or when every row's
-    runs are equal. When something is, one :class:`PaddingInferredWarning` says so; pass
+    Nothing is inferred without a tokenizer pad id, when the pad id is an ordinary text token
+    rather than a special one (the project's char models pad with ``"\n"``, a real character),
+    for a single row, or when every row's runs are equal. When something is, one :class:`PaddingInferredWarning` says so; pass
     ``attention_mask`` (``torch.ones_like(tokens)`` keeps every token) to say it yourself.
     """
     tok = getattr(view.model, "tokenizer", None)
     pad = getattr(tok, "pad_token_id", None)
     if not isinstance(pad, int) or tokens.dim() != 2 or tokens.shape[0] < 2:
         return tokens, None
+    added = getattr(tok, "added_tokens_decoder", None) or {}
+    if not getattr(added.get(pad), "special", False):
+        return tokens, None  # the pad id is an ordinary text token (e.g. a char model's "\n")
     is_pad = tokens == pad
     if not bool(is_pad.any()):
         return tokens, None
