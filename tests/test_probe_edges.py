@@ -119,8 +119,14 @@ def _fake_ipython(monkeypatch):
     import types
 
     shown: list = []
+    import matplotlib.pyplot as plt
+
+    plt.close(plt.figure())  # pyplot picks its backend before the fake shell exists
     ip = types.ModuleType("IPython")
-    ip.get_ipython = lambda: object()
+    ip.version_info = (9, 0)
+    events = types.SimpleNamespace(register=lambda *a: None, unregister=lambda *a: None)
+    shell = types.SimpleNamespace(events=events)  # enough of a notebook shell for pyplot
+    ip.get_ipython = lambda: shell
     disp = types.ModuleType("IPython.display")
     disp.display = lambda obj: shown.append(obj)
     ip.display = disp

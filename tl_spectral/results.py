@@ -153,9 +153,10 @@ class Result:
         notebook cell ending in ``r.show()`` shows it once, not a second time as the cell's
         value; for the object itself call :meth:`view` or :meth:`plot`.
 
-        In Jupyter (IPython) it is displayed with ``IPython.display.display`` and a figure is
-        then closed, so the inline backend does not add a copy at the end of the cell.
-        Elsewhere a figure goes to ``matplotlib.pyplot.show()`` on an interactive backend;
+        In Jupyter it is displayed with ``IPython.display.display`` and a figure is then
+        closed, so the inline backend does not add a copy at the end of the cell. Elsewhere
+        (terminal IPython included) a figure goes to ``matplotlib.pyplot.show()`` on an
+        interactive backend;
         with nothing to display to (a non-interactive backend such as Agg, or a circuitsvis
         view outside a notebook) a ``UserWarning`` says how to save it instead.
         """
@@ -173,7 +174,8 @@ class Result:
             ip = get_ipython()
         except ImportError:
             ip = None
-        if ip is not None:  # inside Jupyter / IPython: display it now, once
+        if ip is not None and type(ip).__name__ != "TerminalInteractiveShell":
+            # inside Jupyter: display it now, once
             display(shown)
             if is_fig:
                 import matplotlib.pyplot as plt

@@ -247,7 +247,7 @@ def infer_padding(
         for i in range(B):
             a, n = int(lead_x[i]), int(length[i])
             out[i, :n] = tokens[i, a : a + n]
-    mask = torch.arange(T)[None, :] < length[:, None]
+    mask = torch.arange(T, device=tokens.device)[None, :] < length[:, None]
     n_pad = int((length < T).sum())
     warnings.warn(
         f"{what}: {n_pad} of {B} token rows end{' or start' if n_left else ''} with runs of "
