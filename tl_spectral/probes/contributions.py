@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import operator
 from typing import Any, ClassVar, Optional, Sequence
 
 import torch
@@ -431,13 +432,16 @@ class ContributionProbe(Probe):
                 f"keep_docs takes the corpus indices of the documents whose maps to keep, not a "
                 f"count: keep_docs=[{keep_docs}] keeps document {keep_docs}, "
                 f"keep_docs=range({keep_docs}) the first {keep_docs}")
-        if isinstance(keep_docs, str) or not all(
-                isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in keep_docs):
+        try:
+            if isinstance(keep_docs, str):
+                raise TypeError
+            kept = [operator.index(d) for d in keep_docs]
+        except TypeError:
             raise TypeError(f"keep_docs takes corpus indices (ints), e.g. keep_docs=[0, 3]; got "
-                            f"{keep_docs!r}")
-        if any(int(d) < 0 for d in keep_docs):
-            raise ValueError(f"keep_docs are corpus indices (>= 0), got {list(keep_docs)}")
-        self.keep_docs = sorted(set(int(d) for d in keep_docs))
+                            f"{keep_docs!r}") from None
+        if any(d < 0 for d in kept):
+            raise ValueError(f"keep_docs are corpus indices (>= 0), got {kept}")
+        self.keep_docs = sorted(set(kept))
         self.rank_queries = int(rank_queries)
         if chunk_docs < 1:
             raise ValueError(f"chunk_docs must be >= 1, got {chunk_docs}")

@@ -147,7 +147,7 @@ def as_corpus(data: Any, attention_mask: Optional[Tensor] = None, pad_token: int
             _check_right_padded(mask)
         return Corpus(tokens=data.long(), mask=mask)
     if isinstance(data, Sequence):
-        if any(isinstance(d, str) or (isinstance(d, Sequence) and any(isinstance(x, str) for x in d))
+        if any(isinstance(d, str) or (isinstance(d, Sequence) and len(d) and isinstance(d[0], str))
                for d in data):
             raise TypeError(
                 "run_probes got strings; pass token ids: tokenize first, e.g. tokens = "
