@@ -41,7 +41,7 @@ def _weight_probes():
 # ----------------------------------------------------------------------------- item 1
 @pytest.mark.tl39
 def test_reused_probes_read_weights_edited_in_place_between_runs():
-    model = make_native(n_layers=2, seed=5)
+    model = make_native(n_layers=2, n_heads=4, d_model=32, d_head=8, seed=5)
     tokens = torch.randint(0, 50, (3, 10), generator=torch.Generator().manual_seed(0))
     probes = _weight_probes()
     run_probes(model, tokens, probes, progress=False)  # first run: caches any weights
