@@ -147,22 +147,59 @@ class Result:
         """The circuitsvis view of this result, where one exists."""
         raise NotImplementedError(f"{type(self).__name__} has no circuitsvis view")
 
-    def show(self, *args: Any, **kwargs: Any):
-        """Display the result: its circuitsvis view where one exists (as inseq's ``show``),
-        else its main figure. Returns what was shown."""
+    def show(self, *args: Any, **kwargs: Any) -> None:
+        """Display the result once: its circuitsvis view where one exists (as inseq's
+        ``show``), else its main figure. Returns None, as matplotlib's ``show`` does, so a
+        notebook cell ending in ``r.show()`` shows it once, not a second time as the cell's
+        value; for the object itself call :meth:`view` or :meth:`plot`.
+
+        In Jupyter it is displayed with ``IPython.display.display`` and a figure is then
+        closed, so the inline backend does not add a copy at the end of the cell. Elsewhere
+        (terminal IPython included) a figure goes to ``matplotlib.pyplot.show()`` on an
+        interactive backend;
+        with nothing to display to (a non-interactive backend such as Agg, or a circuitsvis
+        view outside a notebook) a ``UserWarning`` says how to save it instead.
+        """
+        import warnings
+
         try:
             shown = self.view(*args, **kwargs)
         except NotImplementedError:
             shown = self.plot()
-        try:  # inside Jupyter: display it now
+        is_fig = callable(getattr(shown, "savefig", None))
+        try:
             from IPython import get_ipython
             from IPython.display import display
 
-            if get_ipython() is not None:
-                display(shown)
+            ip = get_ipython()
         except ImportError:
-            pass
-        return shown
+            ip = None
+        if ip is not None and type(ip).__name__ != "TerminalInteractiveShell":
+            # inside Jupyter: display it now, once
+            display(shown)
+            if is_fig:
+                import matplotlib.pyplot as plt
+
+                plt.close(shown)
+            return None
+        if is_fig:
+            import matplotlib
+            import matplotlib.pyplot as plt
+
+            backend = str(matplotlib.get_backend()).lower()
+            if backend not in ("agg", "pdf", "ps", "svg", "cairo", "pgf", "template") \
+                    and "inline" not in backend:
+                plt.show()
+                return None
+            plt.close(shown)
+            warnings.warn(f"{type(self).__name__}.show(): no display (matplotlib backend "
+                          f"{backend!r}); save the figure with .plot().savefig(path)",
+                          UserWarning, stacklevel=2)
+            return None
+        warnings.warn(f"{type(self).__name__}.show(): a circuitsvis view displays in Jupyter "
+                      "only; outside it, write its HTML with open(path, 'w').write(str("
+                      ".view()))", UserWarning, stacklevel=2)
+        return None
 
     # ------------------------------------------------------------------ save / load
     def save(self, path: str | Path, *, overwrite: bool = False) -> Path:

@@ -74,6 +74,17 @@ def document_windows(
     framing the trainer used (``length`` counts the start token; the stream is cut into
     pieces of ``length - 1``).
     """
+    if not isinstance(text, str):
+        raise TypeError(f"document_windows takes the text (a str) first, got "
+                        f"{type(text).__name__}; e.g. document_windows(text, tokenizer, n_docs, "
+                        "length)")
+    if not callable(getattr(tokenizer, "encode", None)):
+        model = hasattr(tokenizer, "cfg") and hasattr(tokenizer, "tokenizer")
+        raise TypeError(
+            f"document_windows takes a tokenizer (with encode()), got {type(tokenizer).__name__}"
+            + ("; pass the model's tokenizer: document_windows(text, model.tokenizer, n_docs, "
+               "length)" if model else "; pass e.g. CharTokenizer() or a Hugging Face tokenizer")
+        )
     if n_docs < 1:
         raise ValueError(f"n_docs must be >= 1, got {n_docs}")
     if length < 2:

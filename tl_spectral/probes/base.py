@@ -140,7 +140,10 @@ class Probe:
     def reset(self) -> None:
         """Forget every document seen: ``run_probes`` calls this at the start of each run
         unless ``accumulate=True``. Override it (calling ``super().reset()``) when a probe
-        keeps per-corpus data outside ``self.state``; caches of weights may stay."""
+        keeps per-corpus data outside ``self.state``. Weights are not per-corpus data but
+        must not outlive a run either: a probe reads them from the model on every run
+        (e.g. drops its copies in :meth:`requires`, which the runner calls once per run), so
+        weights edited in place between two runs are seen by the second."""
         self.state = {}
         self._docs_seen = 0
 

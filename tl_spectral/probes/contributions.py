@@ -23,6 +23,8 @@ maps call it directly).
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import operator
 from typing import Any, ClassVar, Optional, Sequence
 
 import torch
@@ -425,7 +427,21 @@ class ContributionProbe(Probe):
             raise ValueError(f"rank_queries must be >= 0, got {rank_queries}")
         self.layers = None if layers is None else sorted(set(int(x) for x in layers))
         self.mode = mode
-        self.keep_docs = sorted(set(int(d) for d in keep_docs))
+        if isinstance(keep_docs, numbers.Integral):
+            raise TypeError(
+                f"keep_docs takes the corpus indices of the documents whose maps to keep, not a "
+                f"count: keep_docs=[{keep_docs}] keeps document {keep_docs}, "
+                f"keep_docs=range({keep_docs}) the first {keep_docs}")
+        try:
+            if isinstance(keep_docs, str):
+                raise TypeError
+            kept = [operator.index(d) for d in keep_docs]
+        except TypeError:
+            raise TypeError(f"keep_docs takes corpus indices (ints), e.g. keep_docs=[0, 3]; got "
+                            f"{keep_docs!r}") from None
+        if any(d < 0 for d in kept):
+            raise ValueError(f"keep_docs are corpus indices (>= 0), got {kept}")
+        self.keep_docs = sorted(set(kept))
         self.rank_queries = int(rank_queries)
         if chunk_docs < 1:
             raise ValueError(f"chunk_docs must be >= 1, got {chunk_docs}")
@@ -445,6 +461,7 @@ class ContributionProbe(Probe):
     def requires(self, view: ModelView) -> dict[int, set[str]]:
         layers = self.layers if self.layers is not None else list(range(view.n_layers))
         self.layers = layers
+        self._W = {}  # W_O is read from this run's model (weights edited in place between runs)
         return {layer: {"pattern", "v"} for layer in layers}
 
     def _w_o(self, layer: int, device: torch.device) -> Tensor:

@@ -57,7 +57,7 @@ from tl_spectral.analysis.faithfulness import (
     removal_counts,
 )
 from tl_spectral.model_view import ModelView
-from tl_spectral.probes.runner import Corpus, as_corpus
+from tl_spectral.probes.runner import Corpus, _with_padding, as_corpus, check_count
 from tl_spectral.results import Result, register_result
 
 STRATEGIES = ("pattern", "z")
@@ -304,6 +304,15 @@ class _Metric:
         return torch.nn.functional.normalize(e, dim=-1).cpu()
 
 
+def _check_targets(met: _Metric, corpus: Corpus, what: str) -> None:
+    """ΔPPL needs a next-token target: refuse a corpus whose documents are all 1 token."""
+    if met.metric == "delta_ppl" and int(corpus.mask.sum(1).max()) < 2:
+        raise ValueError(
+            f"{what} measures ΔPPL over next-token targets, and every document here has 1 "
+            "token (no target); pass documents of at least 2 tokens"
+        )
+
+
 def _attn_mask(view: ModelView, mask: Tensor) -> Optional[Tensor]:
     return None if (view.causal or bool(mask.all())) else mask.long()
 
@@ -486,6 +495,12 @@ class FaithfulnessResult(Result):
         iv = bootstrap(lambda idx: (lambda A: A[:, setting, ia] - A[:, setting, ib])(
             self._areas(idx)), n, n_resamples=n_resamples, seed=seed, level=level)
         return {"comprehensiveness": iv[0], "sufficiency": iv[1]}
+
+    def rows(self) -> list[dict]:
+        """The main table (``to_frame()``, the HTML view): one row per setting and measure,
+        ``{setting, measure, comprehensiveness_area, sufficiency_area}``."""
+        return [{"setting": s, **row} for si, s in enumerate(self.settings)
+                for row in self.table(si)]
 
     def table(self, setting: int = 0) -> list[dict]:
         """Rows ``{measure, comprehensiveness_area, sufficiency_area}`` for one setting."""
@@ -686,11 +701,13 @@ def faithfulness(
         raise ValueError(f"fractions must increase strictly from 0 to at most 1, got {fr}")
     layer = view.n_layers // 2 if layer is None else int(layer)
     view._check_layer(layer)
-    if rows_per_pass < 1 or batch_size < 1:
-        raise ValueError("batch_size and rows_per_pass must be >= 1")
+    batch_size = check_count("batch_size", batch_size)
+    rows_per_pass = check_count("rows_per_pass", rows_per_pass)
+    data, attention_mask = _with_padding(view, data, attention_mask, "faithfulness")
     corpus: Corpus = by_length(as_corpus(data, attention_mask))
     strategy = intervention_strategy(view)
     met = _Metric(view, metric)
+    _check_targets(met, corpus, "faithfulness")
     settings = ["all layers", f"layer {layer}"]
     setting_layers = [list(range(view.n_layers)), [layer]]
     S, M, F = len(settings), len(measures), len(fr)

@@ -22,6 +22,7 @@ embedding for encoders) needs extra forward passes: :func:`zero_sink_value`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar, Optional, Sequence
 
 import torch
@@ -202,6 +203,7 @@ class SinkProbe(Probe):
     def requires(self, view: ModelView) -> dict[int, set[str]]:
         layers = self.layers if self.layers is not None else list(range(view.n_layers))
         self.layers = layers
+        self._W = {}  # W_O is read from this run's model (weights edited in place between runs)
         return {layer: {"pattern", "v"} for layer in layers}
 
     def update(self, cap: LayerCapture) -> None:
@@ -393,20 +395,25 @@ def zero_sink_value(
     from tl_spectral.analysis.faithfulness import allowed_mask
     from tl_spectral.probes.faithfulness import (
         _attn_mask,
+        _check_targets,
         _Metric,
         by_length,
         intervention_strategy,
         removal_hooks,
     )
-    from tl_spectral.probes.runner import as_corpus
+    from tl_spectral.probes.runner import _with_padding, as_corpus, check_count
 
     view = model if isinstance(model, ModelView) else ModelView(model)
     layers = list(range(view.n_layers)) if layers is None else [int(x) for x in layers]
     for layer in layers:
         view._check_layer(layer)
+    batch_size = check_count("batch_size", batch_size)
+    rows_per_pass = check_count("rows_per_pass", rows_per_pass)
+    data, attention_mask = _with_padding(view, data, attention_mask, "zero_sink_value")
     corpus = by_length(as_corpus(data, attention_mask))
     strategy = intervention_strategy(view)
     met = _Metric(view, metric)
+    _check_targets(met, corpus, "zero_sink_value")
     settings = [[l] for l in layers] + [layers]
     names = [f"layer {l}" for l in layers] + ["all layers"]
     S = len(settings)
@@ -448,13 +455,20 @@ def zero_sink_value(
         if met.metric == "delta_ppl":
             clean_acc += clean_rows.sum(0)
     if met.metric == "delta_ppl":
-        import math
-
         clean = math.exp(float(clean_acc[0] / clean_acc[1]))
         delta = torch.exp(acc[:, 0] / acc[:, 1]) - clean
     else:
         clean = 0.0
         delta = acc[:, 0] / len(corpus)
+    bad = [n for n, d in zip(names, delta.tolist()) if not math.isfinite(d)]
+    if bad or not math.isfinite(clean):
+        import warnings
+
+        warnings.warn(
+            f"zero_sink_value: the effect is NaN or inf for {', '.join(bad) or 'the clean run'} "
+            f"(clean {'PPL' if met.metric == 'delta_ppl' else 'value'} {clean:.4g}): the "
+            "model's loss or hidden states are not finite on this corpus; check its weights "
+            "and dtype (float32 avoids half-precision overflow)", RuntimeWarning, stacklevel=2)
     return SinkInterventionResult(
         metric=met.metric, settings=names, delta=delta.float(), clean=clean,
         sink_index=int(sink_index), n_docs=len(corpus), model_name=view.name,
