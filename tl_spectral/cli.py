@@ -31,7 +31,13 @@ DEFAULT_MODEL = "char-shakespeare"
 SECTION_KEYS = ("attention_stats", "scale_pod", "routing_filtering", "contributions", "surgery")
 #: The file that marks a folder as a report written by ``tl-spectral analyze``.
 REPORT_MARKER = ".tl_spectral_report.json"
+#: The file that marks a folder written by ``tl-spectral geometry --out``.
+GEOMETRY_MARKER = ".tl_spectral_geometry.json"
 MAX_DOCS = 1_000_000
+#: --seed: what torch.manual_seed and the window draws take.
+MAX_SEED = 2**63 - 1
+#: the per-rank scratch folders of ``torchrun ... analyze`` (in the temp folder).
+RANK_SCRATCH_PATTERN = r"tl_spectral-analyze-rank\d+-(?P<pid>\d+)-[A-Za-z0-9_]+"
 
 
 # ------------------------------------------------------------------------- models, corpora
@@ -124,18 +130,23 @@ def load_corpus(corpus: str) -> str:
     return Path(corpus).read_text(encoding="utf-8")
 
 
-def check_out_dir(out: Path, overwrite: bool) -> None:
+def check_out_dir(out: Path, overwrite: bool, *, marker: str = REPORT_MARKER,
+                  what: str = "report") -> None:
     """``--out``: a folder we may write a report into. A file, an unwritable place, or a
     non-empty folder that is not a tl_spectral report are refused; an earlier report only
-    with ``overwrite``."""
+    with ``overwrite``. (``marker``/``what``: the file that marks, and the name of, another
+    kind of output folder, e.g. ``tl-spectral geometry``'s.)"""
+    if out.is_symlink():
+        raise UsageError(f"--out {out} is a symbolic link; pass the folder it points to "
+                         f"({out.resolve()}) or a new folder")
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; pass a folder for the report")
+        raise UsageError(f"--out {out} is a file; pass a folder for the {what}")
     if out.is_dir() and any(out.iterdir()):
-        if not (out / REPORT_MARKER).is_file():
+        if not (out / marker).is_file():
             raise UsageError(f"--out {out} is a non-empty folder that is not a tl_spectral "
-                             "report; pass an empty or new folder")
+                             f"{what}; pass an empty or new folder")
         if not overwrite:
-            raise UsageError(f"--out {out} holds an earlier report; pass --overwrite to "
+            raise UsageError(f"--out {out} holds an earlier {what}; pass --overwrite to "
                              "replace it whole, or choose another folder")
     base = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
     if not base.is_dir():
@@ -203,6 +214,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     _int_in(ap, "length", args.length, 2, 1 << 20)
     _int_in(ap, "batch-size", args.batch_size, 1, 1 << 16)
     _int_in(ap, "faithfulness-docs", args.faithfulness_docs, 0, args.n_docs)
+    _int_in(ap, "seed", args.seed, 0, MAX_SEED)
     if args.stream_rank is not None:
         _int_in(ap, "stream-rank", args.stream_rank, 1, 1 << 16)
     if args.tokens is not None and args.corpus is not None:
@@ -225,9 +237,12 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         check_corpus(args.corpus)
     dist_env = torchrun_env()
     rank0 = dist_env is None or dist_env[0] == 0
-    out = Path(args.out)
+    out = out_path(args.out)
+    out_id = None
     if rank0:
         check_out_dir(out, args.overwrite)
+        out_id = _identity(out)  # the swap at the end replaces only this folder
+        _remove_dead_leftovers(out.parent, _out_leftover_patterns(out))
 
     import time
 
@@ -317,7 +332,10 @@ def analyze(argv: Optional[list[str]] = None) -> int:
 
         from tl_spectral.probes import run_probes
 
-        with tempfile.TemporaryDirectory() as scratch:
+        # a killed rank's scratch folder is removed by the next run (its pid is dead)
+        _remove_dead_leftovers(Path(tempfile.gettempdir()), [RANK_SCRATCH_PATTERN])
+        with tempfile.TemporaryDirectory(
+                prefix=f"tl_spectral-analyze-rank{dist_env[0]}-{os.getpid()}-") as scratch:
             pctx = ReportContext(view=view, tokens=tokens, tokenizer=tokenizer,
                                  out_dir=Path(scratch), results_dir=Path(scratch), mask=mask,
                                  model_name=name, options=dict(options))
@@ -332,7 +350,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     # write into a fresh sibling folder, then swap it in: an earlier report is replaced
     # whole (no stale files) and nothing is lost if this run fails half-way
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = _tmp_out_dir(out)
     try:
         ctx = ReportContext(
             view=view, tokens=tokens, tokenizer=tokenizer, out_dir=tmp,
@@ -347,7 +365,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
             "n_docs": args.n_docs, "length": args.length, "seed": args.seed,
             "processes": 1 if dist_env is None else dist_env[1]}) + "\n")
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a report is the user's folder
-        _swap_in(tmp, out)
+        _swap_in(tmp, out, out_id)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print((out / "index.html").resolve())
@@ -513,14 +531,157 @@ def _umask() -> int:
     return mask
 
 
-def _swap_in(new: Path, out: Path) -> None:
-    """Replace ``out`` (an earlier report, or absent/empty) by the folder ``new``."""
-    old = None
-    if out.exists():
+def out_path(value: str) -> Path:
+    """``--out`` as an absolute path (its last component not followed): the current folder
+    or one above it is refused (the output replaces the folder whole)."""
+    p = Path(value)
+    out = p.parent.resolve() / p.name if p.name not in ("", ".", "..") else p.resolve()
+    cwd = Path.cwd().resolve()
+    if out == cwd or out in cwd.parents or out.parent == out:
+        raise UsageError(f"--out {value} is the current folder or one above it; the output "
+                         "replaces its folder whole: pass a new folder name (e.g. --out "
+                         "report)")
+    return out
+
+
+def _identity(path: Path) -> Optional[tuple[int, int]]:
+    """(device, inode) of ``path`` itself (links not followed), None when absent."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a process of ours: never treat as dead
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. EPERM: alive, another user's
+        return True
+    return True
+
+
+def _remove_dead_leftovers(folder: Path, patterns: list[str]) -> list[Path]:
+    """Remove the entries of ``folder`` whose names match one of the regular expressions
+    ``patterns`` (group ``pid``: the process that made them) and whose process is no longer
+    alive: the temporary folders and files of a killed run. Returns what was removed."""
+    gone = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return gone
+    for name in names:
+        for pat in patterns:
+            m = re.fullmatch(pat, name)
+            if m is None or _pid_alive(int(m.group("pid"))):
+                continue
+            p = folder / name
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
+            gone.append(p)
+            break
+    return gone
+
+
+def _out_leftover_patterns(out: Path) -> list[str]:
+    n = re.escape(out.name)
+    return [rf"\.{n}\.tmp-(?P<pid>\d+)-[A-Za-z0-9_]+", rf"\.{n}\.old-(?P<pid>\d+)"]
+
+
+def _tmp_out_dir(out: Path) -> Path:
+    """A fresh temporary sibling of ``out`` whose name records this process (a killed run's
+    one is removed by the next run: :func:`_remove_dead_leftovers`)."""
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+
+
+class _DirLock:
+    """An exclusive ``flock`` on a folder (no lock file left behind), where the OS has one."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.fd = folder, None
+
+    def __enter__(self):
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            return self
+        self.fd = os.open(self.folder, os.O_RDONLY)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the lock
+        return False
+
+
+def _renameat2(a: Path, b: Path, flags: int) -> Optional[int]:
+    """Linux ``renameat2(a, b, flags)``: 0 on success, the errno on failure, None where the
+    call does not exist."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    rc = fn(-100, os.fsencode(str(a)), -100, os.fsencode(str(b)), flags)
+    return 0 if rc == 0 else ctypes.get_errno()
+
+
+def _swap_in(new: Path, out: Path, expected: Optional[tuple[int, int]] = None,
+             marker: str = REPORT_MARKER) -> None:
+    """Replace ``out`` by the folder ``new``, atomically, if ``out`` is still what the run
+    checked at its start: ``expected`` = its :func:`_identity` then (None: absent), and
+    still empty or an earlier output holding ``marker``. Anything else — a folder created
+    there during the run, another run's output swapped in meanwhile, files added to an
+    empty folder — is refused (:class:`UsageError`) and left alone. The check and the
+    rename run under a lock on the parent folder, and the rename itself re-checks
+    (``renameat2`` NOREPLACE / EXCHANGE), so no other process slips in between."""
+    import errno
+
+    changed = UsageError(
+        f"--out {out} changed while this run was writing (another run or a user created or "
+        "replaced it); nothing was replaced: run again, or choose another folder")
+    with _DirLock(out.parent):
+        if _identity(out) != expected:
+            raise changed
+        if expected is None:
+            rc = _renameat2(new, out, 1)  # RENAME_NOREPLACE
+            if rc in (errno.EEXIST, errno.ENOTEMPTY):
+                raise changed
+            if rc is None or rc in (errno.EINVAL, errno.ENOSYS):  # no renameat2 here
+                if out.exists() or out.is_symlink():
+                    raise changed
+                os.rename(new, out)
+            elif rc:
+                raise OSError(rc, os.strerror(rc), str(out))
+            return
+        rc = _renameat2(new, out, 2)  # RENAME_EXCHANGE: ``new`` now holds the old folder
+        if rc == 0:
+            old_ok = _identity(new) == expected and new.is_dir() and (
+                (new / marker).is_file() or not any(new.iterdir()))
+            if not old_ok:
+                _renameat2(new, out, 2)  # put it back
+                raise changed
+            shutil.rmtree(new, ignore_errors=True)
+            return
+        # pragma: no cover - no atomic exchange on this system: move aside, then in
+        if out.is_symlink() or not ((out / marker).is_file() or not any(out.iterdir())):
+            raise changed
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         os.replace(out, old)
-    os.replace(new, out)
-    if old is not None:
+        os.replace(new, out)
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -652,11 +813,16 @@ def geometry(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--no-fold-ln", action="store_true", help="do not fold the normalization")
     ap.add_argument("--allow-rotary", action="store_true",
                     help="analyse rotary models anyway (the kernel at offset 0)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace an earlier geometry folder in --out (whole)")
     args = ap.parse_args(argv)
     kind, target = resolve_model(args.model)
-    out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; pass a folder")
+    out = out_path(args.out) if args.out else None
+    out_id = None
+    if out is not None:  # the same rules as analyze --out, checked before computing
+        check_out_dir(out, args.overwrite, marker=GEOMETRY_MARKER, what="geometry folder")
+        out_id = _identity(out)
+        _remove_dead_leftovers(out.parent, _out_leftover_patterns(out))
 
     from tl_spectral.geometry.model import (
         UnreadableHeadsError,
@@ -686,21 +852,31 @@ def geometry(argv: Optional[list[str]] = None) -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        out.mkdir(parents=True, exist_ok=True)
-        geo.to_csv(out / "heads.csv")
-        with open(out / "layers.csv", "w", encoding="utf-8") as f:
-            f.write(",".join(keys) + "\n")
-            for r in rows:
-                f.write(",".join(str(r[k]) for k in keys) + "\n")
-        fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
-        geo.plot_budget(ax=axes[0])
-        geo.plot_routing_rank(ax=axes[1], show_capacity=True)
-        geo.plot_eigenvalues(ax=axes[2])
-        fig.suptitle(args.model, fontsize=10)
-        fig.tight_layout()
-        fig.savefig(out / "geometry.png", dpi=100)
-        plt.close(fig)
-        print(out.resolve())
+        # written into a fresh sibling folder, swapped in whole (as analyze --out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _tmp_out_dir(out)
+        try:
+            geo.to_csv(tmp / "heads.csv")
+            with open(tmp / "layers.csv", "w", encoding="utf-8") as f:
+                f.write(",".join(keys) + "\n")
+                for r in rows:
+                    f.write(",".join(str(r[k]) for k in keys) + "\n")
+            fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+            geo.plot_budget(ax=axes[0])
+            geo.plot_routing_rank(ax=axes[1], show_capacity=True)
+            geo.plot_eigenvalues(ax=axes[2])
+            fig.suptitle(args.model, fontsize=10)
+            fig.tight_layout()
+            fig.savefig(tmp / "geometry.png", dpi=100)
+            plt.close(fig)
+            (tmp / GEOMETRY_MARKER).write_text(json.dumps({
+                "tool": "tl-spectral geometry", "model": args.model,
+                "fold_ln": not args.no_fold_ln}) + "\n")
+            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
+            _swap_in(tmp, out, out_id, marker=GEOMETRY_MARKER)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        print(out)
     return 0
 
 
