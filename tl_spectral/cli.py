@@ -446,10 +446,24 @@ def open_token_file(path: str, model: str):
         tf = TokenFile(path)
     except (OSError, ValueError) as e:
         raise UsageError(f"--tokens {path}: {_one_line(e)}") from None
-    if tf.model and tf.model != model:
+    if tf.model and not _same_model(tf.model, model):
         raise UsageError(f"--tokens {path} was tokenized for --model {tf.model}, not {model}; "
                          f"pass --model {tf.model} or tokenize again with --model {model}")
     return tf
+
+
+def _same_model(recorded: str, model: str) -> bool:
+    """Whether a token file's ``model`` names ``--model``: the same string, or, for local
+    folders, the same folder however it is written (``../m`` and ``/abs/m``)."""
+    if recorded == model:
+        return True
+    looks = [("/" in m or m.startswith(".") or os.sep in m) for m in (recorded, model)]
+    if not all(looks):
+        return False
+    try:
+        return Path(recorded).resolve() == Path(model).resolve()
+    except OSError:
+        return False
 
 
 def _display_name(model: str, kind: str) -> str:
@@ -553,43 +567,11 @@ def _identity(path: Path) -> Optional[tuple[int, int]]:
     return st.st_dev, st.st_ino
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return True  # not a process of ours: never treat as dead
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. EPERM: alive, another user's
-        return True
-    return True
-
-
 def _remove_dead_leftovers(folder: Path, patterns: list[str]) -> list[Path]:
-    """Remove the entries of ``folder`` whose names match one of the regular expressions
-    ``patterns`` (group ``pid``: the process that made them) and whose process is no longer
-    alive: the temporary folders and files of a killed run. Returns what was removed."""
-    gone = []
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return gone
-    for name in names:
-        for pat in patterns:
-            m = re.fullmatch(pat, name)
-            if m is None or _pid_alive(int(m.group("pid"))):
-                continue
-            p = folder / name
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                try:
-                    p.unlink()
-                except OSError:
-                    pass
-            gone.append(p)
-            break
-    return gone
+    """The temporary folders of killed runs (pid in the name, process gone) removed."""
+    from tl_spectral._leftovers import remove_dead_leftovers
+
+    return remove_dead_leftovers(folder, patterns)
 
 
 def _out_leftover_patterns(out: Path) -> list[str]:
@@ -752,7 +734,11 @@ def tokenize(argv: Optional[list[str]] = None) -> int:
         vocab = len(tok)
     if hasattr(tok, "__len__") and not isinstance(tok, CharTokenizer):
         vocab = max(int(vocab or 0), len(tok))
-    path = write_token_file(out, docs(), model=args.model, vocab_size=vocab,
+    # a local folder is recorded as its absolute path: analyze --tokens finds it from
+    # any working folder, however --model spells it there
+    kind, target = resolve_model(args.model)
+    recorded = str(Path(target).resolve()) if kind == "hf" else args.model
+    path = write_token_file(out, docs(), model=recorded, vocab_size=vocab,
                             overwrite=args.overwrite)
     from tl_spectral.data.tokenfile import TokenFile
 
@@ -789,8 +775,13 @@ def train(argv: Optional[list[str]] = None) -> int:
             mdoc = {k: v for k, v in doc["model"].items() if v != "auto"}
             if "vocab_size" not in mdoc:
                 mdoc["vocab_size"] = 2
-            GPTConfig.from_dict(mdoc)
-            TrainConfig.from_dict(dict(doc.get("train", {})))
+            gcfg = GPTConfig.from_dict(mdoc)
+            tcfg = TrainConfig.from_dict(dict(doc.get("train", {})))
+            if tcfg.seq_len is not None and tcfg.seq_len > gcfg.n_ctx:
+                raise ValueError(f"train.seq_len={tcfg.seq_len} exceeds the model's n_ctx="
+                                 f"{gcfg.n_ctx}; pass {gcfg.n_ctx} or less (or null)")
+            if "--device" not in argv and not any(a.startswith("--device=") for a in argv):
+                tcfg.check_device()
         except (TypeError, ValueError, KeyError) as e:
             raise UsageError(f"tl-spectral train: {p}: {e}") from None
     if known.steps is not None and known.steps < 1:
