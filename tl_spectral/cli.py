@@ -71,6 +71,7 @@ def resolve_model(name: str) -> tuple[str, str]:
     looks_like_path = "/" in name or name.startswith(".") or os.sep in name
     p = Path(name)
     if looks_like_path and p.is_dir() and (p / "config.json").is_file():
+        _check_hf_weights(p, name)
         return "hf", str(p)
     if looks_like_path and p.exists():
         raise UsageError(f"--model {name}: no config.json in that folder; pass a Hugging Face "
@@ -79,6 +80,30 @@ def resolve_model(name: str) -> tuple[str, str]:
     raise UsageError(f"unknown model {name!r}{hint}; pass a zoo name "
                      f"({', '.join(zoo.available())}), 'random', or the path of a local Hugging "
                      "Face folder")
+
+
+#: Weight files that are read by unpickling (or in another framework): never loaded.
+_PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.h5", "*.msgpack")
+
+
+def _check_hf_weights(folder: Path, name: str) -> None:
+    """A Hugging Face folder holds safetensors weights: a folder with only pickled ones
+    (``pytorch_model.bin``) is refused with how to convert them, never unpickled."""
+    if any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file():
+        return
+    pickled = sorted(q.name for pat in _PICKLE_WEIGHTS for q in folder.glob(pat))
+    if not pickled:
+        raise UsageError(f"--model {name}: no model.safetensors in that folder; pass a "
+                         "Hugging Face folder saved with save_pretrained (safetensors)")
+    src = (folder / pickled[0]).resolve()
+    raise UsageError(
+        f"--model {name} holds only pickled weights ({', '.join(pickled[:3])}); tl-spectral "
+        "reads safetensors only. Convert them once, in an environment you trust with that "
+        "file: python -c \"import torch; from safetensors.torch import save_file; "
+        f"sd = torch.load('{src}', map_location='cpu', weights_only=True); "
+        "save_file({k: v.clone().contiguous() for k, v in sd.items()}, "
+        f"'{src.parent / 'model.safetensors'}', metadata={{'format': 'pt'}})\" (or "
+        "save_pretrained(folder, safe_serialization=True) on the loaded model)")
 
 
 def load_model(name: str) -> tuple[Any, Any]:
@@ -96,6 +121,19 @@ def load_model(name: str) -> tuple[Any, Any]:
     from tl_spectral.models import zoo
 
     return zoo.load(target)
+
+
+def _check_finite_weights(model: Any, name: str) -> None:
+    """Every parameter of the user's model is finite (else UsageError naming the first
+    that is not: the model is damaged, not the program)."""
+    import torch
+
+    for pname, p in model.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            bad = int((~torch.isfinite(p)).sum())
+            raise UsageError(f"--model {name}: weight {pname} holds {bad} NaN/inf value(s); "
+                             "the model is damaged (or diverged in training): pass a model "
+                             "with finite weights")
 
 
 def check_corpus(corpus: str) -> None:
@@ -287,6 +325,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         windows = _windows(text, tokenizer, args)
     status(f"loading {args.model}")
     model, tokenizer = load_model(args.model)
+    _check_finite_weights(model, args.model)
     if dist_env is not None and torch.cuda.is_available():
         model = model.to(f"cuda:{dist_env[2]}")
 
@@ -941,15 +980,27 @@ def main(argv: Optional[list[str]] = None) -> int:
         if debug:
             raise
         msg = _one_line(e)
+        if not isinstance(e, UsageError) and "weights_only" in msg:
+            msg = _NO_UNPICKLE
         print(msg if msg.startswith("tl-spectral") else f"tl-spectral {cmd}: error: {msg}",
               file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - an internal error: one line, --debug for more
         if debug:
             raise
+        import pickle
+
+        if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e):
+            # never pass on torch's advice to unpickle with weights_only=False
+            print(f"tl-spectral {cmd}: error: {_NO_UNPICKLE}", file=sys.stderr)
+            return 2
         print(f"tl-spectral {cmd}: internal error ({type(e).__name__}): {_one_line(e)} "
               "(run again with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+_NO_UNPICKLE = ("a weights file could not be read without unpickling it, which tl-spectral "
+                "never does; pass a model folder with safetensors weights (model.safetensors)")
 
 
 def _one_line(e: BaseException) -> str:
