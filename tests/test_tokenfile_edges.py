@@ -160,3 +160,15 @@ def test_tokens_match_a_model_folder_however_spelled(tmp_path, monkeypatch):
         open_token_file(str(p), "./other")
     with pytest.raises(UsageError, match="tokenized for"):
         open_token_file(str(p), "char-shakespeare")
+
+
+def test_tokenize_refuses_a_symlink(tmp_path, capsys):
+    from tl_spectral.cli import main
+
+    (tmp_path / "real.tok").write_text("mine")
+    (tmp_path / "link.tok").symlink_to(tmp_path / "real.tok")
+    assert main(["tokenize", "shakespeare", "--model", "char-shakespeare", "-o",
+                 str(tmp_path / "link.tok"), "--overwrite"]) == 2
+    assert "symbolic link" in capsys.readouterr().err
+    assert (tmp_path / "link.tok").is_symlink()
+    assert (tmp_path / "real.tok").read_text() == "mine"

@@ -741,6 +741,9 @@ def tokenize(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    if out.is_symlink():
+        raise UsageError(f"tl-spectral tokenize: -o {out} is a symbolic link; pass the file "
+                         f"it points to ({out.resolve()}) or a new file")
     if out.exists() and not out.is_file():
         raise UsageError(f"tl-spectral tokenize: -o {out} is a folder; pass a file path")
     if out.exists() and not args.overwrite:
