@@ -532,15 +532,6 @@ def load_model(directory: str | Path, map_location: str | torch.device = "cpu") 
     doc = read_checkpoint_config(directory)
     # the weights are checked before the model is built: a hostile config.json (a model of
     # billions of parameters) must give the error below, not exhaust the memory
-    expected_sha = doc.get("weights_sha256")
-    if expected_sha is not None and (directory / WEIGHTS_NAME).is_file():
-        got = sha256_file(directory / WEIGHTS_NAME)
-        if got != expected_sha:
-            raise ValueError(
-                f"{directory / WEIGHTS_NAME} does not belong to {directory / CONFIG_NAME} "
-                f"(sha256 {got[:12]}..., config.json expects {str(expected_sha)[:12]}...): "
-                "the checkpoint is corrupted or mixes files of two saves"
-            )
     state = load_state_file(directory / WEIGHTS_NAME)
     _check_config_against_state(doc["model"], state, directory)
     cfg = GPTConfig.from_dict(doc["model"])
@@ -573,7 +564,16 @@ def load_model(directory: str | Path, map_location: str | torch.device = "cpu") 
     for k, v in state.items():
         if not torch.isfinite(v).all():
             raise ValueError(f"{directory / WEIGHTS_NAME}: tensor {k} holds NaN/inf values")
-    model = GPT(cfg)
+    expected_sha = doc.get("weights_sha256")
+    if expected_sha is not None:
+        got = sha256_file(directory / WEIGHTS_NAME)
+        if got != expected_sha:
+            raise ValueError(
+                f"{directory / WEIGHTS_NAME} does not belong to {directory / CONFIG_NAME} "
+                f"(sha256 {got[:12]}..., config.json expects {str(expected_sha)[:12]}...): "
+                "the checkpoint is corrupted or mixes files of two saves"
+            )
+    model = GPT(cfg)  # only now, with every check passed
     model.load_state_dict(state, strict=not cfg.tied_embeddings)
     return model.to(map_location)
 
@@ -603,5 +603,6 @@ def _check_config_against_state(mdoc: Any, state: dict[str, torch.Tensor],
         want = mdoc.get(key, _FIELD_DEFAULTS.get(key))
         if want != have:
             raise ValueError(
-                f"{directory / CONFIG_NAME} says {key}={want!r} but {WEIGHTS_NAME} holds "
-                f"{have}: a foreign or corrupted checkpoint")
+                f"{directory / WEIGHTS_NAME} is mis-shaped for its config.json, which says "
+                f"{key}={want!r} where the weights hold {have}: a foreign or corrupted "
+                "checkpoint")
