@@ -70,3 +70,27 @@ def test_nan_weights_are_the_users_error(folders, capsys):
     assert err.startswith("tl-spectral analyze: error: --model") and "internal" not in err
     assert "holds 1 NaN/inf value(s)" in err
     assert not (folders["nan"].parent / "rep").exists()
+
+
+@pytest.mark.parametrize("key,value", [("vocab_size", 10**10), ("n_embd", 10**9),
+                                       ("n_layer", 10**12)])
+def test_a_hostile_hf_config_is_refused_before_building(folders, tmp_path, key, value,
+                                                        capsys):
+    import json
+
+    from tl_spectral.cli import main
+
+    d = tmp_path / "hostile"
+    shutil.copytree(folders["ok"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg[key] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert main(["analyze", "--model", str(d), *BASE]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "do not belong together" in err, err
+
+
+def test_the_real_folder_passes_the_size_check(folders):
+    from tl_spectral.cli import resolve_model
+
+    assert resolve_model(str(folders["ok"]))[0] == "hf"

@@ -90,6 +90,7 @@ def _check_hf_weights(folder: Path, name: str) -> None:
     """A Hugging Face folder holds safetensors weights: a folder with only pickled ones
     (``pytorch_model.bin``) is refused with how to convert them, never unpickled."""
     if any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file():
+        _check_hf_config_size(folder, name)
         return
     pickled = sorted(q.name for pat in _PICKLE_WEIGHTS for q in folder.glob(pat))
     if not pickled:
@@ -104,6 +105,57 @@ def _check_hf_weights(folder: Path, name: str) -> None:
         "save_file({k: v.clone().contiguous() for k, v in sd.items()}, "
         f"'{src.parent / 'model.safetensors'}', metadata={{'format': 'pt'}})\" (or "
         "save_pretrained(folder, safe_serialization=True) on the loaded model)")
+
+
+def _check_hf_config_size(folder: Path, name: str) -> None:
+    """config.json must not describe a model far larger than the weights there: the model
+    is built from config.json before its weights load, so a hostile config (a vocabulary or
+    width of billions) would exhaust the memory. A lower bound of the parameters it implies
+    (embedding + one norm per layer) is compared with the tensors in the safetensors
+    headers (read without loading them)."""
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise UsageError(f"--model {name}: its config.json is not readable JSON "
+                         f"({_one_line(e)[:100]})") from None
+    if not isinstance(cfg, dict):
+        raise UsageError(f"--model {name}: its config.json is not a JSON object")
+    cfg = {**cfg, **(cfg.get("text_config") or {})} if isinstance(
+        cfg.get("text_config"), dict) else cfg
+
+    def first(*keys: str) -> int:
+        for k in keys:
+            v = cfg.get(k)
+            if v is not None:
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise UsageError(f"--model {name}: config.json {k}={v!r} is not a "
+                                     "non-negative int; the folder is damaged")
+                return v
+        return 0
+
+    width = first("hidden_size", "n_embd", "d_model")
+    implied = first("vocab_size") * width + first("num_hidden_layers", "n_layer",
+                                                  "num_layers") * width
+    if implied <= 10**6:
+        return
+    from safetensors import safe_open
+
+    held = 0
+    try:
+        for f in folder.glob("*.safetensors"):
+            with safe_open(str(f), framework="pt") as fh:
+                for k in fh.keys():
+                    n = 1
+                    for d in fh.get_slice(k).get_shape():
+                        n *= int(d)
+                    held += n
+    except Exception as e:  # noqa: BLE001 - any unreadable header: the user's file
+        raise UsageError(f"--model {name}: {f.name} is not a readable safetensors file "
+                         f"({_one_line(e)[:100]})") from None
+    if implied > 2 * held + 10**6:
+        raise UsageError(f"--model {name}: config.json describes at least {implied:,} "
+                         f"parameters but the weights hold {held:,}; the folder's config and "
+                         "weights do not belong together (refused before building the model)")
 
 
 def load_model(name: str) -> tuple[Any, Any]:
