@@ -190,3 +190,15 @@ def test_seed_out_of_range_is_a_clear_error(seed, capsys):
     assert main([*BASE, "--seed", seed]) == 2
     err = capsys.readouterr().err
     assert f"--seed {seed} is out of range" in err and "\n" not in err.strip()
+
+
+@pytest.mark.parametrize("cmd", [["study", "scale-pod"],
+                                 ["study", "surgery", "train-alloc"]])
+def test_study_seed_out_of_range_is_a_clear_error(cmd, capsys):
+    from tl_spectral.cli import _study_entry_points, main
+
+    if cmd[1] not in _study_entry_points():
+        pytest.skip(f"study {cmd[1]} not installed")
+    assert main([*cmd, "--seed", str(2**70)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--seed" in err and "out of range" in err and len(err.splitlines()) == 1, err
