@@ -133,3 +133,16 @@ def test_load_model_checks_the_weights_before_building(tmp_path, key, value):
     (d / "config.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match=f"mis-shaped .* says {key}={value}"):
         load_model(d)
+
+
+def test_an_older_runs_own_final_and_log_are_accepted(tmp_path):
+    """An out_dir from before run.json: this run's final/ (its run id) vouches for the log."""
+    import shutil
+
+    out = tmp_path / "run"
+    t = _trainer(out)
+    t.fit()
+    save_model(t.model, out / "final", extra={"run_id": t.run_id, "step": t.step})
+    (out / "run.json").unlink()
+    shutil.rmtree(out / "checkpoints")
+    assert _trainer(out).step == 0  # accepted (nothing to resume from)

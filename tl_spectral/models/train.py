@@ -453,9 +453,10 @@ class Trainer:
         if why:
             return why
         log = self.out_dir / "log.jsonl"
+        ours = ours or (self.out_dir / "final" / "config.json").is_file()  # checked above
         if (log.exists() or log.is_symlink()) and not ours and not self._run_checkpoints():
-            return (f"{log} is not this run's log (no {RUN_FILE} or checkpoint of this run "
-                    "beside it)")
+            return (f"{log} is not this run's log (no {RUN_FILE}, checkpoint or final/ of "
+                    "this run beside it)")
         return None
 
     def _foreign_final(self, final: Path) -> str | None:
