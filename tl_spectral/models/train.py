@@ -182,7 +182,7 @@ class TrainConfig:
                 ("seed", whole(self.seed) and 0 <= self.seed < 2**63,
                  "an int in [0, 2**63)"),
                 ("device", isinstance(self.device, str), "'auto', 'cpu' or 'cuda[:i]'"),
-                ("out_dir", self.out_dir is None or isinstance(self.out_dir, str),
+                ("out_dir", self.out_dir is None or isinstance(self.out_dir, (str, os.PathLike)),
                  "a folder path or null")):
             if not ok:
                 raise ValueError(f"TrainConfig.{name} must be {want}, got {getattr(self, name)!r}")
@@ -191,6 +191,8 @@ class TrainConfig:
                 not all(num(x) and 0 <= x < 1 for x in b):
             raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), e.g. "
                              f"[0.9, 0.99], got {b!r}")
+        if self.out_dir is not None:
+            self.out_dir = os.fspath(self.out_dir)  # a Path too (saved as JSON)
 
     def check_device(self) -> None:
         """The device is there: 'cuda' on a machine without CUDA (or a GPU index past the
