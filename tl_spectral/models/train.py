@@ -156,11 +156,14 @@ class TrainConfig:
         """Types and ranges of the fields that used to be accepted silently (a negative
         weight decay, a clip of -1 that switched clipping off, seq_len 0 read as n_ctx, ...):
         a ``ValueError`` naming the field and what to pass, before anything is built."""
+        import numbers
+
         def num(v) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            return isinstance(v, numbers.Real) and not isinstance(v, bool) and \
+                math.isfinite(v)
 
         def whole(v) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
+            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
         for name, ok, want in (
                 ("lr", num(self.lr), "a finite number > 0"),
