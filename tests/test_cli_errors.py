@@ -97,6 +97,7 @@ def test_zoo_name_wins_over_a_local_folder(tmp_path):
     d = tmp_path / "char-shakespeare"
     d.mkdir()
     (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"")  # (a folder without weights is refused)
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:

@@ -32,7 +32,13 @@ DEFAULT_MODEL = "char-shakespeare"
 SECTION_KEYS = ("attention_stats", "scale_pod", "routing_filtering", "contributions", "surgery")
 #: The file that marks a folder as a report written by ``tl-spectral analyze``.
 REPORT_MARKER = ".tl_spectral_report.json"
+#: The file that marks a folder written by ``tl-spectral geometry --out``.
+GEOMETRY_MARKER = ".tl_spectral_geometry.json"
 MAX_DOCS = 1_000_000
+#: --seed: what torch.manual_seed and the window draws take.
+MAX_SEED = 2**63 - 1
+#: the per-rank scratch folders of ``torchrun ... analyze`` (in the temp folder).
+RANK_SCRATCH_PATTERN = r"tl_spectral-analyze-rank\d+-(?P<pid>\d+)-[A-Za-z0-9_]+"
 
 
 # ------------------------------------------------------------------------- models, corpora
@@ -66,6 +72,7 @@ def resolve_model(name: str) -> tuple[str, str]:
     looks_like_path = "/" in name or name.startswith(".") or os.sep in name
     p = Path(name)
     if looks_like_path and p.is_dir() and (p / "config.json").is_file():
+        _check_hf_weights(p, name)
         return "hf", str(p)
     if looks_like_path and p.exists():
         raise UsageError(f"--model {name}: no config.json in that folder; pass a Hugging Face "
@@ -74,6 +81,82 @@ def resolve_model(name: str) -> tuple[str, str]:
     raise UsageError(f"unknown model {name!r}{hint}; pass a zoo name "
                      f"({', '.join(zoo.available())}), 'random', or the path of a local Hugging "
                      "Face folder")
+
+
+#: Weight files that are read by unpickling (or in another framework): never loaded.
+_PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.h5", "*.msgpack")
+
+
+def _check_hf_weights(folder: Path, name: str) -> None:
+    """A Hugging Face folder holds safetensors weights: a folder with only pickled ones
+    (``pytorch_model.bin``) is refused with how to convert them, never unpickled."""
+    if any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file():
+        _check_hf_config_size(folder, name)
+        return
+    pickled = sorted(q.name for pat in _PICKLE_WEIGHTS for q in folder.glob(pat))
+    if not pickled:
+        raise UsageError(f"--model {name}: no model.safetensors in that folder; pass a "
+                         "Hugging Face folder saved with save_pretrained (safetensors)")
+    src = (folder / pickled[0]).resolve()
+    raise UsageError(
+        f"--model {name} holds only pickled weights ({', '.join(pickled[:3])}); tl-spectral "
+        "reads safetensors only. Convert them once, in an environment you trust with that "
+        "file: python -c \"import torch; from safetensors.torch import save_file; "
+        f"sd = torch.load('{src}', map_location='cpu', weights_only=True); "
+        "save_file({k: v.clone().contiguous() for k, v in sd.items()}, "
+        f"'{src.parent / 'model.safetensors'}', metadata={{'format': 'pt'}})\" (or "
+        "save_pretrained(folder, safe_serialization=True) on the loaded model)")
+
+
+def _check_hf_config_size(folder: Path, name: str) -> None:
+    """config.json must not describe a model far larger than the weights there: the model
+    is built from config.json before its weights load, so a hostile config (a vocabulary or
+    width of billions) would exhaust the memory. A lower bound of the parameters it implies
+    (embedding + one norm per layer) is compared with the tensors in the safetensors
+    headers (read without loading them)."""
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise UsageError(f"--model {name}: its config.json is not readable JSON "
+                         f"({_one_line(e)[:100]})") from None
+    if not isinstance(cfg, dict):
+        raise UsageError(f"--model {name}: its config.json is not a JSON object")
+    cfg = {**cfg, **(cfg.get("text_config") or {})} if isinstance(
+        cfg.get("text_config"), dict) else cfg
+
+    def first(*keys: str) -> int:
+        for k in keys:
+            v = cfg.get(k)
+            if v is not None:
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise UsageError(f"--model {name}: config.json {k}={v!r} is not a "
+                                     "non-negative int; the folder is damaged")
+                return v
+        return 0
+
+    width = first("hidden_size", "n_embd", "d_model")
+    implied = first("vocab_size") * width + first("num_hidden_layers", "n_layer",
+                                                  "num_layers") * width
+    if implied <= 10**6:
+        return
+    from safetensors import safe_open
+
+    held = 0
+    try:
+        for f in folder.glob("*.safetensors"):
+            with safe_open(str(f), framework="pt") as fh:
+                for k in fh.keys():
+                    n = 1
+                    for d in fh.get_slice(k).get_shape():
+                        n *= int(d)
+                    held += n
+    except Exception as e:  # noqa: BLE001 - any unreadable header: the user's file
+        raise UsageError(f"--model {name}: {f.name} is not a readable safetensors file "
+                         f"({_one_line(e)[:100]})") from None
+    if implied > 2 * held + 10**6:
+        raise UsageError(f"--model {name}: config.json describes at least {implied:,} "
+                         f"parameters but the weights hold {held:,}; the folder's config and "
+                         "weights do not belong together (refused before building the model)")
 
 
 def load_model(name: str) -> tuple[Any, Any]:
@@ -91,6 +174,19 @@ def load_model(name: str) -> tuple[Any, Any]:
     from tl_spectral.models import zoo
 
     return zoo.load(target)
+
+
+def _check_finite_weights(model: Any, name: str) -> None:
+    """Every parameter of the user's model is finite (else UsageError naming the first
+    that is not: the model is damaged, not the program)."""
+    import torch
+
+    for pname, p in model.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            bad = int((~torch.isfinite(p)).sum())
+            raise UsageError(f"--model {name}: weight {pname} holds {bad} NaN/inf value(s); "
+                             "the model is damaged (or diverged in training): pass a model "
+                             "with finite weights")
 
 
 def check_corpus(corpus: str) -> None:
@@ -125,18 +221,23 @@ def load_corpus(corpus: str) -> str:
     return Path(corpus).read_text(encoding="utf-8")
 
 
-def check_out_dir(out: Path, overwrite: bool) -> None:
+def check_out_dir(out: Path, overwrite: bool, *, marker: str = REPORT_MARKER,
+                  what: str = "report") -> None:
     """``--out``: a folder we may write a report into. A file, an unwritable place, or a
     non-empty folder that is not a tl_spectral report are refused; an earlier report only
-    with ``overwrite``."""
+    with ``overwrite``. (``marker``/``what``: the file that marks, and the name of, another
+    kind of output folder, e.g. ``tl-spectral geometry``'s.)"""
+    if out.is_symlink():
+        raise UsageError(f"--out {out} is a symbolic link; pass the folder it points to "
+                         f"({out.resolve()}) or a new folder")
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; pass a folder for the report")
+        raise UsageError(f"--out {out} is a file; pass a folder for the {what}")
     if out.is_dir() and any(out.iterdir()):
-        if not (out / REPORT_MARKER).is_file():
+        if not (out / marker).is_file():
             raise UsageError(f"--out {out} is a non-empty folder that is not a tl_spectral "
-                             "report; pass an empty or new folder")
+                             f"{what}; pass an empty or new folder")
         if not overwrite:
-            raise UsageError(f"--out {out} holds an earlier report; pass --overwrite to "
+            raise UsageError(f"--out {out} holds an earlier {what}; pass --overwrite to "
                              "replace it whole, or choose another folder")
     base = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
     if not base.is_dir():
@@ -209,6 +310,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     _int_in(ap, "length", args.length, 2, 1 << 20)
     _int_in(ap, "batch-size", args.batch_size, 1, 1 << 16)
     _int_in(ap, "faithfulness-docs", args.faithfulness_docs, 0, args.n_docs)
+    _int_in(ap, "seed", args.seed, 0, MAX_SEED)
     if args.stream_rank is not None:
         _int_in(ap, "stream-rank", args.stream_rank, 1, 1 << 16)
     if args.tokens is not None and args.corpus is not None:
@@ -231,9 +333,12 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         check_corpus(args.corpus)
     dist_env = torchrun_env()
     rank0 = dist_env is None or dist_env[0] == 0
-    out = Path(args.out)
+    out = out_path(args.out)
+    out_id = None
     if rank0:
         check_out_dir(out, args.overwrite)
+        out_id = _identity(out)  # the swap at the end replaces only this folder
+        _remove_dead_leftovers(out.parent, _out_leftover_patterns(out))
 
     import time
 
@@ -283,6 +388,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         windows = _windows(text, tokenizer, args)
     status(f"loading {args.model}")
     model, tokenizer = load_model(args.model)
+    _check_finite_weights(model, args.model)
     if dist_env is not None and torch.cuda.is_available():
         model = model.to(f"cuda:{dist_env[2]}")
 
@@ -333,7 +439,10 @@ def analyze(argv: Optional[list[str]] = None) -> int:
 
         from tl_spectral.probes import run_probes
 
-        with tempfile.TemporaryDirectory() as scratch:
+        # a killed rank's scratch folder is removed by the next run (its pid is dead)
+        _remove_dead_leftovers(Path(tempfile.gettempdir()), [RANK_SCRATCH_PATTERN])
+        with tempfile.TemporaryDirectory(
+                prefix=f"tl_spectral-analyze-rank{dist_env[0]}-{os.getpid()}-") as scratch:
             pctx = ReportContext(view=view, tokens=tokens, tokenizer=tokenizer,
                                  out_dir=Path(scratch), results_dir=Path(scratch), mask=mask,
                                  model_name=name, options=dict(options))
@@ -348,7 +457,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     # write into a fresh sibling folder, then swap it in: an earlier report is replaced
     # whole (no stale files) and nothing is lost if this run fails half-way
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = _tmp_out_dir(out)
     try:
         ctx = ReportContext(
             view=view, tokens=tokens, tokenizer=tokenizer, out_dir=tmp,
@@ -363,7 +472,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
             "n_docs": args.n_docs, "length": args.length, "seed": args.seed,
             "processes": 1 if dist_env is None else dist_env[1]}) + "\n")
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a report is the user's folder
-        _swap_in(tmp, out)
+        _swap_in(tmp, out, out_id)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print((out / "index.html").resolve())
@@ -467,10 +576,24 @@ def open_token_file(path: str, model: str):
         tf = TokenFile(path)
     except (OSError, ValueError) as e:
         raise UsageError(f"--tokens {path}: {_one_line(e)}") from None
-    if tf.model and tf.model != model:
+    if tf.model and not _same_model(tf.model, model):
         raise UsageError(f"--tokens {path} was tokenized for --model {tf.model}, not {model}; "
                          f"pass --model {tf.model} or tokenize again with --model {model}")
     return tf
+
+
+def _same_model(recorded: str, model: str) -> bool:
+    """Whether a token file's ``model`` names ``--model``: the same string, or, for local
+    folders, the same folder however it is written (``../m`` and ``/abs/m``)."""
+    if recorded == model:
+        return True
+    looks = [("/" in m or m.startswith(".") or os.sep in m) for m in (recorded, model)]
+    if not all(looks):
+        return False
+    try:
+        return Path(recorded).resolve() == Path(model).resolve()
+    except OSError:
+        return False
 
 
 def _display_name(model: str, kind: str) -> str:
@@ -552,14 +675,125 @@ def _umask() -> int:
     return mask
 
 
-def _swap_in(new: Path, out: Path) -> None:
-    """Replace ``out`` (an earlier report, or absent/empty) by the folder ``new``."""
-    old = None
-    if out.exists():
+def out_path(value: str) -> Path:
+    """``--out`` as an absolute path (its last component not followed): the current folder
+    or one above it is refused (the output replaces the folder whole)."""
+    p = Path(value)
+    out = p.parent.resolve() / p.name if p.name not in ("", ".", "..") else p.resolve()
+    cwd = Path.cwd().resolve()
+    if out == cwd or out in cwd.parents or out.parent == out:
+        raise UsageError(f"--out {value} is the current folder or one above it; the output "
+                         "replaces its folder whole: pass a new folder name (e.g. --out "
+                         "report)")
+    return out
+
+
+def _identity(path: Path) -> Optional[tuple[int, int]]:
+    """(device, inode) of ``path`` itself (links not followed), None when absent."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _remove_dead_leftovers(folder: Path, patterns: list[str]) -> list[Path]:
+    """The temporary folders of killed runs (pid in the name, process gone) removed."""
+    from tl_spectral._leftovers import remove_dead_leftovers
+
+    return remove_dead_leftovers(folder, patterns)
+
+
+def _out_leftover_patterns(out: Path) -> list[str]:
+    n = re.escape(out.name)
+    return [rf"\.{n}\.tmp-(?P<pid>\d+)-[A-Za-z0-9_]+", rf"\.{n}\.old-(?P<pid>\d+)"]
+
+
+def _tmp_out_dir(out: Path) -> Path:
+    """A fresh temporary sibling of ``out`` whose name records this process (a killed run's
+    one is removed by the next run: :func:`_remove_dead_leftovers`)."""
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+
+
+class _DirLock:
+    """An exclusive ``flock`` on a folder (no lock file left behind), where the OS has one."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.fd = folder, None
+
+    def __enter__(self):
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            return self
+        self.fd = os.open(self.folder, os.O_RDONLY)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the lock
+        return False
+
+
+def _renameat2(a: Path, b: Path, flags: int) -> Optional[int]:
+    """Linux ``renameat2(a, b, flags)``: 0 on success, the errno on failure, None where the
+    call does not exist."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    rc = fn(-100, os.fsencode(str(a)), -100, os.fsencode(str(b)), flags)
+    return 0 if rc == 0 else ctypes.get_errno()
+
+
+def _swap_in(new: Path, out: Path, expected: Optional[tuple[int, int]] = None,
+             marker: str = REPORT_MARKER) -> None:
+    """Replace ``out`` by the folder ``new``, atomically, if ``out`` is still what the run
+    checked at its start: ``expected`` = its :func:`_identity` then (None: absent), and
+    still empty or an earlier output holding ``marker``. Anything else — a folder created
+    there during the run, another run's output swapped in meanwhile, files added to an
+    empty folder — is refused (:class:`UsageError`) and left alone. The check and the
+    rename run under a lock on the parent folder, and the rename itself re-checks
+    (``renameat2`` NOREPLACE / EXCHANGE), so no other process slips in between."""
+    import errno
+
+    changed = UsageError(
+        f"--out {out} changed while this run was writing (another run or a user created or "
+        "replaced it); nothing was replaced: run again, or choose another folder")
+    with _DirLock(out.parent):
+        if _identity(out) != expected:
+            raise changed
+        if expected is None:
+            rc = _renameat2(new, out, 1)  # RENAME_NOREPLACE
+            if rc in (errno.EEXIST, errno.ENOTEMPTY):
+                raise changed
+            if rc is None or rc in (errno.EINVAL, errno.ENOSYS):  # no renameat2 here
+                if out.exists() or out.is_symlink():
+                    raise changed
+                os.rename(new, out)
+            elif rc:
+                raise OSError(rc, os.strerror(rc), str(out))
+            return
+        rc = _renameat2(new, out, 2)  # RENAME_EXCHANGE: ``new`` now holds the old folder
+        if rc == 0:
+            old_ok = _identity(new) == expected and new.is_dir() and (
+                (new / marker).is_file() or not any(new.iterdir()))
+            if not old_ok:
+                _renameat2(new, out, 2)  # put it back
+                raise changed
+            shutil.rmtree(new, ignore_errors=True)
+            return
+        # pragma: no cover - no atomic exchange on this system: move aside, then in
+        if out.is_symlink() or not ((out / marker).is_file() or not any(out.iterdir())):
+            raise changed
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         os.replace(out, old)
-    os.replace(new, out)
-    if old is not None:
+        os.replace(new, out)
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -598,6 +832,9 @@ def tokenize(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    if out.is_symlink():
+        raise UsageError(f"tl-spectral tokenize: -o {out} is a symbolic link; pass the file "
+                         f"it points to ({out.resolve()}) or a new file")
     if out.exists() and not out.is_file():
         raise UsageError(f"tl-spectral tokenize: -o {out} is a folder; pass a file path")
     if out.exists() and not args.overwrite:
@@ -630,7 +867,11 @@ def tokenize(argv: Optional[list[str]] = None) -> int:
         vocab = len(tok)
     if hasattr(tok, "__len__") and not isinstance(tok, CharTokenizer):
         vocab = max(int(vocab or 0), len(tok))
-    path = write_token_file(out, docs(), model=args.model, vocab_size=vocab,
+    # a local folder is recorded as its absolute path: analyze --tokens finds it from
+    # any working folder, however --model spells it there
+    kind, target = resolve_model(args.model)
+    recorded = str(Path(target).resolve()) if kind == "hf" else args.model
+    path = write_token_file(out, docs(), model=recorded, vocab_size=vocab,
                             overwrite=args.overwrite)
     from tl_spectral.data.tokenfile import TokenFile
 
@@ -667,8 +908,13 @@ def train(argv: Optional[list[str]] = None) -> int:
             mdoc = {k: v for k, v in doc["model"].items() if v != "auto"}
             if "vocab_size" not in mdoc:
                 mdoc["vocab_size"] = 2
-            GPTConfig.from_dict(mdoc)
-            TrainConfig.from_dict(dict(doc.get("train", {})))
+            gcfg = GPTConfig.from_dict(mdoc)
+            tcfg = TrainConfig.from_dict(dict(doc.get("train", {})))
+            if tcfg.seq_len is not None and tcfg.seq_len > gcfg.n_ctx:
+                raise ValueError(f"train.seq_len={tcfg.seq_len} exceeds the model's n_ctx="
+                                 f"{gcfg.n_ctx}; pass {gcfg.n_ctx} or less (or null)")
+            if "--device" not in argv and not any(a.startswith("--device=") for a in argv):
+                tcfg.check_device()
         except (TypeError, ValueError, KeyError) as e:
             raise UsageError(f"tl-spectral train: {p}: {e}") from None
     if known.steps is not None and known.steps < 1:
@@ -691,11 +937,16 @@ def geometry(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--no-fold-ln", action="store_true", help="do not fold the normalization")
     ap.add_argument("--allow-rotary", action="store_true",
                     help="analyse rotary models anyway (the kernel at offset 0)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace an earlier geometry folder in --out (whole)")
     args = ap.parse_args(argv)
     kind, target = resolve_model(args.model)
-    out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; pass a folder")
+    out = out_path(args.out) if args.out else None
+    out_id = None
+    if out is not None:  # the same rules as analyze --out, checked before computing
+        check_out_dir(out, args.overwrite, marker=GEOMETRY_MARKER, what="geometry folder")
+        out_id = _identity(out)
+        _remove_dead_leftovers(out.parent, _out_leftover_patterns(out))
 
     from tl_spectral.geometry.model import (
         UnreadableHeadsError,
@@ -725,21 +976,31 @@ def geometry(argv: Optional[list[str]] = None) -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        out.mkdir(parents=True, exist_ok=True)
-        geo.to_csv(out / "heads.csv")
-        with open(out / "layers.csv", "w", encoding="utf-8") as f:
-            f.write(",".join(keys) + "\n")
-            for r in rows:
-                f.write(",".join(str(r[k]) for k in keys) + "\n")
-        fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
-        geo.plot_budget(ax=axes[0])
-        geo.plot_routing_rank(ax=axes[1], show_capacity=True)
-        geo.plot_eigenvalues(ax=axes[2])
-        fig.suptitle(args.model, fontsize=10)
-        fig.tight_layout()
-        fig.savefig(out / "geometry.png", dpi=100)
-        plt.close(fig)
-        print(out.resolve())
+        # written into a fresh sibling folder, swapped in whole (as analyze --out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _tmp_out_dir(out)
+        try:
+            geo.to_csv(tmp / "heads.csv")
+            with open(tmp / "layers.csv", "w", encoding="utf-8") as f:
+                f.write(",".join(keys) + "\n")
+                for r in rows:
+                    f.write(",".join(str(r[k]) for k in keys) + "\n")
+            fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+            geo.plot_budget(ax=axes[0])
+            geo.plot_routing_rank(ax=axes[1], show_capacity=True)
+            geo.plot_eigenvalues(ax=axes[2])
+            fig.suptitle(args.model, fontsize=10)
+            fig.tight_layout()
+            fig.savefig(tmp / "geometry.png", dpi=100)
+            plt.close(fig)
+            (tmp / GEOMETRY_MARKER).write_text(json.dumps({
+                "tool": "tl-spectral geometry", "model": args.model,
+                "fold_ln": not args.no_fold_ln}) + "\n")
+            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
+            _swap_in(tmp, out, out_id, marker=GEOMETRY_MARKER)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        print(out)
     return 0
 
 
@@ -813,15 +1074,27 @@ def main(argv: Optional[list[str]] = None) -> int:
         if debug:
             raise
         msg = _one_line(e)
+        if not isinstance(e, UsageError) and "weights_only" in msg:
+            msg = _NO_UNPICKLE
         print(msg if msg.startswith("tl-spectral") else f"tl-spectral {cmd}: error: {msg}",
               file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - an internal error: one line, --debug for more
         if debug:
             raise
+        import pickle
+
+        if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e):
+            # never pass on torch's advice to unpickle with weights_only=False
+            print(f"tl-spectral {cmd}: error: {_NO_UNPICKLE}", file=sys.stderr)
+            return 2
         print(f"tl-spectral {cmd}: internal error ({type(e).__name__}): {_one_line(e)} "
               "(run again with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+_NO_UNPICKLE = ("a weights file could not be read without unpickling it, which tl-spectral "
+                "never does; pass a model folder with safetensors weights (model.safetensors)")
 
 
 def _one_line(e: BaseException) -> str:

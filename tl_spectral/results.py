@@ -249,8 +249,15 @@ class Result:
 
     @classmethod
     def load(cls, path: str | Path) -> "Result":
-        """Load a result saved by :meth:`save`. Raises ``ValueError`` on foreign files."""
+        """Load a result saved by :meth:`save`. Raises ``ValueError`` on foreign files.
+
+        ``path``: the name given to :meth:`save` (``"x"`` finds the ``x.safetensors`` it
+        wrote) or the file itself. Every field is checked against the dataclass before the
+        result is returned (:func:`_validate_fields`): its kind (tensor, int, str, list …),
+        and the arrays' shapes against each other (the main table is built once)."""
         path = Path(path)
+        if not path.exists() and result_path(path).exists():
+            path = result_path(path)  # the name save() was given
         if not path.exists():
             raise FileNotFoundError(f"no result file at {path}")
         try:
@@ -268,7 +275,7 @@ class Result:
             raise ValueError(f"{path} is a safetensors file but not a tl_spectral result")
         try:
             header = json.loads(raw)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise ValueError(
                 f"{path}: the tl_spectral metadata is not valid JSON ({exc}); the file is "
                 "damaged or was not written by Result.save()"
@@ -325,13 +332,104 @@ class Result:
                 f"{path}: this {kind!r} result lacks the field(s) {missing}; the file is "
                 "damaged or was written by an incompatible version"
             )
+        _validate_fields(target, fields, path)
         try:
-            return target(**{k: v for k, v in fields.items() if k in names})
+            result = target(**{k: v for k, v in fields.items() if k in names})
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
             raise ValueError(
                 f"{path}: cannot rebuild the {kind!r} result from its fields "
                 f"({type(exc).__name__}: {exc})"
             ) from exc
+        _validate_built(result, path)
+        return result
+
+
+# ------------------------------------------------------- validation of a loaded result
+# (issue 30 item 11; kept apart from Result.load so that changes to how load finds the
+# result kind merge cleanly)
+def _annotation_kinds(annotation: Any) -> tuple[set[str], bool] | None:
+    """The value kinds a field annotation allows ({"tensor", "int", "float", "str", "bool",
+    "list", "dict"}) and whether None is allowed; None when the annotation is not one of
+    these simple forms (then the field is not checked)."""
+    text = str(annotation).replace(" ", "")
+    optional = False
+    if text.startswith("Optional[") and text.endswith("]"):
+        text, optional = text[len("Optional["):-1], True
+    parts = text.split("|")
+    if "None" in parts:
+        optional = True
+        parts = [p for p in parts if p != "None"]
+    names = {"Tensor": "tensor", "torch.Tensor": "tensor", "int": "int", "float": "float",
+             "str": "str", "bool": "bool"}
+    kinds = set()
+    for p in parts:
+        base = p.split("[", 1)[0]
+        if base in names:
+            kinds.add(names[base])
+        elif base in ("list", "List", "tuple", "Tuple", "Sequence"):
+            kinds.add("list")
+        elif base in ("dict", "Dict", "Mapping"):
+            kinds.add("dict")
+        else:
+            return None
+    return (kinds, optional) if kinds else None
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    if kind == "tensor":
+        return isinstance(value, torch.Tensor)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":  # JSON writes 2.0 as 2.0, but an int is a fine float
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "list":
+        return isinstance(value, list)
+    return isinstance(value, dict)
+
+
+def _validate_fields(cls: type, fields: dict[str, Any], path: Path) -> None:
+    """Every field read from ``path`` has a kind its dataclass annotation allows: a tensor
+    where the class holds a tensor (``Tensor``, ``Optional[Tensor]``), a number, string,
+    list or dict where it holds one. ``ValueError`` naming the first field that does not
+    (a damaged or crafted file), before the result is built. Tensors saved by
+    :meth:`Result.save` may hold NaN (an undefined value) and any dtype; those are not
+    refused."""
+    for f in dataclasses.fields(cls):
+        if f.name not in fields:
+            continue
+        allowed = _annotation_kinds(f.type)
+        if allowed is None:
+            continue
+        kinds, optional = allowed
+        value = fields[f.name]
+        if value is None and optional:
+            continue
+        if not any(_is_kind(value, k) for k in kinds):
+            got = (f"a tensor {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+                   else type(value).__name__)
+            raise ValueError(
+                f"{path}: field {f.name!r} of this {cls.kind!r} result is {got}, the class "
+                f"holds {' or '.join(sorted(kinds))}{' or None' if optional else ''}; the "
+                "file is damaged or was not written by Result.save()")
+
+
+def _validate_built(result: "Result", path: Path) -> None:
+    """The fields of a rebuilt result agree with each other: its main table and headline
+    are built once (a mis-shaped array fails here, as ``ValueError``, not later in
+    ``to_frame``)."""
+    try:
+        result._table()
+        result.headline()
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError,
+            ZeroDivisionError) as exc:
+        raise ValueError(
+            f"{path}: the fields of this {result.kind!r} result do not fit together "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); the file is "
+            "damaged or was not written by Result.save()") from None
 
 
 def _to_plain(value: Any) -> Any:

@@ -16,3 +16,20 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+#: The largest ``--seed``: torch.manual_seed and the window draws take [0, 2**63).
+MAX_SEED = 2**63 - 1
+
+
+def seed(text: str) -> int:
+    """``type=`` for a ``--seed`` option: an int in [0, 2**63) (a larger one overflowed in
+    torch with an unreadable message)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{text} is out of range; pass an integer in "
+                                         f"[0, {MAX_SEED:,}]")
+    return value

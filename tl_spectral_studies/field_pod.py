@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from tl_spectral.usage import ArgumentParser
+from tl_spectral.usage import seed as seed_arg
 from tl_spectral_studies._common import (
     StudyUsageError,
     add_run_arguments,
@@ -434,7 +435,7 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study scale-pod --fields"
     ap.add_argument("--n-resamples", type=int, default=1000)
     ap.add_argument("--bootstrap-seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=seed_arg, default=0)
     args = ap.parse_args(list(argv))
     from tl_spectral.probes.pair_fields import FIELD_KINDS
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tl_spectral.usage import ArgumentParser
+from tl_spectral.usage import seed as seed_arg
 from tl_spectral_studies._common import (
     add_run_arguments,
     fmt_interval,
@@ -518,7 +519,7 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study scale-pod") -> int:
     ap.add_argument("--length", type=int, default=256)
     ap.add_argument("--max-lag", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=seed_arg, default=0)
     ap.add_argument("--stride", type=int, default=None,
                     help="windows start at multiples of this inside the validation split "
                          "(overlapping when below --length); e.g. 64 gives 1,700 windows of "

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from tl_spectral.usage import ArgumentParser
+from tl_spectral.usage import seed as seed_arg
 
 NAME = "surgery"
 # Set by main() from --root / --work / --fig-dir / --publish (the subcommands read them).
@@ -1042,7 +1043,7 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study surgery") -> int:
     p.add_argument("--warmup", type=int, default=RECIPE["warmup_steps"])
     p.add_argument("--eval-every", type=int, default=RECIPE["eval_every"])
     p.add_argument("--tag", default="", help="which allocation (see allocate --tag)")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=seed_arg, default=0,
                    help="initialisation and data-order seed (runs with seed != 0 get -s<seed>)")
     p = sub.add_parser("curves")
     p.add_argument("--models", default="", help="comma list of " + ",".join(MODELS))

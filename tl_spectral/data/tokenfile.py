@@ -61,18 +61,34 @@ def write_token_file(
         raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
     if path.exists() and not path.is_file():
         raise ValueError(f"{path} is not a file; pass a file path for the token file")
+    if vocab_size is not None and (not isinstance(vocab_size, (int, np.integer))
+                                   or isinstance(vocab_size, bool)
+                                   or not 1 <= int(vocab_size) <= MAX_ID + 1):
+        raise ValueError(f"vocab_size must be an int in [1, 2**32], got {vocab_size!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
+    # a killed writer's temporary files (pid in the name, process gone) go first
+    from tl_spectral._leftovers import remove_dead_leftovers
+
+    remove_dead_leftovers(path.parent, _leftover_patterns(path))
     offsets = [0]
     max_id = -1
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.ids-", delete=False) as raw:
+    tmp_name = None
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.ids-{os.getpid()}-",
+                                     delete=False) as raw:
         raw_name = raw.name
         try:
             for doc in documents:
-                a = np.asarray(doc.cpu() if isinstance(doc, Tensor) else doc, dtype=np.int64).ravel()
+                a = _doc_ids(doc, len(offsets) - 1)
                 if a.size and int(a.min()) < 0:
                     raise ValueError(f"document {len(offsets) - 1} holds a negative token id {int(a.min())}")
                 if a.size:
-                    max_id = max(max_id, int(a.max()))
+                    top = int(a.max())
+                    if top > MAX_ID or (vocab_size is not None and top >= int(vocab_size)):
+                        lim = MAX_ID + 1 if vocab_size is None else int(vocab_size)
+                        raise ValueError(f"document {len(offsets) - 1} holds token id {top}, "
+                                         f"not below {'vocab_size=' if vocab_size else ''}{lim}"
+                                         "; pass ids of the model's vocabulary")
+                    max_id = max(max_id, top)
                 raw.write(a.astype("<u4").tobytes())
                 offsets.append(offsets[-1] + int(a.size))
         except BaseException:
@@ -98,7 +114,8 @@ def write_token_file(
         header["ids_offset"], header["offsets_offset"] = ids_off, off_off
         hb = json.dumps(header, sort_keys=True).encode("utf-8")
         assert _align(16 + len(hb)) == ids_off
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.tmp-", delete=False) as out:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.tmp-{os.getpid()}-",
+                                         delete=False) as out:
             tmp_name = out.name
             out.write(MAGIC + np.uint64(len(hb)).astype("<u8").tobytes() + hb)
             out.write(b"\0" * (ids_off - 16 - len(hb)))
@@ -109,11 +126,86 @@ def write_token_file(
             del src
             out.write(b"\0" * (off_off - ids_off - n * np.dtype(dtype).itemsize))
             out.write(np.asarray(offsets, dtype="<i8").tobytes())
+        from tl_spectral.results import _umask
+
+        os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600; a token file is the user's
         os.replace(tmp_name, path)
-    finally:
-        if os.path.exists(raw_name):
-            os.unlink(raw_name)
+    finally:  # both temporary files, whatever failed (disk full included)
+        for name in (raw_name, tmp_name):
+            if name is not None and os.path.exists(name):
+                os.unlink(name)
     return path
+
+
+#: The largest id a token file holds (uint32).
+MAX_ID = 2**32 - 1
+
+
+def _leftover_patterns(path: Path) -> list[str]:
+    """The names of :func:`write_token_file`'s temporary files for ``path``."""
+    import re
+
+    n = re.escape(path.name)
+    return [rf"\.{n}\.(?:ids|tmp)-(?P<pid>\d+)-[A-Za-z0-9_]+"]
+
+
+def _doc_ids(doc, d: int) -> np.ndarray:
+    """One document's ids as int64 (ids past int64 and non-integers refused, not wrapped)."""
+    if isinstance(doc, Tensor):
+        doc = doc.detach().cpu()
+        if doc.is_floating_point() or doc.is_complex() or doc.dtype == torch.bool:
+            raise ValueError(f"document {d} holds {doc.dtype} values; pass integer token ids")
+        return doc.numpy().astype(np.int64).ravel()
+    a = np.asarray(doc)
+    if a.dtype == object:
+        try:
+            a = np.asarray([int(x) for x in a.ravel()], dtype=object)
+        except (TypeError, ValueError):
+            raise ValueError(f"document {d} holds values that are not token ids") from None
+        if a.size and (max(a) > MAX_ID or min(a) < 0):
+            bad = max(a) if max(a) > MAX_ID else min(a)
+            raise ValueError(f"document {d} holds token id {bad}, outside [0, 2**32)")
+        return a.astype(np.int64)
+    if a.size and a.dtype.kind not in "iu":
+        raise ValueError(f"document {d} holds {a.dtype} values; pass integer token ids")
+    if a.dtype == np.uint64 and a.size and int(a.max()) > MAX_ID:
+        raise ValueError(f"document {d} holds token id {int(a.max())}, outside [0, 2**32)")
+    return a.astype(np.int64).ravel()
+
+
+def _short(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _r(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_header(header: Any, path: Path, header_end: int, size: int) -> None:
+    """Every field :class:`TokenFile` reads, its type and range (``ValueError`` naming the
+    first that is wrong: the file is damaged or crafted)."""
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a tl_spectral token file header")
+    v = header.get("version")
+    if type(v) is not int or v != VERSION:
+        raise ValueError(f"{path}: token file version {_r(v)} is not "
+                         f"supported (this tl_spectral reads version {VERSION})")
+    if header.get("dtype") not in ("uint16", "uint32"):
+        raise ValueError(f"{path}: unknown id dtype {_r(header.get('dtype'))}")
+    for key, lo in (("n_tokens", 1), ("n_docs", 1), ("ids_offset", header_end),
+                    ("offsets_offset", header_end)):
+        x = header.get(key)
+        if type(x) is not int or not lo <= x <= size:
+            raise ValueError(f"{path}: corrupt token file header ({key} = "
+                             f"{_r(x)}, need an int in [{lo}, {size}])")
+    if not isinstance(header.get("model", ""), str):
+        raise ValueError(f"{path}: corrupt token file header (model is not a string)")
+    vs = header.get("vocab_size", 0)
+    if type(vs) is not int or not 0 <= vs <= MAX_ID + 1:
+        raise ValueError(f"{path}: corrupt token file header (vocab_size = "
+                         f"{_r(vs)})")
 
 
 class TokenFile:
@@ -139,15 +231,10 @@ class TokenFile:
                 raise ValueError(f"{self.path}: corrupt token file (header length {h})")
             try:
                 header = json.loads(fh.read(h).decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ValueError(f"{self.path}: corrupt token file header ({e})") from None
-        if not isinstance(header, dict) or header.get("format") != FORMAT:
-            raise ValueError(f"{self.path}: not a tl_spectral token file header")
-        if int(header.get("version", 0)) != VERSION:
-            raise ValueError(f"{self.path}: token file version {header.get('version')} is not "
-                             f"supported (this tl_spectral reads version {VERSION})")
-        if header.get("dtype") not in ("uint16", "uint32"):
-            raise ValueError(f"{self.path}: unknown id dtype {header.get('dtype')!r}")
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+                raise ValueError(f"{self.path}: corrupt token file header "
+                                 f"({_short(e)})") from None
+        _check_header(header, self.path, 16 + h, size)
         self.header = header
         self.n_tokens = int(header["n_tokens"])
         self.n_docs = int(header["n_docs"])

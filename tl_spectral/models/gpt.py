@@ -530,13 +530,20 @@ def load_model(directory: str | Path, map_location: str | torch.device = "cpu") 
     """
     directory = Path(directory)
     doc = read_checkpoint_config(directory)
-    cfg = GPTConfig.from_dict(doc["model"])
+    # the weights are checked before the model is built: a hostile config.json (a model of
+    # billions of parameters) must give the error below, not exhaust the memory
     state = load_state_file(directory / WEIGHTS_NAME)
-    model = GPT(cfg)
-    expected = model_state(model)
+    _check_config_against_state(doc["model"], state, directory)
+    cfg = GPTConfig.from_dict(doc["model"])
+    with torch.device("meta"):  # shapes only: no memory
+        meta = GPT(cfg)
+    expected = {k: v.shape for k, v in meta.state_dict().items()}
+    if cfg.tied_embeddings:
+        expected.pop("unembed.weight", None)
+    del meta
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    bad = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
+    bad = sorted(k for k in set(expected) & set(state) if expected[k] != state[k].shape)
     if missing or unexpected or bad:
         parts = []
         if missing:
@@ -546,7 +553,7 @@ def load_model(directory: str | Path, map_location: str | torch.device = "cpu") 
         if bad:
             parts.append(
                 "mis-shaped " + ", ".join(
-                    f"{k}: file {tuple(state[k].shape)} vs config {tuple(expected[k].shape)}"
+                    f"{k}: file {tuple(state[k].shape)} vs config {tuple(expected[k])}"
                     for k in bad[:5]
                 )
             )
@@ -566,5 +573,36 @@ def load_model(directory: str | Path, map_location: str | torch.device = "cpu") 
                 f"(sha256 {got[:12]}..., config.json expects {str(expected_sha)[:12]}...): "
                 "the checkpoint is corrupted or mixes files of two saves"
             )
+    model = GPT(cfg)  # only now, with every check passed
     model.load_state_dict(state, strict=not cfg.tied_embeddings)
     return model.to(map_location)
+
+
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GPTConfig)
+                   if f.default is not dataclasses.MISSING}
+
+
+def _check_config_against_state(mdoc: Any, state: dict[str, torch.Tensor],
+                                directory: Path) -> None:
+    """The sizes config.json claims (vocab_size, d_model, n_ctx, n_layers) against the
+    weights actually there, before any model is built from it (``ValueError``)."""
+    if not isinstance(mdoc, dict):
+        raise ValueError(f"{directory / CONFIG_NAME}: 'model' is not an object")
+    emb = state.get("tok_embed.weight")
+    if emb is None or emb.ndim != 2:
+        raise ValueError(f"{directory / WEIGHTS_NAME} has no 2-D tok_embed.weight: not a "
+                         "tl_spectral GPT checkpoint")
+    layers = {int(k.split(".")[1]) for k in state
+              if k.startswith("blocks.") and k.split(".")[1].isdigit()}
+    claims = {"vocab_size": int(emb.shape[0]), "d_model": int(emb.shape[1]),
+              "n_layers": max(layers) + 1 if layers else 0}
+    pos = state.get("pos_embed.weight")
+    if pos is not None and pos.ndim == 2:
+        claims["n_ctx"] = int(pos.shape[0])
+    for key, have in claims.items():
+        want = mdoc.get(key, _FIELD_DEFAULTS.get(key))
+        if want != have:
+            raise ValueError(
+                f"{directory / WEIGHTS_NAME} is mis-shaped for its config.json, which says "
+                f"{key}={want!r} where the weights hold {have}: a foreign or corrupted "
+                "checkpoint")

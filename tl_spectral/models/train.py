@@ -27,6 +27,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import time
 import warnings
@@ -52,6 +53,9 @@ from tl_spectral.models.gpt import (
 )
 
 STATE_FORMAT = "tl_spectral.trainer/1"
+#: The files of a checkpoint folder ``checkpoints/step_XXXXXXX``.
+CHECKPOINT_FILES = ("model.safetensors", "config.json", "trainer_state.json",
+                    "trainer_state.safetensors")
 RUN_FILE = "run.json"
 #: TrainConfig fields that define a run (with the model configuration and the training
 #: tokens): changing any of them changes the trajectory of the weights.
@@ -127,6 +131,7 @@ class TrainConfig:
     no_decay: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self._check_bounds()
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
         if isinstance(self.no_decay, str) or not all(isinstance(x, str) and x
                                                       for x in self.no_decay):
@@ -146,6 +151,56 @@ class TrainConfig:
                              f"min_lr={self.min_lr}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:i]', got {self.device!r}")
+
+    def _check_bounds(self) -> None:
+        """Types and ranges of the fields that used to be accepted silently (a negative
+        weight decay, a clip of -1 that switched clipping off, seq_len 0 read as n_ctx, ...):
+        a ``ValueError`` naming the field and what to pass, before anything is built."""
+        import numbers
+
+        def num(v) -> bool:
+            return isinstance(v, numbers.Real) and not isinstance(v, bool) and \
+                math.isfinite(v)
+
+        def whole(v) -> bool:
+            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+        for name, ok, want in (
+                ("lr", num(self.lr), "a finite number > 0"),
+                ("min_lr", num(self.min_lr), "a finite number >= 0"),
+                ("weight_decay", num(self.weight_decay) and self.weight_decay >= 0,
+                 "a finite number >= 0 (0: no decay)"),
+                ("grad_clip", num(self.grad_clip) and self.grad_clip >= 0,
+                 "a finite number >= 0 (0: no clipping)"),
+                ("eps", num(self.eps) and self.eps > 0, "a finite number > 0, e.g. 1e-8"),
+                ("warmup_steps", whole(self.warmup_steps), "an int >= 0"),
+                ("seq_len", self.seq_len is None or whole(self.seq_len) and self.seq_len >= 1,
+                 "an int >= 1, or null for the model's n_ctx"),
+                ("eval_windows", self.eval_windows is None or
+                 whole(self.eval_windows) and self.eval_windows >= 1,
+                 "an int >= 1, or null for every validation window"),
+                ("num_threads", self.num_threads is None or
+                 whole(self.num_threads) and self.num_threads >= 1,
+                 "an int >= 1, or null for torch's default"),
+                ("seed", whole(self.seed) and 0 <= self.seed < 2**63,
+                 "an int in [0, 2**63)"),
+                ("device", isinstance(self.device, str), "'auto', 'cpu' or 'cuda[:i]'"),
+                ("out_dir", self.out_dir is None or isinstance(self.out_dir, (str, os.PathLike)),
+                 "a folder path or null")):
+            if not ok:
+                raise ValueError(f"TrainConfig.{name} must be {want}, got {getattr(self, name)!r}")
+        b = self.betas
+        if isinstance(b, (str, bytes)) or not hasattr(b, "__len__") or len(b) != 2 or \
+                not all(num(x) and 0 <= x < 1 for x in b):
+            raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), e.g. "
+                             f"[0.9, 0.99], got {b!r}")
+        if self.out_dir is not None:
+            self.out_dir = os.fspath(self.out_dir)  # a Path too (saved as JSON)
+
+    def check_device(self) -> None:
+        """The device is there: 'cuda' on a machine without CUDA (or a GPU index past the
+        last) is a ``ValueError`` naming what to pass instead."""
+        _resolve_device(self.device)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -192,9 +247,20 @@ class TrainHistory:
 def _resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: this machine has no CUDA GPU that torch can use; "
+                         "pass --device cpu (train.device 'cpu' or 'auto')")
     if name == "cuda":
         name = f"cuda:{local_rank}"
-    return torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device {name!r} is not a device; pass 'auto', 'cpu' or "
+                         "'cuda[:i]'") from None
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA "
+                         f"GPU(s); pass cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
+    return dev
 
 
 def _as_token_tensor(tokens, what: str, min_len: int) -> torch.Tensor:
@@ -350,7 +416,10 @@ class Trainer:
     def _find_foreign_run(self) -> str | None:
         """A description of another run's outputs in ``out_dir``, or None."""
         assert self.out_dir is not None
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            return f"{self.out_dir} is a file, not a folder"
         run_file = self.out_dir / RUN_FILE
+        ours = False  # run.json names this run: the log beside it is this run's
         if run_file.is_file():
             try:
                 doc = json.loads(run_file.read_text())
@@ -360,9 +429,20 @@ class Trainer:
                 why = "an unreadable run.json"
             if why:
                 return f"{run_file} records another run ({why})"
+            ours = True
+        elif run_file.exists():
+            return f"{run_file} is not a file"
         root = self.out_dir / "checkpoints"
         for ck in sorted(root.glob("step_*")) if root.is_dir() else []:
-            if _step_of(ck) is None or not (ck / "trainer_state.json").is_file():
+            if _step_of(ck) is None:
+                continue
+            odd = sorted(p.name for p in ck.iterdir()) if ck.is_dir() and not \
+                ck.is_symlink() else None
+            if odd is None or set(odd) - set(CHECKPOINT_FILES):
+                # a later save of that step would replace it: not ours to replace
+                return (f"{ck} is not a checkpoint a run wrote (it holds "
+                        f"{', '.join((odd or [])[:3]) or 'no folder'})")
+            if not (ck / "trainer_state.json").is_file():
                 continue
             try:
                 meta = _read_meta(ck)
@@ -374,17 +454,36 @@ class Trainer:
             why = self._foreign_reason(meta.get("run_id"), model, meta.get("train"))
             if why:
                 return f"checkpoint {ck} belongs to another run ({why})"
-        final = self.out_dir / "final" / "config.json"
-        if final.is_file():
-            try:
-                doc = json.loads(final.read_text())
-                why = self._foreign_reason(doc.get("run_id"), doc.get("model"),
-                                           doc.get("train"))
-            except (OSError, ValueError, AttributeError):
-                why = None
-            if why:
-                return f"{final.parent} belongs to another run ({why})"
+        why = self._foreign_final(self.out_dir / "final")
+        if why:
+            return why
+        log = self.out_dir / "log.jsonl"
+        ours = ours or (self.out_dir / "final" / "config.json").is_file()  # checked above
+        if (log.exists() or log.is_symlink()) and not ours and not self._run_checkpoints():
+            return (f"{log} is not this run's log (no {RUN_FILE}, checkpoint or final/ of "
+                    "this run beside it)")
         return None
+
+    def _foreign_final(self, final: Path) -> str | None:
+        """Why ``final`` (out_dir/final, replaced whole at the end of a run) is not this
+        run's to replace, or None (absent, empty, or this run's own)."""
+        if not (final.exists() or final.is_symlink()):
+            return None
+        if final.is_symlink() or not final.is_dir():
+            return f"{final} is not a folder a run wrote"
+        names = sorted(p.name for p in final.iterdir())
+        if not names:
+            return None
+        extra = [n for n in names if n not in ("model.safetensors", "config.json")]
+        if extra:
+            return f"{final} holds files a run does not write ({', '.join(extra[:3])})"
+        cfg = final / "config.json"
+        try:
+            doc = json.loads(cfg.read_text())
+            why = self._foreign_reason(doc.get("run_id"), doc.get("model"), doc.get("train"))
+        except (OSError, ValueError, AttributeError):
+            why = f"its {cfg.name} is missing or unreadable"
+        return f"{final} belongs to another run ({why})" if why else None
 
     def _prepare_out_dir(self) -> None:
         """Refuse another run's out_dir (or clear it with ``overwrite``), remove leftover
@@ -404,12 +503,13 @@ class Trainer:
                     "fresh out_dir, or pass --overwrite (TrainConfig.overwrite=True) to "
                     "delete them")
         if self.rank == 0 and self.out_dir.is_dir():
-            leftovers = [p for pat in (".tmp_final_*", f".tmp_{RUN_FILE}", ".tmp_log.jsonl",
-                                       ".old_final_*")
-                         for p in self.out_dir.glob(pat)]
+            # only the names the trainer's own saves use (a pid or a step number in them)
+            leftovers = [p for p in self.out_dir.iterdir() if re.fullmatch(
+                r"\.tmp_final_\d+|\.old_final_\d+|"
+                + re.escape(f".tmp_{RUN_FILE}") + r"|\.tmp_log\.jsonl", p.name)]
             if (self.out_dir / "checkpoints").is_dir():
-                leftovers += [p for pat in (".tmp_step_*", ".old_step_*")
-                              for p in (self.out_dir / "checkpoints").glob(pat)]
+                leftovers += [p for p in (self.out_dir / "checkpoints").iterdir()
+                              if re.fullmatch(r"\.tmp_step_\d+|\.old_step_\d+_\d+", p.name)]
             for p in leftovers:
                 if p.is_dir():
                     shutil.rmtree(p, ignore_errors=True)
@@ -856,6 +956,7 @@ def run_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None = N
         if key not in doc:
             raise ValueError(f"the run config needs a {key!r} section")
     train_cfg = TrainConfig.from_dict({**doc["train"], **(overrides or {})})
+    train_cfg.check_device()  # before the data and the model are built
     torch.manual_seed(train_cfg.seed)
     if train_cfg.num_threads:
         torch.set_num_threads(train_cfg.num_threads)
@@ -863,7 +964,11 @@ def run_from_config(doc: dict[str, Any], *, overrides: dict[str, Any] | None = N
     mdoc = dict(doc["model"])
     if mdoc.get("vocab_size") in (None, "auto"):
         mdoc["vocab_size"] = tok.vocab_size
-    model = GPT(GPTConfig.from_dict(mdoc))
+    gcfg = GPTConfig.from_dict(mdoc)
+    if train_cfg.seq_len is not None and train_cfg.seq_len > gcfg.n_ctx:
+        raise ValueError(f"train.seq_len={train_cfg.seq_len} exceeds the model's "
+                         f"n_ctx={gcfg.n_ctx}; pass seq_len {gcfg.n_ctx} or less (or null)")
+    model = GPT(gcfg)
     tok_doc = json.loads(tok.to_json())
     trainer = Trainer(model, train_ids, val_ids, train_cfg,
                       extra_metadata={"tokenizer": tok_doc, "data": doc.get("data", {})},
