@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -196,7 +197,8 @@ class Result:
                 meta.setdefault("__tensor_dicts__", []).append(f.name)
             else:
                 meta[f.name] = _to_jsonable(value)
-        header = {"format": _FORMAT, "kind": self.kind, "fields": meta}
+        header = {"format": _FORMAT, "kind": self.kind, "module": type(self).__module__,
+                  "fields": meta}
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             save_file(tensors, str(tmp), metadata={"tl_spectral": json.dumps(header)})
@@ -246,11 +248,7 @@ class Result:
         kind = header.get("kind")
         if not isinstance(kind, str):
             raise ValueError(f"{path}: the metadata has no result kind (got {kind!r})")
-        if kind not in _REGISTRY:
-            _import_result_modules()
-        target = _REGISTRY.get(kind)
-        if target is None:
-            raise ValueError(f"{path}: unknown result kind {kind!r}; known: {sorted(_REGISTRY)}")
+        target = _result_class(kind, header.get("module"), path)
         if cls is not Result and not issubclass(target, cls):
             raise ValueError(f"{path} holds a {kind!r} result, not a {cls.kind!r} one")
         fields = header.get("fields")
@@ -389,25 +387,77 @@ def _link_exclusive(tmp: Path, path: Path) -> None:
             ) from None
         os.replace(tmp, path)
 
-_RESULT_MODULES = (
-    "tl_spectral.probes",
-    "tl_spectral.analysis.pod",
-    "tl_spectral.analysis.scale_pod",
-    "tl_spectral.analysis.contributions",
-    "tl_spectral.analysis.sinks",
-    "tl_spectral.geometry.qk",
-    "tl_spectral.geometry.rotary",
-    "tl_spectral.geometry.cascade",
-    "tl_spectral.models.ablations",
-    "tl_spectral.models.surgery",
-)
+#: kind -> module, for files written before ``Result.save`` recorded the module (format
+#: ``tl_spectral.result/1`` without ``"module"``). Frozen: new kinds never need a line here.
+_LEGACY_KIND_MODULES: dict[str, str] = {
+    "attention_stats": "tl_spectral.probes.attention_stats",
+    "attention_fields": "tl_spectral.probes.fields",
+    "streamed_attention_fields": "tl_spectral.probes.fields",
+    "contribution_stats": "tl_spectral.probes.contributions",
+    "faithfulness": "tl_spectral.probes.faithfulness",
+    "sink_stats": "tl_spectral.probes.sinks",
+    "sink_intervention": "tl_spectral.probes.sinks",
+    "pod": "tl_spectral.analysis.pod",
+    "scale_pod": "tl_spectral.analysis.scale_pod",
+    "scale_pod_layer": "tl_spectral.analysis.scale_pod",
+    "scale_pod_heads": "tl_spectral.analysis.scale_pod",
+    "scale_pod_heads_layer": "tl_spectral.analysis.scale_pod",
+    "contribution_maps": "tl_spectral.analysis.contributions",
+    "sink_geometry": "tl_spectral.analysis.sinks",
+    "qk_geometry": "tl_spectral.geometry.qk",
+    "sd_geometry": "tl_spectral.geometry.qk",
+    "rotary_qk_geometry": "tl_spectral.geometry.rotary",
+    "routing_cascade": "tl_spectral.geometry.cascade",
+    "routing_ablation": "tl_spectral.models.ablations",
+    "rank_truncation": "tl_spectral.models.ablations",
+    "linearization_curve": "tl_spectral.models.surgery",
+    "cascade_allocation": "tl_spectral.models.surgery",
+    "allocation_study": "tl_spectral.models.surgery",
+}
+
+_MODULE_NAME = re.compile(r"tl_spectral(\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _result_class(kind: str, module: Any, path: Path) -> type["Result"]:
+    """The registered class of ``kind``, importing the module the file names if need be.
+
+    Only a module of the library (``tl_spectral.…``) is ever imported, and only if it
+    defines the kind; a file without the entry (older files) falls back to the frozen
+    kind -> module table. A kind of another package loads once its module is imported."""
+    if kind in _REGISTRY:
+        return _REGISTRY[kind]
+    if module is None:
+        module = _LEGACY_KIND_MODULES.get(kind)
+        if module is None:
+            raise ValueError(f"{path}: unknown result kind {kind!r}; known: {sorted(_REGISTRY)}"
+                             " (import the module that defines it, then load again)")
+    if not isinstance(module, str):
+        raise ValueError(f"{path}: the metadata 'module' is {type(module).__name__}, not the "
+                         "name of the module that defines the result kind")
+    if not _MODULE_NAME.fullmatch(module):
+        raise ValueError(
+            f"{path}: unknown result kind {kind!r}, defined in {module!r}, which is not a "
+            "tl_spectral module and is never imported from a file; import it yourself, then "
+            "call Result.load again")
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise ValueError(f"{path}: the result kind {kind!r} names the module {module!r}, "
+                         f"which cannot be imported ({exc})") from None
+    target = _REGISTRY.get(kind)
+    if target is None or getattr(mod, target.__name__, None) is not target:
+        raise ValueError(f"{path}: unknown result kind {kind!r}; the module {module!r} does not "
+                         f"define it (known: {sorted(_REGISTRY)})")
+    return target
 
 
 def _import_result_modules() -> None:
-    """Import every module that defines Result kinds, so ``Result.load`` knows them all."""
+    """Import every module that defines a library result kind known to older files."""
     import importlib
 
-    for name in _RESULT_MODULES:
+    for name in sorted(set(_LEGACY_KIND_MODULES.values())):
         importlib.import_module(name)
 
 
