@@ -304,7 +304,8 @@ def test_probe_bad_arguments():
 
 
 def test_report_section_and_signed_view(native_ln, tmp_path):
-    from tl_spectral.viz.contribution_plots import ContributionSection, contribution_view
+    from tl_spectral.viz.contribution_plots import contribution_view
+    from tl_spectral.viz.contribution_section import ContributionSection
     from tl_spectral.viz.sections import SECTIONS, ReportContext, build_report
 
     assert ContributionSection in SECTIONS

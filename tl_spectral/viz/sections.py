@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from tl_spectral.probes import AttentionStats, Probe
 from tl_spectral.viz.context import ReportContext, ReportSection
-from tl_spectral.viz.contribution_plots import ContributionSection
+from tl_spectral.viz.contribution_section import ContributionSection
 from tl_spectral.viz.report import Report
 from tl_spectral.viz.routing_section import RoutingFilteringSection
 from tl_spectral.viz.scale_pod_section import ScalePODSection
