@@ -121,11 +121,26 @@ def test_version_and_help(tmp_path):
         assert key in r.stdout
 
 
-def test_section_keys_match_the_report():
-    from tl_spectral.cli import SECTION_KEYS
-    from tl_spectral.viz.sections import SECTIONS
+def test_section_keys_come_from_the_one_registry():
+    """The CLI reads --sections from the sections' own registry (no list of its own)."""
+    import tl_spectral.cli as cli
+    from tl_spectral.viz.context import register_section
+    from tl_spectral.viz.sections import SECTIONS, section_keys
 
-    assert tuple(f().key for f in SECTIONS) == SECTION_KEYS
+    assert not hasattr(cli, "SECTION_KEYS")
+    assert section_keys() == tuple(f().key for f in SECTIONS) == (
+        "attention_stats", "scale_pod", "routing_filtering", "contributions", "surgery")
+
+    class Extra:
+        key, title, order = "extra_test_section", "Extra", 25
+
+    try:
+        register_section(Extra)
+        assert section_keys()[:3] == ("attention_stats", "scale_pod", "extra_test_section")
+        with pytest.raises(ValueError, match="already registered"):
+            register_section(type("Other", (), {"key": "scale_pod"}))
+    finally:
+        SECTIONS.remove(Extra)
 
 
 def test_geometry_command(tmp_path):

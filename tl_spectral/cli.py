@@ -27,8 +27,6 @@ from typing import Any, Optional
 from tl_spectral.usage import ArgumentParser, UsageError
 
 DEFAULT_MODEL = "char-shakespeare"
-#: Report sections, in report order (``--sections``); tests keep it equal to viz.sections.
-SECTION_KEYS = ("attention_stats", "scale_pod", "routing_filtering", "contributions", "surgery")
 #: The file that marks a folder as a report written by ``tl-spectral analyze``.
 REPORT_MARKER = ".tl_spectral_report.json"
 MAX_DOCS = 1_000_000
@@ -160,7 +158,9 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         description="Run tl_spectral's probes on a model and corpus; write an offline HTML report.",
     )
     from tl_spectral.models.zoo import available
+    from tl_spectral.viz.sections import section_keys as _keys
 
+    section_keys = _keys()  # the one registry: each section module registers itself
     ap.add_argument("--model", default=DEFAULT_MODEL,
                     help=f"zoo name ({', '.join(available())}; default {DEFAULT_MODEL}), "
                          "'random', or the path of a local Hugging Face folder (./name)")
@@ -181,7 +181,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sections", default="all",
-                    help=f"comma-separated section keys ({', '.join(SECTION_KEYS)}) or 'all'")
+                    help=f"comma-separated section keys ({', '.join(section_keys)}) or 'all'")
     ap.add_argument("--fields", default="attention",
                     help="comma-separated per-pair fields whose scale POD the scale_pod section "
                          "reports (attention, contribution, contribution_intra, value_weighted, "
@@ -209,13 +209,13 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         raise UsageError("tl-spectral analyze: pass either --corpus or --tokens, not both")
     if args.corpus is None:
         args.corpus = "shakespeare"
-    sections = list(SECTION_KEYS)
+    sections = list(section_keys)
     if args.sections != "all":
         sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-        bad = [s for s in sections if s not in SECTION_KEYS]
+        bad = [s for s in sections if s not in section_keys]
         if bad or not sections:
             raise UsageError(f"unknown sections {bad or [args.sections]}; known: "
-                             f"{', '.join(SECTION_KEYS)} (or 'all')")
+                             f"{', '.join(section_keys)} (or 'all')")
     fields = _scale_pod_fields(args.fields, sections)
     kind, target = resolve_model(args.model)
     token_file = None

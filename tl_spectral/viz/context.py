@@ -1,6 +1,7 @@
 """What a report section sees (:class:`ReportContext`) and the section protocol
-(:class:`ReportSection`). Every section module imports these from here; ``sections.py`` lists
-the sections in report order."""
+(:class:`ReportSection`) and the one registry of sections (:data:`SECTIONS`, filled by
+:func:`register_section` in each section module). Every section module imports these from
+here; ``sections.py`` imports every section module once."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from tl_spectral.model_view import ModelView
 
@@ -79,3 +80,32 @@ class ReportSection:
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         raise NotImplementedError
+
+
+#: The report's sections, in report order (``order``, then registration): filled by
+#: :func:`register_section`; the CLI's ``--sections`` reads its keys from here.
+SECTIONS: list[Callable[[], Any]] = []
+
+
+def register_section(cls: type) -> type:
+    """Class decorator: add a report section (``key``, ``title``, ``order``, ``probes``,
+    ``render``) to :data:`SECTIONS`, in ``order`` (lower first; default 100).
+
+    Registering the same key again (a module reloaded) replaces the earlier class; two
+    different sections with one key are refused."""
+    key = getattr(cls, "key", None)
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"{cls.__qualname__}: a report section needs a string 'key'")
+    for i, old in enumerate(SECTIONS):
+        if old.key == key:
+            if (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+                raise ValueError(f"report section key {key!r} is already registered by "
+                                 f"{old.__module__}.{old.__qualname__}")
+            del SECTIONS[i]
+            break
+    order = getattr(cls, "order", 100)
+    at = next((i for i, s in enumerate(SECTIONS) if getattr(s, "order", 100) > order),
+              len(SECTIONS))
+    SECTIONS.insert(at, cls)
+    return cls
+

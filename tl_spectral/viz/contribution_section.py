@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tl_spectral.probes import ContributionProbe, Probe, SinkProbe
+from tl_spectral.viz.context import register_section
 from tl_spectral.viz.contribution_plots import (
     plot_faithfulness_areas,
     plot_spearman,
@@ -19,12 +20,14 @@ if TYPE_CHECKING:
     from tl_spectral.viz.report import Report
 
 
+@register_section
 class ContributionSection:
     """Report section: contribution statistics, sinks, a signed circuitsvis view, and (with
     ``ctx.options["faithfulness_docs"] > 0``) faithfulness curves on that many documents."""
 
     key = "contributions"
     title = "Contribution weights and attention sinks"
+    order = 40
 
     def probes(self, ctx: "ReportContext") -> list[Probe]:
         return [ContributionProbe(keep_docs=[0]), SinkProbe()]

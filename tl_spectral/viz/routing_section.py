@@ -10,16 +10,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tl_spectral.viz.context import register_section
+
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
     from tl_spectral.viz.report import Report
 
 
+@register_section
 class RoutingFilteringSection:
     """A report section (the ``ReportSection`` protocol: key, title, probes, render)."""
 
     key = "routing_filtering"
     title = "Routing and filtering (QK weight geometry)"
+    order = 30
 
     def probes(self, ctx: ReportContext) -> list:
         return []  # weights only

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from tl_spectral.probes import AttentionFieldProbe, Probe
 from tl_spectral.probes.pair_fields import check_field_kind
+from tl_spectral.viz.context import register_section
 
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
@@ -56,9 +57,11 @@ def _probe_name(field: str) -> str:
     return "attention_fields" if field == "attention" else f"{field}_fields"
 
 
+@register_section
 class ScalePODSection:
     key = "scale_pod"
     title = "Scale-selective POD of attention fields"
+    order = 20
 
     def probes(self, ctx: ReportContext) -> list[Probe]:
         rank = ctx.options.get("stream_rank")

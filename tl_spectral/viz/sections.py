@@ -1,4 +1,6 @@
-"""Sections of the HTML report. Each analysis adds one ReportSection to ``SECTIONS``.
+"""Sections of the HTML report. Each section module registers its section
+(``@register_section``, :mod:`tl_spectral.viz.context`); this module imports every section
+module once (one line each, below) and builds the report.
 
 The report runs every section's probes in ONE ``run_probes`` pass, then lets each section
 render its results (figures, tables, circuitsvis views, findings for the summary at the top)
@@ -10,15 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from tl_spectral.probes import AttentionStats, Probe
-from tl_spectral.viz.context import ReportContext, ReportSection
-from tl_spectral.viz.contribution_section import ContributionSection
+from tl_spectral.viz.context import SECTIONS, ReportContext, ReportSection, register_section
+from tl_spectral.viz.contribution_section import ContributionSection  # noqa: F401
 from tl_spectral.viz.report import Report
-from tl_spectral.viz.routing_section import RoutingFilteringSection
-from tl_spectral.viz.scale_pod_section import ScalePODSection
-from tl_spectral.viz.surgery_section import SurgerySection
+from tl_spectral.viz.routing_section import RoutingFilteringSection  # noqa: F401
+from tl_spectral.viz.scale_pod_section import ScalePODSection  # noqa: F401
+from tl_spectral.viz.surgery_section import SurgerySection  # noqa: F401
 
 #: positions kept of per-position maps (mean patterns, kept contribution maps) without
 #: ``save_raw``: what the report's figures and views show
@@ -38,9 +40,11 @@ def _informative_head_rows(rows: list[dict]) -> list[int]:
     return sorted(set(keep))
 
 
+@register_section
 class AttentionStatsSection(ReportSection):
     key = "attention_stats"
     title = "Attention statistics"
+    order = 10
 
     def probes(self, ctx: ReportContext) -> list[Probe]:
         # the report shows SHOWN_POSITIONS; --save-raw keeps every position's mean pattern
@@ -113,14 +117,9 @@ class AttentionStatsSection(ReportSection):
             "hover a token and pick a head)")
 
 
-SECTIONS: list[Callable[[], ReportSection]] = [
-    AttentionStatsSection,
-    ScalePODSection,
-    RoutingFilteringSection,
-    ContributionSection,
-    SurgerySection,
-]
-"""Section factories, in report order. Later analyses append theirs."""
+def section_keys() -> tuple[str, ...]:
+    """The keys of every registered section, in report order (``--sections``)."""
+    return tuple(s.key for s in SECTIONS)
 
 
 def model_summary(ctx: ReportContext) -> str:

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tl_spectral.viz.context import register_section
+
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
     from tl_spectral.viz.report import Report
 
 
+@register_section
 class SurgerySection:
     """A report section (the ``ReportSection`` protocol: key, title, probes, render)."""
 
     key = "surgery"
     title = "Spectral surgery (linearization and cascade allocation)"
+    order = 50
 
     def probes(self, ctx: ReportContext) -> list:
         return []  # its own forward passes with pattern hooks
