@@ -13,7 +13,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover
 from safetensors.torch import load_file, save_file
 
 _REGISTRY: dict[str, type["Result"]] = {}
+
 
 _FORMAT = "tl_spectral.result/1"
 
@@ -143,6 +144,11 @@ class Result:
             raise NotImplementedError(f"{type(self).__name__} has no figure; use to_frame() "
                                       "or summary()")
         return getattr(self, name)(*args, **kwargs)
+
+    def _draw(self, name: str, *args: Any, **kwargs: Any):
+        """Draw the figure (or view) ``name`` of this kind: the one way every result reaches
+        the plotting leaf (:func:`plotter`)."""
+        return plotter(self.kind, name)(self, *args, **kwargs)
 
     def view(self, *args: Any, **kwargs: Any):
         """The circuitsvis view of this result, where one exists."""
@@ -459,6 +465,19 @@ def _import_result_modules() -> None:
 
     for name in sorted(set(_LEGACY_KIND_MODULES.values())):
         importlib.import_module(name)
+
+
+def plotter(kind: str, name: str) -> Callable[..., Any]:
+    """The function of the plotting leaf that draws the figure ``name`` of results of
+    ``kind``: the one way from a result to plotting (the leaf is imported on the first
+    figure; the maths modules never import it). Raises ``NotImplementedError`` if none."""
+    from tl_spectral.viz.plots import FIGURES  # the plotting leaf: registers every figure
+
+    try:
+        return FIGURES[(kind, name)]
+    except KeyError:
+        raise NotImplementedError(f"no figure {name!r} is registered for result kind "
+                                  f"{kind!r}") from None
 
 
 def register_result(cls: type[Result]) -> type[Result]:

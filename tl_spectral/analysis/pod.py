@@ -312,9 +312,7 @@ class PODResult(Result):
 
     def plot_spectrum(self, **kwargs: Any):
         """Eigenvalue spectrum (log-log) with the power-law fit. Returns a Figure."""
-        from tl_spectral.viz.scale_pod_plots import plot_eigen_spectrum
-
-        return plot_eigen_spectrum(self, **kwargs)
+        return self._draw("plot_spectrum", **kwargs)
 
 
 def _h_star(

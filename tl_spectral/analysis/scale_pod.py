@@ -309,39 +309,27 @@ class ScalePODLayer(Result):
     # ------------------------------------------------------------------ plots
     def plot_scalogram(self, **kwargs: Any):
         """``E(a, tau)`` image. Returns a Figure."""
-        from tl_spectral.viz.scale_pod_plots import plot_scalogram
-
-        return plot_scalogram(self, **kwargs)
+        return self._draw("plot_scalogram", **kwargs)
 
     def plot_scale_energy(self, **kwargs: Any):
         """``E(a)`` with the dominant scales and fixed bands marked. Returns a Figure."""
-        from tl_spectral.viz.scale_pod_plots import plot_scale_energy
-
-        return plot_scale_energy(self, **kwargs)
+        return self._draw("plot_scale_energy", **kwargs)
 
     def plot_spectra(self, **kwargs: Any):
         """Eigen-spectra (log-log) of the whole field and each band with power-law fits."""
-        from tl_spectral.viz.scale_pod_plots import plot_layer_spectra
-
-        return plot_layer_spectra(self, **kwargs)
+        return self._draw("plot_spectra", **kwargs)
 
     def plot_band_modes(self, **kwargs: Any):
         """First modes of each band as (query, lag) images. Returns a Figure."""
-        from tl_spectral.viz.scale_pod_plots import plot_band_modes
-
-        return plot_band_modes(self, **kwargs)
+        return self._draw("plot_band_modes", **kwargs)
 
     def plot_mode_profiles(self, **kwargs: Any):
         """First modes of each band as mean lag profiles. Returns a Figure."""
-        from tl_spectral.viz.scale_pod_plots import plot_mode_profiles
-
-        return plot_mode_profiles(self, **kwargs)
+        return self._draw("plot_mode_profiles", **kwargs)
 
     def plot_coherence(self, **kwargs: Any):
         """Coherence maps ``gamma_ij(a)`` at the dominant scales. Returns a Figure."""
-        from tl_spectral.viz.scale_pod_plots import plot_coherence
-
-        return plot_coherence(self, **kwargs)
+        return self._draw("plot_coherence", **kwargs)
 
     # ------------------------------------------------------------------ flattening
     def _flatten(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
@@ -469,15 +457,11 @@ class ScalePODResult(Result):
 
     def plot_tspec_hstar(self, **kwargs: Any):
         """``T_spec`` and ``H*`` across layers, with the head allocation. Returns a Figure."""
-        from tl_spectral.viz.scale_pod_plots import plot_tspec_hstar
-
-        return plot_tspec_hstar(self, **kwargs)
+        return self._draw("plot_tspec_hstar", **kwargs)
 
     def plot_scale_energies(self, **kwargs: Any):
         """``E(a)`` of every layer (normalised) on one axis. Returns a Figure."""
-        from tl_spectral.viz.scale_pod_plots import plot_scale_energies
-
-        return plot_scale_energies(self, **kwargs)
+        return self._draw("plot_scale_energies", **kwargs)
 
 
 # ----------------------------------------------------------------------------- analysis
@@ -921,20 +905,7 @@ class ScalePODHeadsLayer(Result):
 
     def plot(self, ax: Any = None):
         """Scale energy E(a) of every head (one line per head; the peak scale marked)."""
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5.5, 3.6)) if ax is None else (ax.figure, ax)
-        a = self.scales.double().numpy()
-        for h in range(self.n_heads):
-            e = self.scale_energy[h].double().numpy()
-            ax.plot(a, e / max(e.max(), 1e-300), lw=1.2, label=f"H{h}")
-        ax.set_xscale("log")
-        ax.set_xlabel("scale a (tokens of lag)")
-        ax.set_ylabel("E(a) / max")
-        ax.set_title(f"layer {self.layer}: scale energy per head", fontsize=9)
-        ax.legend(fontsize=6, ncol=2)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot", ax=ax)
 
     def table(self) -> list[dict[str, Any]]:
         """One JSON-able row per head: scales, band shares, whole-field ``T_spec`` and ``H*``."""
@@ -1028,21 +999,7 @@ class ScalePODHeadsResult(Result):
 
     def plot(self, ax: Any = None):
         """Peak scale of every head (layer × head heat map, log colour scale, colour bar)."""
-        import matplotlib.pyplot as plt
-        from matplotlib.colors import LogNorm
-
-        peaks = torch.stack([lay.peak_scale.double() for lay in self.layers]).numpy()
-        fig, ax = plt.subplots(figsize=(6, 3.4)) if ax is None else (ax.figure, ax)
-        finite = peaks[peaks == peaks]
-        norm = LogNorm(vmin=max(finite.min(), 1e-3), vmax=max(finite.max(), 1e-3)) \
-            if finite.size else None
-        im = ax.imshow(peaks, aspect="auto", cmap="viridis", norm=norm)
-        fig.colorbar(im, ax=ax, label="peak scale a (tokens)")
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        ax.set_title("the scale each head works at", fontsize=9)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot", ax=ax)
 
     def diversity_table(self) -> list[dict[str, Any]]:
         """One row per layer: the head-diversity summary (:func:`head_diversity`) without

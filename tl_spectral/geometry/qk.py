@@ -402,21 +402,15 @@ class QKGeometry(Result):
     # plots (matplotlib lives in viz; imported lazily to keep geometry light)
     def plot_budget(self, **kwargs: Any):
         """Routing fraction per layer (box + scatter over heads). Returns a Figure."""
-        from tl_spectral.viz.geometry_plots import plot_budget
-
-        return plot_budget(self, **kwargs)
+        return self._draw("plot_budget", **kwargs)
 
     def plot_routing_rank(self, **kwargs: Any):
         """Routing effective rank vs layer (mean ± std over heads). Returns a Figure."""
-        from tl_spectral.viz.geometry_plots import plot_routing_rank
-
-        return plot_routing_rank(self, **kwargs)
+        return self._draw("plot_routing_rank", **kwargs)
 
     def plot_eigenvalues(self, **kwargs: Any):
         """Nonzero eigenvalues of M in the complex plane, coloured by layer."""
-        from tl_spectral.viz.geometry_plots import plot_eigenvalues
-
-        return plot_eigenvalues(self, **kwargs)
+        return self._draw("plot_eigenvalues", **kwargs)
 
 
 def _bias_layers(
@@ -735,21 +729,15 @@ class SDGeometry(Result):
 
     def plot_budget(self, **kwargs: Any):
         """Routing fraction ``‖S‖²/‖S − D‖²`` per layer (box + scatter over heads)."""
-        from tl_spectral.viz.geometry_plots import plot_budget
-
-        return plot_budget(self, **kwargs)
+        return self._draw("plot_budget", **kwargs)
 
     def plot_routing_rank(self, **kwargs: Any):
         """The spectral cascade: effective rank of S vs layer (mean ± std over heads)."""
-        from tl_spectral.viz.geometry_plots import plot_routing_rank
-
-        return plot_routing_rank(self, **kwargs)
+        return self._draw("plot_routing_rank", **kwargs)
 
     def plot_eigenvalues(self, **kwargs: Any):
         """Eigenvalues of ``S − D`` in the complex plane, coloured by layer."""
-        from tl_spectral.viz.geometry_plots import plot_eigenvalues
-
-        return plot_eigenvalues(self, **kwargs)
+        return self._draw("plot_eigenvalues", **kwargs)
 
 
 def sd_geometry(

@@ -452,28 +452,7 @@ class RotaryQKGeometry(Result):
     def plot_routing_vs_offset(self, *, ax: Any = None, lag: bool = True):
         """Head-mean routing fraction against the lag ``i − j = −Δ`` (log axis when ``lag``),
         one line per layer. Returns the Figure."""
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            fig, ax = plt.subplots(figsize=(6.0, 3.6))
-        else:
-            fig = ax.figure
-        x = (-self.offsets).to(torch.float64) if lag else self.offsets.to(torch.float64)
-        order = torch.argsort(x)
-        for i, name in enumerate(self.layer_names):
-            y = self.routing_fraction[i].mean(0)
-            ax.plot((x[order] + (1 if lag else 0)).numpy(), y[order].numpy(), marker="o",
-                    ms=3, label=name)
-        if lag:
-            ax.set_xscale("log")
-            ax.set_xlabel("lag i − j + 1 (log)")
-        else:
-            ax.set_xlabel("offset Δ = j − i")
-        ax.set_ylabel("routing fraction ‖R‖²/‖M‖²")
-        ax.axhline(0.5, color="0.6", lw=0.8, ls="--")
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot_routing_vs_offset", ax=ax, lag=lag)
 
 
 # ------------------------------------------------------------------------- entry point

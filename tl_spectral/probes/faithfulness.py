@@ -543,31 +543,7 @@ class FaithfulnessResult(Result):
 
     def plot_curves(self):
         """Comprehensiveness and sufficiency curves, one panel per setting and criterion."""
-        import matplotlib.pyplot as plt
-
-        S = len(self.settings)
-        fig, axes = plt.subplots(S, 2, figsize=(10, 3.4 * S), squeeze=False)
-        ylabel = "ΔPPL" if self.metric == "delta_ppl" else "1 − cos(e', e)"
-        styles = {"random": dict(color="grey", ls=":")}
-        for si, sname in enumerate(self.settings):
-            for ci, (crit, data) in enumerate(
-                (("comprehensiveness (top removed)", self.comprehensiveness),
-                 ("sufficiency (bottom removed)", self.sufficiency))
-            ):
-                ax = axes[si][ci]
-                for mi, m in enumerate(self.measures):
-                    ax.plot(self.fractions, data[si, mi].numpy(), marker="o", ms=3,
-                            label=m, **styles.get(m, {}))
-                ax.set_title(f"{sname}: {crit}", fontsize=9)
-                ax.set_xlabel("removal fraction r")
-                ax.set_ylabel(ylabel)
-                if self.metric == "delta_ppl":
-                    ax.set_yscale("symlog", linthresh=max(1e-3, 0.01 * self.clean))
-        axes[0][0].legend(fontsize=7)
-        fig.suptitle(f"faithfulness — {self.model_name} ({self.mode}, {self.level} level)",
-                     fontsize=10)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot_curves")
 
 
 # ----------------------------------------------------------------------------- main loop

@@ -135,40 +135,16 @@ class SinkStats(Result):
     def plot_rates(self):
         """Heat maps (layer × head) of the sink rate and the Gu key score, each on its data
         range with a colour bar; sink heads (key score > threshold) marked with a dot."""
-        from tl_spectral.viz.sink_plots import plot_sink_rates
-
-        return plot_sink_rates(self)
+        return self._draw("plot_rates")
 
     def plot_rho_star(self):
         """Histogram of ρ* per layer, and ρ* against the observed α_i0 (log count, colour
         bar) with the diagonal ρ* = α_i0."""
-        from tl_spectral.viz.sink_plots import plot_rho_star
-
-        return plot_rho_star(self)
+        return self._draw("plot_rho_star")
 
     def plot_anti_alignment(self):
         """Distribution of cos(ṽ_0, s_i) per layer (all heads), and its mean per head."""
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 2]})
-        edges = self.anti_edges.numpy()
-        centers = 0.5 * (edges[1:] + edges[:-1])
-        for li, layer in enumerate(self.layers):
-            h = self.anti_hist[li].sum(0)
-            axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"L{layer}")
-        axes[0].axvline(0, color="black", lw=0.6)
-        axes[0].set_xlabel("cos(ṽ_0, s_i)")
-        axes[0].set_ylabel("share of queries")
-        axes[0].set_title("anti-alignment of the sink value and the semantic vector", fontsize=9)
-        axes[0].legend(fontsize=7)
-        im = axes[1].imshow(self.anti_mean.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1)
-        axes[1].set_yticks(range(len(self.layers)), [str(x) for x in self.layers])
-        axes[1].set_xlabel("head")
-        axes[1].set_ylabel("layer")
-        axes[1].set_title("mean cos(ṽ_0, s_i)", fontsize=9)
-        fig.colorbar(im, ax=axes[1], shrink=0.85)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot_anti_alignment")
 
 
 class SinkProbe(Probe):
@@ -359,17 +335,7 @@ class SinkInterventionResult(Result):
 
     def plot(self, ax=None):
         """Bars of the effect of zeroing the sink's value, per layer and for all layers."""
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.2)) if ax is None else (ax.figure, ax)
-        ax.bar(range(len(self.settings)), self.delta.float().numpy(), color="tab:purple")
-        ax.set_xticks(range(len(self.settings)), self.settings, rotation=30, ha="right",
-                      fontsize=8)
-        ax.set_ylabel("ΔPPL" if self.metric == "delta_ppl" else "1 − cos(e', e)")
-        ax.set_title(f"{self.model_name or 'model'}: zero the sink's value "
-                     f"(clean {self.clean:.4g})", fontsize=9)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot", ax=ax)
 
 
 def zero_sink_value(
