@@ -53,6 +53,7 @@ from tl_spectral.analysis.scale_pod_heads import (  # the per-head variant; publ
     scale_pod_heads,
     scale_pod_heads_layer,
 )
+from tl_spectral.analysis.scale_pod_options import ScalePODOptions
 from tl_spectral.analysis.wavelets import (
     DEFAULT_WAVELET,
     FIXED_BANDS,
@@ -67,6 +68,7 @@ from tl_spectral.results import Result, register_result
 
 __all__ = [
     "ScalePODHeadsLayer",
+    "ScalePODOptions",
     "ScalePODHeadsResult",
     "ScalePODLayer",
     "ScalePODResult",
@@ -406,6 +408,7 @@ def scale_pod_layer(
     n_modes: int = 8,
     coherence_queries: int | Sequence[int] | Tensor | None = 16,
     lag_chunk: int = 16,
+    options: ScalePODOptions | None = None,
 ) -> ScalePODLayer:
     """Scale-selective POD of one layer's lag-coordinate fields.
 
@@ -428,7 +431,17 @@ def scale_pod_layer(
         always all kept). coherence_queries: an int ``Q`` (strided subset,
         :func:`~tl_spectral.analysis.coherence.default_queries`), explicit query indices, or
         None / 0 to skip the coherence. lag_chunk: lags per batched Gram GEMM.
+    options: a :class:`~tl_spectral.analysis.scale_pod_options.ScalePODOptions` holding the
+        settings above (instead of the keywords; pass one or the other).
     """
+    o = ScalePODOptions.resolve(
+        options, center=center, scales=scales, wavelet=wavelet, max_dominant=max_dominant,
+        min_ratio=min_ratio, min_peak_fraction=min_peak_fraction,
+        window_threshold=window_threshold, lag_window=lag_window, epsilon=epsilon,
+        lag_chunk=lag_chunk)
+    center, scales, wavelet, lag_window = o.center, o.scales, o.wavelet, o.lag_window
+    max_dominant, min_ratio, min_peak_fraction = o.max_dominant, o.min_ratio, o.min_peak_fraction
+    window_threshold, epsilon, lag_chunk = o.window_threshold, o.epsilon, o.lag_chunk
     F = stack_fields(F)
     if F.is_complex():
         raise ValueError("F must be real")

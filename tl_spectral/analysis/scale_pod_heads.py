@@ -17,6 +17,7 @@ from torch import Tensor
 
 from tl_spectral.analysis.lags import check_lags
 from tl_spectral.analysis.pod import effective_rank, spectral_concentration
+from tl_spectral.analysis.scale_pod_options import ScalePODOptions
 from tl_spectral.analysis.wavelets import (
     DEFAULT_WAVELET,
     FIXED_BANDS,
@@ -420,6 +421,7 @@ def scale_pod_heads_layer(
     head_chunk: int | None = None,
     scalogram_method: str = "auto",
     inactive_rtol: float | None = None,
+    options: ScalePODOptions | None = None,
 ) -> ScalePODHeadsLayer:
     """Scale-selective POD of every head of one layer, batched over heads.
 
@@ -448,7 +450,17 @@ def scale_pod_heads_layer(
     eigen-decompositions (one batched ``eigh``) each treat heads as a batch dimension;
     only the peak picking on ``E_h(a)`` (``S`` numbers per head) and the scalar summaries of
     each eigenvalue vector run per head.
+    options: a :class:`~tl_spectral.analysis.scale_pod_options.ScalePODOptions` holding the
+        settings above (instead of the keywords; pass one or the other).
     """
+    o = ScalePODOptions.resolve(
+        options, center=center, scales=scales, wavelet=wavelet, max_dominant=max_dominant,
+        min_ratio=min_ratio, min_peak_fraction=min_peak_fraction,
+        window_threshold=window_threshold, lag_window=lag_window, epsilon=epsilon,
+        lag_chunk=lag_chunk)
+    center, scales, wavelet, lag_window = o.center, o.scales, o.wavelet, o.lag_window
+    max_dominant, min_ratio, min_peak_fraction = o.max_dominant, o.min_ratio, o.min_peak_fraction
+    window_threshold, epsilon, lag_chunk = o.window_threshold, o.epsilon, o.lag_chunk
     F = _stack_head_fields(F)
     if F.is_complex():
         raise ValueError("F must be real")
