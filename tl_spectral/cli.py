@@ -276,6 +276,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         model = model.to(f"cuda:{dist_env[2]}")
 
     from tl_spectral.model_view import ModelView
+    from tl_spectral.viz.context import ReportOptions
     from tl_spectral.viz.sections import SECTIONS, ReportContext, build_report
 
     view = ModelView(model)
@@ -307,10 +308,10 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     if token_file is not None:
         framing = "disjoint windows of the token file" if not args.overlap else \
             "windows of the token file at random offsets"
-    options = {"meta": {"corpus": corpus_name, "seed": args.seed},
-               "faithfulness_docs": args.faithfulness_docs, "windows": framing,
-               "save_raw": args.save_raw, "progress": not args.no_progress,
-               "stream_rank": args.stream_rank, "fields": fields}
+    options = ReportOptions(meta={"corpus": corpus_name, "seed": args.seed},
+                            faithfulness_docs=args.faithfulness_docs, windows=framing,
+                            save_raw=args.save_raw, progress=not args.no_progress,
+                            stream_rank=args.stream_rank, fields=fields)
     results = None
     if dist_env is not None:  # every rank runs its shard; the states reduce across ranks
         import torch.distributed as dist
@@ -320,7 +321,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         with tempfile.TemporaryDirectory() as scratch:
             pctx = ReportContext(view=view, tokens=tokens, tokenizer=tokenizer,
                                  out_dir=Path(scratch), results_dir=Path(scratch), mask=mask,
-                                 model_name=name, options=dict(options))
+                                 model_name=name, options=options)
             probes = [p for s in secs for p in s.probes(pctx)]
             status(f"probes: rank {dist_env[0]} of {dist_env[1]} runs its shard of "
                    f"{len(tokens)} windows")

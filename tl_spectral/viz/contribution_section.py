@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 @register_section
 class ContributionSection:
     """Report section: contribution statistics, sinks, a signed circuitsvis view, and (with
-    ``ctx.options["faithfulness_docs"] > 0``) faithfulness curves on that many documents."""
+    ``ctx.options.faithfulness_docs > 0``) faithfulness curves on that many documents."""
 
     key = "contributions"
     title = "Contribution weights and attention sinks"
@@ -95,7 +95,7 @@ class ContributionSection:
                                f"contribution weights of layer {view_layer}, document 0 (red = "
                                "positive, blue = negative; symmetric limits at the 99th "
                                "percentile of |c|; last panel = Σ heads)")
-        n_f = int(ctx.options.get("faithfulness_docs", 0))
+        n_f = int(ctx.options.faithfulness_docs)
         report.subsection("Faithfulness")
         if n_f > 0:
             from tl_spectral.probes.faithfulness import faithfulness

@@ -5,7 +5,7 @@ module once (one line each, below) and builds the report.
 The report runs every section's probes in ONE ``run_probes`` pass, then lets each section
 render its results (figures, tables, circuitsvis views, findings for the summary at the top)
 and save what a reload needs under ``results/`` (raw per-query maps only with
-``options["save_raw"]``).
+``options.save_raw``).
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ def build_report(
     processes of ``torchrun`` by ``tl-spectral analyze``); then no probe runs here."""
     from tl_spectral.probes import run_probes
 
-    ctx.options.setdefault("progress", progress)
+    if ctx.options.progress is None:
+        ctx.options = dataclasses.replace(ctx.options, progress=progress)
     secs = sections if sections is not None else [f() for f in SECTIONS]
     probes: list[Probe] = []
     for s in secs:
@@ -157,15 +158,15 @@ def build_report(
         ctx.status(f"probes: one pass over {n_docs} windows of {T} tokens")
         results = run_probes(ctx.view, ctx.tokens, probes, batch_size=batch_size,
                              progress=progress, attention_mask=ctx.mask)
-    seed = ctx.options.get("meta", {}).get("seed")
+    seed = ctx.options.meta.get("seed")
     run = f"{n_docs} windows × {T} tokens" + (f", seed {seed}" if seed is not None else "")
     report = Report(
         title or f"tl_spectral report — {ctx.name}",
         meta={
             "model": model_summary(ctx),
             "documents": f"{n_docs} windows of {T} tokens"
-                         + (f" ({ctx.options['windows']})" if ctx.options.get("windows") else ""),
-            **ctx.options.get("meta", {}),
+                         + (f" ({ctx.options.windows})" if ctx.options.windows else ""),
+            **ctx.options.meta,
         },
     )
     report.figure_suffix = f" [{ctx.name}; {run}]"

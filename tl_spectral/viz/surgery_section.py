@@ -25,6 +25,8 @@ class SurgerySection:
     key = "surgery"
     title = "Spectral surgery (linearization and cascade allocation)"
     order = 50
+    #: documents of the linearization curve
+    n_docs = 16
 
     def probes(self, ctx: ReportContext) -> list:
         return []  # its own forward passes with pattern hooks
@@ -47,8 +49,7 @@ class SurgerySection:
             "from layer 3); head dimensions set from the measured routing rank give SPEC B.6's "
             "cascade allocation (paper: 47–65% fewer attention parameters at +3.9% to +8.4% PPL)."
         )
-        n_docs = int(ctx.options.get("surgery_docs", 16))
-        toks = ctx.tokens[:n_docs]
+        toks = ctx.tokens[:self.n_docs]
         try:
             curve = tl_linearization_curve(ctx.view, toks, name=ctx.view.name)
         except ValueError as e:
