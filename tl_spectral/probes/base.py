@@ -136,6 +136,13 @@ class Probe:
         """Called by the runner before the first batch with the corpus size and its padded
         length (batches may be shorter: trailing padding columns are trimmed)."""
 
+    def next_pass(self) -> bool:
+        """Called by ``run_probes`` after each pass over the corpus (the states already
+        reduced across processes): True when the probe needs another pass over the same
+        corpus (a streaming probe that fixed its band windows in the first). Default: one
+        pass."""
+        return False
+
     # -- provided -----------------------------------------------------------------
     def reset(self) -> None:
         """Forget every document seen: ``run_probes`` calls this at the start of each run
