@@ -47,16 +47,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from tl_spectral.geometry.qk import (
-    _as_layers,
-    _check_finite,
-    _layer_names,
-    _pad_stack,
-    _per_head_table,
-    _write_csv,
-    entropy_effective_rank,
-    participation_ratio,
+from tl_spectral.geometry.common import (
+    as_layers,
+    check_finite,
+    pad_stack,
+    per_head_table,
+    resolve_layer_names,
+    write_csv,
 )
+from tl_spectral.geometry.qk import entropy_effective_rank, participation_ratio
 from tl_spectral.results import Result, register_result
 
 __all__ = [
@@ -416,7 +415,7 @@ class RotaryQKGeometry(Result):
         if self.mean_eff_rank_R is not None:
             cols["mean_eff_rank_R"] = self.mean_eff_rank_R
             cols["mean_eff_rank_F"] = self.mean_eff_rank_F
-        return _per_head_table(self, cols)
+        return per_head_table(self, cols)
 
     def _at_zero(self) -> torch.Tensor:
         return self.energies([0])["routing_fraction"][..., 0]
@@ -424,7 +423,7 @@ class RotaryQKGeometry(Result):
     def to_csv(self, path: Any):
         """Write the per-(layer, head, offset) table as CSV; returns the path."""
         rows = self.to_rows()
-        return _write_csv({k: [r[k] for r in rows] for k in rows[0]}, path)
+        return write_csv({k: [r[k] for r in rows] for k in rows[0]}, path)
 
     def layer_curves(self) -> dict[str, Any]:
         """Per layer, the head-mean routing fraction at each offset: ``{"offsets": [n],
@@ -492,11 +491,11 @@ def rotary_qk_geometry(
     if not isinstance(spec, RotarySpec):
         raise TypeError(f"spec must be a RotarySpec, got {type(spec).__name__}; build one with "
                         "RotarySpec.from_base(rotary_dim, base, pairing)")
-    q_layers = _as_layers(W_Q, "W_Q", 3, "head, d_model, d_head")
-    k_layers = _as_layers(W_K, "W_K", 3, "kv_head, d_model, d_head")
+    q_layers = as_layers(W_Q, "W_Q", 3, "head, d_model, d_head")
+    k_layers = as_layers(W_K, "W_K", 3, "kv_head, d_model, d_head")
     if len(q_layers) != len(k_layers):
         raise ValueError(f"W_Q has {len(q_layers)} layers but W_K has {len(k_layers)}")
-    names = _layer_names(layer_names, len(q_layers))
+    names = resolve_layer_names(layer_names, len(q_layers))
     n_heads, n_kv, d_model = q_layers[0].shape[0], k_layers[0].shape[0], q_layers[0].shape[1]
     if offsets is None:
         offsets = default_offsets(n_ctx) if n_ctx is not None else [0]
@@ -518,8 +517,8 @@ def rotary_qk_geometry(
         if n_heads % n_kv:
             raise ValueError(f"W_Q has {n_heads} heads, W_K {n_kv}: the query head count must "
                              "be a multiple of the key head count")
-        _check_finite(wq, f"W_Q[{i}]")
-        _check_finite(wk, f"W_K[{i}]")
+        check_finite(wq, f"W_Q[{i}]")
+        check_finite(wk, f"W_K[{i}]")
         d = int(wq.shape[2])
         a, b, theta, gain = spec.pairs(d)
         wq = wq.to(dtype)
@@ -558,8 +557,8 @@ def rotary_qk_geometry(
             outs.append(f.reshape(-1, 2 * p_max, 2 * p_max))
         return torch.stack(outs)
 
-    sv_r = _pad_stack([p["sv_R"] for p in per], k_max)
-    sv_f = _pad_stack([p["sv_F"] for p in per], k_max)
+    sv_r = pad_stack([p["sv_R"] for p in per], k_max)
+    sv_f = pad_stack([p["sv_F"] for p in per], k_max)
     norm_r, norm_f = stack("norm_R_sq"), stack("norm_F_sq")
     total = norm_r + norm_f
     mean_r, mean_f = stack("mean_R"), stack("mean_F")
