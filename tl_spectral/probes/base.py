@@ -33,6 +33,11 @@ if TYPE_CHECKING:
     from tl_spectral.results import Result
 
 
+class StopForward(Exception):
+    """Raised inside a hook once everything needed is captured: ends the forward pass early
+    (the runner and the interventions catch it)."""
+
+
 @dataclass
 class LayerCapture:
     """Tensors of one layer for one batch. Only the requested ones are set.

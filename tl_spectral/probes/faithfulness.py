@@ -57,11 +57,16 @@ from tl_spectral.analysis.faithfulness import (
     removal_counts,
 )
 from tl_spectral.model_view import ModelView
+from tl_spectral.probes.interventions import (  # noqa: F401 - METRICS, by_length public here
+    METRICS,
+    DamageMetric,
+    by_length,
+    padding_attention_mask,
+)
 from tl_spectral.probes.runner import Corpus, as_corpus
 from tl_spectral.results import Result, register_result
 
 STRATEGIES = ("pattern", "z")
-METRICS = ("delta_ppl", "embedding_distance")
 PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "contribution")
 """The paper's hierarchy of measures, worst to best."""
 DEFAULT_MEASURES = (*MEASURES, "random")
@@ -242,70 +247,6 @@ def _z_hooks(view: ModelView, layer: int, m: Tensor, key_mask: Optional[Tensor])
         (f"{base}.hook_v", grab("v")),
         (f"{base}.hook_z", z_hook),
     ]
-
-
-# ----------------------------------------------------------------------------- metrics
-class _StopForward(Exception):
-    """Raised after the last hidden state is captured: the rest of the pass is not needed."""
-
-
-def by_length(corpus: Corpus) -> Corpus:
-    """The corpus sorted by decreasing length (batches then carry little padding; every
-    statistic here is a sum over documents, so the order does not matter)."""
-    order = torch.sort(corpus.mask.sum(1), descending=True, stable=True).indices
-    return Corpus(tokens=corpus.tokens[order], mask=corpus.mask[order])
-
-
-class _Metric:
-    """Per-row damage statistics of one forward pass (clean or intervened)."""
-
-    def __init__(self, view: ModelView, metric: Optional[str]):
-        if metric is None:
-            metric = "delta_ppl" if view.causal else "embedding_distance"
-        if metric not in METRICS:
-            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
-        if metric == "delta_ppl" and not view.causal:
-            raise ValueError(
-                "delta_ppl needs a causal decoder; for an encoder pass metric="
-                "'embedding_distance'"
-            )
-        self.view = view
-        self.metric = metric
-
-    def run(
-        self, tokens: Tensor, mask: Tensor, hooks: list, *, attn_mask: Optional[Tensor]
-    ) -> Tensor:
-        """Decoder: ``[rows, 2]`` (NLL sum, count); encoder: ``[rows, d_model]`` embedding."""
-        view = self.view
-        if self.metric == "delta_ppl":
-            with torch.no_grad():
-                logits = view.run(tokens, attention_mask=attn_mask, fwd_hooks=hooks)
-            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-            tgt = tokens[:, 1:].to(logp.device)
-            nll = -logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-            ok = (mask[:, 1:] & mask[:, :-1]).to(nll.device)
-            return torch.stack([(nll * ok).sum(-1), ok.sum(-1).to(nll.dtype)], -1).double().cpu()
-        name = f"blocks.{view.n_layers - 1}.hook_resid_post"
-        cap: dict[str, Tensor] = {}
-
-        def hook(t: Tensor, hook: Any = None) -> Tensor:
-            cap["h"] = t.detach()
-            raise _StopForward  # the head (a random MLM head for MiniLM) is not needed
-
-        try:
-            with torch.no_grad():
-                view.run(tokens, attention_mask=attn_mask, fwd_hooks=hooks + [(name, hook)],
-                         return_type=None)
-        except _StopForward:
-            pass
-        h = cap["h"].double()
-        w = mask.to(h.device, h.dtype).unsqueeze(-1)
-        e = (h * w).sum(1) / w.sum(1).clamp_min(1.0)
-        return torch.nn.functional.normalize(e, dim=-1).cpu()
-
-
-def _attn_mask(view: ModelView, mask: Tensor) -> Optional[Tensor]:
-    return None if (view.causal or bool(mask.all())) else mask.long()
 
 
 # ----------------------------------------------------------------------------- ranking
@@ -548,7 +489,7 @@ class FaithfulnessResult(Result):
 
 # ----------------------------------------------------------------------------- main loop
 def capture_layers(
-    view: ModelView, tokens: Tensor, mask: Tensor, metric: Optional[_Metric] = None
+    view: ModelView, tokens: Tensor, mask: Tensor, metric: Optional[DamageMetric] = None
 ) -> tuple[dict[int, tuple[Tensor, Tensor]], Optional[Tensor]]:
     """One clean pass: ``{layer: (pattern [b, H, T, T], v [b, T, H, d_head])}`` and, with a
     metric, its per-row clean statistics."""
@@ -563,7 +504,7 @@ def capture_layers(
 
     hooks = [(view.hook_pattern(l), grab(l, "pattern")) for l in range(view.n_layers)]
     hooks += [(view.hook_v(l), grab(l, "v")) for l in range(view.n_layers)]
-    am = _attn_mask(view, mask)
+    am = padding_attention_mask(view, mask)
     if metric is not None:
         stats = metric.run(tokens, mask, hooks, attn_mask=am)
     else:
@@ -666,7 +607,7 @@ def faithfulness(
         raise ValueError("batch_size and rows_per_pass must be >= 1")
     corpus: Corpus = by_length(as_corpus(data, attention_mask))
     strategy = intervention_strategy(view)
-    met = _Metric(view, metric)
+    met = DamageMetric(view, metric)
     settings = ["all layers", f"layer {layer}"]
     setting_layers = [list(range(view.n_layers)), [layer]]
     S, M, F = len(settings), len(measures), len(fr)
@@ -754,7 +695,7 @@ def faithfulness(
             mask_rep = mask.repeat(len(chunk), 1)
             hooks = removal_hooks(view, masks, key_mask=mask_rep.to(view.device),
                                   strategy=strategy)
-            stats = met.run(tok_rep, mask_rep, hooks, attn_mask=_attn_mask(view, mask_rep))
+            stats = met.run(tok_rep, mask_rep, hooks, attn_mask=padding_attention_mask(view, mask_rep))
             assert stats.shape[0] == rows
             for ci, (si, mi, wi, fi) in enumerate(chunk):
                 row = stats[ci * b : (ci + 1) * b]

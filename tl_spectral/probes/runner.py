@@ -37,12 +37,7 @@ import torch
 from torch import Tensor
 
 from tl_spectral.model_view import CAPTURE_KINDS, ModelView, PatternsNotExposedError
-from tl_spectral.probes.base import LayerCapture, Probe, reduce_state
-
-
-class _StopForward(Exception):
-    """Raised inside the last needed hook to end the forward pass early."""
-
+from tl_spectral.probes.base import LayerCapture, Probe, StopForward, reduce_state
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -695,7 +690,7 @@ def _run_batch(view: ModelView, tokens: Tensor, mask: Tensor, doc_index: Tensor,
                 _update(readers[layer], cap, offsets)
                 del captures[layer]
                 if stop_early and layer == last_layer and not any(pending.values()):
-                    raise _StopForward
+                    raise StopForward
             return t
 
         return hook
@@ -715,7 +710,7 @@ def _run_batch(view: ModelView, tokens: Tensor, mask: Tensor, doc_index: Tensor,
         with torch.no_grad():
             out = view.run(tokens, attention_mask=attn_mask, fwd_hooks=fwd_hooks,
                            return_type="logits" if want_logits else None)
-    except _StopForward:
+    except StopForward:
         pass
     if any(pending.values()):
         missing = {layer: sorted(k) for layer, k in pending.items() if k}

@@ -357,13 +357,8 @@ def zero_sink_value(
     Settings: each layer of ``layers`` (default all) alone, then all of them at once.
     """
     from tl_spectral.analysis.faithfulness import allowed_mask
-    from tl_spectral.probes.faithfulness import (
-        _attn_mask,
-        _Metric,
-        by_length,
-        intervention_strategy,
-        removal_hooks,
-    )
+    from tl_spectral.probes.faithfulness import intervention_strategy, removal_hooks
+    from tl_spectral.probes.interventions import DamageMetric, by_length, padding_attention_mask
     from tl_spectral.probes.runner import as_corpus
 
     view = model if isinstance(model, ModelView) else ModelView(model)
@@ -372,7 +367,7 @@ def zero_sink_value(
         view._check_layer(layer)
     corpus = by_length(as_corpus(data, attention_mask))
     strategy = intervention_strategy(view)
-    met = _Metric(view, metric)
+    met = DamageMetric(view, metric)
     settings = [[l] for l in layers] + [layers]
     names = [f"layer {l}" for l in layers] + ["all layers"]
     S = len(settings)
@@ -387,7 +382,7 @@ def zero_sink_value(
         if sink_index >= T_b:
             raise ValueError(f"sink_index {sink_index} is beyond the batch length {T_b}")
         b = tokens.shape[0]
-        clean_rows = met.run(tokens, mask, [], attn_mask=_attn_mask(view, mask))
+        clean_rows = met.run(tokens, mask, [], attn_mask=padding_attention_mask(view, mask))
         allowed = allowed_mask(T_b, causal=view.causal, key_mask=mask, query_mask=mask)
         col = torch.zeros_like(allowed)
         col[..., sink_index] = True
@@ -404,7 +399,7 @@ def zero_sink_value(
             mask_rep = mask.repeat(len(chunk), 1)
             hooks = removal_hooks(view, masks, key_mask=mask_rep.to(view.device),
                                   strategy=strategy)
-            stats = met.run(tok_rep, mask_rep, hooks, attn_mask=_attn_mask(view, mask_rep))
+            stats = met.run(tok_rep, mask_rep, hooks, attn_mask=padding_attention_mask(view, mask_rep))
             for ci, si in enumerate(chunk):
                 row = stats[ci * b : (ci + 1) * b]
                 if met.metric == "delta_ppl":
