@@ -172,3 +172,18 @@ def test_analyze_refuses_then_replaces_an_old_report(tmp_path):
     assert not (out / "results" / "stale.safetensors").exists()  # replaced whole
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rep")]  # no temp left
     shutil.rmtree(out)
+
+
+def test_model_and_corpus_loading_live_in_the_library():
+    """load_corpus / check_corpus are tl_spectral.data's, model loading by name is
+    tl_spectral.models.loading's; tl_spectral.cli re-exports them for the studies."""
+    import tl_spectral.cli as cli
+    from tl_spectral.data import check_corpus, load_corpus, tiny_shakespeare
+    from tl_spectral.models import load_model as load_checkpoint
+    from tl_spectral.models.loading import load_named_model, resolve_model
+
+    assert cli.load_corpus is load_corpus and cli.check_corpus is check_corpus
+    assert load_corpus("shakespeare") == tiny_shakespeare()
+    assert resolve_model("random") == ("random", "random") == cli.resolve_model("random")
+    assert load_named_model is not load_checkpoint  # two names, two meanings
+    from tl_spectral.cli import load_model  # noqa: F401 - the studies' import still works

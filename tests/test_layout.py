@@ -116,7 +116,7 @@ def test_the_cycle_finder_can_fail():
 
 
 #: the floors of docs/architecture.md, lowest first; "leaf" is the plotting leaf
-_GROUND_MODELS = {"gpt", "attention", "convert", "zoo", "train"}
+_GROUND_MODELS = {"gpt", "attention", "convert", "zoo", "train", "loading"}
 
 
 def floor(module: str):
@@ -125,7 +125,8 @@ def floor(module: str):
     ablations), "leaf" plotting (viz/*_plots, views, figures, plots), 3 the top (report
     sections, cli)."""
     parts = module.split(".")
-    if module in ("tl_spectral.results", "tl_spectral.model_view", "tl_spectral.usage") \
+    if module in ("tl_spectral.results", "tl_spectral.model_view", "tl_spectral.usage",
+                  "tl_spectral.files") \
             or parts[:2] == ["tl_spectral", "data"]:
         return 0
     if parts[:2] == ["tl_spectral", "models"]:

@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+from tl_spectral.data.corpora import check_corpus, load_corpus  # noqa: F401 - re-exported
+from tl_spectral.files import current_umask
 from tl_spectral.usage import ArgumentParser, UsageError
 
 DEFAULT_MODEL = "char-shakespeare"
@@ -34,92 +36,26 @@ MAX_DOCS = 1_000_000
 
 # ------------------------------------------------------------------------- models, corpora
 def random_reference_model(seed: int = 0):
-    """A seeded random TransformerBridge of the char-shakespeare size (6L, 8H, d 128, ctx 256)."""
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge import TransformerBridge
+    """See :func:`tl_spectral.models.loading.random_reference_model` (re-exported here)."""
+    from tl_spectral.models.loading import random_reference_model as _f
 
-    from tl_spectral.data import CharTokenizer, tiny_shakespeare
-
-    tok = CharTokenizer.from_text(tiny_shakespeare())
-    cfg = TransformerBridgeConfig(
-        d_model=128, d_head=16, n_layers=6, n_ctx=256, n_heads=8, d_vocab=tok.vocab_size,
-        act_fn="gelu", normalization_type="LN", seed=seed, model_name="random-6L",
-    )
-    return TransformerBridge.boot_native(cfg, model_name="random-6L"), tok
+    return _f(seed)
 
 
 def resolve_model(name: str) -> tuple[str, str]:
-    """(kind, target) for ``--model``: ("zoo", name), ("random", "random") or ("hf", folder).
+    """See :func:`tl_spectral.models.loading.resolve_model` (re-exported here)."""
+    from tl_spectral.models.loading import resolve_model as _f
 
-    A bare name is looked up in the zoo first (a local folder of the same name does not
-    shadow it); a local Hugging Face folder is given as a path (with a ``/`` or starting
-    with ``.``), holding ``config.json``. Raises :class:`UsageError` otherwise."""
-    from tl_spectral.models import zoo
-
-    if name == "random":
-        return "random", name
-    if name in zoo.available():
-        return "zoo", name
-    looks_like_path = "/" in name or name.startswith(".") or os.sep in name
-    p = Path(name)
-    if looks_like_path and p.is_dir() and (p / "config.json").is_file():
-        return "hf", str(p)
-    if looks_like_path and p.exists():
-        raise UsageError(f"--model {name}: no config.json in that folder; pass a Hugging Face "
-                         "model folder (save_pretrained output)")
-    hint = f" (for the local folder, pass ./{name})" if p.is_dir() else ""
-    raise UsageError(f"unknown model {name!r}{hint}; pass a zoo name "
-                     f"({', '.join(zoo.available())}), 'random', or the path of a local Hugging "
-                     "Face folder")
+    return _f(name)
 
 
 def load_model(name: str) -> tuple[Any, Any]:
-    """A TransformerLens model and its tokenizer from a zoo name, "random" or an HF folder
-    (see :func:`resolve_model`)."""
-    kind, target = resolve_model(name)
-    if kind == "random":
-        return random_reference_model()
-    if kind == "hf":
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from transformer_lens.model_bridge import TransformerBridge
+    """A model and its tokenizer by ``--model`` name:
+    :func:`tl_spectral.models.loading.load_named_model` (kept here for the studies; not the
+    checkpoint loader ``tl_spectral.models.load_model``)."""
+    from tl_spectral.models.loading import load_named_model
 
-        model = TransformerBridge.boot_transformers(target, device="cpu")
-        return model, model.tokenizer
-    from tl_spectral.models import zoo
-
-    return zoo.load(target)
-
-
-def check_corpus(corpus: str) -> None:
-    """``--corpus``: 'shakespeare' or an existing, non-empty UTF-8 file (else UsageError
-    naming the file and, for bad UTF-8, the byte offset)."""
-    if corpus in ("shakespeare", "tiny-shakespeare"):
-        return
-    p = Path(corpus)
-    if not p.exists():
-        raise UsageError(f"--corpus {corpus}: no such file; pass 'shakespeare' (bundled) or "
-                         "the path of a UTF-8 text file")
-    if not p.is_file():
-        raise UsageError(f"--corpus {corpus} is not a file; pass a UTF-8 text file")
-    raw = p.read_bytes()
-    if not raw.strip():
-        raise UsageError(f"--corpus {corpus} is empty; pass a UTF-8 text file with text in it")
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UsageError(f"--corpus {corpus} is not UTF-8 text: byte 0x{raw[e.start]:02x} at "
-                         f"byte offset {e.start} ({e.reason}); convert it to UTF-8 (e.g. iconv "
-                         "-f latin1 -t utf-8)") from None
-
-
-def load_corpus(corpus: str) -> str:
-    """The text of ``--corpus`` ('shakespeare' = the bundled Tiny Shakespeare)."""
-    from tl_spectral.data import tiny_shakespeare
-
-    check_corpus(corpus)
-    if corpus in ("shakespeare", "tiny-shakespeare"):
-        return tiny_shakespeare()
-    return Path(corpus).read_text(encoding="utf-8")
+    return load_named_model(name)
 
 
 def check_out_dir(out: Path, overwrite: bool) -> None:
@@ -347,7 +283,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
             "tool": "tl-spectral analyze", "model": args.model, "corpus": corpus_name,
             "n_docs": args.n_docs, "length": args.length, "seed": args.seed,
             "processes": 1 if dist_env is None else dist_env[1]}) + "\n")
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a report is the user's folder
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; a report is the user's folder
         _swap_in(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -506,12 +442,6 @@ def _encoder_windows(text: str, tokenizer, args):
     framing = (f"sentence-aligned windows framed as {cls_s} … {sep_s}; position 0 is {cls_s}"
                if cls_id is not None else "sentence-aligned windows")
     return tokens, mask, framing
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _swap_in(new: Path, out: Path) -> None:

@@ -24,6 +24,8 @@ except ImportError:  # pragma: no cover
     SafetensorsError = Exception  # type: ignore[misc,assignment]
 from safetensors.torch import load_file, save_file
 
+from tl_spectral.files import current_umask
+
 _REGISTRY: dict[str, type["Result"]] = {}
 
 
@@ -208,7 +210,7 @@ class Result:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             save_file(tensors, str(tmp), metadata={"tl_spectral": json.dumps(header)})
-            os.chmod(tmp, 0o666 & ~_umask())
+            os.chmod(tmp, 0o666 & ~current_umask())
             if overwrite:
                 os.replace(tmp, path)
             else:
@@ -361,21 +363,6 @@ def result_path(path: str | Path) -> Path:
     if not path.name.endswith(".safetensors"):
         path = path.with_name(path.name + ".safetensors")
     return path
-
-
-def _umask() -> int:
-    """The process umask (read from /proc where possible: setting it to read it is racy
-    under threads)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _link_exclusive(tmp: Path, path: Path) -> None:
