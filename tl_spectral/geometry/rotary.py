@@ -51,7 +51,6 @@ from tl_spectral.geometry.common import (
     as_layers,
     check_finite,
     pad_stack,
-    per_head_table,
     resolve_layer_names,
     write_csv,
 )
@@ -406,17 +405,6 @@ class RotaryQKGeometry(Result):
                     })
         return rows
 
-    def head_table(self) -> dict[str, list]:
-        """Per-head distribution averages as columns (layer, layer_name, head, d_head, …)."""
-        cols = {"mean_routing_fraction": self.mean_routing_fraction,
-                "mean_fraction_of_offsets": self.mean_fraction_of_offsets,
-                "mean_norm_M_sq": self.mean_norm_M_sq,
-                "routing_fraction_at_0": self._at_zero()}
-        if self.mean_eff_rank_R is not None:
-            cols["mean_eff_rank_R"] = self.mean_eff_rank_R
-            cols["mean_eff_rank_F"] = self.mean_eff_rank_F
-        return per_head_table(self, cols)
-
     def _at_zero(self) -> torch.Tensor:
         return self.energies([0])["routing_fraction"][..., 0]
 
@@ -424,13 +412,6 @@ class RotaryQKGeometry(Result):
         """Write the per-(layer, head, offset) table as CSV; returns the path."""
         rows = self.to_rows()
         return write_csv({k: [r[k] for r in rows] for k in rows[0]}, path)
-
-    def layer_curves(self) -> dict[str, Any]:
-        """Per layer, the head-mean routing fraction at each offset: ``{"offsets": [n],
-        "layers": {name: [n]}}`` (plain Python)."""
-        return {"offsets": [int(o) for o in self.offsets],
-                "layers": {name: self.routing_fraction[i].mean(0).tolist()
-                           for i, name in enumerate(self.layer_names)}}
 
     def headline(self) -> dict[str, list]:
         """Per-layer head means: routing fraction at Δ = 0 and averaged over the
