@@ -89,6 +89,8 @@ def _int_in(ap: ArgumentParser, name: str, value: int, lo: int, hi: int) -> None
 
 # ------------------------------------------------------------------------------- analyze
 def analyze(argv: Optional[list[str]] = None) -> int:
+    # Long on purpose: a command, read top to bottom: every argument checked before the model
+    # loads, then the run; each step is a helper.
     ap = ArgumentParser(
         prog="tl-spectral analyze",
         description="Run tl_spectral's probes on a model and corpus; write an offline HTML report.",

@@ -434,6 +434,8 @@ def scale_pod_layer(
     options: a :class:`~tl_spectral.analysis.scale_pod_options.ScalePODOptions` holding the
         settings above (instead of the keywords; pass one or the other).
     """
+    # Long on purpose: numbered steps (1-3) over one lag-major copy of the fields; split, every
+    # step would pass that copy and a dozen intermediates to the next.
     o = ScalePODOptions.resolve(
         options, center=center, scales=scales, wavelet=wavelet, max_dominant=max_dominant,
         min_ratio=min_ratio, min_peak_fraction=min_peak_fraction,

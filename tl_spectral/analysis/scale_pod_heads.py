@@ -453,6 +453,8 @@ def scale_pod_heads_layer(
     options: a :class:`~tl_spectral.analysis.scale_pod_options.ScalePODOptions` holding the
         settings above (instead of the keywords; pass one or the other).
     """
+    # Long on purpose: the batched-over-heads mirror of scale_pod_layer, step for step (a test
+    # compares them); split, the chunked per-head intermediates would thread through helpers.
     o = ScalePODOptions.resolve(
         options, center=center, scales=scales, wavelet=wavelet, max_dominant=max_dominant,
         min_ratio=min_ratio, min_peak_fraction=min_peak_fraction,

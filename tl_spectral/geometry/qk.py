@@ -399,6 +399,8 @@ def qk_geometry(
     Fold LayerNorm weights into ``W_Q``/``W_K`` first (TransformerLens' ``fold_ln``) for the
     geometry of the kernel the residual stream actually sees.
     """
+    # Long on purpose: the checks of every input form (dense, factored, per-layer lists, GQA)
+    # are the bulk; the work is one batched pass per d_head group below them.
     if _is_factored(W_Q):
         if W_K is not None:
             raise ValueError("qk_geometry got a FactoredMatrix for W_Q and also W_K; pass the "

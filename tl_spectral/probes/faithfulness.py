@@ -587,6 +587,8 @@ def faithfulness(
     over the corpus, turned into ΔPPL (``exp`` of the mean NLL minus the clean PPL) or the
     mean embedding distance, and integrated (``curve_area``).
     """
+    # Long on purpose: the checks of every argument, then one loop (batches × settings ×
+    # measures) filling one statistics tensor; the steps inside are helpers already.
     view = model if isinstance(model, ModelView) else ModelView(model)
     if level not in ("token", "head"):
         raise ValueError(f"level must be 'token' or 'head', got {level!r}")

@@ -362,6 +362,8 @@ def run_probes(
     the probe states are reduced across processes before the results are built, so every
     rank returns the whole-corpus results.
     """
+    # Long on purpose: the public entry (checks, the pass loop with extra passes for streaming
+    # probes, the logits); each step inside is a helper already.
     view = model if isinstance(model, ModelView) else ModelView(model)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
