@@ -42,7 +42,8 @@ class CascadeResult(Result):
     routing_fraction_S: torch.Tensor | None = None
 
     def rank(self) -> torch.Tensor:
-        """The routing rank followed by the cascade: S for S–D models, else R. [n, layer, head]"""
+        """The routing rank followed by the cascade, ``[n, layer, head]``: S for S–D models,
+        else R."""
         return self.rank_S if self.rank_S is not None else self.rank_R
 
     def plot(self, ax: Any = None, which: str = "auto"):

@@ -126,7 +126,9 @@ def _head_spectra(wq: torch.Tensor, wk: torch.Tensor, zero_rtol: float) -> dict[
     """Factored spectra of a batch of heads.
 
     Args:
-        wq, wk: ``[batch, d_model, d_head]``.
+        wq: ``[batch, d_model, d_head]``.
+        wk: ``[batch, d_model, d_head]``.
+        zero_rtol: relative tolerance below which a singular value or eigenvalue is zero.
 
     Steps:
         1. ``A = [W_Q, W_K]``; ``A = Q [R₁, R₂]`` (QR, only the triangular factor is kept).
@@ -784,8 +786,9 @@ def recover_sd_from_qk(
     ``W_K`` times any square matrix: not a converted S–D model).
 
     Args:
-        W_Q, W_K: ``[layer, head, d_model, d_head]`` tensors, or per-layer lists of
+        W_Q: ``[layer, head, d_model, d_head]`` tensor, or a per-layer list of
             ``[head, d_model, d_head_l]`` (same head count; no grouped-query).
+        W_K: the same shape as ``W_Q``.
         scale: the factor the converter multiplied into ``W_Q`` (e.g. to keep the
             ``1/sqrt(d_head)`` score scale right after zero-padding); a float, or one value
             per layer.
