@@ -247,3 +247,27 @@ def test_load_imports_only_library_modules_that_define_the_kind(tmp_path):
         Result.load(write("missing", "no_such_kind_4", "tl_spectral.no_such_module"))
     with pytest.raises(ValueError, match="not the name"):
         Result.load(write("num", "no_such_kind_5", 3))
+
+
+def test_every_figure_of_the_library_goes_through_the_plotting_leaf():
+    """One convention: each plot / plot_* / view method of a library result kind is one line,
+    ``self._draw(name, ...)``, and the plotting leaf has a function for it."""
+    import inspect
+
+    from tl_spectral.results import plotter
+
+    _import_result_modules()
+    seen = 0
+    for kind, cls in _REGISTRY.items():
+        if not cls.__module__.startswith("tl_spectral."):
+            continue
+        for name, fn in vars(cls).items():
+            if not (name == "plot" or name == "view" or name.startswith("plot_")):
+                continue
+            src = inspect.getsource(fn)
+            assert f'self._draw("{name}"' in src and "import matplotlib" not in src, (kind, name)
+            assert callable(plotter(kind, name)), (kind, name)
+            seen += 1
+    assert seen >= 40
+    with pytest.raises(NotImplementedError, match="no figure"):
+        plotter("pod", "plot_nothing")

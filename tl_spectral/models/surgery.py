@@ -325,7 +325,7 @@ class LinearizationCurve(Result):
 
     def plot(self, ax: Any = None):
         """Relative ΔPPL (%) vs k (zero-shot solid, fine-tuned dashed). Returns a Figure."""
-        return plot_collapse([self], ax=ax)
+        return self._draw("plot", ax=ax)
 
 
 def plot_collapse(curves: Sequence[LinearizationCurve], ax: Any = None,

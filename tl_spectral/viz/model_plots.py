@@ -158,3 +158,9 @@ def plot_collapse(curves: Sequence[Any], ax: Any = None,
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+@register_plot("linearization_curve", "plot")
+def linearization_curve_figure(res, ax: Any = None):
+    """Relative ΔPPL (%) vs k of one curve (zero-shot solid, fine-tuned dashed)."""
+    return plot_collapse([res], ax=ax)
