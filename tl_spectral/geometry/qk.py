@@ -317,7 +317,7 @@ class QKGeometry(Result):
             extra={"routing_capacity": [int(c) for c in self.routing_capacity]},
         )
 
-    # plots (matplotlib lives in viz; imported lazily to keep geometry light)
+    # figures: drawn by the plotting leaf (viz/geometry_plots.py) through Result._draw
     def plot_budget(self, **kwargs: Any):
         """Routing fraction per layer (box + scatter over heads). Returns a Figure."""
         return self._draw("plot_budget", **kwargs)
