@@ -697,7 +697,8 @@ def faithfulness(
             mask_rep = mask.repeat(len(chunk), 1)
             hooks = removal_hooks(view, masks, key_mask=mask_rep.to(view.device),
                                   strategy=strategy)
-            stats = met.run(tok_rep, mask_rep, hooks, attn_mask=padding_attention_mask(view, mask_rep))
+            stats = met.run(tok_rep, mask_rep, hooks,
+                            attn_mask=padding_attention_mask(view, mask_rep))
             assert stats.shape[0] == rows
             for ci, (si, mi, wi, fi) in enumerate(chunk):
                 row = stats[ci * b : (ci + 1) * b]

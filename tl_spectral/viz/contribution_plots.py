@@ -230,7 +230,8 @@ def faithfulness_plot_curves(res):
 
 
 @register_plot("contribution_maps", "view")
-def contribution_maps_view(res, tokens=None, batch: int = 0, measure: str = "contribution", **kwargs):
+def contribution_maps_view(res, tokens=None, batch: int = 0, measure: str = "contribution",
+                           **kwargs):
     """circuitsvis view of one document's signed map (red positive, blue negative;
     see :func:`tl_spectral.viz.contribution_plots.contribution_view`); ``tokens``:
     the document's token strings (default: position indices)."""
@@ -240,7 +241,8 @@ def contribution_maps_view(res, tokens=None, batch: int = 0, measure: str = "con
 
 
 @register_plot("contribution_maps", "plot_maps")
-def contribution_maps_plot_maps(res, batch: int = 0, head: int | None = None, *, max_tokens: int = 64):
+def contribution_maps_plot_maps(res, batch: int = 0, head: int | None = None, *,
+                                max_tokens: int = 64):
     """Heatmaps (query × key) of the four measures for one head or the token level.
 
     ``head=None`` plots the token level (sum over heads). Signed maps (contribution,
