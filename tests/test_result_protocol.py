@@ -271,3 +271,27 @@ def test_every_figure_of_the_library_goes_through_the_plotting_leaf():
     assert seen >= 40
     with pytest.raises(NotImplementedError, match="no figure"):
         plotter("pod", "plot_nothing")
+
+
+def test_the_main_table_is_rows():
+    """The protocol's table hook is rows(): every library kind with a table names it so
+    (AllocationStudy keeps its models in a field named rows and its table in to_rows()); a
+    kind of another package with only an older name still works, with a DeprecationWarning."""
+    _import_result_modules()
+    for kind, cls in _REGISTRY.items():
+        if not cls.__module__.startswith("tl_spectral.") or kind == "allocation_study":
+            continue
+        legacy = [n for n in ("to_rows", "summary_rows", "table") if hasattr(cls, n)]
+        if legacy:
+            assert callable(vars(cls).get("rows")), kind
+
+    @dataclasses.dataclass
+    class OldStyle(Result):
+        kind = "old_style_table_test"
+        x: int = 1
+
+        def to_rows(self):
+            return [{"x": self.x}, {"x": 2}]
+
+    with pytest.warns(DeprecationWarning, match="rows()"):
+        assert len(OldStyle().to_frame()) == 2

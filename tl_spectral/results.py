@@ -56,20 +56,32 @@ class Result:
 
     # ------------------------------------------------------------- the Result protocol
     # Every result kind answers the same calls: to_dict / to_frame / summary / repr /
-    # _repr_html_ / plot / show / save / load. A kind customises it through ``rows()``
-    # (its main table: the first of the methods ``rows``, ``to_rows``, ``summary_rows``,
-    # ``table`` it defines), ``headline()`` (a few numbers), ``plot()`` and ``view()``.
+    # _repr_html_ / plot / show / save / load. A kind customises it through ``rows()`` (its
+    # main table), ``headline()`` (a few numbers), and its figures (``plot`` / ``plot_*`` /
+    # ``view``, drawn by the plotting leaf through ``_draw``).
 
     def _table(self) -> list[dict[str, Any]]:
-        """The main table of the result, one dict per row (per layer, head, measure …)."""
-        for name in ("rows", "to_rows", "summary_rows", "table"):
-            f = getattr(self, name, None)
-            if callable(f):
-                return list(f())
+        """The main table, one dict per row: the kind's ``rows()`` method. (The base class
+        defines none: a dataclass field named ``rows`` would take it as its default;
+        ``AllocationStudy`` holds its models in such a field and names its table
+        ``to_rows()``.) Without one, the headline as one row, else one row of the scalar
+        fields and the arrays' shapes."""
+        rows = getattr(self, "rows", None)
+        if callable(rows):
+            return list(rows())
+        legacy = next((n for n in ("to_rows", "summary_rows", "table")
+                       if callable(getattr(self, n, None))), None)
+        if legacy is not None:
+            if not type(self).__module__.startswith("tl_spectral."):
+                import warnings  # a kind of another package written before rows() was the hook
+
+                warnings.warn(f"{type(self).__name__}: name the main table rows() (the "
+                              f"Result protocol's hook); {legacy}() is read for now",
+                              DeprecationWarning, stacklevel=3)
+            return list(getattr(self, legacy)())
         h = self.headline()
         if h:
             return [h]
-        # no table of its own: one row of the scalar fields and the arrays' shapes
         row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if isinstance(getattr(self, f.name), (int, float, str, bool))}
         row.update({k: "×".join(map(str, v)) for k, v in _shape_fields(self)})

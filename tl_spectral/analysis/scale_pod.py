@@ -353,6 +353,10 @@ class ScalePODResult(Result):
     def n_layers(self) -> int:
         return len(self.layers)
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`table`."""
+        return self.table()
+
     def table(self) -> list[dict[str, Any]]:
         """Per-layer summary rows: dominant scales, band energies, T_spec, H*, allocation."""
         rows = []

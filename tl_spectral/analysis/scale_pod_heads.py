@@ -131,6 +131,10 @@ class ScalePODHeadsLayer(Result):
         """Scale energy E(a) of every head (one line per head; the peak scale marked)."""
         return self._draw("plot", ax=ax)
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`table`."""
+        return self.table()
+
     def table(self) -> list[dict[str, Any]]:
         """One JSON-able row per head: scales, band shares, whole-field ``T_spec`` and ``H*``."""
         names = self.band_names()
@@ -216,6 +220,10 @@ class ScalePODHeadsResult(Result):
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`table`."""
+        return self.table()
 
     def table(self) -> list[dict[str, Any]]:
         """One row per (layer, head) (see :meth:`ScalePODHeadsLayer.table`)."""

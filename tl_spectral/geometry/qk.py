@@ -292,6 +292,10 @@ class QKGeometry(Result):
         """
         return per_head_table(self, self._columns())
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
+        return self.to_rows()
+
     def to_rows(self) -> list[dict[str, Any]]:
         """The per-head table as a list of ``{column: scalar}`` rows."""
         return table_rows(self.to_dict())
@@ -621,6 +625,10 @@ class SDGeometry(Result):
     def to_dict(self) -> dict[str, list]:
         """Per-head table as columns (rows over layers, then heads)."""
         return per_head_table(self, self._columns())
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
+        return self.to_rows()
 
     def to_rows(self) -> list[dict[str, Any]]:
         """The per-head table as a list of row dicts."""

@@ -388,6 +388,10 @@ class RotaryQKGeometry(Result):
         return {"norm_M_sq": mm, "norm_R_sq": r, "norm_F_sq": f,
                 "routing_fraction": _fraction(r, r + f)}
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
+        return self.to_rows()
+
     def to_rows(self) -> list[dict[str, Any]]:
         """One row per (layer, head, offset): layer, layer_name, head, offset and the
         per-offset energies, fraction and ranks."""

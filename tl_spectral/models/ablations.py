@@ -151,6 +151,10 @@ class AblationResult(Result):
     seq_len: int
     rows: list
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
+        return self.to_rows()
+
     def to_rows(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.rows]
 
@@ -336,6 +340,10 @@ class RankTruncationCurve(Result):
     seq_len: int
     full_rank: int
     rows: list
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
+        return self.to_rows()
 
     def to_rows(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.rows]

@@ -306,6 +306,10 @@ class LinearizationCurve(Result):
             best = k
         return best
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
+        return self.to_rows()
+
     def to_rows(self) -> list[dict[str, Any]]:
         rows = []
         ft = self.rel_delta("fine_tuned") if self.ppl_fine_tuned is not None else None
@@ -547,6 +551,10 @@ class CascadeAllocation(Result):
     def config(self) -> GPTConfig:
         """The reallocated model's :class:`GPTConfig`."""
         return allocated_config(GPTConfig.from_dict(self.model_config), self.d_head)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
+        return self.to_rows()
 
     def to_rows(self) -> list[dict[str, Any]]:
         return [{"layer": l, "routing_rank": r, "d_head_uniform": u, "d_head": d}

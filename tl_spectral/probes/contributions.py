@@ -275,6 +275,10 @@ class ContributionStats(Result):
         probe); default: the last layer."""
         return self._draw("view", layer=layer, doc=doc, **kwargs)
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`summary_rows`."""
+        return self.summary_rows()
+
     def summary_rows(self) -> list[dict]:
         """One row per layer: token-level negative shares, the sink's (source 0) mean
         contribution and attention, and the token-level rank correlation of each baseline

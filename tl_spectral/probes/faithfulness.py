@@ -428,6 +428,10 @@ class FaithfulnessResult(Result):
             self._areas(idx)), n, n_resamples=n_resamples, seed=seed, level=level)
         return {"comprehensiveness": iv[0], "sufficiency": iv[1]}
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`table`."""
+        return self.table()
+
     def table(self, setting: int = 0) -> list[dict]:
         """Rows ``{measure, comprehensiveness_area, sufficiency_area}`` for one setting."""
         return [

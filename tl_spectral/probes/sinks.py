@@ -110,6 +110,10 @@ class SinkStats(Result):
     n_docs: int = 0
     model_name: str = ""
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`summary_rows`."""
+        return self.summary_rows()
+
     def summary_rows(self) -> list[dict]:
         """One row per layer (head means unless stated)."""
         rows = []
