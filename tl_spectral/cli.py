@@ -89,6 +89,7 @@ def _int_in(ap: ArgumentParser, name: str, value: int, lo: int, hi: int) -> None
 
 # ------------------------------------------------------------------------------- analyze
 def analyze(argv: Optional[list[str]] = None) -> int:
+    """``tl-spectral analyze``: the probes on a model and corpus, an offline HTML report."""
     # Long on purpose: a command, read top to bottom: every argument checked before the model
     # loads, then the run; each step is a helper.
     ap = ArgumentParser(
@@ -479,6 +480,7 @@ def tokenizer_for(name: str):
 
 
 def tokenize(argv: Optional[list[str]] = None) -> int:
+    """``tl-spectral tokenize``: a corpus into a token file read lazily by ``analyze``."""
     ap = ArgumentParser(
         prog="tl-spectral tokenize",
         description="Tokenize text into a token file (memory-mapped ids with document "
@@ -536,6 +538,7 @@ def tokenize(argv: Optional[list[str]] = None) -> int:
 
 # --------------------------------------------------------------------------------- train
 def train(argv: Optional[list[str]] = None) -> int:
+    """``tl-spectral train``: train a model of the project's GPT family."""
     argv = list(argv or [])
     ap = ArgumentParser(prog="tl-spectral train", add_help=False)
     ap.add_argument("--config")
@@ -575,6 +578,7 @@ def train(argv: Optional[list[str]] = None) -> int:
 
 # ----------------------------------------------------------------------------- geometry
 def geometry(argv: Optional[list[str]] = None) -> int:
+    """``tl-spectral geometry``: the QK weight geometry table of a model."""
     ap = ArgumentParser(prog="tl-spectral geometry",
                         description="Per-head routing/filtering geometry of a model's QK "
                                     "weights (SPEC B.1): a table, a CSV and a figure.")
@@ -648,6 +652,7 @@ def _study_entry_points() -> dict[str, Any]:
 
 
 def study(argv: Optional[list[str]] = None) -> int:
+    """``tl-spectral study NAME``: run a study of the ``tl_spectral.studies`` entry points."""
     argv = list(argv or [])
     eps = _study_entry_points()
     names = sorted(eps)
@@ -682,6 +687,7 @@ USAGE = """usage: tl-spectral {analyze,tokenize,train,study,geometry} [options] 
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """The ``tl-spectral`` command: dispatch to a subcommand; user errors are one line."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]

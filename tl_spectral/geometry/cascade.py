@@ -53,6 +53,7 @@ class CascadeResult(Result):
 
 
 def checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every complete checkpoint of a run (and its final model)."""
     out = []
     root = run_dir / "checkpoints"
     for p in sorted(root.glob("step_*")) if root.is_dir() else []:

@@ -59,6 +59,7 @@ def _probe_name(field: str) -> str:
 
 @register_section
 class ScalePODSection:
+    """Report section: scale-selective POD of the attention fields (and ``--fields``)."""
     key = "scale_pod"
     title = "Scale-selective POD of attention fields"
     order = 20

@@ -42,6 +42,7 @@ def _informative_head_rows(rows: list[dict]) -> list[int]:
 
 @register_section
 class AttentionStatsSection(ReportSection):
+    """Report section: entropy, distance and position-0 mass of every head, patterns."""
     key = "attention_stats"
     title = "Attention statistics"
     order = 10
@@ -123,6 +124,7 @@ def section_keys() -> tuple[str, ...]:
 
 
 def model_summary(ctx: ReportContext) -> str:
+    """One line describing the report's model (layers, heads, widths, causal or not)."""
     v = ctx.view
     kind = "causal" if v.causal else "bidirectional (encoder)"
     return (f"{ctx.name}: {v.n_layers} layers × {v.n_heads} heads, d_model {v.d_model}, "
