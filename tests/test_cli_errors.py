@@ -182,8 +182,15 @@ def test_model_and_corpus_loading_live_in_the_library():
     from tl_spectral.models import load_model as load_checkpoint
     from tl_spectral.models.loading import load_named_model, resolve_model
 
-    assert cli.load_corpus is load_corpus and cli.check_corpus is check_corpus
-    assert load_corpus("shakespeare") == tiny_shakespeare()
+    assert load_corpus("shakespeare") == tiny_shakespeare() == cli.load_corpus("shakespeare")
+    check_corpus("shakespeare")
     assert resolve_model("random") == ("random", "random") == cli.resolve_model("random")
     assert load_named_model is not load_checkpoint  # two names, two meanings
     from tl_spectral.cli import load_model  # noqa: F401 - the studies' import still works
+
+
+def test_the_command_line_module_starts_without_torch():
+    code = "import sys, tl_spectral.cli; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"

@@ -24,7 +24,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from tl_spectral.data.corpora import check_corpus, load_corpus  # noqa: F401 - re-exported
 from tl_spectral.files import current_umask
 from tl_spectral.usage import ArgumentParser, UsageError
 
@@ -35,6 +34,21 @@ MAX_DOCS = 1_000_000
 
 
 # ------------------------------------------------------------------------- models, corpora
+def check_corpus(corpus: str) -> None:
+    """See :func:`tl_spectral.data.corpora.check_corpus` (kept here; imported on use, so the
+    command line starts without torch)."""
+    from tl_spectral.data.corpora import check_corpus as _f
+
+    return _f(corpus)
+
+
+def load_corpus(corpus: str) -> str:
+    """See :func:`tl_spectral.data.corpora.load_corpus` (kept here for the studies)."""
+    from tl_spectral.data.corpora import load_corpus as _f
+
+    return _f(corpus)
+
+
 def random_reference_model(seed: int = 0):
     """See :func:`tl_spectral.models.loading.random_reference_model` (re-exported here)."""
     from tl_spectral.models.loading import random_reference_model as _f
