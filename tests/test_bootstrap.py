@@ -11,7 +11,6 @@ from tl_spectral.analysis.bootstrap import (
     bootstrap,
     centred_gram_resample,
     mean_interval,
-    normal_halfwidth,
     resample_indices,
 )
 
@@ -72,8 +71,3 @@ def test_centred_gram_resample_equals_recentred_fields(n, d, seed):
     torch.testing.assert_close(centred_gram_resample(G, idx), ui @ ui.T)
     # any fixed reference works: the raw Gram gives the same answer
     torch.testing.assert_close(centred_gram_resample(F @ F.T, idx), ui @ ui.T)
-
-
-def test_normal_halfwidth():
-    assert normal_halfwidth(1.0) == pytest.approx(1.959964, rel=1e-5)
-    assert normal_halfwidth(2.0, level=0.68) == pytest.approx(2 * 0.994458, rel=1e-4)

@@ -122,11 +122,26 @@ def test_version_and_help(tmp_path):
         assert key in r.stdout
 
 
-def test_section_keys_match_the_report():
-    from tl_spectral.cli import SECTION_KEYS
-    from tl_spectral.viz.sections import SECTIONS
+def test_section_keys_come_from_the_one_registry():
+    """The CLI reads --sections from the sections' own registry (no list of its own)."""
+    import tl_spectral.cli as cli
+    from tl_spectral.viz.context import register_section
+    from tl_spectral.viz.sections import SECTIONS, section_keys
 
-    assert tuple(f().key for f in SECTIONS) == SECTION_KEYS
+    assert not hasattr(cli, "SECTION_KEYS")
+    assert section_keys() == tuple(f().key for f in SECTIONS) == (
+        "attention_stats", "scale_pod", "routing_filtering", "contributions", "surgery")
+
+    class Extra:
+        key, title, order = "extra_test_section", "Extra", 25
+
+    try:
+        register_section(Extra)
+        assert section_keys()[:3] == ("attention_stats", "scale_pod", "extra_test_section")
+        with pytest.raises(ValueError, match="already registered"):
+            register_section(type("Other", (), {"key": "scale_pod"}))
+    finally:
+        SECTIONS.remove(Extra)
 
 
 def test_geometry_command(tmp_path):
@@ -158,3 +173,25 @@ def test_analyze_refuses_then_replaces_an_old_report(tmp_path):
     assert not (out / "results" / "stale.safetensors").exists()  # replaced whole
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rep")]  # no temp left
     shutil.rmtree(out)
+
+
+def test_model_and_corpus_loading_live_in_the_library():
+    """load_corpus / check_corpus are tl_spectral.data's, model loading by name is
+    tl_spectral.models.loading's; tl_spectral.cli re-exports them for the studies."""
+    import tl_spectral.cli as cli
+    from tl_spectral.data import check_corpus, load_corpus, tiny_shakespeare
+    from tl_spectral.models import load_model as load_checkpoint
+    from tl_spectral.models.loading import load_named_model, resolve_model
+
+    assert load_corpus("shakespeare") == tiny_shakespeare() == cli.load_corpus("shakespeare")
+    check_corpus("shakespeare")
+    assert resolve_model("random") == ("random", "random") == cli.resolve_model("random")
+    assert load_named_model is not load_checkpoint  # two names, two meanings
+    from tl_spectral.cli import load_model  # noqa: F401 - the studies' import still works
+
+
+def test_the_command_line_module_starts_without_torch():
+    code = "import sys, tl_spectral.cli; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"

@@ -85,3 +85,27 @@ def test_study_fields_errors(tmp_path, value, message):
                 cwd=tmp_path)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_report_options_are_typed_and_every_one_is_set_by_the_cli_and_read():
+    """ReportOptions: every field is set by `tl-spectral analyze` and read by the report;
+    a dict of its names converts, an unknown name is refused."""
+    import dataclasses
+    import inspect
+    import re
+    from pathlib import Path
+
+    from tl_spectral.viz.context import ReportContext, ReportOptions
+
+    names = {f.name for f in dataclasses.fields(ReportOptions)}
+    root = Path(__file__).resolve().parents[1] / "tl_spectral"
+    cli = (root / "cli.py").read_text(encoding="utf-8")
+    report = "".join(p.read_text(encoding="utf-8") for p in (root / "viz").glob("*.py")
+                     if p.name != "context.py") + inspect.getsource(ReportContext)
+    for n in names:
+        assert re.search(rf"\b{n}=", cli), f"{n} is never set by the CLI"
+        assert re.search(rf"options\.{n}\b", report), f"{n} is never read"
+    o = ReportOptions.of({"fields": ["attention"], "save_raw": True})
+    assert o.fields == ["attention"] and o["save_raw"] is True and o.get("stream_rank", 3) == 3
+    with pytest.raises(ValueError, match="unknown report options"):
+        ReportOptions.of({"surgery_docs": 4})

@@ -13,7 +13,7 @@ from scipy.stats import spearmanr
 
 from tl_spectral.analysis.contributions import MEASURES, contribution_weights
 from tl_spectral.model_view import ModelView
-from tl_spectral.probes import PROBES, run_probes
+from tl_spectral.probes import run_probes
 from tl_spectral.probes.contributions import (
     ContributionProbe,
     ContributionStats,
@@ -287,7 +287,6 @@ def test_layer_maps_and_registry(native_ln):
     p, v = capture_doc(native_ln, tokens, 2)
     ref = contribution_weights(p, v, ModelView(native_ln).weights(2).W_O)
     torch.testing.assert_close(maps[2].contribution, ref.contribution)
-    assert PROBES["contributions"] is ContributionProbe
 
 
 def test_probe_bad_arguments():
@@ -304,7 +303,8 @@ def test_probe_bad_arguments():
 
 
 def test_report_section_and_signed_view(native_ln, tmp_path):
-    from tl_spectral.viz.contribution_plots import ContributionSection, contribution_view
+    from tl_spectral.viz.contribution_plots import contribution_view
+    from tl_spectral.viz.contribution_section import ContributionSection
     from tl_spectral.viz.sections import SECTIONS, ReportContext, build_report
 
     assert ContributionSection in SECTIONS

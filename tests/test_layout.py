@@ -1,6 +1,8 @@
 """The house rules of the layout: the library (tl_spectral) never imports the studies
-(tl_spectral_studies); no module of the library imports another that imports it back; library
-code names no path outside the installed package."""
+(tl_spectral_studies); no module of the library imports another that imports it back; every
+import points down the floors of docs/architecture.md (the maths never imports plotting or
+the report; the plotting leaf imports no maths); library code names no path outside the
+installed package."""
 
 from __future__ import annotations
 
@@ -111,6 +113,116 @@ def test_no_import_cycles_in_the_library():
 def test_the_cycle_finder_can_fail():
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+#: the floors of docs/architecture.md, lowest first; "leaf" is the plotting leaf
+_GROUND_MODELS = {"gpt", "attention", "convert", "zoo", "train", "loading"}
+
+
+def floor(module: str):
+    """The floor of a library module: 0 ground (results, model_view, usage, data, the model
+    family), 1 maths (analysis, geometry), 2 probes and the experiments on models (surgery,
+    ablations), "leaf" plotting (viz/*_plots, views, figures, plots), 3 the top (report
+    sections, cli)."""
+    parts = module.split(".")
+    if module in ("tl_spectral.results", "tl_spectral.model_view", "tl_spectral.usage",
+                  "tl_spectral.files") \
+            or parts[:2] == ["tl_spectral", "data"]:
+        return 0
+    if parts[:2] == ["tl_spectral", "models"]:
+        return 0 if len(parts) == 2 or parts[2] in _GROUND_MODELS else 2
+    if parts[:2] in (["tl_spectral", "analysis"], ["tl_spectral", "geometry"]):
+        return 1
+    if parts[:2] == ["tl_spectral", "probes"]:
+        return 2
+    if parts[:2] == ["tl_spectral", "viz"] and len(parts) == 3 and (
+            parts[2] in ("plots", "figures", "views") or parts[2].endswith("_plots")):
+        return "leaf"
+    return 3
+
+
+#: the one import that runs up: Result.plot() loads the plotting leaf on its first figure
+_LAZY_DOOR = {("tl_spectral.results", "tl_spectral.viz.plots")}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    bad = []
+    for m, deps in graph.items():
+        f = floor(m)
+        for d in deps:
+            g = floor(d)
+            if (m, d) in _LAZY_DOOR:
+                continue
+            if f == "leaf":
+                wrong = g not in (0, "leaf")  # plotting takes arrays or results, no maths
+            elif g == "leaf":
+                wrong = f != 3  # maths reaches plotting only through Result._draw
+            else:
+                wrong = f != 3 and (g == 3 or g > f)
+            if wrong:
+                bad.append((m, d))
+    return sorted(bad)
+
+
+def test_every_import_points_down_the_floors():
+    """No upward import at any depth (function bodies included): analysis/, geometry/,
+    probes/ and models/ import no plotting and no report module; the plotting leaf imports
+    none of the maths; the ground imports nothing above it."""
+    mods = _library_modules()
+    graph = {m: _imports(p, mods) for m, p in mods.items()}
+    assert not upward_imports(graph), upward_imports(graph)
+    leaf = {m for m in mods if floor(m) == "leaf"}
+    assert {"tl_spectral.viz.plots", "tl_spectral.viz.scale_pod_plots"} <= leaf
+    # models and geometry: the weight geometry never imports the experiments on models
+    assert not any(d.startswith("tl_spectral.models") for d in graph["tl_spectral.geometry.model"])
+
+
+def test_the_floor_check_can_fail():
+    graph = {"tl_spectral.analysis.pod": {"tl_spectral.viz.scale_pod_plots"},
+             "tl_spectral.viz.scale_pod_plots": {"tl_spectral.analysis.pod"},
+             "tl_spectral.results": {"tl_spectral.probes.base", "tl_spectral.viz.plots"},
+             "tl_spectral.geometry.qk": {"tl_spectral.models.surgery"},
+             "tl_spectral.viz.sections": {"tl_spectral.probes", "tl_spectral.viz.plots"}}
+    assert upward_imports(graph) == [
+        ("tl_spectral.analysis.pod", "tl_spectral.viz.scale_pod_plots"),
+        ("tl_spectral.geometry.qk", "tl_spectral.models.surgery"),
+        ("tl_spectral.results", "tl_spectral.probes.base"),
+        ("tl_spectral.viz.scale_pod_plots", "tl_spectral.analysis.pod")]
+
+
+def test_plotting_loads_on_the_first_figure_only():
+    """Importing every maths module loads no matplotlib and no plotting module."""
+    code = ("import sys, tl_spectral.analysis.scale_pod, tl_spectral.analysis.pod, "
+            "tl_spectral.analysis.sinks, tl_spectral.analysis.contributions, "
+            "tl_spectral.geometry.qk, tl_spectral.geometry.rotary, tl_spectral.geometry.cascade, "
+            "tl_spectral.geometry.model, tl_spectral.probes, tl_spectral.probes.faithfulness, "
+            "tl_spectral.models.surgery, tl_spectral.models.ablations; "
+            "print(sorted(m for m in sys.modules if m.startswith(('matplotlib', "
+            "'tl_spectral.viz'))))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_no_huge_file_and_long_functions_say_why():
+    """No library file over 1,000 lines; a function over 150 lines opens with a comment
+    saying why it is long ("# Long on purpose: ...")."""
+    long_files, silent = [], []
+    for p in LIB.rglob("*.py"):
+        text = p.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        if len(lines) > 1000:
+            long_files.append((p.name, len(lines)))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                    and node.end_lineno - node.lineno + 1 > 150:
+                first = node.body[1] if ast.get_docstring(node) else node.body[0]
+                head = "\n".join(lines[node.lineno - 1:first.lineno])
+                if "# Long on purpose:" not in head:
+                    silent.append(f"{p.name}:{node.name}")
+    assert not long_files, long_files
+    assert not silent, silent
 
 
 _OUTSIDE = re.compile(r"""(\.\./shared|["'](docs|runs)/|parents\[[2-9]\])""")

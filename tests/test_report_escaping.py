@@ -69,7 +69,7 @@ def test_report_api_escapes_every_string(tmp_path):
 def test_built_report_with_hostile_tokens(tmp_path, native_ln):
     """A tokenizer that decodes to script: every view and the page stay inert."""
     from tl_spectral.model_view import ModelView
-    from tl_spectral.viz.contribution_plots import ContributionSection
+    from tl_spectral.viz.contribution_section import ContributionSection
     from tl_spectral.viz.sections import AttentionStatsSection, ReportContext, build_report
 
     class Tok:

@@ -186,3 +186,112 @@ def test_register_result_is_idempotent_for_a_redefined_class():
         class Other(Result):
             kind = "notebook_result_test"
             y: int = 0
+
+
+def test_every_kind_loads_in_a_fresh_process(tmp_path):
+    """A saved file names the module of its kind; Result.load imports it (nothing imported
+    beforehand), for every registered kind of the library."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    inst = _instances(tmp_path)
+    paths = {kind: str(r.save(tmp_path / "fresh" / kind)) for kind, r in inst.items()}
+    code = ("import json, sys\nfrom tl_spectral.results import Result\n"
+            "paths = json.loads(sys.argv[1])\n"
+            "print(json.dumps({k: type(Result.load(p)).kind for k, p in paths.items()}))")
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(paths)], capture_output=True,
+                       text=True, timeout=300, cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {k: k for k in paths}
+
+
+def test_an_old_file_without_its_module_loads_in_a_fresh_process():
+    """Files written before the module was recorded (the committed faithfulness result) load
+    through the frozen kind -> module table, in a process that imported nothing else."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    f = root / "docs/results/contributions/char_shakespeare_faithfulness.safetensors"
+    code = ("import sys\nfrom tl_spectral.results import Result\n"
+            "print(Result.load(sys.argv[1]).kind)")
+    r = subprocess.run([sys.executable, "-c", code, str(f)], capture_output=True, text=True,
+                       timeout=300, cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "faithfulness"
+
+
+def test_load_imports_only_library_modules_that_define_the_kind(tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+
+    def write(name, kind, module):
+        header = {"format": "tl_spectral.result/1", "kind": kind, "module": module,
+                  "fields": {}}
+        p = tmp_path / f"{name}.safetensors"
+        save_file({"x": torch.zeros(1)}, str(p), metadata={"tl_spectral": json.dumps(header)})
+        return p
+
+    with pytest.raises(ValueError, match="not a tl_spectral module"):
+        Result.load(write("os", "no_such_kind_1", "os"))
+    with pytest.raises(ValueError, match="not a tl_spectral module"):
+        Result.load(write("studies", "no_such_kind_2", "tl_spectral_studies.routing"))
+    with pytest.raises(ValueError, match="does not define it"):
+        Result.load(write("wrong", "no_such_kind_3", "tl_spectral.analysis.bootstrap"))
+    with pytest.raises(ValueError, match="cannot be imported"):
+        Result.load(write("missing", "no_such_kind_4", "tl_spectral.no_such_module"))
+    with pytest.raises(ValueError, match="not the name"):
+        Result.load(write("num", "no_such_kind_5", 3))
+
+
+def test_every_figure_of_the_library_goes_through_the_plotting_leaf():
+    """One convention: each plot / plot_* / view method of a library result kind is one line,
+    ``self._draw(name, ...)``, and the plotting leaf has a function for it."""
+    import inspect
+
+    from tl_spectral.results import plotter
+
+    _import_result_modules()
+    seen = 0
+    for kind, cls in _REGISTRY.items():
+        if not cls.__module__.startswith("tl_spectral."):
+            continue
+        for name, fn in vars(cls).items():
+            if not (name == "plot" or name == "view" or name.startswith("plot_")):
+                continue
+            src = inspect.getsource(fn)
+            assert f'self._draw("{name}"' in src and "import matplotlib" not in src, (kind, name)
+            assert callable(plotter(kind, name)), (kind, name)
+            seen += 1
+    assert seen >= 40
+    with pytest.raises(NotImplementedError, match="no figure"):
+        plotter("pod", "plot_nothing")
+
+
+def test_the_main_table_is_rows():
+    """The protocol's table hook is rows(): every library kind with a table names it so
+    (AllocationStudy keeps its models in a field named rows and its table in to_rows()); a
+    kind of another package with only an older name still works, with a DeprecationWarning."""
+    _import_result_modules()
+    for kind, cls in _REGISTRY.items():
+        if not cls.__module__.startswith("tl_spectral.") or kind == "allocation_study":
+            continue
+        legacy = [n for n in ("to_rows", "summary_rows", "table") if hasattr(cls, n)]
+        if legacy:
+            assert callable(vars(cls).get("rows")), kind
+
+    @dataclasses.dataclass
+    class OldStyle(Result):
+        kind = "old_style_table_test"
+        x: int = 1
+
+        def to_rows(self):
+            return [{"x": self.x}, {"x": 2}]
+
+    with pytest.warns(DeprecationWarning, match="rows()"):
+        assert len(OldStyle().to_frame()) == 2

@@ -332,3 +332,37 @@ def test_attention_fields_per_head_scale_pod(native_ln):
     ref = hm.scale_pod(n_heads=4, coherence_queries=None).layers[1]
     assert one.dominant_scales[0] == pytest.approx(ref.dominant_scales)
     assert int(one.H_star[0]) == ref.H_star
+
+
+def test_scale_pod_options_is_one_parameter_object_for_both_paths():
+    """ScalePODOptions carries the knobs shared by scale_pod_layer and
+    scale_pod_heads_layer: the same numbers as the keywords, validated once, frozen; the
+    old keywords keep working; both at once is refused."""
+    import dataclasses
+
+    from tl_spectral.analysis.scale_pod import (
+        ScalePODOptions,
+        scale_pod_heads_layer,
+        scale_pod_layer,
+    )
+
+    g = torch.Generator().manual_seed(3)
+    F = torch.randn(6, 2, 16, 16, generator=g, dtype=torch.float64)
+    opts = ScalePODOptions(epsilon=0.2, max_dominant=2, center=True)
+    a = scale_pod_heads_layer(F, options=opts)
+    b = scale_pod_heads_layer(F, epsilon=0.2, max_dominant=2, center=True)
+    torch.testing.assert_close(a.scale_energy, b.scale_energy)
+    torch.testing.assert_close(a.H_star, b.H_star)
+    la = scale_pod_layer(F[:, 0], options=opts, n_modes=2, coherence_queries=None)
+    lb = scale_pod_layer(F[:, 0], epsilon=0.2, max_dominant=2, center=True, n_modes=2,
+                         coherence_queries=None)
+    assert la.full["H_star"] == lb.full["H_star"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.epsilon = 0.3  # type: ignore[misc]
+    with pytest.raises(ValueError, match="not both"):
+        scale_pod_layer(F[:, 0], options=opts, epsilon=0.3)
+    for bad, match in (({"epsilon": 1.0}, "epsilon"), ({"lag_window": "both"}, "lag_window"),
+                       ({"max_dominant": 0}, "max_dominant"), ({"lag_chunk": 0}, "lag_chunk"),
+                       ({"min_ratio": float("nan")}, "min_ratio")):
+        with pytest.raises(ValueError, match=match):
+            ScalePODOptions(**bad)

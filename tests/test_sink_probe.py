@@ -11,7 +11,7 @@ import torch
 from conftest import make_native
 
 from tl_spectral.model_view import ModelView
-from tl_spectral.probes import PROBES, run_probes
+from tl_spectral.probes import run_probes
 from tl_spectral.probes.sinks import SinkInterventionResult, SinkProbe, SinkStats, zero_sink_value
 from tl_spectral.results import Result
 
@@ -135,7 +135,6 @@ def test_sink_probe_merge_roundtrip_and_plots(native_ln, tmp_path):
     for fig in (ref.plot_rates(), ref.plot_rho_star(), ref.plot_anti_alignment()):
         plt.close(fig)
     assert len(ref.summary_rows()) == 3
-    assert PROBES["sinks"] is SinkProbe
 
 
 def _ppl_with_v_zeroed(model, tokens, layers):

@@ -315,8 +315,7 @@ def test_report_section_renders(tmp_path):
     m = gpt("softmax")
     linearization_curve(m, windows(), name="tiny").save(tmp_path / "s" / "curve_tiny.safetensors")
     ctx = ReportContext(view=ModelView(to_transformer_lens(m)), tokens=windows(), tokenizer=None,
-                        out_dir=tmp_path / "r", results_dir=tmp_path / "r" / "results",
-                        options={"surgery_dir": str(tmp_path / "s")})
+                        out_dir=tmp_path / "r", results_dir=tmp_path / "r" / "results")
     ctx.results_dir.mkdir(parents=True)
     rep = Report("t")
     sec = SurgerySection()
@@ -325,7 +324,8 @@ def test_report_section_renders(tmp_path):
     out = rep.write(tmp_path / "r")
     html = out.read_text()
     assert "Spectral surgery" in html and "curve" in html.lower()
-    # only the analysed model: a stored study given in the options is not shown
+    # only the analysed model: a stored study beside it is not shown (no report option names
+    # one: ReportOptions refuses unknown names)
     assert "curve_tiny" not in html and "stored study" not in html
 
 

@@ -25,11 +25,10 @@ from argparse import BooleanOptionalAction
 from pathlib import Path
 from typing import Any, Optional
 
+from tl_spectral.files import current_umask
 from tl_spectral.usage import ArgumentParser, UsageError
 
 DEFAULT_MODEL = "char-shakespeare"
-#: Report sections, in report order (``--sections``); tests keep it equal to viz.sections.
-SECTION_KEYS = ("attention_stats", "scale_pod", "routing_filtering", "contributions", "surgery")
 #: The file that marks a folder as a report written by ``tl-spectral analyze``.
 REPORT_MARKER = ".tl_spectral_report.json"
 #: The file that marks a folder written by ``tl-spectral geometry --out``.
@@ -42,140 +41,6 @@ RANK_SCRATCH_PATTERN = r"tl_spectral-analyze-rank\d+-(?P<pid>\d+)-[A-Za-z0-9_]+"
 
 
 # ------------------------------------------------------------------------- models, corpora
-def random_reference_model(seed: int = 0):
-    """A seeded random TransformerBridge of the char-shakespeare size (6L, 8H, d 128, ctx 256)."""
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge import TransformerBridge
-
-    from tl_spectral.data import CharTokenizer, tiny_shakespeare
-
-    tok = CharTokenizer.from_text(tiny_shakespeare())
-    cfg = TransformerBridgeConfig(
-        d_model=128, d_head=16, n_layers=6, n_ctx=256, n_heads=8, d_vocab=tok.vocab_size,
-        act_fn="gelu", normalization_type="LN", seed=seed, model_name="random-6L",
-    )
-    return TransformerBridge.boot_native(cfg, model_name="random-6L"), tok
-
-
-def resolve_model(name: str) -> tuple[str, str]:
-    """(kind, target) for ``--model``: ("zoo", name), ("random", "random") or ("hf", folder).
-
-    A bare name is looked up in the zoo first (a local folder of the same name does not
-    shadow it); a local Hugging Face folder is given as a path (with a ``/`` or starting
-    with ``.``), holding ``config.json``. Raises :class:`UsageError` otherwise."""
-    from tl_spectral.models import zoo
-
-    if name == "random":
-        return "random", name
-    if name in zoo.available():
-        return "zoo", name
-    looks_like_path = "/" in name or name.startswith(".") or os.sep in name
-    p = Path(name)
-    if looks_like_path and p.is_dir() and (p / "config.json").is_file():
-        _check_hf_weights(p, name)
-        return "hf", str(p)
-    if looks_like_path and p.exists():
-        raise UsageError(f"--model {name}: no config.json in that folder; pass a Hugging Face "
-                         "model folder (save_pretrained output)")
-    hint = f" (for the local folder, pass ./{name})" if p.is_dir() else ""
-    raise UsageError(f"unknown model {name!r}{hint}; pass a zoo name "
-                     f"({', '.join(zoo.available())}), 'random', or the path of a local Hugging "
-                     "Face folder")
-
-
-#: Weight files that are read by unpickling (or in another framework): never loaded.
-_PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.h5", "*.msgpack")
-
-
-def _check_hf_weights(folder: Path, name: str) -> None:
-    """A Hugging Face folder holds safetensors weights: a folder with only pickled ones
-    (``pytorch_model.bin``) is refused with how to convert them, never unpickled."""
-    if any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file():
-        _check_hf_config_size(folder, name)
-        return
-    pickled = sorted(q.name for pat in _PICKLE_WEIGHTS for q in folder.glob(pat))
-    if not pickled:
-        raise UsageError(f"--model {name}: no model.safetensors in that folder; pass a "
-                         "Hugging Face folder saved with save_pretrained (safetensors)")
-    src = (folder / pickled[0]).resolve()
-    raise UsageError(
-        f"--model {name} holds only pickled weights ({', '.join(pickled[:3])}); tl-spectral "
-        "reads safetensors only. Convert them once, in an environment you trust with that "
-        "file: python -c \"import torch; from safetensors.torch import save_file; "
-        f"sd = torch.load('{src}', map_location='cpu', weights_only=True); "
-        "save_file({k: v.clone().contiguous() for k, v in sd.items()}, "
-        f"'{src.parent / 'model.safetensors'}', metadata={{'format': 'pt'}})\" (or "
-        "save_pretrained(folder, safe_serialization=True) on the loaded model)")
-
-
-def _check_hf_config_size(folder: Path, name: str) -> None:
-    """config.json must not describe a model far larger than the weights there: the model
-    is built from config.json before its weights load, so a hostile config (a vocabulary or
-    width of billions) would exhaust the memory. A lower bound of the parameters it implies
-    (embedding + one norm per layer) is compared with the tensors in the safetensors
-    headers (read without loading them)."""
-    try:
-        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
-        raise UsageError(f"--model {name}: its config.json is not readable JSON "
-                         f"({_one_line(e)[:100]})") from None
-    if not isinstance(cfg, dict):
-        raise UsageError(f"--model {name}: its config.json is not a JSON object")
-    cfg = {**cfg, **(cfg.get("text_config") or {})} if isinstance(
-        cfg.get("text_config"), dict) else cfg
-
-    def first(*keys: str) -> int:
-        for k in keys:
-            v = cfg.get(k)
-            if v is not None:
-                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                    raise UsageError(f"--model {name}: config.json {k}={v!r} is not a "
-                                     "non-negative int; the folder is damaged")
-                return v
-        return 0
-
-    width = first("hidden_size", "n_embd", "d_model")
-    implied = first("vocab_size") * width + first("num_hidden_layers", "n_layer",
-                                                  "num_layers") * width
-    if implied <= 10**6:
-        return
-    from safetensors import safe_open
-
-    held = 0
-    try:
-        for f in folder.glob("*.safetensors"):
-            with safe_open(str(f), framework="pt") as fh:
-                for k in fh.keys():
-                    n = 1
-                    for d in fh.get_slice(k).get_shape():
-                        n *= int(d)
-                    held += n
-    except Exception as e:  # noqa: BLE001 - any unreadable header: the user's file
-        raise UsageError(f"--model {name}: {f.name} is not a readable safetensors file "
-                         f"({_one_line(e)[:100]})") from None
-    if implied > 2 * held + 10**6:
-        raise UsageError(f"--model {name}: config.json describes at least {implied:,} "
-                         f"parameters but the weights hold {held:,}; the folder's config and "
-                         "weights do not belong together (refused before building the model)")
-
-
-def load_model(name: str) -> tuple[Any, Any]:
-    """A TransformerLens model and its tokenizer from a zoo name, "random" or an HF folder
-    (see :func:`resolve_model`)."""
-    kind, target = resolve_model(name)
-    if kind == "random":
-        return random_reference_model()
-    if kind == "hf":
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from transformer_lens.model_bridge import TransformerBridge
-
-        model = TransformerBridge.boot_transformers(target, device="cpu")
-        return model, model.tokenizer
-    from tl_spectral.models import zoo
-
-    return zoo.load(target)
-
-
 def _check_finite_weights(model: Any, name: str) -> None:
     """Every parameter of the user's model is finite (else UsageError naming the first
     that is not: the model is damaged, not the program)."""
@@ -190,35 +55,41 @@ def _check_finite_weights(model: Any, name: str) -> None:
 
 
 def check_corpus(corpus: str) -> None:
-    """``--corpus``: 'shakespeare' or an existing, non-empty UTF-8 file (else UsageError
-    naming the file and, for bad UTF-8, the byte offset)."""
-    if corpus in ("shakespeare", "tiny-shakespeare"):
-        return
-    p = Path(corpus)
-    if not p.exists():
-        raise UsageError(f"--corpus {corpus}: no such file; pass 'shakespeare' (bundled) or "
-                         "the path of a UTF-8 text file")
-    if not p.is_file():
-        raise UsageError(f"--corpus {corpus} is not a file; pass a UTF-8 text file")
-    raw = p.read_bytes()
-    if not raw.strip():
-        raise UsageError(f"--corpus {corpus} is empty; pass a UTF-8 text file with text in it")
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UsageError(f"--corpus {corpus} is not UTF-8 text: byte 0x{raw[e.start]:02x} at "
-                         f"byte offset {e.start} ({e.reason}); convert it to UTF-8 (e.g. iconv "
-                         "-f latin1 -t utf-8)") from None
+    """See :func:`tl_spectral.data.corpora.check_corpus` (kept here; imported on use, so the
+    command line starts without torch)."""
+    from tl_spectral.data.corpora import check_corpus as _f
+
+    return _f(corpus)
 
 
 def load_corpus(corpus: str) -> str:
-    """The text of ``--corpus`` ('shakespeare' = the bundled Tiny Shakespeare)."""
-    from tl_spectral.data import tiny_shakespeare
+    """See :func:`tl_spectral.data.corpora.load_corpus` (kept here for the studies)."""
+    from tl_spectral.data.corpora import load_corpus as _f
 
-    check_corpus(corpus)
-    if corpus in ("shakespeare", "tiny-shakespeare"):
-        return tiny_shakespeare()
-    return Path(corpus).read_text(encoding="utf-8")
+    return _f(corpus)
+
+
+def random_reference_model(seed: int = 0):
+    """See :func:`tl_spectral.models.loading.random_reference_model` (re-exported here)."""
+    from tl_spectral.models.loading import random_reference_model as _f
+
+    return _f(seed)
+
+
+def resolve_model(name: str) -> tuple[str, str]:
+    """See :func:`tl_spectral.models.loading.resolve_model` (re-exported here)."""
+    from tl_spectral.models.loading import resolve_model as _f
+
+    return _f(name)
+
+
+def load_model(name: str) -> tuple[Any, Any]:
+    """A model and its tokenizer by ``--model`` name:
+    :func:`tl_spectral.models.loading.load_named_model` (kept here for the studies; not the
+    checkpoint loader ``tl_spectral.models.load_model``)."""
+    from tl_spectral.models.loading import load_named_model
+
+    return load_named_model(name)
 
 
 def check_out_dir(out: Path, overwrite: bool, *, marker: str = REPORT_MARKER,
@@ -226,7 +97,8 @@ def check_out_dir(out: Path, overwrite: bool, *, marker: str = REPORT_MARKER,
     """``--out``: a folder we may write a report into. A file, an unwritable place, or a
     non-empty folder that is not a tl_spectral report are refused; an earlier report only
     with ``overwrite``. (``marker``/``what``: the file that marks, and the name of, another
-    kind of output folder, e.g. ``tl-spectral geometry``'s.)"""
+    kind of output folder, e.g. ``tl-spectral geometry``'s).
+    """
     if out.is_symlink():
         raise UsageError(f"--out {out} is a symbolic link; pass the folder it points to "
                          f"({out.resolve()}) or a new folder")
@@ -257,12 +129,17 @@ def _int_in(ap: ArgumentParser, name: str, value: int, lo: int, hi: int) -> None
 
 # ------------------------------------------------------------------------------- analyze
 def analyze(argv: Optional[list[str]] = None) -> int:
+    """``tl-spectral analyze``: the probes on a model and corpus, an offline HTML report."""
+    # Long on purpose: a command, read top to bottom: every argument checked before the model
+    # loads, then the run; each step is a helper.
     ap = ArgumentParser(
         prog="tl-spectral analyze",
         description="Run tl_spectral's probes on a model and corpus; write an offline HTML report.",
     )
     from tl_spectral.models.zoo import available
+    from tl_spectral.viz.sections import section_keys as _keys
 
+    section_keys = _keys()  # the one registry: each section module registers itself
     ap.add_argument("--model", default=DEFAULT_MODEL,
                     help=f"zoo name ({', '.join(available())}; default {DEFAULT_MODEL}), "
                          "'random', or the path of a local Hugging Face folder (./name)")
@@ -288,7 +165,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sections", default="all",
-                    help=f"comma-separated section keys ({', '.join(SECTION_KEYS)}) or 'all'")
+                    help=f"comma-separated section keys ({', '.join(section_keys)}) or 'all'")
     ap.add_argument("--fields", default="attention",
                     help="comma-separated per-pair fields whose scale POD the scale_pod section "
                          "reports (attention, contribution, contribution_intra, value_weighted, "
@@ -317,13 +194,13 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         raise UsageError("tl-spectral analyze: pass either --corpus or --tokens, not both")
     if args.corpus is None:
         args.corpus = "shakespeare"
-    sections = list(SECTION_KEYS)
+    sections = list(section_keys)
     if args.sections != "all":
         sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-        bad = [s for s in sections if s not in SECTION_KEYS]
+        bad = [s for s in sections if s not in section_keys]
         if bad or not sections:
             raise UsageError(f"unknown sections {bad or [args.sections]}; known: "
-                             f"{', '.join(SECTION_KEYS)} (or 'all')")
+                             f"{', '.join(section_keys)} (or 'all')")
     fields = _scale_pod_fields(args.fields, sections)
     kind, target = resolve_model(args.model)
     token_file = None
@@ -393,6 +270,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         model = model.to(f"cuda:{dist_env[2]}")
 
     from tl_spectral.model_view import ModelView
+    from tl_spectral.viz.context import ReportOptions
     from tl_spectral.viz.sections import SECTIONS, ReportContext, build_report
 
     view = ModelView(model)
@@ -429,10 +307,10 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     if token_file is not None:
         framing = "disjoint windows of the token file" if not args.overlap else \
             "windows of the token file at random offsets"
-    options = {"meta": {"corpus": corpus_name, "seed": args.seed},
-               "faithfulness_docs": args.faithfulness_docs, "windows": framing,
-               "save_raw": args.save_raw, "progress": not args.no_progress,
-               "stream_rank": args.stream_rank, "fields": fields}
+    options = ReportOptions(meta={"corpus": corpus_name, "seed": args.seed},
+                            faithfulness_docs=args.faithfulness_docs, windows=framing,
+                            save_raw=args.save_raw, progress=not args.no_progress,
+                            stream_rank=args.stream_rank, fields=fields)
     results = None
     if dist_env is not None:  # every rank runs its shard; the states reduce across ranks
         import torch.distributed as dist
@@ -445,7 +323,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
                 prefix=f"tl_spectral-analyze-rank{dist_env[0]}-{os.getpid()}-") as scratch:
             pctx = ReportContext(view=view, tokens=tokens, tokenizer=tokenizer,
                                  out_dir=Path(scratch), results_dir=Path(scratch), mask=mask,
-                                 model_name=name, options=dict(options))
+                                 model_name=name, options=options)
             probes = [p for s in secs for p in s.probes(pctx)]
             status(f"probes: rank {dist_env[0]} of {dist_env[1]} runs its shard of "
                    f"{len(tokens)} windows")
@@ -471,7 +349,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
             "tool": "tl-spectral analyze", "model": args.model, "corpus": corpus_name,
             "n_docs": args.n_docs, "length": args.length, "seed": args.seed,
             "processes": 1 if dist_env is None else dist_env[1]}) + "\n")
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a report is the user's folder
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; a report is the user's folder
         _swap_in(tmp, out, out_id)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -669,12 +547,6 @@ def _encoder_windows(text: str, tokenizer, args):
     return tokens, mask, framing
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def out_path(value: str) -> Path:
     """``--out`` as an absolute path (its last component not followed): the current folder
     or one above it is refused (the output replaces the folder whole)."""
@@ -819,6 +691,7 @@ def tokenizer_for(name: str):
 
 
 def tokenize(argv: Optional[list[str]] = None) -> int:
+    """``tl-spectral tokenize``: a corpus into a token file read lazily by ``analyze``."""
     ap = ArgumentParser(
         prog="tl-spectral tokenize",
         description="Tokenize text into a token file (memory-mapped ids with document "
@@ -883,6 +756,7 @@ def tokenize(argv: Optional[list[str]] = None) -> int:
 
 # --------------------------------------------------------------------------------- train
 def train(argv: Optional[list[str]] = None) -> int:
+    """``tl-spectral train``: train a model of the project's GPT family."""
     argv = list(argv or [])
     ap = ArgumentParser(prog="tl-spectral train", add_help=False)
     ap.add_argument("--config")
@@ -927,6 +801,7 @@ def train(argv: Optional[list[str]] = None) -> int:
 
 # ----------------------------------------------------------------------------- geometry
 def geometry(argv: Optional[list[str]] = None) -> int:
+    """``tl-spectral geometry``: the QK weight geometry table of a model."""
     ap = ArgumentParser(prog="tl-spectral geometry",
                         description="Per-head routing/filtering geometry of a model's QK "
                                     "weights (SPEC B.1): a table, a CSV and a figure.")
@@ -996,7 +871,7 @@ def geometry(argv: Optional[list[str]] = None) -> int:
             (tmp / GEOMETRY_MARKER).write_text(json.dumps({
                 "tool": "tl-spectral geometry", "model": args.model,
                 "fold_ln": not args.no_fold_ln}) + "\n")
-            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
+            os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700
             _swap_in(tmp, out, out_id, marker=GEOMETRY_MARKER)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -1015,6 +890,7 @@ def _study_entry_points() -> dict[str, Any]:
 
 
 def study(argv: Optional[list[str]] = None) -> int:
+    """``tl-spectral study NAME``: run a study of the ``tl_spectral.studies`` entry points."""
     argv = list(argv or [])
     eps = _study_entry_points()
     names = sorted(eps)
@@ -1049,6 +925,7 @@ USAGE = """usage: tl-spectral {analyze,tokenize,train,study,geometry} [options] 
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """The ``tl-spectral`` command: dispatch to a subcommand; user errors are one line."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]

@@ -100,15 +100,6 @@ class NormAffine:
         return self.normalize(x) * self.gain.to(x) + self.bias.to(x)
 
 
-def _tl_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("transformer-lens")
-    except Exception:  # pragma: no cover - metadata missing in odd installs
-        return "unknown"
-
-
 def _backend_of(model: Any) -> str:
     cls_names = {c.__name__ for c in type(model).__mro__}
     if "TransformerBridge" in cls_names:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -23,7 +24,10 @@ except ImportError:  # pragma: no cover
     SafetensorsError = Exception  # type: ignore[misc,assignment]
 from safetensors.torch import load_file, save_file
 
+from tl_spectral.files import current_umask
+
 _REGISTRY: dict[str, type["Result"]] = {}
+
 
 _FORMAT = "tl_spectral.result/1"
 
@@ -52,20 +56,32 @@ class Result:
 
     # ------------------------------------------------------------- the Result protocol
     # Every result kind answers the same calls: to_dict / to_frame / summary / repr /
-    # _repr_html_ / plot / show / save / load. A kind customises it through ``rows()``
-    # (its main table: the first of the methods ``rows``, ``to_rows``, ``summary_rows``,
-    # ``table`` it defines), ``headline()`` (a few numbers), ``plot()`` and ``view()``.
+    # _repr_html_ / plot / show / save / load. A kind customises it through ``rows()`` (its
+    # main table), ``headline()`` (a few numbers), and its figures (``plot`` / ``plot_*`` /
+    # ``view``, drawn by the plotting leaf through ``_draw``).
 
     def _table(self) -> list[dict[str, Any]]:
-        """The main table of the result, one dict per row (per layer, head, measure …)."""
-        for name in ("rows", "to_rows", "summary_rows", "table"):
-            f = getattr(self, name, None)
-            if callable(f):
-                return list(f())
+        """The main table, one dict per row: the kind's ``rows()`` method. (The base class
+        defines none: a dataclass field named ``rows`` would take it as its default;
+        ``AllocationStudy`` holds its models in such a field and names its table
+        ``to_rows()``.) Without one, the headline as one row, else one row of the scalar
+        fields and the arrays' shapes."""
+        rows = getattr(self, "rows", None)
+        if callable(rows):
+            return list(rows())
+        legacy = next((n for n in ("to_rows", "summary_rows", "table")
+                       if callable(getattr(self, n, None))), None)
+        if legacy is not None:
+            if not type(self).__module__.startswith("tl_spectral."):
+                import warnings  # a kind of another package written before rows() was the hook
+
+                warnings.warn(f"{type(self).__name__}: name the main table rows() (the "
+                              f"Result protocol's hook); {legacy}() is read for now",
+                              DeprecationWarning, stacklevel=3)
+            return list(getattr(self, legacy)())
         h = self.headline()
         if h:
             return [h]
-        # no table of its own: one row of the scalar fields and the arrays' shapes
         row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if isinstance(getattr(self, f.name), (int, float, str, bool))}
         row.update({k: "×".join(map(str, v)) for k, v in _shape_fields(self)})
@@ -142,6 +158,11 @@ class Result:
             raise NotImplementedError(f"{type(self).__name__} has no figure; use to_frame() "
                                       "or summary()")
         return getattr(self, name)(*args, **kwargs)
+
+    def _draw(self, name: str, *args: Any, **kwargs: Any):
+        """Draw the figure (or view) ``name`` of this kind: the one way every result reaches
+        the plotting leaf (:func:`plotter`)."""
+        return plotter(self.kind, name)(self, *args, **kwargs)
 
     def view(self, *args: Any, **kwargs: Any):
         """The circuitsvis view of this result, where one exists."""
@@ -233,11 +254,12 @@ class Result:
                 meta.setdefault("__tensor_dicts__", []).append(f.name)
             else:
                 meta[f.name] = _to_jsonable(value)
-        header = {"format": _FORMAT, "kind": self.kind, "fields": meta}
+        header = {"format": _FORMAT, "kind": self.kind, "module": type(self).__module__,
+                  "fields": meta}
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             save_file(tensors, str(tmp), metadata={"tl_spectral": json.dumps(header)})
-            os.chmod(tmp, 0o666 & ~_umask())
+            os.chmod(tmp, 0o666 & ~current_umask())
             if overwrite:
                 os.replace(tmp, path)
             else:
@@ -290,11 +312,7 @@ class Result:
         kind = header.get("kind")
         if not isinstance(kind, str):
             raise ValueError(f"{path}: the metadata has no result kind (got {kind!r})")
-        if kind not in _REGISTRY:
-            _import_result_modules()
-        target = _REGISTRY.get(kind)
-        if target is None:
-            raise ValueError(f"{path}: unknown result kind {kind!r}; known: {sorted(_REGISTRY)}")
+        target = _result_class(kind, header.get("module"), path)
         if cls is not Result and not issubclass(target, cls):
             raise ValueError(f"{path} holds a {kind!r} result, not a {cls.kind!r} one")
         fields = header.get("fields")
@@ -494,21 +512,6 @@ def result_path(path: str | Path) -> Path:
     return path
 
 
-def _umask() -> int:
-    """The process umask (read from /proc where possible: setting it to read it is racy
-    under threads)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _link_exclusive(tmp: Path, path: Path) -> None:
     """Move ``tmp`` to ``path`` unless ``path`` exists (atomically where hard links work)."""
     try:
@@ -524,26 +527,91 @@ def _link_exclusive(tmp: Path, path: Path) -> None:
             ) from None
         os.replace(tmp, path)
 
-_RESULT_MODULES = (
-    "tl_spectral.probes",
-    "tl_spectral.analysis.pod",
-    "tl_spectral.analysis.scale_pod",
-    "tl_spectral.analysis.contributions",
-    "tl_spectral.analysis.sinks",
-    "tl_spectral.geometry.qk",
-    "tl_spectral.geometry.rotary",
-    "tl_spectral.geometry.cascade",
-    "tl_spectral.models.ablations",
-    "tl_spectral.models.surgery",
-)
+#: kind -> module, for files written before ``Result.save`` recorded the module (format
+#: ``tl_spectral.result/1`` without ``"module"``). Frozen: new kinds never need a line here.
+_LEGACY_KIND_MODULES: dict[str, str] = {
+    "attention_stats": "tl_spectral.probes.attention_stats",
+    "attention_fields": "tl_spectral.probes.fields",
+    "streamed_attention_fields": "tl_spectral.probes.fields",
+    "contribution_stats": "tl_spectral.probes.contributions",
+    "faithfulness": "tl_spectral.probes.faithfulness",
+    "sink_stats": "tl_spectral.probes.sinks",
+    "sink_intervention": "tl_spectral.probes.sinks",
+    "pod": "tl_spectral.analysis.pod",
+    "scale_pod": "tl_spectral.analysis.scale_pod",
+    "scale_pod_layer": "tl_spectral.analysis.scale_pod",
+    "scale_pod_heads": "tl_spectral.analysis.scale_pod",
+    "scale_pod_heads_layer": "tl_spectral.analysis.scale_pod",
+    "contribution_maps": "tl_spectral.analysis.contributions",
+    "sink_geometry": "tl_spectral.analysis.sinks",
+    "qk_geometry": "tl_spectral.geometry.qk",
+    "sd_geometry": "tl_spectral.geometry.qk",
+    "rotary_qk_geometry": "tl_spectral.geometry.rotary",
+    "routing_cascade": "tl_spectral.geometry.cascade",
+    "routing_ablation": "tl_spectral.models.ablations",
+    "rank_truncation": "tl_spectral.models.ablations",
+    "linearization_curve": "tl_spectral.models.surgery",
+    "cascade_allocation": "tl_spectral.models.surgery",
+    "allocation_study": "tl_spectral.models.surgery",
+}
+
+_MODULE_NAME = re.compile(r"tl_spectral(\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _result_class(kind: str, module: Any, path: Path) -> type["Result"]:
+    """The registered class of ``kind``, importing the module the file names if need be.
+
+    Only a module of the library (``tl_spectral.…``) is ever imported, and only if it
+    defines the kind; a file without the entry (older files) falls back to the frozen
+    kind -> module table. A kind of another package loads once its module is imported."""
+    if kind in _REGISTRY:
+        return _REGISTRY[kind]
+    if module is None:
+        module = _LEGACY_KIND_MODULES.get(kind)
+        if module is None:
+            raise ValueError(f"{path}: unknown result kind {kind!r}; known: {sorted(_REGISTRY)}"
+                             " (import the module that defines it, then load again)")
+    if not isinstance(module, str):
+        raise ValueError(f"{path}: the metadata 'module' is {type(module).__name__}, not the "
+                         "name of the module that defines the result kind")
+    if not _MODULE_NAME.fullmatch(module):
+        raise ValueError(
+            f"{path}: unknown result kind {kind!r}, defined in {module!r}, which is not a "
+            "tl_spectral module and is never imported from a file; import it yourself, then "
+            "call Result.load again")
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise ValueError(f"{path}: the result kind {kind!r} names the module {module!r}, "
+                         f"which cannot be imported ({exc})") from None
+    target = _REGISTRY.get(kind)
+    if target is None or getattr(mod, target.__name__, None) is not target:
+        raise ValueError(f"{path}: unknown result kind {kind!r}; the module {module!r} does not "
+                         f"define it (known: {sorted(_REGISTRY)})")
+    return target
 
 
 def _import_result_modules() -> None:
-    """Import every module that defines Result kinds, so ``Result.load`` knows them all."""
+    """Import every module that defines a library result kind known to older files."""
     import importlib
 
-    for name in _RESULT_MODULES:
+    for name in sorted(set(_LEGACY_KIND_MODULES.values())):
         importlib.import_module(name)
+
+
+def plotter(kind: str, name: str) -> Callable[..., Any]:
+    """The function of the plotting leaf that draws the figure ``name`` of results of
+    ``kind``: the one way from a result to plotting (the leaf is imported on the first
+    figure; the maths modules never import it). Raises ``NotImplementedError`` if none."""
+    from tl_spectral.viz.plots import FIGURES  # the plotting leaf: registers every figure
+
+    try:
+        return FIGURES[(kind, name)]
+    except KeyError:
+        raise NotImplementedError(f"no figure {name!r} is registered for result kind "
+                                  f"{kind!r}") from None
 
 
 def register_result(cls: type[Result]) -> type[Result]:

@@ -1,0 +1,1 @@
+"""Pure tensor maths of the analyses (torch / numpy / scipy / pywt only)."""

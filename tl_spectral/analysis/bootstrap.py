@@ -16,7 +16,6 @@ with replacement (the nonparametric bootstrap, percentile intervals).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Union
 
@@ -165,9 +164,3 @@ def centred_gram_resample(gram: Tensor, idx: Tensor) -> Tensor:
     c = g.mean(dim=0, keepdim=True)
     return g - r - c + g.mean()
 
-
-def normal_halfwidth(std: float, level: float = DEFAULT_LEVEL) -> float:
-    """Half-width of a normal interval with standard deviation ``std`` (for seed spreads)."""
-    level = _check_level(level)
-    z = math.sqrt(2.0) * torch.erfinv(torch.tensor(level, dtype=torch.float64)).item()
-    return z * float(std)

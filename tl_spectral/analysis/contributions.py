@@ -236,11 +236,7 @@ class ContributionMaps(Result):
         """circuitsvis view of one document's signed map (red positive, blue negative;
         see :func:`tl_spectral.viz.contribution_plots.contribution_view`); ``tokens``:
         the document's token strings (default: position indices)."""
-        from tl_spectral.viz.views import contribution_view
-
-        n = self.measure(measure).shape[-1]
-        toks = [str(i) for i in range(n)] if tokens is None else list(tokens)
-        return contribution_view(self, toks, batch, measure, **kwargs)
+        return self._draw("view", tokens=tokens, batch=batch, measure=measure, **kwargs)
 
     def plot_maps(self, batch: int = 0, head: int | None = None, *, max_tokens: int = 64):
         """Heatmaps (query × key) of the four measures for one head or the token level.
@@ -250,55 +246,12 @@ class ContributionMaps(Result):
         symmetric limits (red = positive, blue = negative); non-negative maps use a
         sequential one. Returns a matplotlib Figure.
         """
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, len(MEASURES), figsize=(4.2 * len(MEASURES), 4))
-        for ax, name in zip(axes, MEASURES):
-            full = self.token_level(name) if head is None else self.measure(name)
-            m = full[batch, 0 if head is None else head]
-            m = m[:max_tokens, :max_tokens].detach().cpu().float()
-            _signed_imshow(ax, m)
-            ax.set_title(name.replace("_", " "))
-            ax.set_xlabel("source j (key)")
-        axes[0].set_ylabel("query i")
-        where = "token level (Σ_h)" if head is None else f"head {head}"
-        fig.suptitle(f"{self.mode}-head measures, batch {batch}, {where}")
-        fig.tight_layout()
-        return fig
+        return self._draw("plot_maps", batch=batch, head=head, max_tokens=max_tokens)
 
     def plot_factorization(self, batch: int = 0, head: int = 0, query: int = -1):
         """Bars over sources j of ``α``, ``‖ṽ_j‖/‖o‖``, ``cos(o, ṽ_j)`` and ``c = α·ratio·cos``
         for one query of one head. Returns a matplotlib Figure."""
-        import matplotlib.pyplot as plt
-
-        rows = [
-            ("attention α", self.attention),
-            ("relative norm ‖ṽ_j‖/‖o‖", self.relative_norm),
-            ("cosine cos(o, ṽ_j)", self.cosine),
-            ("contribution c", self.contribution),
-        ]
-        fig, axes = plt.subplots(len(rows), 1, figsize=(8, 7), sharex=True)
-        for ax, (label, t) in zip(axes, rows):
-            y = t[batch, head, query].detach().cpu().float()
-            colors = ["tab:red" if val >= 0 else "tab:blue" for val in y.tolist()]
-            ax.bar(range(y.numel()), y.numpy(), color=colors)
-            ax.axhline(0.0, color="black", lw=0.6)
-            ax.set_ylabel(label, fontsize=8)
-        axes[-1].set_xlabel("source j (key)")
-        fig.suptitle(f"{self.mode}-head factorization, batch {batch}, head {head}, query {query}")
-        fig.tight_layout()
-        return fig
-
-
-def _signed_imshow(ax, m: Tensor) -> None:
-    """Diverging, zero-centred colormap if ``m`` has negative entries, else sequential."""
-    lo, hi = float(m.min()), float(m.max())
-    if lo < 0:
-        lim = max(abs(lo), abs(hi)) or 1.0
-        im = ax.imshow(m.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
-    else:
-        im = ax.imshow(m.numpy(), cmap="viridis", vmin=0.0, vmax=hi or 1.0)
-    ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        return self._draw("plot_factorization", batch=batch, head=head, query=query)
 
 
 # ----------------------------------------------------------------------------- main entry

@@ -40,6 +40,7 @@ SCOPES = ("query", "layer")
 
 
 def check_scope(scope: str) -> str:
+    """``scope`` checked: one of ``SCOPES``."""
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {SCOPES} ('query': each query ranks its "
                          f"sources; 'layer': all pairs of a layer together), got {scope!r}")

@@ -312,9 +312,7 @@ class PODResult(Result):
 
     def plot_spectrum(self, **kwargs: Any):
         """Eigenvalue spectrum (log-log) with the power-law fit. Returns a Figure."""
-        from tl_spectral.viz.scale_pod_plots import plot_eigen_spectrum
-
-        return plot_eigen_spectrum(self, **kwargs)
+        return self._draw("plot_spectrum", **kwargs)
 
 
 def _h_star(
@@ -615,12 +613,20 @@ def pod(
     accuracy of the top-k eigenvalues — ``None`` for the fixed iteration count — and the
     most power iterations); see the module docstring. The exact methods ignore them.
     """
+    # scikit-learn's PCA._fit: every argument validated here once, then one solver runs.
+    # One name per tolerance: ``epsilon`` (the energy left out by H*), ``tol`` (the
+    # randomized solver's target accuracy), ``zero_tol`` inside the solvers (eigenvalues at
+    # or below it are numerical zeros, from the machine epsilon ``machine_eps``).
     X = _check_snapshots(X)
     N, dim = X.shape
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64 (got {dtype})")
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"epsilon must lie in [0, 1) (got {epsilon})")
+    if method not in ("auto", "snapshots", "direct", "randomized"):
+        raise ValueError(
+            f"method must be 'auto', 'snapshots', 'direct' or 'randomized' (got {method!r})"
+        )
     mean = None
     if center:
         mean = X.to(dtype).mean(0)
@@ -639,53 +645,6 @@ def pod(
             method = "snapshots"
         else:
             method = "direct"
-    eps = torch.finfo(dtype).eps
-    if method == "snapshots":
-        K = _gram(X, dtype) / N
-
-        def project(B: Tensor) -> Tensor:
-            Bt = B.T.to(dtype)
-            if X.dtype == dtype:
-                return Bt @ X
-            return torch.cat([Bt @ X[:, c : c + 8192].to(dtype) for c in range(0, dim, 8192)], 1)
-
-        return pod_from_gram(
-            K,
-            project,
-            dim,
-            rank=rank,
-            epsilon=epsilon,
-            centered=centered,
-            eps=eps,
-            mean=mean,
-            method="snapshots",
-        )
-    if method == "direct":
-        U, S, Vh = torch.linalg.svd(X.to(dtype), full_matrices=False)
-        lam_all = S.to(torch.float64) ** 2 / N
-        total = float(X.to(torch.float64).pow(2).sum()) / N
-        if not total > 0:
-            raise ValueError("the snapshots have zero energy; nothing to decompose")
-        tol = _zero_tol(float(lam_all[0]), total, N, eps)
-        n = int((lam_all > tol).sum())
-        lam = lam_all[:n].contiguous()
-        r = resolve_rank(rank, lam, total, n)
-        modes = Vh[:r].clone()
-        coeffs = (U[:, :r] * S[:r]).to(torch.float64)
-        _fix_signs(modes, coeffs)
-        return _finish(
-            lam,
-            total,
-            modes,
-            coeffs,
-            N=N,
-            dim=dim,
-            method="direct",
-            centered=centered,
-            complete=True,
-            epsilon=epsilon,
-            mean=mean,
-        )
     if method == "randomized":
         if not int_rank:
             raise ValueError(
@@ -697,34 +656,101 @@ def pod(
                 f"rank={rank} exceeds min(N, dim) = {n_max}: no more modes are available; pass "
                 f"rank <= {n_max}"
             )
-        Xd = X.to(dtype)
-        total = float(Xd.to(torch.float64).pow(2).sum()) / N
-        if not total > 0:
-            raise ValueError("the snapshots have zero energy; nothing to decompose")
-        if tol is not None and not 0.0 < tol < 1.0:
-            raise ValueError(f"tol must lie in (0, 1) or be None (got {tol})")
-        U, S, Vh, rel_err = _randomized(
-            Xd, int(rank), n_oversamples, n_power_iter, seed, tol, max_power_iter
-        )
-        lam = S.to(torch.float64) ** 2 / N
-        modes = Vh.clone()
-        coeffs = (U * S).to(torch.float64)
-        _fix_signs(modes, coeffs)
-        complete = int(rank) >= n_max
-        return _finish(
-            lam,
-            total,
-            modes,
-            coeffs,
-            N=N,
-            dim=dim,
-            method="randomized",
-            centered=centered,
-            complete=complete,
-            epsilon=epsilon,
-            mean=mean,
-            eigen_rel_error=rel_err,
-        )
-    raise ValueError(
-        f"method must be 'auto', 'snapshots', 'direct' or 'randomized' (got {method!r})"
+    common = dict(rank=rank, dtype=dtype, epsilon=epsilon, centered=centered, mean=mean)
+    if method == "snapshots":
+        return _pod_snapshots(X, **common)
+    if method == "direct":
+        return _pod_direct(X, **common)
+    return _pod_randomized(X, **common, n_oversamples=n_oversamples, n_power_iter=n_power_iter,
+                           seed=seed, tol=tol, max_power_iter=max_power_iter)
+
+
+def _pod_snapshots(X: Tensor, *, rank: Rank, dtype: torch.dtype, epsilon: float,
+                   centered: bool, mean: Tensor | None) -> PODResult:
+    """Method of snapshots: eigen-decomposition of the ``[N, N]`` Gram matrix."""
+    N, dim = X.shape
+    K = _gram(X, dtype) / N
+
+    def project(B: Tensor) -> Tensor:
+        Bt = B.T.to(dtype)
+        if X.dtype == dtype:
+            return Bt @ X
+        return torch.cat([Bt @ X[:, c : c + 8192].to(dtype) for c in range(0, dim, 8192)], 1)
+
+    return pod_from_gram(
+        K,
+        project,
+        dim,
+        rank=rank,
+        epsilon=epsilon,
+        centered=centered,
+        eps=torch.finfo(dtype).eps,
+        mean=mean,
+        method="snapshots",
+    )
+
+
+def _pod_direct(X: Tensor, *, rank: Rank, dtype: torch.dtype, epsilon: float, centered: bool,
+                mean: Tensor | None) -> PODResult:
+    """Thin SVD of the snapshot matrix."""
+    N, dim = X.shape
+    machine_eps = torch.finfo(dtype).eps
+    U, S, Vh = torch.linalg.svd(X.to(dtype), full_matrices=False)
+    lam_all = S.to(torch.float64) ** 2 / N
+    total = float(X.to(torch.float64).pow(2).sum()) / N
+    if not total > 0:
+        raise ValueError("the snapshots have zero energy; nothing to decompose")
+    zero_tol = _zero_tol(float(lam_all[0]), total, N, machine_eps)
+    n = int((lam_all > zero_tol).sum())
+    lam = lam_all[:n].contiguous()
+    r = resolve_rank(rank, lam, total, n)
+    modes = Vh[:r].clone()
+    coeffs = (U[:, :r] * S[:r]).to(torch.float64)
+    _fix_signs(modes, coeffs)
+    return _finish(
+        lam,
+        total,
+        modes,
+        coeffs,
+        N=N,
+        dim=dim,
+        method="direct",
+        centered=centered,
+        complete=True,
+        epsilon=epsilon,
+        mean=mean,
+    )
+
+
+def _pod_randomized(X: Tensor, *, rank: Rank, dtype: torch.dtype, epsilon: float,
+                    centered: bool, mean: Tensor | None, n_oversamples: int, n_power_iter: int,
+                    seed: int, tol: float | None, max_power_iter: int) -> PODResult:
+    """Randomized range finder with adaptive power iterations (top-``rank`` modes)."""
+    N, dim = X.shape
+    Xd = X.to(dtype)
+    total = float(Xd.to(torch.float64).pow(2).sum()) / N
+    if not total > 0:
+        raise ValueError("the snapshots have zero energy; nothing to decompose")
+    if tol is not None and not 0.0 < tol < 1.0:
+        raise ValueError(f"tol must lie in (0, 1) or be None (got {tol})")
+    U, S, Vh, rel_err = _randomized(
+        Xd, int(rank), n_oversamples, n_power_iter, seed, tol, max_power_iter
+    )
+    lam = S.to(torch.float64) ** 2 / N
+    modes = Vh.clone()
+    coeffs = (U * S).to(torch.float64)
+    _fix_signs(modes, coeffs)
+    return _finish(
+        lam,
+        total,
+        modes,
+        coeffs,
+        N=N,
+        dim=dim,
+        method="randomized",
+        centered=centered,
+        complete=int(rank) >= min(N, dim),
+        epsilon=epsilon,
+        mean=mean,
+        eigen_rel_error=rel_err,
     )

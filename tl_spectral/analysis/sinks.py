@@ -238,49 +238,12 @@ class SinkGeometry(Result):
     ):
         """Output norm vs imposed sink rate for a few queries of one head, with the
         observed rate (dot) and ``ρ*`` (cross) marked. Returns a matplotlib Figure."""
-        import matplotlib.pyplot as plt
-
-        rho = torch.linspace(0.0, 1.0, n_rho, dtype=self.rho_star.dtype)
-        curve = self.norm_curve(rho)[batch, head]
-        ok = self.curve_valid[batch, head]
-        if queries is None:
-            idx = ok.nonzero().flatten().tolist()
-            queries = idx[:: max(1, len(idx) // 6)][:6]
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for i in queries:
-            if not bool(ok[i]):
-                continue
-            (line,) = ax.plot(rho.numpy(), curve[i].float().numpy(), label=f"query {i}")
-            if bool(self.rho_star_valid[batch, head, i]):
-                rs = float(self.rho_star[batch, head, i])
-                if 0.0 <= rs <= 1.0:
-                    ax.plot(
-                        [rs], [float(self.min_norm[batch, head, i])], "x", color=line.get_color()
-                    )
-        ax.set_xlabel("imposed sink rate ρ")
-        ax.set_ylabel("‖ρ ṽ_0 + (1 − ρ) s̄_i‖")
-        ax.set_title(f"batch {batch}, head {head} (× = ρ*)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot_norm_curve", batch=batch, head=head, queries=queries, n_rho=n_rho)
 
     def plot_rates(self):
         """Per-head sink rate and Gu key score of the first token (batch mean), with the
         sink-head threshold. Returns a matplotlib Figure."""
-        import matplotlib.pyplot as plt
-
-        h = self.sink_rate.shape[1]
-        x = torch.arange(h).numpy()
-        fig, ax = plt.subplots(figsize=(max(4, 0.5 * h + 2), 3.5))
-        ax.bar(x - 0.2, self.sink_rate.mean(0).float().numpy(), width=0.4, label="sink rate")
-        ks = self.key_score[..., self.sink_index].mean(0).float().numpy()
-        ax.bar(x + 0.2, ks, width=0.4, label="key score (Gu)")
-        ax.axhline(self.threshold, color="black", ls="--", lw=0.8, label="threshold")
-        ax.set_xlabel("head")
-        ax.set_ylim(0, 1)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot_rates")
 
 
 def _norm(x: Tensor) -> Tensor:

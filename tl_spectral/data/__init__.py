@@ -6,7 +6,9 @@ Austen and Wikipedia files of the project's shared data are loaded from a path.
 
 from tl_spectral.data.corpora import (
     bundled_text_path,
+    check_corpus,
     load_austen,
+    load_corpus,
     load_text,
     load_wikipedia,
     tiny_shakespeare,
@@ -21,6 +23,8 @@ __all__ = [
     "DocumentWindows",
     "EncodeReport",
     "bundled_text_path",
+    "check_corpus",
+    "load_corpus",
     "document_windows",
     "load_austen",
     "load_text",

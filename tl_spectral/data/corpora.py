@@ -5,6 +5,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from tl_spectral.usage import UsageError
+
 
 def bundled_text_path() -> Path:
     """Path of the bundled Tiny Shakespeare stand-in (1,033,444 ASCII characters)."""
@@ -53,3 +55,33 @@ def train_val_split(text: str, val_fraction: float = 0.1) -> tuple[str, str]:
         raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction}")
     cut = int(len(text) * (1.0 - val_fraction))
     return text[:cut], text[cut:]
+
+
+def check_corpus(corpus: str) -> None:
+    """``--corpus``: 'shakespeare' or an existing, non-empty UTF-8 file (else UsageError
+    naming the file and, for bad UTF-8, the byte offset)."""
+    if corpus in ("shakespeare", "tiny-shakespeare"):
+        return
+    p = Path(corpus)
+    if not p.exists():
+        raise UsageError(f"--corpus {corpus}: no such file; pass 'shakespeare' (bundled) or "
+                         "the path of a UTF-8 text file")
+    if not p.is_file():
+        raise UsageError(f"--corpus {corpus} is not a file; pass a UTF-8 text file")
+    raw = p.read_bytes()
+    if not raw.strip():
+        raise UsageError(f"--corpus {corpus} is empty; pass a UTF-8 text file with text in it")
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"--corpus {corpus} is not UTF-8 text: byte 0x{raw[e.start]:02x} at "
+                         f"byte offset {e.start} ({e.reason}); convert it to UTF-8 (e.g. iconv "
+                         "-f latin1 -t utf-8)") from None
+
+
+def load_corpus(corpus: str) -> str:
+    """The text of ``--corpus`` ('shakespeare' = the bundled Tiny Shakespeare)."""
+    check_corpus(corpus)
+    if corpus in ("shakespeare", "tiny-shakespeare"):
+        return tiny_shakespeare()
+    return Path(corpus).read_text(encoding="utf-8")

@@ -126,7 +126,7 @@ def write_token_file(
             del src
             out.write(b"\0" * (off_off - ids_off - n * np.dtype(dtype).itemsize))
             out.write(np.asarray(offsets, dtype="<i8").tobytes())
-        from tl_spectral.results import _umask
+        from tl_spectral.files import current_umask as _umask
 
         os.chmod(tmp_name, 0o666 & ~_umask())  # mkstemp makes 0600; a token file is the user's
         os.replace(tmp_name, path)

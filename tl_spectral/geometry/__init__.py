@@ -1,0 +1,1 @@
+"""Weight geometry of attention heads (routing / filtering, rotary, S–D, cascades)."""

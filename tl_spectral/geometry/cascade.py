@@ -42,35 +42,18 @@ class CascadeResult(Result):
     routing_fraction_S: torch.Tensor | None = None
 
     def rank(self) -> torch.Tensor:
-        """The routing rank followed by the cascade: S for S–D models, else R. [n, layer, head]"""
+        """The routing rank followed by the cascade, ``[n, layer, head]``: S for S–D models,
+        else R."""
         return self.rank_S if self.rank_S is not None else self.rank_R
 
     def plot(self, ax: Any = None, which: str = "auto"):
         """Mean routing rank per layer vs training step (one line per layer). ``which``:
         "auto" (S for S–D models, else R), "S" or "R". Returns a Figure."""
-        import matplotlib.pyplot as plt
-
-        if which not in ("auto", "S", "R"):
-            raise ValueError(f"which must be 'auto', 'S' or 'R', got {which!r}")
-        if which == "S" and self.rank_S is None:
-            raise ValueError(f"{self.run_name} has no S–D layer: plot which='R'")
-        use_s = self.rank_S is not None and which != "R"
-        fig, ax = plt.subplots(figsize=(5, 3.4)) if ax is None else (ax.figure, ax)
-        r = (self.rank_S if use_s else self.rank_R).double().mean(-1).numpy()
-        cmap = plt.get_cmap("viridis")
-        L = r.shape[1]
-        for l in range(L):
-            ax.plot(self.steps.numpy(), r[:, l], "o-", ms=2.5, color=cmap(l / max(1, L - 1)),
-                    label=f"L{l}")
-        ax.set_xlabel("training step")
-        ax.set_ylabel("routing rank of " + ("S" if use_s else "R (W_Q W_Kᵀ)"))
-        ax.set_title(self.run_name, fontsize=9)
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot", ax=ax, which=which)
 
 
 def checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every complete checkpoint of a run (and its final model)."""
     out = []
     root = run_dir / "checkpoints"
     for p in sorted(root.glob("step_*")) if root.is_dir() else []:

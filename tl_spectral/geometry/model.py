@@ -41,9 +41,11 @@ class UnreadableHeadsError(ValueError):
 
 # -------------------------------------------------------------- model-level geometry
 def _is_native_gpt(model: Any) -> bool:
-    from tl_spectral.models.gpt import GPT
-
-    return isinstance(model, GPT)
+    """The project's own GPT (``tl_spectral.models.gpt``), told by its config's per-layer
+    attention kinds (geometry reads models; it does not import them)."""
+    cfg = getattr(model, "cfg", None)
+    return callable(getattr(cfg, "layer_attention", None)) and hasattr(model, "blocks") \
+        and not hasattr(model, "run_with_hooks")
 
 
 def _fold_ln1(w: dict[str, torch.Tensor], ln: nn.Module) -> dict[str, torch.Tensor]:
@@ -192,10 +194,8 @@ def model_rotary_geometry(
     if _is_native_gpt(model):
         ws = native_attention_weights(model, fold_ln=fold_ln)
         WQ, WK = [w["W_Q"] for w in ws], [w["W_K"] for w in ws]
-        from tl_spectral.models.attention import rotary_inv_freq
-
-        spec = RotarySpec(rotary_inv_freq(model.cfg.rotary_dim, model.cfg.rotary_base),
-                          "adjacent")
+        # θ_k = base^(−2k / rotary_dim), as models.attention.rotary_inv_freq (adjacent pairs)
+        spec = RotarySpec.from_base(model.cfg.rotary_dim, model.cfg.rotary_base, "adjacent")
         ctx = model.cfg.n_ctx
     else:
         from tl_spectral.model_view import ModelView, PatternsNotExposedError

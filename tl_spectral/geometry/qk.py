@@ -25,7 +25,6 @@ See ``docs/routing_filtering.md`` for formulas and choices.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -34,6 +33,15 @@ from typing import Any, ClassVar
 
 import torch
 
+from tl_spectral.geometry.common import (
+    as_layers,
+    check_finite,
+    pad_stack,
+    per_head_table,
+    resolve_layer_names,
+    table_rows,
+    write_csv,
+)
 from tl_spectral.results import Result, register_result
 
 __all__ = [
@@ -90,67 +98,6 @@ def participation_ratio(sv: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.where(s2 > 0, s1.square() / s2.clamp_min(torch.finfo(sv.dtype).tiny), 0.0)
 
 
-def _as_layers(w: Any, name: str, ndim_layer: int, what: str) -> list[torch.Tensor]:
-    """Turn ``[layer, *per_layer]`` tensors or lists of per-layer tensors into a list."""
-    if isinstance(w, torch.Tensor) or hasattr(w, "__array__"):
-        t = torch.as_tensor(w)
-        if t.ndim != ndim_layer + 1:
-            raise ValueError(
-                f"{name} has shape {tuple(t.shape)}; pass a [layer, {what}] tensor "
-                f"({ndim_layer + 1}-D) or a list with one [{what}] tensor per layer"
-                + (f" (for a single layer use {name}[None])" if t.ndim == ndim_layer else "")
-            )
-        return list(t.unbind(0))
-    if isinstance(w, (list, tuple)):
-        if len(w) == 0:
-            raise ValueError(f"{name} is an empty list; pass one [{what}] tensor per layer")
-        out = []
-        for i, wl in enumerate(w):
-            t = torch.as_tensor(wl)
-            if t.ndim != ndim_layer:
-                raise ValueError(
-                    f"{name}[{i}] has shape {tuple(t.shape)}; each list entry must be a "
-                    f"[{what}] tensor ({ndim_layer}-D)"
-                )
-            out.append(t)
-        return out
-    raise TypeError(
-        f"{name} is a {type(w).__name__}; pass a torch.Tensor [layer, {what}] or a list of "
-        f"per-layer [{what}] tensors"
-    )
-
-
-def _check_finite(t: torch.Tensor, name: str) -> None:
-    # fast path: a finite sum proves every entry finite; otherwise check entry-wise
-    if t.numel() and torch.isfinite(t.sum()):
-        return
-    if not torch.isfinite(t).all():
-        raise ValueError(f"{name} contains NaN or Inf; pass finite weights")
-
-
-def _layer_names(layer_names: Sequence[str] | None, n_layers: int) -> list[str]:
-    if layer_names is None:
-        return [f"L{i}" for i in range(n_layers)]
-    names = [str(n) for n in layer_names]
-    if len(names) != n_layers:
-        raise ValueError(
-            f"layer_names has {len(names)} entries but the weights have {n_layers} layers; "
-            "pass one name per layer or None"
-        )
-    return names
-
-
-def _pad_stack(parts: list[torch.Tensor], width: int, value: Any = 0) -> torch.Tensor:
-    """Stack ``[head, k_l]`` tensors into ``[layer, head, width]`` padding the last dim."""
-    out = []
-    for p in parts:
-        pad = width - p.shape[-1]
-        if pad:
-            p = torch.cat([p, p.new_full((*p.shape[:-1], pad), value)], dim=-1)
-        out.append(p)
-    return torch.stack(out)
-
-
 def _eig_summary(
     eig: torch.Tensor, zero_rtol: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -179,7 +126,9 @@ def _head_spectra(wq: torch.Tensor, wk: torch.Tensor, zero_rtol: float) -> dict[
     """Factored spectra of a batch of heads.
 
     Args:
-        wq, wk: ``[batch, d_model, d_head]``.
+        wq: ``[batch, d_model, d_head]``.
+        wk: ``[batch, d_model, d_head]``.
+        zero_rtol: relative tolerance below which a singular value or eigenvalue is zero.
 
     Steps:
         1. ``A = [W_Q, W_K]``; ``A = Q [R₁, R₂]`` (QR, only the triangular factor is kept).
@@ -221,37 +170,6 @@ def _head_spectra(wq: torch.Tensor, wk: torch.Tensor, zero_rtol: float) -> dict[
 
 
 # ----------------------------------------------------------------------------- rows
-def _per_head_table(res: Any, columns: dict[str, torch.Tensor]) -> dict[str, list]:
-    n_layers, n_heads = next(iter(columns.values())).shape[:2]
-    table: dict[str, list] = {"layer": [], "layer_name": [], "head": [], "d_head": []}
-    for name in columns:
-        table[name] = []
-    for layer in range(n_layers):
-        for head in range(n_heads):
-            table["layer"].append(layer)
-            table["layer_name"].append(res.layer_names[layer])
-            table["head"].append(head)
-            table["d_head"].append(int(res.d_head[layer]))
-            for name, t in columns.items():
-                v = t[layer, head]
-                table[name].append(bool(v) if v.dtype == torch.bool else float(v))
-    return table
-
-
-def _rows(table: dict[str, list]) -> list[dict[str, Any]]:
-    keys = list(table)
-    n = len(table[keys[0]])
-    return [{k: table[k][i] for k in keys} for i in range(n)]
-
-
-def _write_csv(table: dict[str, list], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(table))
-        writer.writeheader()
-        writer.writerows(_rows(table))
-    return path
 
 
 def _layer_summary(
@@ -372,15 +290,19 @@ class QKGeometry(Result):
         scalar fields (fractions, norms, ranks, eigenvalue statistics). Use ``to_rows`` for
         a list of row dicts (``pandas.DataFrame(g.to_dict())`` also works).
         """
-        return _per_head_table(self, self._columns())
+        return per_head_table(self, self._columns())
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
+        return self.to_rows()
 
     def to_rows(self) -> list[dict[str, Any]]:
         """The per-head table as a list of ``{column: scalar}`` rows."""
-        return _rows(self.to_dict())
+        return table_rows(self.to_dict())
 
     def to_csv(self, path: str | Path) -> Path:
         """Write the per-head table (``to_dict``) as CSV; returns the path."""
-        return _write_csv(self.to_dict(), path)
+        return write_csv(self.to_dict(), path)
 
     def headline(self) -> dict[str, list]:
         """Per-layer means (and spreads of the ranks) over heads, as columns."""
@@ -399,30 +321,24 @@ class QKGeometry(Result):
             extra={"routing_capacity": [int(c) for c in self.routing_capacity]},
         )
 
-    # plots (matplotlib lives in viz; imported lazily to keep geometry light)
+    # figures: drawn by the plotting leaf (viz/geometry_plots.py) through Result._draw
     def plot_budget(self, **kwargs: Any):
         """Routing fraction per layer (box + scatter over heads). Returns a Figure."""
-        from tl_spectral.viz.geometry_plots import plot_budget
-
-        return plot_budget(self, **kwargs)
+        return self._draw("plot_budget", **kwargs)
 
     def plot_routing_rank(self, **kwargs: Any):
         """Routing effective rank vs layer (mean ± std over heads). Returns a Figure."""
-        from tl_spectral.viz.geometry_plots import plot_routing_rank
-
-        return plot_routing_rank(self, **kwargs)
+        return self._draw("plot_routing_rank", **kwargs)
 
     def plot_eigenvalues(self, **kwargs: Any):
         """Nonzero eigenvalues of M in the complex plane, coloured by layer."""
-        from tl_spectral.viz.geometry_plots import plot_eigenvalues
-
-        return plot_eigenvalues(self, **kwargs)
+        return self._draw("plot_eigenvalues", **kwargs)
 
 
 def _bias_layers(
     b: Any, name: str, n_layers: int, n_heads: list[int], d_head: list[int], expect: str
 ) -> list[torch.Tensor]:
-    layers = _as_layers(b, name, 2, "head, d_head")
+    layers = as_layers(b, name, 2, "head, d_head")
     if len(layers) != n_layers:
         raise ValueError(f"{name} has {len(layers)} layers but the weights have {n_layers}")
     for i, bl in enumerate(layers):
@@ -489,6 +405,8 @@ def qk_geometry(
     Fold LayerNorm weights into ``W_Q``/``W_K`` first (TransformerLens' ``fold_ln``) for the
     geometry of the kernel the residual stream actually sees.
     """
+    # Long on purpose: the checks of every input form (dense, factored, per-layer lists, GQA)
+    # are the bulk; the work is one batched pass per d_head group below them.
     if _is_factored(W_Q):
         if W_K is not None:
             raise ValueError("qk_geometry got a FactoredMatrix for W_Q and also W_K; pass the "
@@ -497,14 +415,14 @@ def qk_geometry(
     elif W_K is None:
         raise ValueError("qk_geometry needs W_K (or pass a FactoredMatrix such as model.QK "
                          "as its only argument)")
-    q_layers = _as_layers(W_Q, "W_Q", 3, "head, d_model, d_head")
-    k_layers = _as_layers(W_K, "W_K", 3, "kv_head, d_model, d_head")
+    q_layers = as_layers(W_Q, "W_Q", 3, "head, d_model, d_head")
+    k_layers = as_layers(W_K, "W_K", 3, "kv_head, d_model, d_head")
     if len(q_layers) != len(k_layers):
         raise ValueError(
             f"W_Q has {len(q_layers)} layers but W_K has {len(k_layers)}; pass the same layers"
         )
     n_layers = len(q_layers)
-    names = _layer_names(layer_names, n_layers)
+    names = resolve_layer_names(layer_names, n_layers)
     n_heads = q_layers[0].shape[0]
     n_kv = k_layers[0].shape[0]
     inputs = (
@@ -537,8 +455,8 @@ def qk_geometry(
                 "attention the query head count must be a multiple of the key head count; pass "
                 f"W_K with a divisor of {n_heads} heads" + inputs
             )
-        _check_finite(wq, f"W_Q[{i}]")
-        _check_finite(wk, f"W_K[{i}]")
+        check_finite(wq, f"W_Q[{i}]")
+        check_finite(wk, f"W_K[{i}]")
         group = n_heads // wk.shape[0]
         wk = wk.repeat_interleave(group, dim=0) if group > 1 else wk
         wqs.append(wq.to(dtype))
@@ -564,13 +482,13 @@ def qk_geometry(
     def stack(key: str) -> torch.Tensor:
         return torch.stack([p[key] for p in per_layer])
 
-    sv_r = _pad_stack([p["sv_R"] for p in per_layer], k_max)
-    sv_f = _pad_stack([p["sv_F"] for p in per_layer], k_max)
+    sv_r = pad_stack([p["sv_R"] for p in per_layer], k_max)
+    sv_f = pad_stack([p["sv_F"] for p in per_layer], k_max)
     sv_valid = torch.stack([(torch.arange(k_max) < c).expand(n_heads, -1) for c in caps])
-    eig = _pad_stack([p["eig"] for p in per_layer], e_max)
+    eig = pad_stack([p["eig"] for p in per_layer], e_max)
     eig_valid = torch.stack([(torch.arange(e_max) < e).expand(n_heads, -1) for e in n_eigs])
-    eig_nonzero = _pad_stack([p["eig_nonzero"] for p in per_layer], e_max, False)
-    eig_positive = _pad_stack([p["eig_positive"] for p in per_layer], e_max, False)
+    eig_nonzero = pad_stack([p["eig_nonzero"] for p in per_layer], e_max, False)
+    eig_positive = pad_stack([p["eig_positive"] for p in per_layer], e_max, False)
 
     norm_r, norm_f, norm_m = stack("norm_R_sq"), stack("norm_F_sq"), stack("norm_M_sq")
     total = norm_r + norm_f  # = ‖M‖²_F (orthogonal split); used so fractions sum to 1
@@ -595,8 +513,8 @@ def qk_geometry(
         )
         kb, qb = [], []
         for i in range(n_layers):
-            _check_finite(bq[i], f"b_Q[{i}]")
-            _check_finite(bk[i], f"b_K[{i}]")
+            check_finite(bq[i], f"b_Q[{i}]")
+            check_finite(bk[i], f"b_K[{i}]")
             bqi = bq[i].to(dtype)
             bki = bk[i].to(dtype).repeat_interleave(n_heads // kv_heads[i], dim=0)
             kb.append(torch.linalg.vector_norm(wks[i] @ bqi[..., None], dim=(-2, -1)))
@@ -706,15 +624,19 @@ class SDGeometry(Result):
 
     def to_dict(self) -> dict[str, list]:
         """Per-head table as columns (rows over layers, then heads)."""
-        return _per_head_table(self, self._columns())
+        return per_head_table(self, self._columns())
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
+        return self.to_rows()
 
     def to_rows(self) -> list[dict[str, Any]]:
         """The per-head table as a list of row dicts."""
-        return _rows(self.to_dict())
+        return table_rows(self.to_dict())
 
     def to_csv(self, path: str | Path) -> Path:
         """Write the per-head table as CSV; returns the path."""
-        return _write_csv(self.to_dict(), path)
+        return write_csv(self.to_dict(), path)
 
     def headline(self) -> dict[str, list]:
         """Per-layer means and spreads over heads, as columns."""
@@ -735,21 +657,15 @@ class SDGeometry(Result):
 
     def plot_budget(self, **kwargs: Any):
         """Routing fraction ``‖S‖²/‖S − D‖²`` per layer (box + scatter over heads)."""
-        from tl_spectral.viz.geometry_plots import plot_budget
-
-        return plot_budget(self, **kwargs)
+        return self._draw("plot_budget", **kwargs)
 
     def plot_routing_rank(self, **kwargs: Any):
         """The spectral cascade: effective rank of S vs layer (mean ± std over heads)."""
-        from tl_spectral.viz.geometry_plots import plot_routing_rank
-
-        return plot_routing_rank(self, **kwargs)
+        return self._draw("plot_routing_rank", **kwargs)
 
     def plot_eigenvalues(self, **kwargs: Any):
         """Eigenvalues of ``S − D`` in the complex plane, coloured by layer."""
-        from tl_spectral.viz.geometry_plots import plot_eigenvalues
-
-        return plot_eigenvalues(self, **kwargs)
+        return self._draw("plot_eigenvalues", **kwargs)
 
 
 def sd_geometry(
@@ -777,7 +693,7 @@ def sd_geometry(
     Returns:
         :class:`SDGeometry`.
     """
-    s_layers = _as_layers(S, "S", 3, "head, d_head, d_head")
+    s_layers = as_layers(S, "S", 3, "head, d_head, d_head")
     d_raw = D
     if (
         isinstance(D, torch.Tensor)
@@ -785,14 +701,14 @@ def sd_geometry(
         or (isinstance(D, (list, tuple)) and len(D) and torch.as_tensor(D[0]).ndim == 2)
     ):
         d_layers = [
-            torch.diag_embed(torch.as_tensor(d)) for d in _as_layers(d_raw, "D", 2, "head, d_head")
+            torch.diag_embed(torch.as_tensor(d)) for d in as_layers(d_raw, "D", 2, "head, d_head")
         ]
     else:
-        d_layers = _as_layers(D, "D", 3, "head, d_head, d_head")
+        d_layers = as_layers(D, "D", 3, "head, d_head, d_head")
     if len(s_layers) != len(d_layers):
         raise ValueError(f"S has {len(s_layers)} layers but D has {len(d_layers)}")
     n_layers = len(s_layers)
-    names = _layer_names(layer_names, n_layers)
+    names = resolve_layer_names(layer_names, n_layers)
     n_heads = s_layers[0].shape[0]
     d_heads, per_layer = [], []
     for i, (s, d) in enumerate(zip(s_layers, d_layers)):
@@ -802,8 +718,8 @@ def sd_geometry(
                 f"[head, d_head, d_head] matrices of equal shape with {n_heads} heads in every "
                 "layer (D may also be its diagonal [head, d_head])"
             )
-        _check_finite(s, f"S[{i}]")
-        _check_finite(d, f"D[{i}]")
+        check_finite(s, f"S[{i}]")
+        check_finite(d, f"D[{i}]")
         s, d = s.to(dtype), d.to(dtype)
         for name, m, sign, what in (("S", s, 1.0, "skew-symmetric"), ("D", d, -1.0, "symmetric")):
             err = torch.linalg.matrix_norm(m + sign * m.mT).amax()
@@ -834,8 +750,8 @@ def sd_geometry(
         )
         d_heads.append(int(s.shape[-1]))
     d_max = max(d_heads)
-    sv = _pad_stack([p["sv"] for p in per_layer], d_max)
-    eig = _pad_stack([p["eig"] for p in per_layer], d_max)
+    sv = pad_stack([p["sv"] for p in per_layer], d_max)
+    eig = pad_stack([p["eig"] for p in per_layer], d_max)
     valid = torch.stack([(torch.arange(d_max) < d).expand(n_heads, -1) for d in d_heads])
     eff = entropy_effective_rank(sv)
 
@@ -878,8 +794,9 @@ def recover_sd_from_qk(
     ``W_K`` times any square matrix: not a converted S–D model).
 
     Args:
-        W_Q, W_K: ``[layer, head, d_model, d_head]`` tensors, or per-layer lists of
+        W_Q: ``[layer, head, d_model, d_head]`` tensor, or a per-layer list of
             ``[head, d_model, d_head_l]`` (same head count; no grouped-query).
+        W_K: the same shape as ``W_Q``.
         scale: the factor the converter multiplied into ``W_Q`` (e.g. to keep the
             ``1/sqrt(d_head)`` score scale right after zero-padding); a float, or one value
             per layer.
@@ -891,8 +808,8 @@ def recover_sd_from_qk(
         lists), S skew-symmetric and D symmetric (diagonal for a true S–D model).
     """
     was_list = not isinstance(W_Q, torch.Tensor)
-    q_layers = _as_layers(W_Q, "W_Q", 3, "head, d_model, d_head")
-    k_layers = _as_layers(W_K, "W_K", 3, "head, d_model, d_head")
+    q_layers = as_layers(W_Q, "W_Q", 3, "head, d_model, d_head")
+    k_layers = as_layers(W_K, "W_K", 3, "head, d_model, d_head")
     if len(q_layers) != len(k_layers):
         raise ValueError(f"W_Q has {len(q_layers)} layers but W_K has {len(k_layers)}")
     scales = torch.as_tensor(scale, dtype=dtype).flatten()
@@ -910,8 +827,8 @@ def recover_sd_from_qk(
                 f"layer {i}: W_Q {tuple(wq.shape)} and W_K {tuple(wk.shape)} differ; a converted "
                 "S–D layer has W_Q = W_P (S − D) and W_K = W_P of the same [head, d_model, d_head]"
             )
-        _check_finite(wq, f"W_Q[{i}]")
-        _check_finite(wk, f"W_K[{i}]")
+        check_finite(wq, f"W_Q[{i}]")
+        check_finite(wk, f"W_K[{i}]")
         wq, wk = wq.to(dtype), wk.to(dtype)
         lmat = torch.linalg.pinv(wk) @ wq / scales[i]
         resid = torch.linalg.matrix_norm(wk @ lmat * scales[i] - wq)

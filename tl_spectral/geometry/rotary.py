@@ -47,16 +47,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from tl_spectral.geometry.qk import (
-    _as_layers,
-    _check_finite,
-    _layer_names,
-    _pad_stack,
-    _per_head_table,
-    _write_csv,
-    entropy_effective_rank,
-    participation_ratio,
+from tl_spectral.geometry.common import (
+    as_layers,
+    check_finite,
+    pad_stack,
+    resolve_layer_names,
+    write_csv,
 )
+from tl_spectral.geometry.qk import entropy_effective_rank, participation_ratio
 from tl_spectral.results import Result, register_result
 
 __all__ = [
@@ -390,6 +388,10 @@ class RotaryQKGeometry(Result):
         return {"norm_M_sq": mm, "norm_R_sq": r, "norm_F_sq": f,
                 "routing_fraction": _fraction(r, r + f)}
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
+        return self.to_rows()
+
     def to_rows(self) -> list[dict[str, Any]]:
         """One row per (layer, head, offset): layer, layer_name, head, offset and the
         per-offset energies, fraction and ranks."""
@@ -407,31 +409,13 @@ class RotaryQKGeometry(Result):
                     })
         return rows
 
-    def head_table(self) -> dict[str, list]:
-        """Per-head distribution averages as columns (layer, layer_name, head, d_head, …)."""
-        cols = {"mean_routing_fraction": self.mean_routing_fraction,
-                "mean_fraction_of_offsets": self.mean_fraction_of_offsets,
-                "mean_norm_M_sq": self.mean_norm_M_sq,
-                "routing_fraction_at_0": self._at_zero()}
-        if self.mean_eff_rank_R is not None:
-            cols["mean_eff_rank_R"] = self.mean_eff_rank_R
-            cols["mean_eff_rank_F"] = self.mean_eff_rank_F
-        return _per_head_table(self, cols)
-
     def _at_zero(self) -> torch.Tensor:
         return self.energies([0])["routing_fraction"][..., 0]
 
     def to_csv(self, path: Any):
         """Write the per-(layer, head, offset) table as CSV; returns the path."""
         rows = self.to_rows()
-        return _write_csv({k: [r[k] for r in rows] for k in rows[0]}, path)
-
-    def layer_curves(self) -> dict[str, Any]:
-        """Per layer, the head-mean routing fraction at each offset: ``{"offsets": [n],
-        "layers": {name: [n]}}`` (plain Python)."""
-        return {"offsets": [int(o) for o in self.offsets],
-                "layers": {name: self.routing_fraction[i].mean(0).tolist()
-                           for i, name in enumerate(self.layer_names)}}
+        return write_csv({k: [r[k] for r in rows] for k in rows[0]}, path)
 
     def headline(self) -> dict[str, list]:
         """Per-layer head means: routing fraction at Δ = 0 and averaged over the
@@ -452,28 +436,7 @@ class RotaryQKGeometry(Result):
     def plot_routing_vs_offset(self, *, ax: Any = None, lag: bool = True):
         """Head-mean routing fraction against the lag ``i − j = −Δ`` (log axis when ``lag``),
         one line per layer. Returns the Figure."""
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            fig, ax = plt.subplots(figsize=(6.0, 3.6))
-        else:
-            fig = ax.figure
-        x = (-self.offsets).to(torch.float64) if lag else self.offsets.to(torch.float64)
-        order = torch.argsort(x)
-        for i, name in enumerate(self.layer_names):
-            y = self.routing_fraction[i].mean(0)
-            ax.plot((x[order] + (1 if lag else 0)).numpy(), y[order].numpy(), marker="o",
-                    ms=3, label=name)
-        if lag:
-            ax.set_xscale("log")
-            ax.set_xlabel("lag i − j + 1 (log)")
-        else:
-            ax.set_xlabel("offset Δ = j − i")
-        ax.set_ylabel("routing fraction ‖R‖²/‖M‖²")
-        ax.axhline(0.5, color="0.6", lw=0.8, ls="--")
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot_routing_vs_offset", ax=ax, lag=lag)
 
 
 # ------------------------------------------------------------------------- entry point
@@ -513,11 +476,11 @@ def rotary_qk_geometry(
     if not isinstance(spec, RotarySpec):
         raise TypeError(f"spec must be a RotarySpec, got {type(spec).__name__}; build one with "
                         "RotarySpec.from_base(rotary_dim, base, pairing)")
-    q_layers = _as_layers(W_Q, "W_Q", 3, "head, d_model, d_head")
-    k_layers = _as_layers(W_K, "W_K", 3, "kv_head, d_model, d_head")
+    q_layers = as_layers(W_Q, "W_Q", 3, "head, d_model, d_head")
+    k_layers = as_layers(W_K, "W_K", 3, "kv_head, d_model, d_head")
     if len(q_layers) != len(k_layers):
         raise ValueError(f"W_Q has {len(q_layers)} layers but W_K has {len(k_layers)}")
-    names = _layer_names(layer_names, len(q_layers))
+    names = resolve_layer_names(layer_names, len(q_layers))
     n_heads, n_kv, d_model = q_layers[0].shape[0], k_layers[0].shape[0], q_layers[0].shape[1]
     if offsets is None:
         offsets = default_offsets(n_ctx) if n_ctx is not None else [0]
@@ -539,8 +502,8 @@ def rotary_qk_geometry(
         if n_heads % n_kv:
             raise ValueError(f"W_Q has {n_heads} heads, W_K {n_kv}: the query head count must "
                              "be a multiple of the key head count")
-        _check_finite(wq, f"W_Q[{i}]")
-        _check_finite(wk, f"W_K[{i}]")
+        check_finite(wq, f"W_Q[{i}]")
+        check_finite(wk, f"W_K[{i}]")
         d = int(wq.shape[2])
         a, b, theta, gain = spec.pairs(d)
         wq = wq.to(dtype)
@@ -579,8 +542,8 @@ def rotary_qk_geometry(
             outs.append(f.reshape(-1, 2 * p_max, 2 * p_max))
         return torch.stack(outs)
 
-    sv_r = _pad_stack([p["sv_R"] for p in per], k_max)
-    sv_f = _pad_stack([p["sv_F"] for p in per], k_max)
+    sv_r = pad_stack([p["sv_R"] for p in per], k_max)
+    sv_f = pad_stack([p["sv_F"] for p in per], k_max)
     norm_r, norm_f = stack("norm_R_sq"), stack("norm_F_sq")
     total = norm_r + norm_f
     mean_r, mean_f = stack("mean_R"), stack("mean_F")

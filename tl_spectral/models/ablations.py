@@ -151,40 +151,16 @@ class AblationResult(Result):
     seq_len: int
     rows: list
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
+        return self.to_rows()
+
     def to_rows(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.rows]
 
     def plot(self, ax: Any = None):
         """ΔPPL of each ablation (all layers, log scale), and per layer. Returns a Figure."""
-        import matplotlib.pyplot as plt
-
-        kinds = sorted({r["ablation"] for r in self.rows})
-        per = {k: sorted((r for r in self.rows if r["ablation"] == k and r["layers"] != "all"),
-                         key=lambda r: r["layers"]) for k in kinds}
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.4)) if ax is None else (ax.figure, [ax])
-        a0 = axes[0]
-        allrows = [next(r for r in self.rows if r["ablation"] == k and r["layers"] == "all")
-                   for k in kinds if any(r["layers"] == "all" and r["ablation"] == k
-                                         for r in self.rows)]
-        a0.bar(range(len(allrows)), [max(r["delta_ppl"], 1e-3) for r in allrows],
-               color="tab:purple")
-        a0.set_yscale("log")
-        a0.set_xticks(range(len(allrows)))
-        a0.set_xticklabels([r["ablation"].replace("_", "\n") for r in allrows], fontsize=8)
-        a0.set_ylabel("ΔPPL (all layers)")
-        a0.set_title(f"{self.model_name}: baseline PPL {self.baseline_ppl:.3g}", fontsize=9)
-        if len(axes) > 1:
-            a1 = axes[1]
-            for k in kinds:
-                if per[k]:
-                    a1.plot([r["layers"] for r in per[k]],
-                            [max(r["delta_ppl"], 1e-3) for r in per[k]], "o-", label=k)
-            a1.set_yscale("log")
-            a1.set_xlabel("ablated layer")
-            a1.set_ylabel("ΔPPL (one layer)")
-            a1.legend(fontsize=7)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot", ax=ax)
 
 
 def _scored(model: Any, windows: torch.Tensor, base: dict[str, float], batch_size: int
@@ -365,6 +341,10 @@ class RankTruncationCurve(Result):
     full_rank: int
     rows: list
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
+        return self.to_rows()
+
     def to_rows(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.rows]
 
@@ -375,21 +355,7 @@ class RankTruncationCurve(Result):
 
     def plot(self, ax: Any = None):
         """Relative ΔPPL against r (log-log) for routing and filtering. Returns a Figure."""
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(4.6, 3.4)) if ax is None else (ax.figure, ax)
-        for part in TRUNCATION_PARTS:
-            rs, ys = self.curve(part)
-            if rs:
-                ax.plot(rs, [max(y, 1e-4) for y in ys], "o-", label=part)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("rank r kept")
-        ax.set_ylabel("ΔPPL / PPL")
-        ax.set_title(f"{self.model_name}: rank truncation", fontsize=9)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot", ax=ax)
 
 
 def rank_truncation_curve(model: Any, windows: torch.Tensor, *,

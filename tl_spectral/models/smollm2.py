@@ -149,7 +149,7 @@ def build_cache(gguf: Path, dest: Path, *, progress: bool = True) -> Path:
         meta = {"source": _source_id(gguf), "sha256": _sha256(tmp / "model.safetensors"),
                 "note": "SmolLM2-135M-Instruct, Q4_1 weights dequantized to float32"}
         (tmp / _META).write_text(json.dumps(meta, indent=1), encoding="utf-8")
-        from tl_spectral.results import _umask
+        from tl_spectral.files import current_umask as _umask
 
         mode = 0o666 & ~_umask()
         for f in tmp.iterdir():

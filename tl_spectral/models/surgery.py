@@ -32,7 +32,7 @@ from torch import nn
 from tl_spectral.data.inputs import as_token_tensor
 from tl_spectral.models.attention import LinearAttention, make_attention
 from tl_spectral.models.gpt import GPT, GPTConfig
-from tl_spectral.results import Result, register_result
+from tl_spectral.results import Result, plotter, register_result
 
 __all__ = [
     "AllocationStudy",
@@ -306,6 +306,10 @@ class LinearizationCurve(Result):
             best = k
         return best
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
+        return self.to_rows()
+
     def to_rows(self) -> list[dict[str, Any]]:
         rows = []
         ft = self.rel_delta("fine_tuned") if self.ppl_fine_tuned is not None else None
@@ -325,7 +329,7 @@ class LinearizationCurve(Result):
 
     def plot(self, ax: Any = None):
         """Relative ΔPPL (%) vs k (zero-shot solid, fine-tuned dashed). Returns a Figure."""
-        return plot_collapse([self], ax=ax)
+        return self._draw("plot", ax=ax)
 
 
 def plot_collapse(curves: Sequence[LinearizationCurve], ax: Any = None,
@@ -336,45 +340,8 @@ def plot_collapse(curves: Sequence[LinearizationCurve], ax: Any = None,
     marks as horizontal lines. ``fine_tuned``: further curves of which only the fine-tuned
     line is drawn (in the colour of the zero-shot curve with the same model name).
     Returns a matplotlib Figure."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = (plt.subplots(figsize=(6.4, 4.0)) if ax is None else (ax.figure, ax))
-    colors: dict[str, str] = {}
-
-    def color(name: str) -> str:
-        return colors.setdefault(name, f"C{len(colors)}")
-
-    def ft_line(c: LinearizationCurve) -> None:
-        steps = (c.fine_tune or {}).get("steps", "?")
-        ax.plot(c.ks, [100 * r for r in c.rel_delta("fine_tuned")], "s--",
-                color=color(c.model_name), label=f"{c.model_name} fine-tuned ({steps} steps)")
-        if c.ppl_control is not None:
-            ax.plot(c.ks, [100 * r for r in c.rel_delta("control")], "x:",
-                    color=color(c.model_name), label=f"{c.model_name} control (same fine-tune, "
-                    "no swap)")
-
-    for c in curves:
-        ax.plot(c.ks, [100 * r for r in c.rel_delta()], "o-", color=color(c.model_name),
-                label=f"{c.model_name} zero-shot")
-        if c.ppl_fine_tuned is not None:
-            ft_line(c)
-    for c in fine_tuned:
-        if c.ppl_fine_tuned is not None:
-            ft_line(c)
-    for t in thresholds:
-        ax.axhline(100 * t, color="gray", lw=0.8, ls=":")
-        ax.text(0, 100 * t, f" {100 * t:g}%", va="bottom", fontsize=7, color="gray")
-    ax.set_yscale("symlog", linthresh=1.0)
-    ticks = [t for t in (-1, 0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
-             if t >= ax.get_ylim()[0] and t <= ax.get_ylim()[1]]
-    ax.set_yticks(ticks)
-    ax.set_yticklabels([f"{t:g}" for t in ticks])
-    ax.set_xlabel("k (leading layers linearized)")
-    ax.set_ylabel("ΔPPL / PPL (%)")
-    ax.set_title("linearization of the first k layers (ELU+1)", fontsize=10)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return plotter("linearization_curve", "collapse")(curves, ax=ax, thresholds=thresholds,
+                                                      fine_tuned=fine_tuned)
 
 
 def linearization_curve(model: GPT, windows: torch.Tensor, *, ks: Sequence[int] | None = None,
@@ -585,27 +552,17 @@ class CascadeAllocation(Result):
         """The reallocated model's :class:`GPTConfig`."""
         return allocated_config(GPTConfig.from_dict(self.model_config), self.d_head)
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
+        return self.to_rows()
+
     def to_rows(self) -> list[dict[str, Any]]:
         return [{"layer": l, "routing_rank": r, "d_head_uniform": u, "d_head": d}
                 for l, (r, u, d) in enumerate(zip(self.rank, self.d_head_uniform, self.d_head))]
 
     def plot(self, ax: Any = None):
         """Routing rank and allocated d_head per layer (bars: uniform vs allocated)."""
-        import matplotlib.pyplot as plt
-
-        fig, ax = (plt.subplots(figsize=(6, 3.4)) if ax is None else (ax.figure, ax))
-        x = torch.arange(len(self.rank)).numpy()
-        ax.bar(x - 0.2, self.d_head_uniform, 0.4, color="lightgray", label="uniform d_head")
-        ax.bar(x + 0.2, self.d_head, 0.4, color="tab:blue", label="allocated d_head")
-        what = {"S": "of S", "R": "of R"}.get(self.source, "")
-        ax.plot(x, self.rank, "ko-", label=f"routing rank {what} ({self.measure})".replace("  ", " "))
-        ax.set_xlabel("layer")
-        ax.set_ylabel("dimension")
-        ax.set_title(f"{self.model_name}: {100 * self.saving:.0f}% fewer attention parameters",
-                     fontsize=9)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot", ax=ax)
 
 
 def cascade_allocation(model: GPT, budget: float = 0.5, *, measure: str = "entropy",
@@ -725,20 +682,4 @@ class AllocationStudy(Result):
 
     def plot(self, ax: Any = None):
         """PPL vs attention parameters, one point per model. Returns a Figure."""
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import FuncFormatter, MaxNLocator
-
-        fig, ax = (plt.subplots(figsize=(5.5, 3.8)) if ax is None else (ax.figure, ax))
-        for i, r in enumerate(self.rows):
-            ax.scatter(r["attention_params"], r["ppl"], s=50, color=f"C{i}", zorder=3)
-            ax.annotate(f"{r['name']}\n[{' '.join(str(d) for d in r['d_head'])}]",
-                        (r["attention_params"], r["ppl"]), fontsize=7,
-                        textcoords="offset points", xytext=(6, 4))
-        ax.set_xlabel("attention parameters (thousands)")
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x / 1000:g}"))
-        ax.xaxis.set_major_locator(MaxNLocator(5))  # readable ticks, never run together
-        ax.set_ylabel("validation PPL")
-        ax.set_title("cascade allocation vs uniform (same recipe)", fontsize=10)
-        ax.margins(x=0.25, y=0.2)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot", ax=ax)

@@ -804,12 +804,6 @@ class Trainer:
         for old in self._run_checkpoints()[:-self.cfg.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def last_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint folder of this run in ``out_dir`` (by step
-        number; not verified), or None."""
-        done = [p for p in self._run_checkpoints() if (p / "trainer_state.json").is_file()]
-        return done[-1] if done else None
-
     def verify_checkpoint(self, path: str | Path) -> tuple[dict[str, Any],
                                                          dict[str, torch.Tensor],
                                                          dict[str, torch.Tensor]]:

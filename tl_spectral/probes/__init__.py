@@ -1,6 +1,8 @@
 """Composable probes that run inside one TransformerLens forward pass.
 
-Adding a probe: one new module here and one line in ``PROBES`` below.
+A probe needs no registration to run (pass it to ``run_probes``). Adding a built-in probe:
+one new module here, one import line below and one line in ``tl_spectral._PUBLIC`` (and
+docs/api.md); see docs/probes.md.
 """
 
 from tl_spectral.probes.attention_stats import AttentionStats, AttentionStatsResult
@@ -14,15 +16,7 @@ from tl_spectral.probes.fields import (
 from tl_spectral.probes.runner import Corpus, ProbeRun, as_corpus, run_probes, run_probes_on_cache
 from tl_spectral.probes.sinks import SinkProbe, SinkStats
 
-PROBES: dict[str, type[Probe]] = {
-    "attention_stats": AttentionStats,
-    "attention_fields": AttentionFieldProbe,
-    "contributions": ContributionProbe,
-    "sinks": SinkProbe,
-}
-
 __all__ = [
-    "PROBES",
     "AttentionFieldProbe",
     "AttentionFields",
     "StreamedAttentionFields",

@@ -45,14 +45,7 @@ class AttentionStatsResult(Result):
     def view(self, layer: int | None = None, max_pos: int = 64):
         """circuitsvis view of the mean pattern of ``layer`` (default: the last), one panel
         per head; positions are labelled by index."""
-        import circuitsvis as cv
-
-        li = len(self.layers) - 1 if layer is None else list(self.layers).index(layer)
-        pat = self.mean_pattern[li, :, :max_pos, :max_pos].float()
-        n = pat.shape[-1]
-        return cv.attention.attention_heads(
-            attention=pat, tokens=[str(i) for i in range(n)],
-            attention_head_names=[f"L{self.layers[li]}H{h}" for h in range(pat.shape[0])])
+        return self._draw("view", layer=layer, max_pos=max_pos)
 
     def rows(self) -> list[dict]:
         """One row per (layer, head): entropy, distance, first-token mass."""
@@ -72,42 +65,11 @@ class AttentionStatsResult(Result):
 
     def plot(self):
         """Heat maps (layer × head) of entropy, mean distance and first-token mass."""
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), constrained_layout=True)
-        panels = [
-            (self.entropy, "mean attention entropy (nats)", "viridis"),
-            (self.distance, "mean attention distance (tokens)", "magma"),
-            (self.first_token_mass, "attention mass on first token", "cividis"),
-        ]
-        for ax, (m, title, cmap) in zip(axes, panels):
-            im = ax.imshow(m.numpy(), aspect="auto", cmap=cmap)
-            ax.set_title(title, fontsize=10)
-            ax.set_xlabel("head")
-            ax.set_ylabel("layer")
-            ax.set_yticks(range(len(self.layers)), [str(x) for x in self.layers])
-            fig.colorbar(im, ax=ax, shrink=0.85)
-        fig.suptitle(f"AttentionStats — {self.model_name}", fontsize=11)
-        return fig
+        return self._draw("plot")
 
     def plot_patterns(self, max_pos: int = 64):
         """Grid (layer × head) of mean attention patterns, first ``max_pos`` positions."""
-        import matplotlib.pyplot as plt
-
-        L, H = self.mean_pattern.shape[:2]
-        fig, axes = plt.subplots(L, H, figsize=(1.3 * H, 1.3 * L), squeeze=False)
-        for li in range(L):
-            for h in range(H):
-                ax = axes[li][h]
-                ax.imshow(self.mean_pattern[li, h, :max_pos, :max_pos].numpy(), cmap="Blues")
-                ax.set_xticks([])
-                ax.set_yticks([])
-                if li == 0:
-                    ax.set_title(f"H{h}", fontsize=8)
-                if h == 0:
-                    ax.set_ylabel(f"L{self.layers[li]}", fontsize=8)
-        fig.suptitle("mean attention pattern (query ↓, key →)", fontsize=10)
-        return fig
+        return self._draw("plot_patterns", max_pos=max_pos)
 
 
 def _row_plogp(p: Tensor, causal: bool, n_blocks: int = 16) -> Tensor:

@@ -33,6 +33,11 @@ if TYPE_CHECKING:
     from tl_spectral.results import Result
 
 
+class StopForward(Exception):
+    """Raised inside a hook once everything needed is captured: ends the forward pass early
+    (the runner and the interventions catch it)."""
+
+
 @dataclass
 class LayerCapture:
     """Tensors of one layer for one batch. Only the requested ones are set.
@@ -135,6 +140,13 @@ class Probe:
     def begin(self, n_docs: int, length: int) -> None:
         """Called by the runner before the first batch with the corpus size and its padded
         length (batches may be shorter: trailing padding columns are trimmed)."""
+
+    def next_pass(self) -> bool:
+        """Called by ``run_probes`` after each pass over the corpus (the states already
+        reduced across processes): True when the probe needs another pass over the same
+        corpus (a streaming probe that fixed its band windows in the first). Default: one
+        pass."""
+        return False
 
     # -- provided -----------------------------------------------------------------
     def reset(self) -> None:

@@ -275,10 +275,11 @@ class ContributionStats(Result):
     def view(self, layer: int | None = None, doc: int = 0, **kwargs):
         """circuitsvis view of a kept document's contribution map (``keep_docs`` of the
         probe); default: the last layer."""
-        if not self.kept_maps:
-            raise NotImplementedError("no maps were kept: run ContributionProbe(keep_docs=[0])")
-        layer = self.layers[-1] if layer is None else layer
-        return self.maps(layer, doc).view(**kwargs)
+        return self._draw("view", layer=layer, doc=doc, **kwargs)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`summary_rows`."""
+        return self.summary_rows()
 
     def summary_rows(self) -> list[dict]:
         """One row per layer: token-level negative shares, the sink's (source 0) mean
@@ -304,89 +305,19 @@ class ContributionStats(Result):
     def plot_source(self, max_pos: int = 64):
         """Mean token-level contribution and mean attention (head mean) by source
         position, one line per layer, first ``max_pos`` positions."""
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-        n = min(max_pos, self.source_mean.shape[-1])
-        for li, layer in enumerate(self.layers):
-            ok = self.source_count[li, :n] > 0
-            x = torch.arange(n)[ok].numpy()
-            axes[0].plot(x, self.source_mean[li, -1, :n][ok].numpy(), label=f"L{layer}")
-            axes[1].plot(x, self.source_attention[li, :, :n].mean(0)[ok].numpy(), label=f"L{layer}")
-        axes[0].axhline(0, color="black", lw=0.6)
-        axes[0].set_title("mean token-level contribution C_ij by source j", fontsize=9)
-        axes[1].set_title("mean attention α_ij (head mean) by source j", fontsize=9)
-        for ax in axes:
-            ax.set_xlabel("source position j")
-            ax.set_yscale("symlog", linthresh=1e-3)
-        axes[0].legend(fontsize=7)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot_source", max_pos=max_pos)
 
     def plot_lag(self, max_lag: int = 64):
         """Mean token-level contribution and mean attention by lag ``i − j``."""
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-        lags = self.lags
-        sel = lags.abs() <= max_lag
-        for li, layer in enumerate(self.layers):
-            ok = sel & (self.lag_count[li] > 0)
-            axes[0].plot(lags[ok].numpy(), self.lag_mean[li, -1][ok].numpy(), label=f"L{layer}")
-            axes[1].plot(lags[ok].numpy(), self.lag_attention[li].mean(0)[ok].numpy(),
-                         label=f"L{layer}")
-        axes[0].axhline(0, color="black", lw=0.6)
-        axes[0].set_title("mean token-level contribution by lag i − j", fontsize=9)
-        axes[1].set_title("mean attention (head mean) by lag i − j", fontsize=9)
-        for ax in axes:
-            ax.set_xlabel("lag i − j")
-            ax.set_yscale("symlog", linthresh=1e-3)
-        axes[0].legend(fontsize=7)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot_lag", max_lag=max_lag)
 
     def plot_rank_corr(self):
         """Token-level Spearman correlation matrices between the measures, one per layer."""
-        import matplotlib.pyplot as plt
-
-        L = len(self.layers)
-        fig, axes = plt.subplots(1, L, figsize=(2.6 * L + 1, 2.9), squeeze=False)
-        short = {"attention": "α", "value_weighted": "α‖ṽ‖", "output_normalized": "α‖ṽ‖/‖o‖",
-                 "contribution": "c"}
-        labels = [short.get(m, m) for m in self.measures]
-        for li, layer in enumerate(self.layers):
-            ax = axes[0][li]
-            im = ax.imshow(self.rank_corr[li, -1].numpy(), vmin=-1, vmax=1, cmap="RdBu_r")
-            ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
-            ax.set_yticks(range(len(labels)), labels if li == 0 else [""] * len(labels), fontsize=7)
-            ax.set_title(f"layer {layer}", fontsize=9)
-            for a in range(len(labels)):
-                for b in range(len(labels)):
-                    ax.text(b, a, f"{float(self.rank_corr[li, -1, a, b]):.2f}", ha="center",
-                            va="center", fontsize=6)
-        fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
-        fig.suptitle("Spearman rank correlation between measures (token level)", fontsize=10)
-        return fig
+        return self._draw("plot_rank_corr")
 
     def plot_negative(self):
         """Heat maps (layer × head, last column = token level) of the negative shares."""
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), constrained_layout=True)
-        H = self.negative_fraction.shape[1] - 1
-        xt = [str(h) for h in range(H)] + ["Σh"]
-        what = (f"share of pairs with c < −{self.negative_rtol:g}·Σ|c_row|" if self.negative_rtol
-                else "share of pairs with c < 0")
-        for ax, (m, title) in zip(axes, ((self.negative_fraction, what),
-                                         (self.negative_mass, "negative mass Σ|c⁻| / Σ|c|"))):
-            im = ax.imshow(m.numpy(), aspect="auto", cmap="viridis", vmin=0)
-            ax.set_xticks(range(H + 1), xt, fontsize=7)
-            ax.set_yticks(range(len(self.layers)), [str(x) for x in self.layers])
-            ax.set_xlabel("head")
-            ax.set_ylabel("layer")
-            ax.set_title(title, fontsize=9)
-            fig.colorbar(im, ax=ax, shrink=0.85)
-        return fig
+        return self._draw("plot_negative")
 
 
 # ----------------------------------------------------------------------------- probe

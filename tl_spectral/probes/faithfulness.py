@@ -57,11 +57,16 @@ from tl_spectral.analysis.faithfulness import (
     removal_counts,
 )
 from tl_spectral.model_view import ModelView
+from tl_spectral.probes.interventions import (  # noqa: F401 - METRICS, by_length public here
+    METRICS,
+    DamageMetric,
+    by_length,
+    padding_attention_mask,
+)
 from tl_spectral.probes.runner import Corpus, _with_padding, as_corpus, check_count
 from tl_spectral.results import Result, register_result
 
 STRATEGIES = ("pattern", "z")
-METRICS = ("delta_ppl", "embedding_distance")
 PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "contribution")
 """The paper's hierarchy of measures, worst to best."""
 DEFAULT_MEASURES = (*MEASURES, "random")
@@ -244,77 +249,13 @@ def _z_hooks(view: ModelView, layer: int, m: Tensor, key_mask: Optional[Tensor])
     ]
 
 
-# ----------------------------------------------------------------------------- metrics
-class _StopForward(Exception):
-    """Raised after the last hidden state is captured: the rest of the pass is not needed."""
-
-
-def by_length(corpus: Corpus) -> Corpus:
-    """The corpus sorted by decreasing length (batches then carry little padding; every
-    statistic here is a sum over documents, so the order does not matter)."""
-    order = torch.sort(corpus.mask.sum(1), descending=True, stable=True).indices
-    return Corpus(tokens=corpus.tokens[order], mask=corpus.mask[order])
-
-
-class _Metric:
-    """Per-row damage statistics of one forward pass (clean or intervened)."""
-
-    def __init__(self, view: ModelView, metric: Optional[str]):
-        if metric is None:
-            metric = "delta_ppl" if view.causal else "embedding_distance"
-        if metric not in METRICS:
-            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
-        if metric == "delta_ppl" and not view.causal:
-            raise ValueError(
-                "delta_ppl needs a causal decoder; for an encoder pass metric="
-                "'embedding_distance'"
-            )
-        self.view = view
-        self.metric = metric
-
-    def run(
-        self, tokens: Tensor, mask: Tensor, hooks: list, *, attn_mask: Optional[Tensor]
-    ) -> Tensor:
-        """Decoder: ``[rows, 2]`` (NLL sum, count); encoder: ``[rows, d_model]`` embedding."""
-        view = self.view
-        if self.metric == "delta_ppl":
-            with torch.no_grad():
-                logits = view.run(tokens, attention_mask=attn_mask, fwd_hooks=hooks)
-            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-            tgt = tokens[:, 1:].to(logp.device)
-            nll = -logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-            ok = (mask[:, 1:] & mask[:, :-1]).to(nll.device)
-            return torch.stack([(nll * ok).sum(-1), ok.sum(-1).to(nll.dtype)], -1).double().cpu()
-        name = f"blocks.{view.n_layers - 1}.hook_resid_post"
-        cap: dict[str, Tensor] = {}
-
-        def hook(t: Tensor, hook: Any = None) -> Tensor:
-            cap["h"] = t.detach()
-            raise _StopForward  # the head (a random MLM head for MiniLM) is not needed
-
-        try:
-            with torch.no_grad():
-                view.run(tokens, attention_mask=attn_mask, fwd_hooks=hooks + [(name, hook)],
-                         return_type=None)
-        except _StopForward:
-            pass
-        h = cap["h"].double()
-        w = mask.to(h.device, h.dtype).unsqueeze(-1)
-        e = (h * w).sum(1) / w.sum(1).clamp_min(1.0)
-        return torch.nn.functional.normalize(e, dim=-1).cpu()
-
-
-def _check_targets(met: _Metric, corpus: Corpus, what: str) -> None:
+def _check_targets(met: DamageMetric, corpus: Corpus, what: str) -> None:
     """ΔPPL needs a next-token target: refuse a corpus whose documents are all 1 token."""
     if met.metric == "delta_ppl" and int(corpus.mask.sum(1).max()) < 2:
         raise ValueError(
             f"{what} measures ΔPPL over next-token targets, and every document here has 1 "
             "token (no target); pass documents of at least 2 tokens"
         )
-
-
-def _attn_mask(view: ModelView, mask: Tensor) -> Optional[Tensor]:
-    return None if (view.causal or bool(mask.all())) else mask.long()
 
 
 # ----------------------------------------------------------------------------- ranking
@@ -496,9 +437,12 @@ class FaithfulnessResult(Result):
             self._areas(idx)), n, n_resamples=n_resamples, seed=seed, level=level)
         return {"comprehensiveness": iv[0], "sufficiency": iv[1]}
 
-    def rows(self) -> list[dict]:
-        """The main table (``to_frame()``, the HTML view): one row per setting and measure,
-        ``{setting, measure, comprehensiveness_area, sufficiency_area}``."""
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame`` and the HTML view).
+
+        One row per setting and measure: ``{setting, measure, comprehensiveness_area,
+        sufficiency_area}``.
+        """
         return [{"setting": s, **row} for si, s in enumerate(self.settings)
                 for row in self.table(si)]
 
@@ -558,36 +502,12 @@ class FaithfulnessResult(Result):
 
     def plot_curves(self):
         """Comprehensiveness and sufficiency curves, one panel per setting and criterion."""
-        import matplotlib.pyplot as plt
-
-        S = len(self.settings)
-        fig, axes = plt.subplots(S, 2, figsize=(10, 3.4 * S), squeeze=False)
-        ylabel = "ΔPPL" if self.metric == "delta_ppl" else "1 − cos(e', e)"
-        styles = {"random": dict(color="grey", ls=":")}
-        for si, sname in enumerate(self.settings):
-            for ci, (crit, data) in enumerate(
-                (("comprehensiveness (top removed)", self.comprehensiveness),
-                 ("sufficiency (bottom removed)", self.sufficiency))
-            ):
-                ax = axes[si][ci]
-                for mi, m in enumerate(self.measures):
-                    ax.plot(self.fractions, data[si, mi].numpy(), marker="o", ms=3,
-                            label=m, **styles.get(m, {}))
-                ax.set_title(f"{sname}: {crit}", fontsize=9)
-                ax.set_xlabel("removal fraction r")
-                ax.set_ylabel(ylabel)
-                if self.metric == "delta_ppl":
-                    ax.set_yscale("symlog", linthresh=max(1e-3, 0.01 * self.clean))
-        axes[0][0].legend(fontsize=7)
-        fig.suptitle(f"faithfulness — {self.model_name} ({self.mode}, {self.level} level)",
-                     fontsize=10)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot_curves")
 
 
 # ----------------------------------------------------------------------------- main loop
 def capture_layers(
-    view: ModelView, tokens: Tensor, mask: Tensor, metric: Optional[_Metric] = None
+    view: ModelView, tokens: Tensor, mask: Tensor, metric: Optional[DamageMetric] = None
 ) -> tuple[dict[int, tuple[Tensor, Tensor]], Optional[Tensor]]:
     """One clean pass: ``{layer: (pattern [b, H, T, T], v [b, T, H, d_head])}`` and, with a
     metric, its per-row clean statistics."""
@@ -602,7 +522,7 @@ def capture_layers(
 
     hooks = [(view.hook_pattern(l), grab(l, "pattern")) for l in range(view.n_layers)]
     hooks += [(view.hook_v(l), grab(l, "v")) for l in range(view.n_layers)]
-    am = _attn_mask(view, mask)
+    am = padding_attention_mask(view, mask)
     if metric is not None:
         stats = metric.run(tokens, mask, hooks, attn_mask=am)
     else:
@@ -685,6 +605,8 @@ def faithfulness(
     over the corpus, turned into ΔPPL (``exp`` of the mean NLL minus the clean PPL) or the
     mean embedding distance, and integrated (``curve_area``).
     """
+    # Long on purpose: the checks of every argument, then one loop (batches × settings ×
+    # measures) filling one statistics tensor; the steps inside are helpers already.
     view = model if isinstance(model, ModelView) else ModelView(model)
     if level not in ("token", "head"):
         raise ValueError(f"level must be 'token' or 'head', got {level!r}")
@@ -706,7 +628,7 @@ def faithfulness(
     data, attention_mask = _with_padding(view, data, attention_mask, "faithfulness")
     corpus: Corpus = by_length(as_corpus(data, attention_mask))
     strategy = intervention_strategy(view)
-    met = _Metric(view, metric)
+    met = DamageMetric(view, metric)
     _check_targets(met, corpus, "faithfulness")
     settings = ["all layers", f"layer {layer}"]
     setting_layers = [list(range(view.n_layers)), [layer]]
@@ -795,7 +717,8 @@ def faithfulness(
             mask_rep = mask.repeat(len(chunk), 1)
             hooks = removal_hooks(view, masks, key_mask=mask_rep.to(view.device),
                                   strategy=strategy)
-            stats = met.run(tok_rep, mask_rep, hooks, attn_mask=_attn_mask(view, mask_rep))
+            stats = met.run(tok_rep, mask_rep, hooks,
+                            attn_mask=padding_attention_mask(view, mask_rep))
             assert stats.shape[0] == rows
             for ci, (si, mi, wi, fi) in enumerate(chunk):
                 row = stats[ci * b : (ci + 1) * b]

@@ -94,19 +94,7 @@ class AttentionFields(Result):
 
     def plot_mean(self):
         """Mean lag profile per layer: ``Σ_i F̄(i, tau)`` against ``tau``."""
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for layer in self.layers:
-            m = self.mean[str(layer)]
-            prof = m.mean(dim=0) if not self.per_head else m.mean(dim=(0, 1))
-            ax.plot(self.lags.numpy(), prof.numpy(), label=f"layer {layer}")
-        ax.set_xlabel("lag τ (tokens)")
-        ax.set_ylabel("mean attention" if self.field == "attention" else f"mean {self.field}")
-        ax.set_yscale("log" if self.field in ("attention", "value_weighted",
-                                              "value_weighted_raw") else "symlog")
-        ax.legend(fontsize=8)
-        return fig
+        return self._draw("plot_mean")
 
 
 class AttentionFieldProbe(Probe):
@@ -529,17 +517,7 @@ class StreamedAttentionFields(Result):
 
     def plot_mean(self):
         """Mean lag profile per layer: ``mean_i F̄(i, tau)`` against ``tau``."""
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for layer in self.layers:
-            prof = self.mean[str(layer)].mean(dim=0)
-            ax.plot(self.lags.numpy(), prof.numpy(), label=f"layer {layer}")
-        ax.set_xlabel("lag τ (tokens)")
-        ax.set_ylabel("mean attention")
-        ax.set_yscale("log")
-        ax.legend(fontsize=8)
-        return fig
+        return self._draw("plot_mean")
 
     def scale_pod(self, n_heads: int | Sequence[int], *, head_budget: int | None = None,
                   epsilon: float = 0.10, n_modes: int | None = None, **band_kwargs: Any):

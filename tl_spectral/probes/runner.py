@@ -30,19 +30,14 @@ from __future__ import annotations
 
 import re
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from tl_spectral.model_view import CAPTURE_KINDS, ModelView, PatternsNotExposedError
-from tl_spectral.probes.base import LayerCapture, Probe, reduce_state
-
-
-class _StopForward(Exception):
-    """Raised inside the last needed hook to end the forward pass early."""
-
+from tl_spectral.probes.base import LayerCapture, Probe, StopForward, reduce_state
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -530,6 +525,8 @@ def run_probes(
     the probe states are reduced across processes before the results are built, so every
     rank returns the whole-corpus results.
     """
+    # Long on purpose: the public entry (checks, the pass loop with extra passes for streaming
+    # probes, the logits); each step inside is a helper already.
     view = model if isinstance(model, ModelView) else ModelView(model)
     batch_size = check_count("batch_size", batch_size)
     if hasattr(data, "cache_dict"):  # an ActivationCache: no pass to run
@@ -578,6 +575,10 @@ def run_probes(
         stop_early = not want_logits and all(
             (lay := _hook_layer(name)) is not None and lay < last_layer for name, _ in user_hooks
         )
+        plan = _PassPlan(needs=needs, readers=readers, last_layer=last_layer,
+                         check_finite=check_finite, check_patterns=check_patterns,
+                         underflow=underflow, user_hooks=user_hooks, stop_early=stop_early,
+                         want_logits=want_logits, edited=edited, offsets=offsets)
         starts = range(lo, hi, batch_size)
         iterator: Iterable[int] = starts
         if progress:
@@ -597,10 +598,7 @@ def run_probes(
             T_b = int(mask.sum(dim=1).max())
             tokens, mask = tokens[:, :T_b], mask[:, :T_b]
             doc_index = torch.arange(start, stop, device=view.device)
-            logits = _run_batch(view, tokens, mask, doc_index, needs, readers, last_layer,
-                                check_finite, underflow=underflow, user_hooks=user_hooks,
-                                stop_early=stop_early, want_logits=want_logits,
-                                check_patterns=check_patterns, edited=edited, offsets=offsets)
+            logits = _run_batch(view, tokens, mask, doc_index, plan)
             if logits is not None:
                 if on_logits is not None:
                     on_logits(start, logits)
@@ -815,34 +813,37 @@ class _BatchContext:
         )
 
 
-def _run_batch(
-    view: ModelView,
-    tokens: Tensor,
-    mask: Tensor,
-    doc_index: Tensor,
-    needs: dict[int, set[str]],
-    readers: dict[int, list[Probe]],
-    last_layer: int,
-    check_finite: bool,
-    underflow: Optional[dict[int, Tensor]] = None,
-    *,
-    user_hooks: Sequence[tuple[Any, HookFn]] = (),
-    stop_early: bool = True,
-    want_logits: bool = False,
-    check_patterns: bool = True,
-    edited: Optional[set[int]] = None,
-    offsets: Optional[dict[int, int]] = None,
-) -> Optional[Tensor]:
-    """One forward pass over a batch with the capture hooks (after ``user_hooks``); returns
-    the logits when ``want_logits``."""
+@dataclass
+class _PassPlan:
+    """What every batch of one pass over the corpus shares: the captures (layer -> kinds)
+    and their readers, the checks, the user's hooks, the logits wanted."""
+
+    needs: dict[int, set[str]]
+    readers: dict[int, list[Probe]]
+    last_layer: int
+    check_finite: bool
+    check_patterns: bool = True
+    underflow: Optional[dict[int, Tensor]] = None
+    user_hooks: Sequence[tuple[Any, HookFn]] = ()
+    stop_early: bool = True
+    want_logits: bool = False
+    edited: set[int] = field(default_factory=set)
+    offsets: dict[int, int] = field(default_factory=dict)
+
+
+def _run_batch(view: ModelView, tokens: Tensor, mask: Tensor, doc_index: Tensor,
+               plan: _PassPlan) -> Optional[Tensor]:
+    """One forward pass over a batch with the capture hooks (after ``plan.user_hooks``);
+    returns the logits when ``plan.want_logits``."""
+    needs, readers, last_layer = plan.needs, plan.readers, plan.last_layer
+    stop_early, want_logits, offsets = plan.stop_early, plan.want_logits, plan.offsets
     captures: dict[int, LayerCapture] = {}
     pending = {layer: set(kinds) for layer, kinds in needs.items()}
     device = view.device
-    ctx = _BatchContext(view, mask, tokens, device, check_finite=check_finite,
-                        check_patterns=check_patterns, edited=edited or set(),
-                        underflow=underflow)
+    ctx = _BatchContext(view, mask, tokens, device, check_finite=plan.check_finite,
+                        check_patterns=plan.check_patterns, edited=plan.edited,
+                        underflow=plan.underflow)
     doc_index = doc_index.to(device)
-    offsets = offsets or {}
     hook_dict = getattr(view.model, "hook_dict", {})
 
     def make_hook(layer: int, kind: str):
@@ -859,14 +860,14 @@ def _run_batch(
                 _update(readers[layer], cap, offsets)
                 del captures[layer]
                 if stop_early and layer == last_layer and not any(pending.values()):
-                    raise _StopForward
+                    raise StopForward
             return t
 
         return hook
 
     # the user's hooks first: on a shared hook point TransformerLens runs hooks in the
     # order they were added, so the captures see what the user's hooks return
-    fwd_hooks = list(user_hooks) + [
+    fwd_hooks = list(plan.user_hooks) + [
         (view.hook_name(kind, layer), make_hook(layer, kind))
         for layer, kinds in sorted(needs.items())
         for kind in kinds
@@ -879,7 +880,7 @@ def _run_batch(
         with torch.no_grad():
             out = view.run(tokens, attention_mask=attn_mask, fwd_hooks=fwd_hooks,
                            return_type="logits" if want_logits else None)
-    except _StopForward:
+    except StopForward:
         pass
     if any(pending.values()):
         missing = {layer: sorted(k) for layer, k in pending.items() if k}

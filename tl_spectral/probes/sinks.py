@@ -111,6 +111,10 @@ class SinkStats(Result):
     n_docs: int = 0
     model_name: str = ""
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`summary_rows`."""
+        return self.summary_rows()
+
     def summary_rows(self) -> list[dict]:
         """One row per layer (head means unless stated)."""
         rows = []
@@ -136,40 +140,16 @@ class SinkStats(Result):
     def plot_rates(self):
         """Heat maps (layer × head) of the sink rate and the Gu key score, each on its data
         range with a colour bar; sink heads (key score > threshold) marked with a dot."""
-        from tl_spectral.viz.sink_plots import plot_sink_rates
-
-        return plot_sink_rates(self)
+        return self._draw("plot_rates")
 
     def plot_rho_star(self):
         """Histogram of ρ* per layer, and ρ* against the observed α_i0 (log count, colour
         bar) with the diagonal ρ* = α_i0."""
-        from tl_spectral.viz.sink_plots import plot_rho_star
-
-        return plot_rho_star(self)
+        return self._draw("plot_rho_star")
 
     def plot_anti_alignment(self):
         """Distribution of cos(ṽ_0, s_i) per layer (all heads), and its mean per head."""
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 2]})
-        edges = self.anti_edges.numpy()
-        centers = 0.5 * (edges[1:] + edges[:-1])
-        for li, layer in enumerate(self.layers):
-            h = self.anti_hist[li].sum(0)
-            axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"L{layer}")
-        axes[0].axvline(0, color="black", lw=0.6)
-        axes[0].set_xlabel("cos(ṽ_0, s_i)")
-        axes[0].set_ylabel("share of queries")
-        axes[0].set_title("anti-alignment of the sink value and the semantic vector", fontsize=9)
-        axes[0].legend(fontsize=7)
-        im = axes[1].imshow(self.anti_mean.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1)
-        axes[1].set_yticks(range(len(self.layers)), [str(x) for x in self.layers])
-        axes[1].set_xlabel("head")
-        axes[1].set_ylabel("layer")
-        axes[1].set_title("mean cos(ṽ_0, s_i)", fontsize=9)
-        fig.colorbar(im, ax=axes[1], shrink=0.85)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot_anti_alignment")
 
 
 class SinkProbe(Probe):
@@ -361,17 +341,7 @@ class SinkInterventionResult(Result):
 
     def plot(self, ax=None):
         """Bars of the effect of zeroing the sink's value, per layer and for all layers."""
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 3.2)) if ax is None else (ax.figure, ax)
-        ax.bar(range(len(self.settings)), self.delta.float().numpy(), color="tab:purple")
-        ax.set_xticks(range(len(self.settings)), self.settings, rotation=30, ha="right",
-                      fontsize=8)
-        ax.set_ylabel("ΔPPL" if self.metric == "delta_ppl" else "1 − cos(e', e)")
-        ax.set_title(f"{self.model_name or 'model'}: zero the sink's value "
-                     f"(clean {self.clean:.4g})", fontsize=9)
-        fig.tight_layout()
-        return fig
+        return self._draw("plot", ax=ax)
 
 
 def zero_sink_value(
@@ -394,13 +364,11 @@ def zero_sink_value(
     """
     from tl_spectral.analysis.faithfulness import allowed_mask
     from tl_spectral.probes.faithfulness import (
-        _attn_mask,
         _check_targets,
-        _Metric,
-        by_length,
         intervention_strategy,
         removal_hooks,
     )
+    from tl_spectral.probes.interventions import DamageMetric, by_length, padding_attention_mask
     from tl_spectral.probes.runner import _with_padding, as_corpus, check_count
 
     view = model if isinstance(model, ModelView) else ModelView(model)
@@ -412,7 +380,7 @@ def zero_sink_value(
     data, attention_mask = _with_padding(view, data, attention_mask, "zero_sink_value")
     corpus = by_length(as_corpus(data, attention_mask))
     strategy = intervention_strategy(view)
-    met = _Metric(view, metric)
+    met = DamageMetric(view, metric)
     _check_targets(met, corpus, "zero_sink_value")
     settings = [[l] for l in layers] + [layers]
     names = [f"layer {l}" for l in layers] + ["all layers"]
@@ -428,7 +396,7 @@ def zero_sink_value(
         if sink_index >= T_b:
             raise ValueError(f"sink_index {sink_index} is beyond the batch length {T_b}")
         b = tokens.shape[0]
-        clean_rows = met.run(tokens, mask, [], attn_mask=_attn_mask(view, mask))
+        clean_rows = met.run(tokens, mask, [], attn_mask=padding_attention_mask(view, mask))
         allowed = allowed_mask(T_b, causal=view.causal, key_mask=mask, query_mask=mask)
         col = torch.zeros_like(allowed)
         col[..., sink_index] = True
@@ -445,7 +413,8 @@ def zero_sink_value(
             mask_rep = mask.repeat(len(chunk), 1)
             hooks = removal_hooks(view, masks, key_mask=mask_rep.to(view.device),
                                   strategy=strategy)
-            stats = met.run(tok_rep, mask_rep, hooks, attn_mask=_attn_mask(view, mask_rep))
+            stats = met.run(tok_rep, mask_rep, hooks,
+                            attn_mask=padding_attention_mask(view, mask_rep))
             for ci, si in enumerate(chunk):
                 row = stats[ci * b : (ci + 1) * b]
                 if met.metric == "delta_ppl":

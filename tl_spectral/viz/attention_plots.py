@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from tl_spectral.viz.figures import register_plot
+
 
 def quantile_norm(values: np.ndarray, n_levels: int = 12):
     """A ``BoundaryNorm`` whose boundaries are quantiles of ``values`` (equal areas of each
@@ -88,4 +90,65 @@ def plot_attention_stats(res: Any, caption: str = ""):
         fig.colorbar(im, ax=ax, shrink=0.85)
     if caption:
         fig.suptitle(caption, fontsize=9)
+    return fig
+
+
+# ------------------------------------------------------------ figures of the result kinds
+# (registered for Result._draw: each result method is one line that calls these)
+
+
+@register_plot("attention_stats", "view")
+def attention_stats_view(res, layer: int | None = None, max_pos: int = 64):
+    """circuitsvis view of the mean pattern of ``layer`` (default: the last), one panel
+    per head; positions are labelled by index."""
+    import circuitsvis as cv
+
+    li = len(res.layers) - 1 if layer is None else list(res.layers).index(layer)
+    pat = res.mean_pattern[li, :, :max_pos, :max_pos].float()
+    n = pat.shape[-1]
+    return cv.attention.attention_heads(
+        attention=pat, tokens=[str(i) for i in range(n)],
+        attention_head_names=[f"L{res.layers[li]}H{h}" for h in range(pat.shape[0])])
+
+
+@register_plot("attention_stats", "plot")
+def attention_stats_figure(res):
+    """Heat maps (layer × head) of entropy, mean distance and first-token mass."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), constrained_layout=True)
+    panels = [
+        (res.entropy, "mean attention entropy (nats)", "viridis"),
+        (res.distance, "mean attention distance (tokens)", "magma"),
+        (res.first_token_mass, "attention mass on first token", "cividis"),
+    ]
+    for ax, (m, title, cmap) in zip(axes, panels):
+        im = ax.imshow(m.numpy(), aspect="auto", cmap=cmap)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_yticks(range(len(res.layers)), [str(x) for x in res.layers])
+        fig.colorbar(im, ax=ax, shrink=0.85)
+    fig.suptitle(f"AttentionStats — {res.model_name}", fontsize=11)
+    return fig
+
+
+@register_plot("attention_stats", "plot_patterns")
+def attention_stats_plot_patterns(res, max_pos: int = 64):
+    """Grid (layer × head) of mean attention patterns, first ``max_pos`` positions."""
+    import matplotlib.pyplot as plt
+
+    L, H = res.mean_pattern.shape[:2]
+    fig, axes = plt.subplots(L, H, figsize=(1.3 * H, 1.3 * L), squeeze=False)
+    for li in range(L):
+        for h in range(H):
+            ax = axes[li][h]
+            ax.imshow(res.mean_pattern[li, h, :max_pos, :max_pos].numpy(), cmap="Blues")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if li == 0:
+                ax.set_title(f"H{h}", fontsize=8)
+            if h == 0:
+                ax.set_ylabel(f"L{res.layers[li]}", fontsize=8)
+    fig.suptitle("mean attention pattern (query ↓, key →)", fontsize=10)
     return fig

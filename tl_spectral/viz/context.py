@@ -1,14 +1,17 @@
 """What a report section sees (:class:`ReportContext`) and the section protocol
-(:class:`ReportSection`). Every section module imports these from here; ``sections.py`` lists
-the sections in report order."""
+(:class:`ReportSection`) and the one registry of sections (:data:`SECTIONS`, filled by
+:func:`register_section` in each section module). Every section module imports these from
+here; ``sections.py`` imports every section module once."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from tl_spectral.model_view import ModelView
 
@@ -17,24 +20,77 @@ if TYPE_CHECKING:
     from tl_spectral.viz.report import Report
 
 
+@dataclass(frozen=True)
+class ReportOptions:
+    """The report's settings: each field is set by ``tl-spectral analyze`` and read by the
+    report (a section or the page header). A plain dict of these names is accepted wherever
+    a ``ReportOptions`` is (unknown names are refused); read access by name
+    (``options["fields"]``, ``options.get(...)``) works as on the dict it replaces.
+
+    Attributes:
+        meta: extra header lines of the page (``corpus``, ``seed``).
+        windows: how the windows were cut, shown in the header.
+        save_raw: keep raw per-query maps in ``results/`` (``--save-raw``).
+        progress: one-line status messages on stderr (None: ``build_report`` decides).
+        faithfulness_docs: faithfulness curves on that many documents (0: none).
+        stream_rank: constant-memory scale POD of that rank cap (None: exact).
+        fields: the per-pair fields the scale_pod section analyses (None: attention).
+    """
+
+    meta: dict = field(default_factory=dict)
+    windows: Optional[str] = None
+    save_raw: bool = False
+    progress: Optional[bool] = None
+    faithfulness_docs: int = 0
+    stream_rank: Optional[int] = None
+    fields: Optional[list] = None
+
+    @classmethod
+    def of(cls, value: Any) -> ReportOptions:
+        """``value`` as ReportOptions: one already, None (defaults), or a mapping of names."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"report options must be a ReportOptions or a dict (got "
+                             f"{type(value).__name__})")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown report options {unknown}; known: {sorted(known)}")
+        return cls(**value)
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in {f.name for f in dataclasses.fields(self)}:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = getattr(self, name, None) if isinstance(name, str) else None
+        return default if value is None else value
+
+
 @dataclass
 class ReportContext:
     """What a section may read: the model view, the corpus, the tokenizer and the paths.
 
     ``mask``: optional ``[n_docs, pos]`` bool mask of real tokens (right padding);
     ``model_name``: the name shown in titles (default: the view's name).
-    Options read by the sections: ``save_raw`` (keep raw per-query maps in ``results/``),
-    ``progress`` (one-line status messages on stderr), ``faithfulness_docs``, ``meta``."""
+    ``options``: the :class:`ReportOptions` (a dict of its names is converted)."""
 
     view: ModelView
     tokens: Any  # [n_docs, pos] int64
     tokenizer: Any
     out_dir: Path
     results_dir: Path
-    options: dict = field(default_factory=dict)
+    options: ReportOptions = field(default_factory=ReportOptions)
     mask: Any = None
     model_name: Optional[str] = None
     _t0: float = field(default_factory=time.perf_counter, repr=False)
+
+    def __post_init__(self) -> None:
+        self.options = ReportOptions.of(self.options)
 
     @property
     def name(self) -> str:
@@ -42,7 +98,7 @@ class ReportContext:
 
     @property
     def save_raw(self) -> bool:
-        return bool(self.options.get("save_raw", False))
+        return bool(self.options.save_raw)
 
     def doc_length(self, doc: int) -> int:
         """Number of real tokens of document ``doc``."""
@@ -52,7 +108,7 @@ class ReportContext:
 
     def status(self, message: str) -> None:
         """A one-line status on stderr (with the elapsed time) when progress is on."""
-        if self.options.get("progress", False):
+        if self.options.progress:
             print(f"[{time.perf_counter() - self._t0:6.1f} s] {message}", file=sys.stderr,
                   flush=True)
 
@@ -79,3 +135,32 @@ class ReportSection:
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         raise NotImplementedError
+
+
+#: The report's sections, in report order (``order``, then registration): filled by
+#: :func:`register_section`; the CLI's ``--sections`` reads its keys from here.
+SECTIONS: list[Callable[[], Any]] = []
+
+
+def register_section(cls: type) -> type:
+    """Class decorator: add a report section (``key``, ``title``, ``order``, ``probes``,
+    ``render``) to :data:`SECTIONS`, in ``order`` (lower first; default 100).
+
+    Registering the same key again (a module reloaded) replaces the earlier class; two
+    different sections with one key are refused."""
+    key = getattr(cls, "key", None)
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"{cls.__qualname__}: a report section needs a string 'key'")
+    for i, old in enumerate(SECTIONS):
+        if old.key == key:
+            if (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+                raise ValueError(f"report section key {key!r} is already registered by "
+                                 f"{old.__module__}.{old.__qualname__}")
+            del SECTIONS[i]
+            break
+    order = getattr(cls, "order", 100)
+    at = next((i for i, s in enumerate(SECTIONS) if getattr(s, "order", 100) > order),
+              len(SECTIONS))
+    SECTIONS.insert(at, cls)
+    return cls
+

@@ -1,4 +1,5 @@
-"""Views of contribution weights, faithfulness and sinks; the report section.
+"""Views of contribution weights, faithfulness and sinks (the report section is
+``contribution_section.py``).
 
 Signed maps in circuitsvis. ``contribution_view`` shows a contribution map with
 ``circuitsvis.attention.attention_heads`` (one small heat map per head, plus the token level
@@ -15,17 +16,14 @@ The study of docs/contributions.md is ``tl-spectral study contributions`` (the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from tl_spectral.probes import ContributionProbe, Probe, SinkProbe
+from tl_spectral.viz.figures import register_plot
 from tl_spectral.viz.sink_plots import plot_rho_star, plot_sink_rates  # noqa: F401
 from tl_spectral.viz.views import contribution_view  # noqa: F401 - re-exported
 
-if TYPE_CHECKING:
-    from tl_spectral.viz.context import ReportContext
-    from tl_spectral.viz.report import Report
 
 # ----------------------------------------------------------------------------- views
 def plot_faithfulness_areas(res: Any):
@@ -92,94 +90,215 @@ def slim_contribution_stats(stats: Any, layer: int, n: int) -> Any:
         kept_mask=None if stats.kept_mask is None else stats.kept_mask[:, :n].clone())
 
 
-# ----------------------------------------------------------------------------- report
-class ContributionSection:
-    """Report section: contribution statistics, sinks, a signed circuitsvis view, and (with
-    ``ctx.options["faithfulness_docs"] > 0``) faithfulness curves on that many documents."""
+# ------------------------------------------------------------ figures of the result kinds
+# (registered for Result._draw: each result method is one line that calls these)
 
-    key = "contributions"
-    title = "Contribution weights and attention sinks"
 
-    def probes(self, ctx: "ReportContext") -> list[Probe]:
-        return [ContributionProbe(keep_docs=[0]), SinkProbe()]
+@register_plot("contribution_stats", "view")
+def contribution_stats_view(res, layer: int | None = None, doc: int = 0, **kwargs):
+    """circuitsvis view of a kept document's contribution map (``keep_docs`` of the
+    probe); default: the last layer."""
+    if not res.kept_maps:
+        raise NotImplementedError("no maps were kept: run ContributionProbe(keep_docs=[0])")
+    layer = res.layers[-1] if layer is None else layer
+    return res.maps(layer, doc).view(**kwargs)
 
-    def render(self, report: "Report", results: dict[str, Any], ctx: "ReportContext") -> None:
-        ctx.status("contributions and sinks: tables and figures")
-        stats = results["contributions"]
-        sinks = results["sinks"]
-        view_layer = stats.layers[-1]
-        n_view = min(64, ctx.doc_length(0))
-        (stats if ctx.save_raw or not stats.kept_maps else
-         slim_contribution_stats(stats, view_layer, n_view)).save(
-            ctx.results_dir / "contribution_stats.safetensors")
-        sinks.save(ctx.results_dir / "sink_stats.safetensors")
-        report.section(self.title)
-        report.text(
-            "Contribution weights c_ij = ⟨o_i, α_ij ṽ_j⟩ / ‖o_i‖² (inter-head; token level "
-            "C_ij = Σ_h c_ij^h, rows sum to 1) measure how much of each output a source "
-            "actually supplies, and can be negative. Compared with raw attention α, "
-            "value-weighted α‖ṽ‖ and output-normalized α‖ṽ‖/‖o‖.")
-        rows = stats.summary_rows()
-        sink_rows = sinks.summary_rows()
-        pos = int(getattr(sinks, "sink_index", 0))
-        tok0 = ""
-        if ctx.tokens is not None and ctx.tokenizer is not None:
-            tok0 = f" ({ctx.token_strings(ctx.tokens[0, pos:pos + 1])[0]!r} in document 0)"
-        if rows:
-            best = max(range(len(rows)), key=lambda i: rows[i]["attn_on_first_token"])
-            r = rows[best]
-            is_sink = r["attn_on_first_token"] >= 0.2
-            report.finding(
-                f"Position {pos}{tok0} {'is a sink' if is_sink else 'is not a strong sink'}: "
-                f"in layer {r['layer']} it draws {100 * r['attn_on_first_token']:.0f}% of the "
-                f"attention but supplies {100 * r['C_on_first_token']:.0f}% of the output "
-                f"(token-level contribution); over layers the attention share runs "
-                f"{100 * min(x['attn_on_first_token'] for x in rows):.0f}–"
-                f"{100 * max(x['attn_on_first_token'] for x in rows):.0f}%.")
-            neg = max(rows, key=lambda x: x["neg_mass_share"])
-            report.finding(
-                f"Negative contributions: up to {100 * neg['neg_mass_share']:.0f}% of the "
-                f"contribution mass is negative (layer {neg['layer']}).")
-        report.subsection("Contributions")
-        report.table(rows, "per layer: negative shares, position-0 contribution vs attention, "
-                           "Spearman with c", name="contributions_layers")
-        report.figure(stats.plot_source(), "mean contribution and attention by source position")
-        report.figure(stats.plot_lag(), "mean contribution and attention by lag")
-        report.figure(stats.plot_negative(), "share of negative contribution (layer × head)")
-        report.figure(plot_spearman(stats), "rank correlation of each attention-only measure "
-                                            "with the contribution")
-        report.subsection("Attention sinks")
-        report.table(sink_rows, "sink statistics per layer", name="sinks_layers")
-        report.figure(plot_sink_rates(sinks), "sink rate and Gu key score (layer × head), colour "
-                                              "scales spanning the data")
-        report.figure(plot_rho_star(sinks), "optimal sink rate ρ* and observed α_i0")
-        report.figure(sinks.plot_anti_alignment(), "anti-alignment cos(ṽ_0, s_i)")
-        if stats.kept_maps:
-            report.subsection("Interactive view")
-            ctx.status("contributions: interactive view")
-            maps = stats.maps(view_layer, 0)
-            n = int(stats.kept_mask[0].sum())
-            toks = ctx.token_strings(stats.kept_tokens[0, :n])
-            view = contribution_view(maps, toks, causal=stats.causal, max_tokens=64,
-                                     clip_quantile=0.99)
-            report.circuitsvis(view, f"contributions-layer-{view_layer}",
-                               f"contribution weights of layer {view_layer}, document 0 (red = "
-                               "positive, blue = negative; symmetric limits at the 99th "
-                               "percentile of |c|; last panel = Σ heads)")
-        n_f = int(ctx.options.get("faithfulness_docs", 0))
-        report.subsection("Faithfulness")
-        if n_f > 0:
-            from tl_spectral.probes.faithfulness import faithfulness
 
-            ctx.status(f"faithfulness curves on {n_f} documents")
-            res = faithfulness(ctx.view, ctx.tokens[:n_f])
-            res.save(ctx.results_dir / "faithfulness.safetensors")
-            report.figure(res.plot_curves(), "faithfulness curves")
-            report.figure(plot_faithfulness_areas(res), "faithfulness areas per measure")
-            report.table(res.table(0), "faithfulness areas, all layers",
-                         name="faithfulness_all_layers")
-            report.table(res.table(1), f"faithfulness areas, layer {res.layer}",
-                         name="faithfulness_layer")
-        else:
-            report.text("Faithfulness curves: not computed (pass --faithfulness-docs N to "
-                        "tl-spectral analyze to compute them on N documents).")
+@register_plot("contribution_stats", "plot_source")
+def contribution_stats_plot_source(res, max_pos: int = 64):
+    """Mean token-level contribution and mean attention (head mean) by source
+    position, one line per layer, first ``max_pos`` positions."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    n = min(max_pos, res.source_mean.shape[-1])
+    for li, layer in enumerate(res.layers):
+        ok = res.source_count[li, :n] > 0
+        x = torch.arange(n)[ok].numpy()
+        axes[0].plot(x, res.source_mean[li, -1, :n][ok].numpy(), label=f"L{layer}")
+        axes[1].plot(x, res.source_attention[li, :, :n].mean(0)[ok].numpy(), label=f"L{layer}")
+    axes[0].axhline(0, color="black", lw=0.6)
+    axes[0].set_title("mean token-level contribution C_ij by source j", fontsize=9)
+    axes[1].set_title("mean attention α_ij (head mean) by source j", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("source position j")
+        ax.set_yscale("symlog", linthresh=1e-3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+@register_plot("contribution_stats", "plot_lag")
+def contribution_stats_plot_lag(res, max_lag: int = 64):
+    """Mean token-level contribution and mean attention by lag ``i − j``."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    lags = res.lags
+    sel = lags.abs() <= max_lag
+    for li, layer in enumerate(res.layers):
+        ok = sel & (res.lag_count[li] > 0)
+        axes[0].plot(lags[ok].numpy(), res.lag_mean[li, -1][ok].numpy(), label=f"L{layer}")
+        axes[1].plot(lags[ok].numpy(), res.lag_attention[li].mean(0)[ok].numpy(),
+                     label=f"L{layer}")
+    axes[0].axhline(0, color="black", lw=0.6)
+    axes[0].set_title("mean token-level contribution by lag i − j", fontsize=9)
+    axes[1].set_title("mean attention (head mean) by lag i − j", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("lag i − j")
+        ax.set_yscale("symlog", linthresh=1e-3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+@register_plot("contribution_stats", "plot_rank_corr")
+def contribution_stats_plot_rank_corr(res):
+    """Token-level Spearman correlation matrices between the measures, one per layer."""
+    import matplotlib.pyplot as plt
+
+    L = len(res.layers)
+    fig, axes = plt.subplots(1, L, figsize=(2.6 * L + 1, 2.9), squeeze=False)
+    short = {"attention": "α", "value_weighted": "α‖ṽ‖", "output_normalized": "α‖ṽ‖/‖o‖",
+             "contribution": "c"}
+    labels = [short.get(m, m) for m in res.measures]
+    for li, layer in enumerate(res.layers):
+        ax = axes[0][li]
+        im = ax.imshow(res.rank_corr[li, -1].numpy(), vmin=-1, vmax=1, cmap="RdBu_r")
+        ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
+        ax.set_yticks(range(len(labels)), labels if li == 0 else [""] * len(labels), fontsize=7)
+        ax.set_title(f"layer {layer}", fontsize=9)
+        for a in range(len(labels)):
+            for b in range(len(labels)):
+                ax.text(b, a, f"{float(res.rank_corr[li, -1, a, b]):.2f}", ha="center",
+                        va="center", fontsize=6)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
+    fig.suptitle("Spearman rank correlation between measures (token level)", fontsize=10)
+    return fig
+
+
+@register_plot("contribution_stats", "plot_negative")
+def contribution_stats_plot_negative(res):
+    """Heat maps (layer × head, last column = token level) of the negative shares."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), constrained_layout=True)
+    H = res.negative_fraction.shape[1] - 1
+    xt = [str(h) for h in range(H)] + ["Σh"]
+    what = (f"share of pairs with c < −{res.negative_rtol:g}·Σ|c_row|" if res.negative_rtol
+            else "share of pairs with c < 0")
+    for ax, (m, title) in zip(axes, ((res.negative_fraction, what),
+                                     (res.negative_mass, "negative mass Σ|c⁻| / Σ|c|"))):
+        im = ax.imshow(m.numpy(), aspect="auto", cmap="viridis", vmin=0)
+        ax.set_xticks(range(H + 1), xt, fontsize=7)
+        ax.set_yticks(range(len(res.layers)), [str(x) for x in res.layers])
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(title, fontsize=9)
+        fig.colorbar(im, ax=ax, shrink=0.85)
+    return fig
+
+
+@register_plot("faithfulness", "plot_curves")
+def faithfulness_plot_curves(res):
+    """Comprehensiveness and sufficiency curves, one panel per setting and criterion."""
+    import matplotlib.pyplot as plt
+
+    S = len(res.settings)
+    fig, axes = plt.subplots(S, 2, figsize=(10, 3.4 * S), squeeze=False)
+    ylabel = "ΔPPL" if res.metric == "delta_ppl" else "1 − cos(e', e)"
+    styles = {"random": dict(color="grey", ls=":")}
+    for si, sname in enumerate(res.settings):
+        for ci, (crit, data) in enumerate(
+            (("comprehensiveness (top removed)", res.comprehensiveness),
+             ("sufficiency (bottom removed)", res.sufficiency))
+        ):
+            ax = axes[si][ci]
+            for mi, m in enumerate(res.measures):
+                ax.plot(res.fractions, data[si, mi].numpy(), marker="o", ms=3,
+                        label=m, **styles.get(m, {}))
+            ax.set_title(f"{sname}: {crit}", fontsize=9)
+            ax.set_xlabel("removal fraction r")
+            ax.set_ylabel(ylabel)
+            if res.metric == "delta_ppl":
+                ax.set_yscale("symlog", linthresh=max(1e-3, 0.01 * res.clean))
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"faithfulness — {res.model_name} ({res.mode}, {res.level} level)",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+@register_plot("contribution_maps", "view")
+def contribution_maps_view(res, tokens=None, batch: int = 0, measure: str = "contribution",
+                           **kwargs):
+    """circuitsvis view of one document's signed map (red positive, blue negative;
+    see :func:`tl_spectral.viz.contribution_plots.contribution_view`); ``tokens``:
+    the document's token strings (default: position indices)."""
+    n = res.measure(measure).shape[-1]
+    toks = [str(i) for i in range(n)] if tokens is None else list(tokens)
+    return contribution_view(res, toks, batch, measure, **kwargs)
+
+
+@register_plot("contribution_maps", "plot_maps")
+def contribution_maps_plot_maps(res, batch: int = 0, head: int | None = None, *,
+                                max_tokens: int = 64):
+    """Heatmaps (query × key) of the four measures for one head or the token level.
+
+    ``head=None`` plots the token level (sum over heads). Signed maps (contribution,
+    and any map with negative entries) use a diverging colormap centred on 0 with
+    symmetric limits (red = positive, blue = negative); non-negative maps use a
+    sequential one. Returns a matplotlib Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(res.measure_names),
+                             figsize=(4.2 * len(res.measure_names), 4))
+    for ax, name in zip(axes, res.measure_names):
+        full = res.token_level(name) if head is None else res.measure(name)
+        m = full[batch, 0 if head is None else head]
+        m = m[:max_tokens, :max_tokens].detach().cpu().float()
+        _signed_imshow(ax, m)
+        ax.set_title(name.replace("_", " "))
+        ax.set_xlabel("source j (key)")
+    axes[0].set_ylabel("query i")
+    where = "token level (Σ_h)" if head is None else f"head {head}"
+    fig.suptitle(f"{res.mode}-head measures, batch {batch}, {where}")
+    fig.tight_layout()
+    return fig
+
+
+@register_plot("contribution_maps", "plot_factorization")
+def contribution_maps_plot_factorization(res, batch: int = 0, head: int = 0, query: int = -1):
+    """Bars over sources j of ``α``, ``‖ṽ_j‖/‖o‖``, ``cos(o, ṽ_j)`` and ``c = α·ratio·cos``
+    for one query of one head. Returns a matplotlib Figure."""
+    import matplotlib.pyplot as plt
+
+    rows = [
+        ("attention α", res.attention),
+        ("relative norm ‖ṽ_j‖/‖o‖", res.relative_norm),
+        ("cosine cos(o, ṽ_j)", res.cosine),
+        ("contribution c", res.contribution),
+    ]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 7), sharex=True)
+    for ax, (label, t) in zip(axes, rows):
+        y = t[batch, head, query].detach().cpu().float()
+        colors = ["tab:red" if val >= 0 else "tab:blue" for val in y.tolist()]
+        ax.bar(range(y.numel()), y.numpy(), color=colors)
+        ax.axhline(0.0, color="black", lw=0.6)
+        ax.set_ylabel(label, fontsize=8)
+    axes[-1].set_xlabel("source j (key)")
+    fig.suptitle(f"{res.mode}-head factorization, batch {batch}, head {head}, query {query}")
+    fig.tight_layout()
+    return fig
+
+
+def _signed_imshow(ax, m: torch.Tensor) -> None:
+    """Diverging, zero-centred colormap if ``m`` has negative entries, else sequential."""
+    lo, hi = float(m.min()), float(m.max())
+    if lo < 0:
+        lim = max(abs(lo), abs(hi)) or 1.0
+        im = ax.imshow(m.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
+    else:
+        im = ax.imshow(m.numpy(), cmap="viridis", vmin=0.0, vmax=hi or 1.0)
+    ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)

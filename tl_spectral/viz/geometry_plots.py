@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
+
+from tl_spectral.viz.figures import register_plot
 
 __all__ = ["plot_budget", "plot_eigenvalues", "plot_routing_rank"]
 
@@ -173,5 +176,69 @@ def plot_eigenvalues(
     ax.set_ylabel("Im λ" + (" / max|λ|" if normalize else ""))
     is_sd = hasattr(geometry, "eff_rank_S")
     ax.set_title("Eigenvalues of S − D" if is_sd else "Nonzero eigenvalues of W_Q W_Kᵀ")
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------ figures of the result kinds
+# (registered for Result._draw: each result method is one line that calls these)
+register_plot("qk_geometry", "plot_budget")(plot_budget)
+register_plot("qk_geometry", "plot_routing_rank")(plot_routing_rank)
+register_plot("qk_geometry", "plot_eigenvalues")(plot_eigenvalues)
+register_plot("sd_geometry", "plot_budget")(plot_budget)
+register_plot("sd_geometry", "plot_routing_rank")(plot_routing_rank)
+register_plot("sd_geometry", "plot_eigenvalues")(plot_eigenvalues)
+
+
+@register_plot("routing_cascade", "plot")
+def routing_cascade_figure(res, ax: Any = None, which: str = "auto"):
+    """Mean routing rank per layer vs training step (one line per layer). ``which``:
+    "auto" (S for S–D models, else R), "S" or "R". Returns a Figure."""
+    import matplotlib.pyplot as plt
+
+    if which not in ("auto", "S", "R"):
+        raise ValueError(f"which must be 'auto', 'S' or 'R', got {which!r}")
+    if which == "S" and res.rank_S is None:
+        raise ValueError(f"{res.run_name} has no S–D layer: plot which='R'")
+    use_s = res.rank_S is not None and which != "R"
+    fig, ax = plt.subplots(figsize=(5, 3.4)) if ax is None else (ax.figure, ax)
+    r = (res.rank_S if use_s else res.rank_R).double().mean(-1).numpy()
+    cmap = plt.get_cmap("viridis")
+    L = r.shape[1]
+    for l in range(L):
+        ax.plot(res.steps.numpy(), r[:, l], "o-", ms=2.5, color=cmap(l / max(1, L - 1)),
+                label=f"L{l}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("routing rank of " + ("S" if use_s else "R (W_Q W_Kᵀ)"))
+    ax.set_title(res.run_name, fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+@register_plot("rotary_qk_geometry", "plot_routing_vs_offset")
+def rotary_qk_geometry_plot_routing_vs_offset(res, *, ax: Any = None, lag: bool = True):
+    """Head-mean routing fraction against the lag ``i − j = −Δ`` (log axis when ``lag``),
+    one line per layer. Returns the Figure."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    else:
+        fig = ax.figure
+    x = (-res.offsets).to(torch.float64) if lag else res.offsets.to(torch.float64)
+    order = torch.argsort(x)
+    for i, name in enumerate(res.layer_names):
+        y = res.routing_fraction[i].mean(0)
+        ax.plot((x[order] + (1 if lag else 0)).numpy(), y[order].numpy(), marker="o",
+                ms=3, label=name)
+    if lag:
+        ax.set_xscale("log")
+        ax.set_xlabel("lag i − j + 1 (log)")
+    else:
+        ax.set_xlabel("offset Δ = j − i")
+    ax.set_ylabel("routing fraction ‖R‖²/‖M‖²")
+    ax.axhline(0.5, color="0.6", lw=0.8, ls="--")
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig

@@ -138,6 +138,7 @@ def _fmt(v: Any, floatfmt: str = "{:.4g}") -> str:
 
 
 def rows_to_csv(rows: Sequence[dict]) -> str:
+    """Rows (dicts with the same keys) as CSV text."""
     keys = list(rows[0].keys()) if rows else []
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -210,6 +211,7 @@ def _view_script(div_id: str, element: str, props: dict) -> str:
 # ------------------------------------------------------------------------------ report
 @dataclass
 class Section:
+    """One section of the page: its title, anchor, HTML parts and subsections."""
     title: str
     anchor: str = ""
     parts: list[str] = field(default_factory=list)

@@ -10,16 +10,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tl_spectral.viz.context import register_section
+
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
     from tl_spectral.viz.report import Report
 
 
+@register_section
 class RoutingFilteringSection:
     """A report section (the ``ReportSection`` protocol: key, title, probes, render)."""
 
     key = "routing_filtering"
     title = "Routing and filtering (QK weight geometry)"
+    order = 30
+    #: LayerNorm folded into the weights; rotary models refused (their kernel depends on
+    #: the offset: ``model_rotary_geometry``)
+    fold_ln = True
+    allow_rotary = False
 
     def probes(self, ctx: ReportContext) -> list:
         return []  # weights only
@@ -33,10 +41,9 @@ class RoutingFilteringSection:
 
         report.section(self.title)
         ctx.status("routing/filtering: QK geometry of every head")
-        fold = bool(ctx.options.get("fold_ln", True))
+        fold = self.fold_ln
         try:
-            geo = model_qk_geometry(ctx.view, fold_ln=fold,
-                                    allow_rotary=bool(ctx.options.get("allow_rotary", False)))
+            geo = model_qk_geometry(ctx.view, fold_ln=fold, allow_rotary=self.allow_rotary)
         except UnreadableHeadsError as e:
             report.text(f"The QK geometry of this model could not be computed: {e}")
             return

@@ -12,6 +12,9 @@ import math
 from typing import Any
 
 import numpy as np
+import torch
+
+from tl_spectral.viz.figures import register_plot
 
 __all__ = [
     "plot_band_modes",
@@ -414,5 +417,91 @@ def plot_tspec_hstar(result: Any):
         a.set_xticklabels(layers)
         a.set_xlabel("layer")
     axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------ figures of the result kinds
+# (registered for Result._draw: each result method is one line that calls these)
+register_plot("scale_pod_layer", "plot_scalogram")(plot_scalogram)
+register_plot("scale_pod_layer", "plot_scale_energy")(plot_scale_energy)
+register_plot("scale_pod_layer", "plot_spectra")(plot_layer_spectra)
+register_plot("scale_pod_layer", "plot_band_modes")(plot_band_modes)
+register_plot("scale_pod_layer", "plot_mode_profiles")(plot_mode_profiles)
+register_plot("scale_pod_layer", "plot_coherence")(plot_coherence)
+register_plot("scale_pod", "plot_tspec_hstar")(plot_tspec_hstar)
+register_plot("scale_pod", "plot_scale_energies")(plot_scale_energies)
+register_plot("pod", "plot_spectrum")(plot_eigen_spectrum)
+
+
+@register_plot("attention_fields", "plot_mean")
+def attention_fields_plot_mean(res):
+    """Mean lag profile per layer: ``Σ_i F̄(i, tau)`` against ``tau``."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for layer in res.layers:
+        m = res.mean[str(layer)]
+        prof = m.mean(dim=0) if not res.per_head else m.mean(dim=(0, 1))
+        ax.plot(res.lags.numpy(), prof.numpy(), label=f"layer {layer}")
+    ax.set_xlabel("lag τ (tokens)")
+    ax.set_ylabel("mean attention" if res.field == "attention" else f"mean {res.field}")
+    ax.set_yscale("log" if res.field in ("attention", "value_weighted",
+                                          "value_weighted_raw") else "symlog")
+    ax.legend(fontsize=8)
+    return fig
+
+
+@register_plot("streamed_attention_fields", "plot_mean")
+def streamed_attention_fields_plot_mean(res):
+    """Mean lag profile per layer: ``mean_i F̄(i, tau)`` against ``tau``."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for layer in res.layers:
+        prof = res.mean[str(layer)].mean(dim=0)
+        ax.plot(res.lags.numpy(), prof.numpy(), label=f"layer {layer}")
+    ax.set_xlabel("lag τ (tokens)")
+    ax.set_ylabel("mean attention")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    return fig
+
+
+@register_plot("scale_pod_heads_layer", "plot")
+def scale_pod_heads_layer_figure(res, ax: Any = None):
+    """Scale energy E(a) of every head (one line per head; the peak scale marked)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6)) if ax is None else (ax.figure, ax)
+    a = res.scales.double().numpy()
+    for h in range(res.n_heads):
+        e = res.scale_energy[h].double().numpy()
+        ax.plot(a, e / max(e.max(), 1e-300), lw=1.2, label=f"H{h}")
+    ax.set_xscale("log")
+    ax.set_xlabel("scale a (tokens of lag)")
+    ax.set_ylabel("E(a) / max")
+    ax.set_title(f"layer {res.layer}: scale energy per head", fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+@register_plot("scale_pod_heads", "plot")
+def scale_pod_heads_figure(res, ax: Any = None):
+    """Peak scale of every head (layer × head heat map, log colour scale, colour bar)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
+    peaks = torch.stack([lay.peak_scale.double() for lay in res.layers]).numpy()
+    fig, ax = plt.subplots(figsize=(6, 3.4)) if ax is None else (ax.figure, ax)
+    finite = peaks[peaks == peaks]
+    norm = LogNorm(vmin=max(finite.min(), 1e-3), vmax=max(finite.max(), 1e-3)) \
+        if finite.size else None
+    im = ax.imshow(peaks, aspect="auto", cmap="viridis", norm=norm)
+    fig.colorbar(im, ax=ax, label="peak scale a (tokens)")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title("the scale each head works at", fontsize=9)
     fig.tight_layout()
     return fig

@@ -1,5 +1,5 @@
 """Report section: scale-selective POD of attention fields (SPEC part A) and, on request
-(``options["fields"]``, ``tl-spectral analyze --fields``), of other per-pair fields of the
+(``options.fields``, ``tl-spectral analyze --fields``), of other per-pair fields of the
 same pass (contribution weights, value-weighted attention: one sub-report each, titled by
 the field)."""
 
@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from tl_spectral.probes import AttentionFieldProbe, Probe
 from tl_spectral.probes.pair_fields import check_field_kind
+from tl_spectral.viz.context import register_section
 
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
@@ -48,26 +49,27 @@ FIELD_TEXT = {
 
 
 def report_fields(ctx: ReportContext) -> list[str]:
-    """The fields the section analyses: ``options["fields"]`` (default attention only)."""
-    return [check_field_kind(f) for f in ctx.options.get("fields") or ["attention"]]
+    """The fields the section analyses: ``options.fields`` (default attention only)."""
+    return [check_field_kind(f) for f in ctx.options.fields or ["attention"]]
 
 
 def _probe_name(field: str) -> str:
     return "attention_fields" if field == "attention" else f"{field}_fields"
 
 
+@register_section
 class ScalePODSection:
+    """Report section: scale-selective POD of the attention fields (and ``--fields``)."""
     key = "scale_pod"
     title = "Scale-selective POD of attention fields"
+    order = 20
 
     def probes(self, ctx: ReportContext) -> list[Probe]:
-        rank = ctx.options.get("stream_rank")
+        rank = ctx.options.stream_rank
         if rank:  # constant-memory statistics (two passes; H* above the cap reads "> K")
-            return [AttentionFieldProbe(max_lag=ctx.options.get("max_lag"), field=f,
-                                        name=_probe_name(f), streaming=True, rank=int(rank))
-                    for f in report_fields(ctx)]
-        return [AttentionFieldProbe(max_lag=ctx.options.get("max_lag"), field=f,
-                                    name=_probe_name(f)) for f in report_fields(ctx)]
+            return [AttentionFieldProbe(field=f, name=_probe_name(f), streaming=True,
+                                        rank=int(rank)) for f in report_fields(ctx)]
+        return [AttentionFieldProbe(field=f, name=_probe_name(f)) for f in report_fields(ctx)]
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         for f in report_fields(ctx):

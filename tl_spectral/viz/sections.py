@@ -1,24 +1,26 @@
-"""Sections of the HTML report. Each analysis adds one ReportSection to ``SECTIONS``.
+"""Sections of the HTML report. Each section module registers its section
+(``@register_section``, :mod:`tl_spectral.viz.context`); this module imports every section
+module once (one line each, below) and builds the report.
 
 The report runs every section's probes in ONE ``run_probes`` pass, then lets each section
 render its results (figures, tables, circuitsvis views, findings for the summary at the top)
 and save what a reload needs under ``results/`` (raw per-query maps only with
-``options["save_raw"]``).
+``options.save_raw``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from tl_spectral.probes import AttentionStats, Probe
-from tl_spectral.viz.context import ReportContext, ReportSection
-from tl_spectral.viz.contribution_plots import ContributionSection
+from tl_spectral.viz.context import SECTIONS, ReportContext, ReportSection, register_section
+from tl_spectral.viz.contribution_section import ContributionSection  # noqa: F401
 from tl_spectral.viz.report import Report
-from tl_spectral.viz.routing_section import RoutingFilteringSection
-from tl_spectral.viz.scale_pod_section import ScalePODSection
-from tl_spectral.viz.surgery_section import SurgerySection
+from tl_spectral.viz.routing_section import RoutingFilteringSection  # noqa: F401
+from tl_spectral.viz.scale_pod_section import ScalePODSection  # noqa: F401
+from tl_spectral.viz.surgery_section import SurgerySection  # noqa: F401
 
 #: positions kept of per-position maps (mean patterns, kept contribution maps) without
 #: ``save_raw``: what the report's figures and views show
@@ -38,9 +40,12 @@ def _informative_head_rows(rows: list[dict]) -> list[int]:
     return sorted(set(keep))
 
 
+@register_section
 class AttentionStatsSection(ReportSection):
+    """Report section: entropy, distance and position-0 mass of every head, patterns."""
     key = "attention_stats"
     title = "Attention statistics"
+    order = 10
 
     def probes(self, ctx: ReportContext) -> list[Probe]:
         # the report shows SHOWN_POSITIONS; --save-raw keeps every position's mean pattern
@@ -113,17 +118,13 @@ class AttentionStatsSection(ReportSection):
             "hover a token and pick a head)")
 
 
-SECTIONS: list[Callable[[], ReportSection]] = [
-    AttentionStatsSection,
-    ScalePODSection,
-    RoutingFilteringSection,
-    ContributionSection,
-    SurgerySection,
-]
-"""Section factories, in report order. Later analyses append theirs."""
+def section_keys() -> tuple[str, ...]:
+    """The keys of every registered section, in report order (``--sections``)."""
+    return tuple(s.key for s in SECTIONS)
 
 
 def model_summary(ctx: ReportContext) -> str:
+    """One line describing the report's model (layers, heads, widths, causal or not)."""
     v = ctx.view
     kind = "causal" if v.causal else "bidirectional (encoder)"
     return (f"{ctx.name}: {v.n_layers} layers × {v.n_heads} heads, d_model {v.d_model}, "
@@ -144,7 +145,8 @@ def build_report(
     processes of ``torchrun`` by ``tl-spectral analyze``); then no probe runs here."""
     from tl_spectral.probes import run_probes
 
-    ctx.options.setdefault("progress", progress)
+    if ctx.options.progress is None:
+        ctx.options = dataclasses.replace(ctx.options, progress=progress)
     secs = sections if sections is not None else [f() for f in SECTIONS]
     probes: list[Probe] = []
     for s in secs:
@@ -158,15 +160,15 @@ def build_report(
         ctx.status(f"probes: one pass over {n_docs} windows of {T} tokens")
         results = run_probes(ctx.view, ctx.tokens, probes, batch_size=batch_size,
                              progress=progress, attention_mask=ctx.mask)
-    seed = ctx.options.get("meta", {}).get("seed")
+    seed = ctx.options.meta.get("seed")
     run = f"{n_docs} windows × {T} tokens" + (f", seed {seed}" if seed is not None else "")
     report = Report(
         title or f"tl_spectral report — {ctx.name}",
         meta={
             "model": model_summary(ctx),
             "documents": f"{n_docs} windows of {T} tokens"
-                         + (f" ({ctx.options['windows']})" if ctx.options.get("windows") else ""),
-            **ctx.options.get("meta", {}),
+                         + (f" ({ctx.options.windows})" if ctx.options.windows else ""),
+            **ctx.options.meta,
         },
     )
     report.figure_suffix = f" [{ctx.name}; {run}]"

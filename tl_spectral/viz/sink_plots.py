@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from tl_spectral.viz.figures import register_plot
+
 
 def plot_sink_rates(sinks: Any):
     """Heat maps (layer × head) of the sink rate and the Gu key score, each colour scale
@@ -60,4 +62,105 @@ def plot_rho_star(sinks: Any):
     axes[1].set_ylabel("ρ*")
     axes[1].set_title("ρ* vs observed sink rate", fontsize=9)
     axes[1].legend(fontsize=7)
+    return fig
+
+
+# ------------------------------------------------------------ figures of the result kinds
+# (registered for Result._draw: each result method is one line that calls these)
+register_plot("sink_stats", "plot_rates")(plot_sink_rates)
+register_plot("sink_stats", "plot_rho_star")(plot_rho_star)
+
+
+@register_plot("sink_stats", "plot_anti_alignment")
+def sink_stats_plot_anti_alignment(res):
+    """Distribution of cos(ṽ_0, s_i) per layer (all heads), and its mean per head."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+    edges = res.anti_edges.numpy()
+    centers = 0.5 * (edges[1:] + edges[:-1])
+    for li, layer in enumerate(res.layers):
+        h = res.anti_hist[li].sum(0)
+        axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"L{layer}")
+    axes[0].axvline(0, color="black", lw=0.6)
+    axes[0].set_xlabel("cos(ṽ_0, s_i)")
+    axes[0].set_ylabel("share of queries")
+    axes[0].set_title("anti-alignment of the sink value and the semantic vector", fontsize=9)
+    axes[0].legend(fontsize=7)
+    im = axes[1].imshow(res.anti_mean.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1)
+    axes[1].set_yticks(range(len(res.layers)), [str(x) for x in res.layers])
+    axes[1].set_xlabel("head")
+    axes[1].set_ylabel("layer")
+    axes[1].set_title("mean cos(ṽ_0, s_i)", fontsize=9)
+    fig.colorbar(im, ax=axes[1], shrink=0.85)
+    fig.tight_layout()
+    return fig
+
+
+@register_plot("sink_intervention", "plot")
+def sink_intervention_figure(res, ax=None):
+    """Bars of the effect of zeroing the sink's value, per layer and for all layers."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2)) if ax is None else (ax.figure, ax)
+    ax.bar(range(len(res.settings)), res.delta.float().numpy(), color="tab:purple")
+    ax.set_xticks(range(len(res.settings)), res.settings, rotation=30, ha="right",
+                  fontsize=8)
+    ax.set_ylabel("ΔPPL" if res.metric == "delta_ppl" else "1 − cos(e', e)")
+    ax.set_title(f"{res.model_name or 'model'}: zero the sink's value "
+                 f"(clean {res.clean:.4g})", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+@register_plot("sink_geometry", "plot_norm_curve")
+def plot_norm_curve(
+    res, batch: int = 0, head: int = 0, queries: list[int] | None = None, n_rho: int = 101
+):
+    """Output norm vs imposed sink rate for a few queries of one head, with the
+    observed rate (dot) and ``ρ*`` (cross) marked. Returns a matplotlib Figure."""
+    import matplotlib.pyplot as plt
+
+    rho = torch.linspace(0.0, 1.0, n_rho, dtype=res.rho_star.dtype)
+    curve = res.norm_curve(rho)[batch, head]
+    ok = res.curve_valid[batch, head]
+    if queries is None:
+        idx = ok.nonzero().flatten().tolist()
+        queries = idx[:: max(1, len(idx) // 6)][:6]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i in queries:
+        if not bool(ok[i]):
+            continue
+        (line,) = ax.plot(rho.numpy(), curve[i].float().numpy(), label=f"query {i}")
+        if bool(res.rho_star_valid[batch, head, i]):
+            rs = float(res.rho_star[batch, head, i])
+            if 0.0 <= rs <= 1.0:
+                ax.plot(
+                    [rs], [float(res.min_norm[batch, head, i])], "x", color=line.get_color()
+                )
+    ax.set_xlabel("imposed sink rate ρ")
+    ax.set_ylabel("‖ρ ṽ_0 + (1 − ρ) s̄_i‖")
+    ax.set_title(f"batch {batch}, head {head} (× = ρ*)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+@register_plot("sink_geometry", "plot_rates")
+def sink_geometry_plot_rates(res):
+    """Per-head sink rate and Gu key score of the first token (batch mean), with the
+    sink-head threshold. Returns a matplotlib Figure."""
+    import matplotlib.pyplot as plt
+
+    h = res.sink_rate.shape[1]
+    x = torch.arange(h).numpy()
+    fig, ax = plt.subplots(figsize=(max(4, 0.5 * h + 2), 3.5))
+    ax.bar(x - 0.2, res.sink_rate.mean(0).float().numpy(), width=0.4, label="sink rate")
+    ks = res.key_score[..., res.sink_index].mean(0).float().numpy()
+    ax.bar(x + 0.2, ks, width=0.4, label="key score (Gu)")
+    ax.axhline(res.threshold, color="black", ls="--", lw=0.8, label="threshold")
+    ax.set_xlabel("head")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
     return fig

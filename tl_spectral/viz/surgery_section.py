@@ -11,16 +11,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tl_spectral.viz.context import register_section
+
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
     from tl_spectral.viz.report import Report
 
 
+@register_section
 class SurgerySection:
     """A report section (the ``ReportSection`` protocol: key, title, probes, render)."""
 
     key = "surgery"
     title = "Spectral surgery (linearization and cascade allocation)"
+    order = 50
+    #: documents of the linearization curve
+    n_docs = 16
 
     def probes(self, ctx: ReportContext) -> list:
         return []  # its own forward passes with pattern hooks
@@ -43,8 +49,7 @@ class SurgerySection:
             "from layer 3); head dimensions set from the measured routing rank give SPEC B.6's "
             "cascade allocation (paper: 47–65% fewer attention parameters at +3.9% to +8.4% PPL)."
         )
-        n_docs = int(ctx.options.get("surgery_docs", 16))
-        toks = ctx.tokens[:n_docs]
+        toks = ctx.tokens[:self.n_docs]
         try:
             curve = tl_linearization_curve(ctx.view, toks, name=ctx.view.name)
         except ValueError as e:

@@ -1,0 +1,154 @@
+"""Models by name, as ``tl-spectral analyze --model`` takes them: a zoo name, ``"random"``
+(a seeded random reference model) or the folder of a local Hugging Face model.
+
+:func:`load_named_model` is not :func:`tl_spectral.models.load_model`, which reads one of
+the project's own checkpoints from its folder."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tl_spectral.usage import UsageError
+
+__all__ = ["load_named_model", "random_reference_model", "resolve_model"]
+
+
+def random_reference_model(seed: int = 0):
+    """A seeded random TransformerBridge of the char-shakespeare size (6L, 8H, d 128, ctx 256)."""
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from tl_spectral.data import CharTokenizer, tiny_shakespeare
+
+    tok = CharTokenizer.from_text(tiny_shakespeare())
+    cfg = TransformerBridgeConfig(
+        d_model=128, d_head=16, n_layers=6, n_ctx=256, n_heads=8, d_vocab=tok.vocab_size,
+        act_fn="gelu", normalization_type="LN", seed=seed, model_name="random-6L",
+    )
+    return TransformerBridge.boot_native(cfg, model_name="random-6L"), tok
+
+
+def resolve_model(name: str) -> tuple[str, str]:
+    """(kind, target) for ``--model``: ("zoo", name), ("random", "random") or ("hf", folder).
+
+    A bare name is looked up in the zoo first (a local folder of the same name does not
+    shadow it); a local Hugging Face folder is given as a path (with a ``/`` or starting
+    with ``.``), holding ``config.json``. Raises :class:`UsageError` otherwise."""
+    from tl_spectral.models import zoo
+
+    if name == "random":
+        return "random", name
+    if name in zoo.available():
+        return "zoo", name
+    looks_like_path = "/" in name or name.startswith(".") or os.sep in name
+    p = Path(name)
+    if looks_like_path and p.is_dir() and (p / "config.json").is_file():
+        _check_hf_weights(p, name)
+        return "hf", str(p)
+    if looks_like_path and p.exists():
+        raise UsageError(f"--model {name}: no config.json in that folder; pass a Hugging Face "
+                         "model folder (save_pretrained output)")
+    hint = f" (for the local folder, pass ./{name})" if p.is_dir() else ""
+    raise UsageError(f"unknown model {name!r}{hint}; pass a zoo name "
+                     f"({', '.join(zoo.available())}), 'random', or the path of a local Hugging "
+                     "Face folder")
+
+
+#: Weight files that are read by unpickling (or in another framework): never loaded.
+_PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.h5", "*.msgpack")
+
+
+def _check_hf_weights(folder: Path, name: str) -> None:
+    """A Hugging Face folder holds safetensors weights: a folder with only pickled ones
+    (``pytorch_model.bin``) is refused with how to convert them, never unpickled."""
+    if any(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json").is_file():
+        _check_hf_config_size(folder, name)
+        return
+    pickled = sorted(q.name for pat in _PICKLE_WEIGHTS for q in folder.glob(pat))
+    if not pickled:
+        raise UsageError(f"--model {name}: no model.safetensors in that folder; pass a "
+                         "Hugging Face folder saved with save_pretrained (safetensors)")
+    src = (folder / pickled[0]).resolve()
+    raise UsageError(
+        f"--model {name} holds only pickled weights ({', '.join(pickled[:3])}); tl-spectral "
+        "reads safetensors only. Convert them once, in an environment you trust with that "
+        "file: python -c \"import torch; from safetensors.torch import save_file; "
+        f"sd = torch.load('{src}', map_location='cpu', weights_only=True); "
+        "save_file({k: v.clone().contiguous() for k, v in sd.items()}, "
+        f"'{src.parent / 'model.safetensors'}', metadata={{'format': 'pt'}})\" (or "
+        "save_pretrained(folder, safe_serialization=True) on the loaded model)")
+
+
+def _check_hf_config_size(folder: Path, name: str) -> None:
+    """config.json must not describe a model far larger than the weights there: the model
+    is built from config.json before its weights load, so a hostile config (a vocabulary or
+    width of billions) would exhaust the memory. A lower bound of the parameters it implies
+    (embedding + one norm per layer) is compared with the tensors in the safetensors
+    headers (read without loading them)."""
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise UsageError(f"--model {name}: its config.json is not readable JSON "
+                         f"({_one_line(e)[:100]})") from None
+    if not isinstance(cfg, dict):
+        raise UsageError(f"--model {name}: its config.json is not a JSON object")
+    cfg = {**cfg, **(cfg.get("text_config") or {})} if isinstance(
+        cfg.get("text_config"), dict) else cfg
+
+    def first(*keys: str) -> int:
+        for k in keys:
+            v = cfg.get(k)
+            if v is not None:
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise UsageError(f"--model {name}: config.json {k}={v!r} is not a "
+                                     "non-negative int; the folder is damaged")
+                return v
+        return 0
+
+    width = first("hidden_size", "n_embd", "d_model")
+    implied = first("vocab_size") * width + first("num_hidden_layers", "n_layer",
+                                                  "num_layers") * width
+    if implied <= 10**6:
+        return
+    from safetensors import safe_open
+
+    held = 0
+    try:
+        for f in folder.glob("*.safetensors"):
+            with safe_open(str(f), framework="pt") as fh:
+                for k in fh.keys():
+                    n = 1
+                    for d in fh.get_slice(k).get_shape():
+                        n *= int(d)
+                    held += n
+    except Exception as e:  # noqa: BLE001 - any unreadable header: the user's file
+        raise UsageError(f"--model {name}: {f.name} is not a readable safetensors file "
+                         f"({_one_line(e)[:100]})") from None
+    if implied > 2 * held + 10**6:
+        raise UsageError(f"--model {name}: config.json describes at least {implied:,} "
+                         f"parameters but the weights hold {held:,}; the folder's config and "
+                         "weights do not belong together (refused before building the model)")
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join((str(e) or type(e).__name__).split())
+
+
+def load_named_model(name: str) -> tuple[Any, Any]:
+    """A TransformerLens model and its tokenizer from a zoo name, "random" or an HF folder
+    (see :func:`resolve_model`)."""
+    kind, target = resolve_model(name)
+    if kind == "random":
+        return random_reference_model()
+    if kind == "hf":
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformer_lens.model_bridge import TransformerBridge
+
+        model = TransformerBridge.boot_transformers(target, device="cpu")
+        return model, model.tokenizer
+    from tl_spectral.models import zoo
+
+    return zoo.load(target)

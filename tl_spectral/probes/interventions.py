@@ -1,0 +1,80 @@
+"""Helpers every intervention shares (faithfulness curves, zeroing the sink's value): the
+damage metric of a forward pass, the attention mask of a padded batch and the corpus order
+that keeps batches short."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from tl_spectral.model_view import ModelView
+from tl_spectral.probes.base import StopForward
+from tl_spectral.probes.runner import Corpus
+
+__all__ = ["METRICS", "DamageMetric", "by_length", "padding_attention_mask"]
+
+#: the damage metrics: PPL change (decoders), embedding distance (encoders)
+METRICS = ("delta_ppl", "embedding_distance")
+
+
+def by_length(corpus: Corpus) -> Corpus:
+    """The corpus sorted by decreasing length (batches then carry little padding; every
+    statistic here is a sum over documents, so the order does not matter)."""
+    order = torch.sort(corpus.mask.sum(1), descending=True, stable=True).indices
+    return Corpus(tokens=corpus.tokens[order], mask=corpus.mask[order])
+
+
+class DamageMetric:
+    """Per-row damage statistics of one forward pass (clean or intervened)."""
+
+    def __init__(self, view: ModelView, metric: Optional[str]):
+        if metric is None:
+            metric = "delta_ppl" if view.causal else "embedding_distance"
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        if metric == "delta_ppl" and not view.causal:
+            raise ValueError(
+                "delta_ppl needs a causal decoder; for an encoder pass metric="
+                "'embedding_distance'"
+            )
+        self.view = view
+        self.metric = metric
+
+    def run(
+        self, tokens: Tensor, mask: Tensor, hooks: list, *, attn_mask: Optional[Tensor]
+    ) -> Tensor:
+        """Decoder: ``[rows, 2]`` (NLL sum, count); encoder: ``[rows, d_model]`` embedding."""
+        view = self.view
+        if self.metric == "delta_ppl":
+            with torch.no_grad():
+                logits = view.run(tokens, attention_mask=attn_mask, fwd_hooks=hooks)
+            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+            tgt = tokens[:, 1:].to(logp.device)
+            nll = -logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+            ok = (mask[:, 1:] & mask[:, :-1]).to(nll.device)
+            return torch.stack([(nll * ok).sum(-1), ok.sum(-1).to(nll.dtype)], -1).double().cpu()
+        name = f"blocks.{view.n_layers - 1}.hook_resid_post"
+        cap: dict[str, Tensor] = {}
+
+        def hook(t: Tensor, hook: Any = None) -> Tensor:
+            cap["h"] = t.detach()
+            raise StopForward  # the head (a random MLM head for MiniLM) is not needed
+
+        try:
+            with torch.no_grad():
+                view.run(tokens, attention_mask=attn_mask, fwd_hooks=hooks + [(name, hook)],
+                         return_type=None)
+        except StopForward:
+            pass
+        h = cap["h"].double()
+        w = mask.to(h.device, h.dtype).unsqueeze(-1)
+        e = (h * w).sum(1) / w.sum(1).clamp_min(1.0)
+        return torch.nn.functional.normalize(e, dim=-1).cpu()
+
+
+def padding_attention_mask(view: ModelView, mask: Tensor) -> Optional[Tensor]:
+    """The attention mask a forward pass needs: None for causal decoders (real tokens never
+    see right padding) and for unpadded batches, else the padding mask of the keys."""
+    return None if (view.causal or bool(mask.all())) else mask.long()
