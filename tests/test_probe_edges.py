@@ -80,17 +80,17 @@ def test_one_token_documents_get_a_clear_error(small):
 
 
 def test_zero_sink_value_warns_when_not_finite(small, monkeypatch):
-    import tl_spectral.probes.faithfulness as F
+    from tl_spectral.probes.interventions import DamageMetric
     from tl_spectral.probes.sinks import zero_sink_value
 
     tokens = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
-    real = F._Metric.run
+    real = DamageMetric.run
 
     def run(self, tokens, mask, hooks, *, attn_mask):  # a model whose logits overflow
         inf = ("ln_final.hook_normalized", lambda t, hook: t * float("inf"))
         return real(self, tokens, mask, hooks + [inf], attn_mask=attn_mask)
 
-    monkeypatch.setattr(F._Metric, "run", run)
+    monkeypatch.setattr(DamageMetric, "run", run)
     with pytest.warns(RuntimeWarning, match="NaN or inf"):
         zero_sink_value(small, tokens)
 

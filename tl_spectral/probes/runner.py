@@ -353,6 +353,20 @@ def _hook_layer(name: Any) -> Optional[int]:
     return None
 
 
+def _probe_classes() -> dict[str, type]:
+    """Probe classes by their result name, derived from the subclasses of :class:`Probe`
+    defined so far (the library's own are imported with :mod:`tl_spectral.probes`)."""
+    out: dict[str, type] = {}
+    todo = list(Probe.__subclasses__())
+    while todo:
+        c = todo.pop()
+        todo.extend(c.__subclasses__())
+        n = getattr(c, "name", None)
+        if isinstance(n, str) and n != "probe" and not c.__name__.startswith("_"):
+            out.setdefault(n, c)
+    return out
+
+
 def _plan(
     view: ModelView, probes: Union[Probe, Iterable[Probe]], accumulate: bool
 ) -> tuple[list[Probe], dict[int, set[str]], dict[int, list[Probe]]]:
@@ -368,10 +382,9 @@ def _plan(
             raise TypeError(f"probes takes probe objects: pass {p.__name__}() (an instance, "
                             f"with its options), not the class {p.__name__}")
         if isinstance(p, str):
-            from tl_spectral.probes import PROBES
-
-            hint = (f"PROBES[{p!r}]() = {PROBES[p].__name__}()" if p in PROBES
-                    else f"one of {', '.join(c.__name__ + '()' for c in PROBES.values())}")
+            known = _probe_classes()
+            hint = (f"{known[p].__name__}()" if p in known
+                    else f"one of {', '.join(c.__name__ + '()' for c in known.values())}")
             raise TypeError(f"probes takes probe objects, not names: for {p!r} pass {hint}")
         raise TypeError(f"probes takes Probe objects (e.g. AttentionStats()), got "
                         f"{type(p).__name__}")
