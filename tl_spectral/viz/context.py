@@ -57,15 +57,8 @@ class ReportContext:
                   flush=True)
 
     def token_strings(self, ids) -> list[str]:
-        tok = self.tokenizer
-        out = []
-        for i in ids.tolist():
-            try:
-                s = tok.decode([i])
-            except Exception:
-                s = str(i)
-            out.append(s.replace("\n", "\\n"))
-        return out
+        """One display string per token, decoded the tokenizer's way (:func:`token_strings`)."""
+        return token_strings(self.tokenizer, ids)
 
 
 class ReportSection:
@@ -79,3 +72,43 @@ class ReportSection:
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         raise NotImplementedError
+
+
+#: shown for a token that only carries part of a character's bytes (the character appears
+#: on the token that completes it)
+PARTIAL = "·"
+
+
+def _decode(tok: Any, ids: list[int]) -> str:
+    try:
+        return tok.decode(ids, clean_up_tokenization_spaces=False)
+    except TypeError:
+        return tok.decode(ids)
+
+
+def token_strings(tok: Any, ids: Any) -> list[str]:
+    """Display strings of a token sequence, decoded the tokenizer's way: token k shows what
+    decoding ``ids[:k + 1]`` adds to the text of ``ids[:k]``, so word pieces join (BERT's
+    ``##`` pieces, no spaces inside a word), byte-level BPE spaces show as spaces, and a
+    character split over several byte tokens appears whole on the token that completes it
+    (the tokens before it show ``·``). Falls back to decoding each token alone where the
+    running text is not a prefix of the next (a tokenizer whose decode rewrites earlier
+    text). Newlines show as ``\\n``."""
+    ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+    out: list[str] = []
+    done = ""
+    for k, i in enumerate(ids):
+        try:
+            text = _decode(tok, ids[:k + 1])
+            stable = text.rstrip("\ufffd") if k + 1 < len(ids) else text
+            if stable.startswith(done):
+                piece = stable[len(done):]
+                done = stable
+                if not piece:
+                    piece = PARTIAL
+            else:
+                piece = _decode(tok, [i])
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot decode: show the id
+            piece = str(i)
+        out.append(piece.replace("\n", "\\n"))
+    return out

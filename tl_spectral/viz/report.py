@@ -55,6 +55,9 @@ nav.toc ol ol{font-size:.95em}
 .selector{margin:.5em 0;font-size:.95em}
 .selector select{font-size:1em}
 .cvview{max-width:100%;overflow-x:auto;border:1px solid #ddd;padding:0 .5em}
+details.lazyview>summary{cursor:pointer;font-weight:600;color:#1a4f9c;padding:.3em 0}
+.totop{font-size:.85em;margin-left:.8em;font-weight:normal}
+table caption{caption-side:top;text-align:left;font-weight:600;padding:.2em 0}
 details{margin:.3em 0}
 .csv{font-size:.85em;margin-left:.6em}
 .note{font-size:.9em;color:#444;border-top:1px solid #bbb;margin-top:2.5em;padding-top:.6em}
@@ -63,7 +66,54 @@ dl.glossary dd{margin-left:1.5em}
 """
 
 _SCRIPT = """
+window.tlViews = {rendered: 0};
+function tlBundle(){
+  if (window.CircuitsVis) return;
+  var b = document.getElementById('cv-bundle');
+  var s = document.createElement('script');
+  s.textContent = b.textContent;
+  document.head.appendChild(s);
+}
+function tlUnpack(p){
+  var bin = atob(p.b64), n = bin.length, u = new Uint8Array(n), i;
+  for (i = 0; i < n; i++) u[i] = bin.charCodeAt(i);
+  var H = p.shape[0], Q = p.shape[1], K = p.shape[2], step = (p.hi - p.lo) / 254, k = 0, out = [];
+  for (var h = 0; h < H; h++) {
+    var rows = [];
+    for (var q = 0; q < Q; q++) {
+      var row = new Array(K);
+      for (var j = 0; j < K; j++) row[j] = (p.tri && j > q) ? 0 : p.lo + u[k++] * step;
+      rows.push(row);
+    }
+    out.push(rows);
+  }
+  return out;
+}
+function tlRender(el){
+  if (el.getAttribute('data-done')) return;
+  tlBundle();
+  var d = JSON.parse(document.getElementById(el.getAttribute('data-src')).textContent);
+  (d.packed || []).forEach(function(k){ d.props[k] = tlUnpack(d.props[k]); });
+  CircuitsVis.render(el.id, CircuitsVis[d.element], d.props);
+  el.setAttribute('data-done', '1');
+  window.tlViews.rendered++;
+}
 (function(){
+  document.querySelectorAll('figure.viewset').forEach(function(set){
+    var det = set.querySelector('details');
+    var sels = Array.from(set.querySelectorAll('select[data-dim]'));
+    function show(){
+      var key = sels.map(function(s){ return s.value; }).join('|');
+      set.querySelectorAll('.cvview').forEach(function(el){
+        var on = el.getAttribute('data-key') === key;
+        el.style.display = on ? '' : 'none';
+        if (on && det.open) tlRender(el);
+      });
+    }
+    sels.forEach(function(s){ s.addEventListener('change', show); });
+    det.addEventListener('toggle', show);
+    show();
+  });
   document.querySelectorAll('.figset').forEach(function(set){
     var sel = set.querySelector('select');
     function show(){
@@ -95,6 +145,43 @@ def js_json(obj: Any) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
+def pack_maps(maps: Any, lo: float, hi: float, tri: bool = False) -> dict:
+    """A ``[heads, query, key]`` array as 255 levels on ``[lo, hi]`` (one byte per entry,
+    base64; with ``tri`` only the entries ``key <= query``): the page's ``tlUnpack`` turns it
+    back into nested lists before a view renders. Level ``q`` stands for ``lo + q (hi − lo) /
+    254`` (values clipped to ``[lo, hi]``), so 0 is exact when ``lo = −hi`` or ``lo = 0``."""
+    import numpy as np
+
+    a = np.asarray(maps.detach().cpu().float().numpy() if hasattr(maps, "detach") else maps,
+                   dtype=np.float64)
+    if a.ndim != 3:
+        raise ValueError(f"pack_maps expects [heads, query, key], got shape {a.shape}")
+    hi = float(hi) if float(hi) > float(lo) else float(lo) + 1.0
+    q = np.rint((np.clip(np.nan_to_num(a), lo, hi) - lo) / (hi - lo) * 254).astype(np.uint8)
+    if tri:
+        iq, ik = np.tril_indices(a.shape[1], 0, a.shape[2])
+        q = q[:, iq, ik]
+    return {"b64": base64.b64encode(q.tobytes()).decode("ascii"), "shape": list(a.shape),
+            "lo": float(lo), "hi": hi, "tri": bool(tri)}
+
+
+def unpack_maps(p: dict) -> list:
+    """The inverse of :func:`pack_maps` (what the page's ``tlUnpack`` does), for tests and
+    the standalone view pages."""
+    import numpy as np
+
+    H, Q, K = p["shape"]
+    u = np.frombuffer(base64.b64decode(p["b64"]), dtype=np.uint8).astype(np.float64)
+    v = p["lo"] + u * (p["hi"] - p["lo"]) / 254
+    out = np.zeros((H, Q, K))
+    if p["tri"]:
+        iq, ik = np.tril_indices(Q, 0, K)
+        out[:, iq, ik] = v.reshape(H, -1)
+    else:
+        out[:] = v.reshape(H, Q, K)
+    return out.tolist()
+
+
 def _round_floats(obj: Any, digits: int = 4) -> Any:
     if isinstance(obj, float):
         if not math.isfinite(obj):
@@ -107,10 +194,21 @@ def _round_floats(obj: Any, digits: int = 4) -> Any:
     return obj
 
 
-def figure_to_base64(fig: Any, dpi: int = 90) -> str:
-    """PNG bytes of a matplotlib Figure, base64-encoded (the figure is closed)."""
+FIGURE_FORMATS = ("png", "svg")
+
+
+def figure_to_base64(fig: Any, dpi: int = 90, fmt: str = "png") -> str:
+    """PNG (or with ``fmt="svg"`` SVG) bytes of a matplotlib Figure, base64-encoded (the
+    figure is closed)."""
     import matplotlib.pyplot as plt
 
+    if fmt == "svg":
+        buf = io.BytesIO()
+        fig.savefig(buf, format="svg", bbox_inches="tight")
+        plt.close(fig)
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+    if fmt != "png":
+        raise ValueError(f"figure format must be one of {FIGURE_FORMATS}, got {fmt!r}")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)
@@ -220,9 +318,13 @@ class Report:
     """Collects sections of text, figures, tables and circuitsvis views; writes index.html."""
 
     def __init__(self, title: str, meta: Optional[dict] = None,
-                 glossary: Optional[dict] = None):
+                 glossary: Optional[dict] = None, figure_format: str = "png"):
         from tl_spectral.viz.glossary import GLOSSARY
 
+        if figure_format not in FIGURE_FORMATS:
+            raise ValueError(f"figure_format must be one of {FIGURE_FORMATS}, got "
+                             f"{figure_format!r}")
+        self.figure_format = figure_format
         self.title = title
         self.meta = meta or {}
         self.sections: list[Section] = []
@@ -270,10 +372,16 @@ class Report:
         """Anchor of the current section."""
         return self._current().anchor
 
-    def finding(self, sentence: str, anchor: Optional[str] = None) -> None:
+    def finding(self, sentence: str, anchor: Optional[str] = None, first: bool = False) -> None:
         """A sentence for the findings summary at the top, linking to ``anchor`` (default:
-        the current section)."""
-        self.findings.append((sentence, anchor or self.anchor))
+        the current section); ``first``: ahead of the findings so far (sanity findings)."""
+        item = (sentence, anchor or self.anchor)
+        if first:
+            n = getattr(self, "_n_first", 0)
+            self.findings.insert(n, item)
+            self._n_first = n + 1
+        else:
+            self.findings.append(item)
 
     def define(self, term: str, definition: str) -> None:
         self.glossary[term] = definition
@@ -291,9 +399,10 @@ class Report:
         """Add a trusted HTML fragment."""
         self._current().parts.append(fragment)
 
-    @staticmethod
-    def _img(fig: Any, alt: str) -> str:
-        return f'<img src="data:image/png;base64,{figure_to_base64(fig)}" alt="{esc(alt)}"/>'
+    def _img(self, fig: Any, alt: str) -> str:
+        mime = "image/svg+xml" if self.figure_format == "svg" else "image/png"
+        data = figure_to_base64(fig, fmt=self.figure_format)
+        return f'<img src="data:{mime};base64,{data}" alt="{esc(alt)}"/>'
 
     def figure(self, fig: Any, caption: str = "") -> None:
         caption = caption + self.figure_suffix if caption else caption
@@ -355,55 +464,97 @@ class Report:
             + table_html(rows, glossary=self.glossary, max_rows=len(rows)) + "</details>" + link)
 
     def circuitsvis(self, rendered: Any, name: str, caption: str = "", height: int = 0) -> None:
-        """Inline a circuitsvis view (offline: the bundle is written once into the page).
-        ``height`` is ignored (kept for compatibility: the view takes its own height)."""
+        """Inline a circuitsvis view (offline: the bundle is written once into the page),
+        rendered when the reader opens it. ``height`` is ignored (kept for compatibility)."""
         element, props = circuitsvis_props(rendered)
         self.circuitsvis_element(element, props, name, caption)
 
     def circuitsvis_element(self, element: str, props: dict, name: str,
-                            caption: str = "") -> None:
-        html = self._view_html(element, props, name)
-        cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
-        self._current().parts.append(f"<figure>{html}{cap}</figure>")
-
-    def _view_html(self, element: str, props: dict, name: str) -> str:
-        """The inline div + render script of one view; also kept as ``views/<name>.html``."""
-        props = _round_floats(props)
-        self._n_views += 1
-        div = f"cv-{self._n_views}-{_slug(name)}"
-        fname = f"views/{_slug(name)}.html"
-        # the standalone pages share one copy of the bundle (views/circuitsvis.js, 1.4 MB),
-        # written once by write(): a page per layer must not repeat it
-        self._views[fname] = (
-            "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-            f"<title>{esc(name)}</title></head><body><div id='view'></div>"
-            f"<script src='{VIEW_BUNDLE}'></script>{_view_script('view', element, props)}"
-            "</body></html>")
-        return f'<div class="cvview" id="{esc(div)}"></div>' + _view_script(div, element, props)
+                            caption: str = "", packed: Sequence[str] = ()) -> None:
+        """One view (see :meth:`view_set`)."""
+        self.view_set([((), element, props)], [], name, caption, packed=packed)
 
     def circuitsvis_set(self, views: Iterable[tuple[str, Any]], name: str, caption: str = "",
                         label: str = "layer") -> None:
         """Several circuitsvis views behind one selector (e.g. one per layer): ``views`` is a
-        sequence of (option label, rendered view); only the selected one is shown."""
-        items = [(lab, *circuitsvis_props(r)) for lab, r in views]
+        sequence of (option label, rendered view)."""
+        items = [((lab,), *circuitsvis_props(r)) for lab, r in views]
+        if items:
+            self.view_set(items, [label], name, caption)
+
+    def view_set(self, items: Sequence[tuple[tuple[str, ...], str, dict]], dims: Sequence[str],
+                 name: str, caption: str = "", *, default: Optional[tuple[str, ...]] = None,
+                 packed: Sequence[str] = (), standalone: Optional[Sequence[tuple]] = None,
+                 summary: str = "", option_notes: Optional[dict] = None) -> None:
+        """Interactive circuitsvis views behind one selector per dimension (``dims``, e.g.
+        ``["document", "layer"]``), rendered LAZILY: each view's props sit in the page as a
+        JSON script and the view is compiled only when the reader opens the figure's
+        ``<details>`` and selects it (so the page is usable at once, whatever the number of
+        views).
+
+        items: ``(key, element, props)``, the key one option label per dimension (options
+        keep their first-appearance order); default: the key shown first (default: the
+        first item); packed: props keys holding :func:`pack_maps` output (unpacked in the
+        page); standalone: the keys also written as ``views/<name>-<key>.html`` pages
+        (default: the default key only); option_notes: ``{(dim index, label): note}``
+        appended to an option's text (e.g. "sink layer")."""
         if not items:
             return
+        keys = [tuple(str(k) for k in key) for key, _, _ in items]
+        default = tuple(str(k) for k in (default or keys[0]))
+        if default not in keys:
+            default = keys[0]
+        notes = option_notes or {}
+        want = {tuple(str(k) for k in t) for t in (standalone or [default])}
         caption = caption + self.figure_suffix if caption else caption
-        if len(items) == 1:
-            lab, element, props = items[0]
-            self.circuitsvis_element(element, props, f"{name}-{lab}",
-                                     f"{label} {lab}: {caption}" if caption else "")
-            return
         self._n_sets += 1
-        sid = f"figset-{self._n_sets}"
-        opts = "".join(f'<option value="{i}">{esc(lab)}</option>'
-                       for i, (lab, _, _) in enumerate(items))
-        divs = "".join(f'<div data-opt="{i}">{self._view_html(el, pr, f"{name}-{lab}")}</div>'
-                       for i, (lab, el, pr) in enumerate(items))
+        sid = f"viewset-{self._n_sets}"
+        sels = []
+        for d, dim in enumerate(dims):
+            opts: list[str] = []
+            for k in keys:
+                if k[d] not in opts:
+                    opts.append(k[d])
+            html_opts = "".join(
+                f'<option value="{esc(o)}"{" selected" if o == default[d] else ""}>'
+                f'{esc(o)}{esc(" — " + notes[(d, o)]) if (d, o) in notes else ""}</option>'
+                for o in opts)
+            sels.append(f'<label>{esc(dim)} <select data-dim="{d}" aria-label="{esc(dim)}">'
+                        f'{html_opts}</select></label>')
+        divs = []
+        for key, (_, element, props) in zip(keys, items):
+            if not re.fullmatch(r"\w+", element):
+                raise ValueError(f"bad circuitsvis element name {element!r}")
+            props = _round_floats(props)
+            self._n_views += 1
+            label = "-".join([name, *key]) if key else name
+            div = f"cv-{self._n_views}-{_slug(label)}"
+            src = f"cvd-{self._n_views}"
+            data = {"element": element, "props": props, "packed": list(packed)}
+            divs.append(f'<script type="application/json" id="{src}">{js_json(data)}</script>'
+                        f'<div class="cvview" id="{esc(div)}" data-src="{src}" '
+                        f'data-key="{esc("|".join(key))}"></div>')
+            if key in want:
+                full = dict(props)
+                for k in packed:
+                    full[k] = unpack_maps(full[k])
+                fname = f"views/{_slug(label)}.html"
+                # the standalone pages share one copy of the bundle (views/circuitsvis.js,
+                # 1.4 MB), written once by write()
+                self._views[fname] = (
+                    "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+                    f"<title>{esc(label)}</title></head><body><div id='view'></div>"
+                    f"<script src='{VIEW_BUNDLE}'></script>{_view_script('view', element, full)}"
+                    "</body></html>")
+        n = len(items)
+        what = summary or ("Open the interactive view" if n == 1 else
+                           f"Open the interactive views ({n}: pick "
+                           + " and ".join(dims) + ")")
         cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
+        sel_html = f'<div class="selector">{" ".join(sels)}</div>' if sels else ""
         self._current().parts.append(
-            f'<figure class="figset" id="{sid}"><div class="selector"><label>{esc(label)} '
-            f'<select aria-label="{esc(label)}">{opts}</select></label></div>{divs}{cap}</figure>')
+            f'<figure class="viewset" id="{sid}"><details class="lazyview"><summary>{esc(what)}'
+            f'</summary>{sel_html}{"".join(divs)}</details>{cap}</figure>')
 
     # ------------------------------------------------------------------ output
     def _toc(self) -> str:
@@ -417,7 +568,7 @@ class Report:
         if self.used_terms:
             items.append('<li><a href="#glossary">Glossary of column names</a></li>')
         items.append('<li><a href="#about">About this report</a></li>')
-        return f"<nav class='toc'><strong>Contents</strong><ol>{''.join(items)}</ol></nav>"
+        return f"<nav class='toc' id='contents'><strong>Contents</strong><ol>{''.join(items)}</ol></nav>"
 
     def _render(self, closing_extra: Sequence[str] = ()) -> str:
         meta = "".join(f"<div><strong>{esc(k)}</strong>: {esc(v)}</div>"
@@ -435,10 +586,12 @@ class Report:
             body.append(f"<section class='findings' id='findings'><h2 style='margin-top:.3em'>"
                         f"Findings</h2><ul>{lis}</ul></section>")
         body.append(self._toc())
-        if self._n_views:
-            body.append(f"<script>{circuitsvis_bundle()}</script>")
+        if self._n_views:  # compiled by the first view that is opened (tlBundle)
+            body.append(f"<script type='text/plain' id='cv-bundle'>{circuitsvis_bundle()}"
+                        "</script>")
         for s in self.sections:
-            body.append(f'<h2 id="{esc(s.anchor)}">{esc(s.title)}</h2>')
+            body.append(f'<h2 id="{esc(s.anchor)}">{esc(s.title)}'
+                        '<a class="totop" href="#contents">↑ contents</a></h2>')
             body.extend(s.parts)
         if self.used_terms:
             dl = "".join(f"<dt>{esc(t)}</dt><dd>{esc(self.glossary.get(t, '(not defined)'))}</dd>"

@@ -34,6 +34,9 @@ class RoutingFilteringSection:
         report.section(self.title)
         ctx.status("routing/filtering: QK geometry of every head")
         fold = bool(ctx.options.get("fold_ln", True))
+        if ctx.view.positional == "rotary":
+            self._rotary(report, ctx, fold)
+            return
         try:
             geo = model_qk_geometry(ctx.view, fold_ln=fold,
                                     allow_rotary=bool(ctx.options.get("allow_rotary", False)))
@@ -67,3 +70,93 @@ class RoutingFilteringSection:
                       "routing rank per layer (the cascade): mean ± std over heads")
         report.figure(geo.plot_eigenvalues(),
                       "eigenvalues of M per head (scaled by each head's largest modulus)")
+
+    def _rotary(self, report: Report, ctx: ReportContext, fold: bool) -> None:
+        """Rotary models: the kernel depends on the offset Δ = j − i, M(Δ) = W_Q R(Δ) W_Kᵀ
+        (tl_spectral.geometry.rotary): routing fraction against the offset per layer, and its
+        average over the causal offset distribution of the report's windows."""
+        from tl_spectral.geometry.model import UnreadableHeadsError, model_rotary_geometry
+        from tl_spectral.viz.multiples import heads_by_layer_figure
+
+        T = int(ctx.tokens.shape[1])
+        ctx.status("routing/filtering: offset-resolved rotary geometry of every head")
+        try:
+            geo = model_rotary_geometry(ctx.view, fold_ln=fold, n_ctx=T,
+                                        distribution="causal" if ctx.view.causal else "uniform",
+                                        average_ranks=False)
+        except UnreadableHeadsError as e:
+            report.text(f"The rotary QK geometry of this model could not be computed: {e}")
+            return
+        geo.save(ctx.results_dir / "rotary_qk_geometry.safetensors")
+        hl = geo.headline()
+        rows = [{"layer": i, "routing_fraction_at_0": hl["routing_fraction_at_0"][i],
+                 "mean_routing_fraction": hl["mean_routing_fraction"][i],
+                 "min_over_offsets": hl["min_over_offsets"][i],
+                 "max_over_offsets": hl["max_over_offsets"][i]} for i in range(geo.n_layers)]
+        dist = geo.distribution
+        report.text(
+            "This model has rotary positions, so its query–key kernel depends on the offset "
+            "Δ = j − i between key and query: M(Δ) = W_Q R(Δ) W_Kᵀ with R(Δ) the rotation of "
+            "each rotary frequency pair (docs/routing_filtering.md, SPEC B.1 with RoPE). The "
+            "routing fraction ‖R_skew(Δ)‖²/‖M(Δ)‖² (0.5 = no preference) is computed exactly "
+            f"at every offset, and averaged over the {dist} offset distribution of the "
+            f"report's {T}-token windows (the share of routing in the kernel's energy over "
+            "the pairs attention actually sees). "
+            + ("LayerNorm folded." if ctx.view.pre_ln and fold else ""))
+        mr = geo.mean_routing_fraction
+        report.finding(
+            f"Routing fraction of the rotary kernels averaged over the {dist} offsets of "
+            f"{T}-token windows: {float(mr.mean()):.2f} over all heads (layers "
+            f"{float(mr.mean(1).min()):.2f}–{float(mr.mean(1).max()):.2f}; 0.5 = no "
+            "preference).")
+        report.table(rows, "per layer (means over heads): routing fraction at Δ = 0, averaged "
+                           f"over the {dist} offsets, and its range over offsets",
+                     name="rotary_geometry_layers")
+        report.figure(_routing_vs_offset(geo, T),
+                      "Head-mean routing fraction of every layer against the lag: look for "
+                      "layers whose routing share changes with distance (rows that change "
+                      "colour from left to right).")
+        report.figure(heads_by_layer_figure([
+            {"values": mr.numpy(), "title": f"routing fraction averaged over {dist} offsets, "
+                                            "scale [0, 1]", "vmin": 0.0, "vmax": 1.0,
+             "cmap": "RdBu_r", "cbar": "‖R‖²/‖M‖²"},
+            {"values": geo._at_zero().numpy(), "title": "routing fraction at Δ = 0, scale "
+                                                        "[0, 1]", "vmin": 0.0, "vmax": 1.0,
+             "cmap": "RdBu_r", "cbar": "‖R‖²/‖M‖²"},
+        ], list(range(geo.n_layers)), ncols=2),
+            "Per head: red heads route (antisymmetric kernels move information between "
+            "positions), blue heads filter (symmetric kernels match like with like).")
+
+
+def _routing_vs_offset(geo: Any, T: int):
+    """Layers × lag heat map of the head-mean routing fraction (lag on a log axis, full
+    range [0, 1])."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from tl_spectral.viz.multiples import TICK_PT
+
+    lags = (-geo.offsets).double().numpy()
+    order = np.argsort(lags)
+    lags = lags[order]
+    keep = lags < T
+    rf = geo.routing_fraction.mean(1).double().numpy()[:, order][:, keep]
+    x = lags[keep] + 1
+    L = rf.shape[0]
+    edges = np.concatenate([[x[0] / 1.25], np.sqrt(x[1:] * x[:-1]), [x[-1] * 1.25]])
+    h = max(2.8, 0.2 * L + 1.3)
+    fig, ax = plt.subplots(figsize=(7.5, h))
+    mesh = ax.pcolormesh(edges, np.arange(L + 1) - 0.5, rf, cmap="RdBu_r", vmin=0, vmax=1)
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    step = max(1, int(np.ceil(L / 32)))
+    ax.set_yticks(range(0, L, step), [str(i) for i in range(0, L, step)], fontsize=TICK_PT)
+    ax.tick_params(axis="x", labelsize=TICK_PT)
+    ax.set_xlabel("lag i − j + 1 (tokens, log)", fontsize=9)
+    ax.set_ylabel("layer", fontsize=9)
+    ax.set_title("head-mean routing fraction ‖R_skew(Δ)‖²/‖M(Δ)‖² against the lag", fontsize=9)
+    cb = fig.colorbar(mesh, ax=ax, pad=0.02)
+    cb.set_label("routing fraction (full range [0, 1])", fontsize=8)
+    cb.ax.tick_params(labelsize=TICK_PT)
+    fig.subplots_adjust(left=0.1, right=0.95, top=1 - 0.45 / h, bottom=0.6 / h)
+    return fig

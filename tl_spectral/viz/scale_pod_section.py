@@ -113,28 +113,41 @@ class ScalePODSection:
         report.table(pod.allocation, "head allocation (recommended vs uniform)",
                      name=f"head_allocation{sfx}")
         ctx.status(f"scale POD ({what}): figures")
-        report.figure(pod.plot_scale_energies(), "scale energy E(a) of every layer")
+        from tl_spectral.viz.multiples import (
+            modes_mosaic,
+            scale_energy_map,
+            scalograms_mosaic,
+            spectra_overlay,
+        )
+
+        rising = [lay.layer for lay in pod.layers
+                  if float(lay.scale_energy[-1]) >= 0.999 * float(lay.scale_energy.max())]
+        if rising:
+            report.finding(
+                f"Scale energy still rises at the largest analysed scale in layer(s) "
+                f"{', '.join(map(str, rising))}: structure coarser than these windows is cut "
+                "off; analyse longer windows (--length) to resolve it.")
+        report.figure(scale_energy_map(pod),
+                      "Each row is one layer's scale energy E(a): look for where each row is "
+                      "brightest (its dominant scales, dots) and whether deep layers move to "
+                      "coarser scales.")
         report.figure(pod.plot_tspec_hstar(),
-                      "T_spec and H* across layers (band values as markers, coloured by scale)")
-        n = len(pod.layers)
-
-        def each(what: str):
-            for i, lay in enumerate(pod.layers):
-                ctx.status(f"scale POD figures ({field}): {what}, layer {i + 1}/{n}")
-                yield lay
-
-        report.subsection("Scalograms per layer")
-        report.figure_set(((str(lay.layer), _scalogram_pair(lay)) for lay in each("scalograms")),
-                          "scalogram E(a, τ) and scale energy E(a) with dominant scales")
-        report.subsection("POD spectra and modes per layer")
-        report.figure_set(((str(lay.layer), lay.plot_spectra()) for lay in each("spectra")),
-                          "POD eigen-spectra (log-log), power-law fits over the fitted modes, "
-                          "H* dotted")
-        report.figure_set(((str(lay.layer), lay.plot_band_modes()) for lay in each("modes")),
-                          "first POD modes per band (query × lag)")
-        report.figure_set(((str(lay.layer), lay.plot_mode_profiles())
-                           for lay in each("mode profiles")),
-                          "mean lag profiles of the modes")
+                      "T_spec and H* across layers: look for layers with a high H* (many modes "
+                      "needed: rich structure) and how the head allocation follows it.")
+        report.subsection("Scalograms, every layer")
+        ctx.status(f"scale POD figures ({field}): scalograms")
+        report.figure(scalograms_mosaic(pod),
+                      "Scalograms of every layer stacked: look for the lags at which each "
+                      "layer's energy sits (bright) and at which scales.")
+        report.subsection("POD spectra and modes, every layer")
+        ctx.status(f"scale POD figures ({field}): spectra and modes")
+        report.figure(spectra_overlay(pod),
+                      "POD eigen-spectra of every layer: a steep, short spectrum means few "
+                      "modes carry the field; a flat one, many (H* dotted).")
+        fig = modes_mosaic(pod)
+        if fig is not None:
+            report.figure(fig, "First POD mode per band of every layer: look for the lag "
+                                "structure each band captures (red positive, blue negative).")
         coh = [lay for lay in pod.layers if lay.coherence is not None]
         if coh:
             report.figure_set(((str(lay.layer), lay.plot_coherence()) for lay in coh),
