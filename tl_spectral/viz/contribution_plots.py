@@ -126,8 +126,8 @@ class ContributionSection:
         report.text(
             "Contribution weights c_ij = ⟨o_i, α_ij ṽ_j⟩ / ‖o_i‖² (inter-head; token level "
             "C_ij = Σ_h c_ij^h, rows sum to 1) measure how much of each output a source "
-            "actually supplies, and can be negative. Compared with raw attention α, "
-            "value-weighted α‖ṽ‖ and output-normalized α‖ṽ‖/‖o‖.")
+            "actually supplies, and can be negative (SPEC C.1 [C]). Compared with raw attention "
+            "α, value-weighted α‖ṽ‖ [K] and output-normalized α‖ṽ‖/‖o‖ (SPEC C.2 [C]).")
         rows = stats.summary_rows()
         sink_rows = sinks.summary_rows()
         pos = int(getattr(sinks, "sink_index", 0))
@@ -214,7 +214,7 @@ class ContributionSection:
         pos = int(getattr(sinks, "sink_index", 0))
         if diff < 1e-5:
             report.text(
-                f"Here the sink rate mean_i α_i{pos}, the Gu key score of position {pos} and "
+                f"Here the sink rate mean_i α_i{pos}, the Gu key score [Gu] of position {pos} and "
                 + ("the attention statistics' position-0 mass " if same_att else "")
                 + f"are one number (largest difference {diff:.1g}): on windows of equal length "
                 "every document weighs the same, so the mean over documents of the per-document "

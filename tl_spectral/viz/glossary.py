@@ -100,4 +100,23 @@ GLOSSARY: dict[str, str] = {
                               "top-ranked sources (higher = more faithful)",
     "sufficiency_area": "area under the curve of the output change when keeping only the "
                         "top-ranked sources (lower = more faithful)",
+    # head scores (TransformerLens' head detector, error measure "mul")
+    "previous_token": "mean over real queries of the attention on the previous token, α_i,i−1",
+    "induction": "mean over real queries of the attention on keys j whose previous token "
+                 "equals the current one (t_j−1 = t_i, j ≤ i), on the report's windows",
+    "induction_repeated": "the induction score on repeated random sequences (a random block "
+                          "then the same block again): close to 1 for an induction head",
+    "duplicate_token": "mean over real queries of the attention on earlier occurrences of the "
+                       "current token (t_j = t_i, j < i)",
+    "first_token": "mean attention on position 0 (the same number as first_token_mass)",
+    "mass_on_CLS": "mean attention on the [CLS] token",
+    "mass_on_SEP": "mean attention on the [SEP] token",
+    "mass_on_punctuation": "mean attention on punctuation tokens",
+    # rotary geometry
+    "routing_fraction_at_0": "head-mean routing fraction ‖R‖²/‖M‖² of the kernel at offset "
+                             "Δ = 0",
+    "mean_routing_fraction": "head-mean routing fraction averaged over the offset "
+                             "distribution (ratio of the averaged energies)",
+    "min_over_offsets": "smallest head-mean routing fraction over the reported offsets",
+    "max_over_offsets": "largest head-mean routing fraction over the reported offsets",
 }

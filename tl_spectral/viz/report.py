@@ -332,6 +332,8 @@ class Report:
         self.glossary: dict[str, str] = dict(GLOSSARY if glossary is None else glossary)
         self.used_terms: list[str] = []
         self.closing: list[str] = []
+        #: (key, text) of the works and specification sections the page cites as "[key]"
+        self.references: list[tuple[str, str]] = []
         self.tables: dict[str, str] = {}  # csv file name -> csv text
         self._views: dict[str, str] = {}  # views/<name>.html -> standalone page
         self._n_views = 0
@@ -567,6 +569,8 @@ class Report:
                          + (f"<ol>{sub}</ol>" if sub else "") + "</li>")
         if self.used_terms:
             items.append('<li><a href="#glossary">Glossary of column names</a></li>')
+        if self.references:
+            items.append('<li><a href="#references">References</a></li>')
         items.append('<li><a href="#about">About this report</a></li>')
         return f"<nav class='toc' id='contents'><strong>Contents</strong><ol>{''.join(items)}</ol></nav>"
 
@@ -598,6 +602,11 @@ class Report:
                          for t in self.used_terms)
             body.append(f"<h2 id='glossary'>Glossary of column names</h2>"
                         f"<dl class='glossary'>{dl}</dl>")
+        if self.references:
+            refs = "".join(f'<li id="ref-{esc(_slug(k))}">[{esc(k)}] {esc(t)}</li>'
+                           for k, t in self.references)
+            body.append("<h2 id='references'>References<a class=\"totop\" href=\"#contents\">"
+                        f"↑ contents</a></h2><ul class='refs'>{refs}</ul>")
         note = [*self.closing, *closing_extra]
         body.append("<h2 id='about'>About this report</h2><div class='note'>"
                     + "".join(f"<p>{esc(x)}</p>" for x in note) + "</div>")

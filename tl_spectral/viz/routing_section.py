@@ -53,7 +53,7 @@ class RoutingFilteringSection:
             "splits into filtering F = (M + Mᵀ)/2 and routing R = (M − Mᵀ)/2. The budget is "
             "‖R‖²/‖M‖² (0.5 for a kernel with no preference); the routing rank is the entropy "
             "effective rank of R (one rotation plane = 2; capacity min(2·d_head, d_model)); a "
-            "head is unstable if M has an eigenvalue with positive real part. "
+            "head is unstable if M has an eigenvalue with positive real part (SPEC B.1 [B]). "
             f"Unstable heads: {unstable} of {n}. Mean routing fraction: "
             f"{float(geo.routing_fraction.mean()):.3f}; mean routing rank "
             f"{float(geo.eff_rank_R.mean()):.2f} of capacity "
@@ -97,7 +97,7 @@ class RoutingFilteringSection:
         report.text(
             "This model has rotary positions, so its query–key kernel depends on the offset "
             "Δ = j − i between key and query: M(Δ) = W_Q R(Δ) W_Kᵀ with R(Δ) the rotation of "
-            "each rotary frequency pair (docs/routing_filtering.md, SPEC B.1 with RoPE). The "
+            "each rotary frequency pair (docs/routing_filtering.md, SPEC B.1 with RoPE [B]). The "
             "routing fraction ‖R_skew(Δ)‖²/‖M(Δ)‖² (0.5 = no preference) is computed exactly "
             f"at every offset, and averaged over the {dist} offset distribution of the "
             f"report's {T}-token windows (the share of routing in the kernel's energy over "

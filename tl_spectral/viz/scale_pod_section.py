@@ -92,7 +92,8 @@ class ScalePODSection:
             "CWT along the lag gives the scalogram E(a, τ) and the scale energy E(a); Gaussian lag "
             "windows at the dominant scales select bands; POD per band gives eigen-spectra, the "
             "spectral concentration index T_spec = 1/β and the effective rank H*(0.1). The head "
-            "allocation distributes the model's heads in proportion to H* of each layer.")
+            "allocation distributes the model's heads in proportion to H* of each layer (SPEC "
+            "part A [A]).")
         fine = [(lay.layer, lay.band_energy["fine"]) for lay in pod.layers
                 if lay.band_energy["fine"] >= 0.5]
         coarse = [(lay.layer, lay.band_energy["coarse"]) for lay in pod.layers
@@ -114,6 +115,7 @@ class ScalePODSection:
                      name=f"head_allocation{sfx}")
         ctx.status(f"scale POD ({what}): figures")
         from tl_spectral.viz.multiples import (
+            coherence_map,
             modes_mosaic,
             scale_energy_map,
             scalograms_mosaic,
@@ -148,10 +150,11 @@ class ScalePODSection:
         if fig is not None:
             report.figure(fig, "First POD mode per band of every layer: look for the lag "
                                 "structure each band captures (red positive, blue negative).")
-        coh = [lay for lay in pod.layers if lay.coherence is not None]
-        if coh:
-            report.figure_set(((str(lay.layer), lay.plot_coherence()) for lay in coh),
-                              "cross-coherence γ_ij(a)")
+        fig = coherence_map(pod)
+        if fig is not None:
+            report.figure(fig, "Mean coherence between different queries at each scale: look "
+                               "for scales where queries move together (bright): structure "
+                               "shared across positions rather than local to one query.")
 
 
 def _scalogram_pair(layer: Any):
