@@ -13,7 +13,9 @@ with rows of α summing to 1, the mean over queries of the attention mass on the
 * induction: ``D_ij = 1`` iff ``1 ≤ j ≤ i`` and ``t_(j−1) = t_i`` (the token after an earlier
   occurrence of the current token: TransformerLens' duplicate pattern shifted one key to the
   right). On repeated random sequences (a random block followed by the same block, Olsson et
-  al. 2022) an induction head scores close to 1.
+  al. 2022) the queries of the second block all have an earlier copy, so an induction head
+  scores about one half (the share of such queries; random repeats inside the blocks add a
+  little) and a head that ignores content far less.
 * first-token: ``D_ij = 1`` iff ``j = 0`` (the same number as AttentionStats'
   ``first_token_mass``).
 

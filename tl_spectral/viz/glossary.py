@@ -105,7 +105,8 @@ GLOSSARY: dict[str, str] = {
     "induction": "mean over real queries of the attention on keys j whose previous token "
                  "equals the current one (t_j−1 = t_i, j ≤ i), on the report's windows",
     "induction_repeated": "the induction score on repeated random sequences (a random block "
-                          "then the same block again): close to 1 for an induction head",
+                          "then the same block again): about 0.5 for an induction head (only "
+                          "the second block's queries have an earlier copy)",
     "duplicate_token": "mean over real queries of the attention on earlier occurrences of the "
                        "current token (t_j = t_i, j < i)",
     "first_token": "mean attention on position 0 (the same number as first_token_mass)",

@@ -77,8 +77,9 @@ class HeadScoresSection:
             "duplicate-token scores are measured on the report's windows; the induction score "
             f"on {INDUCTION_SEQS} repeated random sequences (a random block of {half} tokens "
             "of the corpus's vocabulary, then the same block again, after position 0 of the "
-            "first window), where an induction head scores close to 1 and a head that ignores "
-            "content about 1/(distance to the earlier copy). The first-token score is the "
+            "first window): only the second block's queries have an earlier copy, so an "
+            "induction head scores about 0.5 there and a head that ignores content far less. "
+            "The first-token score is the "
             "position-0 mass of the attention statistics, shown there once.")
         best = {name: r.top(name, 1)[0] for name, r in (("previous_token", res),
                                                          ("duplicate_token", res),
