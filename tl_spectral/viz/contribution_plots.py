@@ -81,16 +81,18 @@ def plot_spearman(stats: Any, skip: tuple = ()):
 
 
 def slim_contribution_stats(stats: Any, layer: int, n: int) -> Any:
-    """A copy keeping only the kept maps of ``layer`` cut to the first ``n`` positions (what
-    the report's view shows): the per-query maps of every layer are the bulk of the file."""
+    """A copy keeping only the kept maps of the first kept document at ``layer``, cut to the
+    first ``n`` positions (what the report shows first): the per-query maps of every layer
+    and document are the bulk of the file."""
     import dataclasses
 
-    kept = {k: (v[..., :n, :n].clone()) for k, v in stats.kept_maps.items()
+    kept = {k: (v[:1, ..., :n, :n].clone()) for k, v in stats.kept_maps.items()
             if k.split(".", 1)[0] == str(layer)}
     return dataclasses.replace(
         stats, kept_maps=kept,
-        kept_tokens=None if stats.kept_tokens is None else stats.kept_tokens[:, :n].clone(),
-        kept_mask=None if stats.kept_mask is None else stats.kept_mask[:, :n].clone())
+        kept_docs=None if stats.kept_docs is None else stats.kept_docs[:1].clone(),
+        kept_tokens=None if stats.kept_tokens is None else stats.kept_tokens[:1, :n].clone(),
+        kept_mask=None if stats.kept_mask is None else stats.kept_mask[:1, :n].clone())
 
 
 # ----------------------------------------------------------------------------- report

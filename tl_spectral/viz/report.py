@@ -65,15 +65,7 @@ dl.glossary dt{font-family:monospace;font-weight:bold;margin-top:.4em}
 dl.glossary dd{margin-left:1.5em}
 """
 
-_SCRIPT = """
-window.tlViews = {rendered: 0};
-function tlBundle(){
-  if (window.CircuitsVis) return;
-  var b = document.getElementById('cv-bundle');
-  var s = document.createElement('script');
-  s.textContent = b.textContent;
-  document.head.appendChild(s);
-}
+_UNPACK_JS = """
 function tlUnpack(p){
   var bin = atob(p.b64), n = bin.length, u = new Uint8Array(n), i;
   for (i = 0; i < n; i++) u[i] = bin.charCodeAt(i);
@@ -88,6 +80,17 @@ function tlUnpack(p){
     out.push(rows);
   }
   return out;
+}
+"""
+
+_SCRIPT = _UNPACK_JS + """
+window.tlViews = {rendered: 0};
+function tlBundle(){
+  if (window.CircuitsVis) return;
+  var b = document.getElementById('cv-bundle');
+  var s = document.createElement('script');
+  s.textContent = b.textContent;
+  document.head.appendChild(s);
 }
 function tlRender(el){
   if (el.getAttribute('data-done')) return;
@@ -537,16 +540,16 @@ class Report:
                         f'<div class="cvview" id="{esc(div)}" data-src="{src}" '
                         f'data-key="{esc("|".join(key))}"></div>')
             if key in want:
-                full = dict(props)
-                for k in packed:
-                    full[k] = unpack_maps(full[k])
                 fname = f"views/{_slug(label)}.html"
                 # the standalone pages share one copy of the bundle (views/circuitsvis.js,
-                # 1.4 MB), written once by write()
+                # 1.4 MB), written once by write(); packed maps are unpacked in the page
                 self._views[fname] = (
                     "<!DOCTYPE html><html><head><meta charset='utf-8'>"
                     f"<title>{esc(label)}</title></head><body><div id='view'></div>"
-                    f"<script src='{VIEW_BUNDLE}'></script>{_view_script('view', element, full)}"
+                    f"<script src='{VIEW_BUNDLE}'></script><script>{_UNPACK_JS}"
+                    f"var d = {js_json(data)};"
+                    "(d.packed || []).forEach(function(k){ d.props[k] = tlUnpack(d.props[k]); });"
+                    "CircuitsVis.render('view', CircuitsVis[d.element], d.props);</script>"
                     "</body></html>")
         n = len(items)
         what = summary or ("Open the interactive view" if n == 1 else

@@ -81,18 +81,25 @@ class RoutingFilteringSection:
         T = int(ctx.tokens.shape[1])
         ctx.status("routing/filtering: offset-resolved rotary geometry of every head")
         try:
-            geo = model_rotary_geometry(ctx.view, fold_ln=fold, n_ctx=T,
+            # spectra at Δ = 0 only: the report shows energies, which the stored
+            # trigonometric forms give exactly at any offset (geo.energies)
+            geo = model_rotary_geometry(ctx.view, fold_ln=fold, n_ctx=T, offsets=[0],
                                         distribution="causal" if ctx.view.causal else "uniform",
                                         average_ranks=False)
         except UnreadableHeadsError as e:
             report.text(f"The rotary QK geometry of this model could not be computed: {e}")
             return
-        geo.save(ctx.results_dir / "rotary_qk_geometry.safetensors")
+        lags = _lag_grid(T)
+        rf = geo.energies([-x for x in lags])["routing_fraction"]  # [layer, head, n]
+        if ctx.save_raw:
+            geo.save(ctx.results_dir / "rotary_qk_geometry.safetensors")
+        _write_head_csv(geo, ctx.results_dir / "rotary_qk_geometry_heads.csv")
         hl = geo.headline()
+        mrf = rf.mean(1)
         rows = [{"layer": i, "routing_fraction_at_0": hl["routing_fraction_at_0"][i],
                  "mean_routing_fraction": hl["mean_routing_fraction"][i],
-                 "min_over_offsets": hl["min_over_offsets"][i],
-                 "max_over_offsets": hl["max_over_offsets"][i]} for i in range(geo.n_layers)]
+                 "min_over_offsets": float(mrf[i].min()),
+                 "max_over_offsets": float(mrf[i].max())} for i in range(geo.n_layers)]
         dist = geo.distribution
         report.text(
             "This model has rotary positions, so its query–key kernel depends on the offset "
@@ -112,7 +119,7 @@ class RoutingFilteringSection:
         report.table(rows, "per layer (means over heads): routing fraction at Δ = 0, averaged "
                            f"over the {dist} offsets, and its range over offsets",
                      name="rotary_geometry_layers")
-        report.figure(_routing_vs_offset(geo, T),
+        report.figure(_routing_vs_offset(lags, mrf.double().numpy()),
                       "Head-mean routing fraction of every layer against the lag: look for "
                       "layers whose routing share changes with distance (rows that change "
                       "colour from left to right).")
@@ -128,20 +135,38 @@ class RoutingFilteringSection:
             "positions), blue heads filter (symmetric kernels match like with like).")
 
 
-def _routing_vs_offset(geo: Any, T: int):
-    """Layers × lag heat map of the head-mean routing fraction (lag on a log axis, full
-    range [0, 1])."""
+def _lag_grid(T: int) -> list[int]:
+    """Lags 0 … T − 1: every lag up to 8, then about 24 log-spaced ones."""
+    import numpy as np
+
+    grid = set(range(min(T, 9)))
+    if T > 9:
+        grid |= {int(round(x)) for x in np.geomspace(9, T - 1, 24)}
+    return sorted(grid)
+
+
+def _write_head_csv(geo: Any, path: Any) -> None:
+    """The per-head distribution averages (``geo.head_table()``) as CSV."""
+    import csv
+
+    cols = geo.head_table()
+    keys = list(cols)
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(keys)
+        for row in zip(*(cols[k] for k in keys)):
+            w.writerow(row)
+
+
+def _routing_vs_offset(lags: list, rf: Any):
+    """Layers × lag heat map of the head-mean routing fraction ``rf [layer, lag]`` (lag on a
+    log axis, full range [0, 1])."""
     import matplotlib.pyplot as plt
     import numpy as np
 
     from tl_spectral.viz.multiples import TICK_PT
 
-    lags = (-geo.offsets).double().numpy()
-    order = np.argsort(lags)
-    lags = lags[order]
-    keep = lags < T
-    rf = geo.routing_fraction.mean(1).double().numpy()[:, order][:, keep]
-    x = lags[keep] + 1
+    x = np.asarray(lags, dtype=float) + 1
     L = rf.shape[0]
     edges = np.concatenate([[x[0] / 1.25], np.sqrt(x[1:] * x[:-1]), [x[-1] * 1.25]])
     h = max(2.8, 0.2 * L + 1.3)

@@ -68,8 +68,15 @@ UNTRAINED_HEAD_SHARE = 0.9
 VIEW_DOCS = 3
 
 
+#: above this many heads (layers × heads) the views show 2 documents (the page's size)
+VIEW_HEADS_FOR_3_DOCS = 150
+
+
 def view_documents(ctx: ReportContext) -> list[int]:
-    return list(range(min(VIEW_DOCS, int(ctx.tokens.shape[0]))))
+    """The documents the interactive views show: 3, or 2 on models with more than
+    ``VIEW_HEADS_FOR_3_DOCS`` heads in all (every layer's views are in the page)."""
+    n = VIEW_DOCS if ctx.view.n_layers * ctx.view.n_heads <= VIEW_HEADS_FOR_3_DOCS else 2
+    return list(range(min(n, int(ctx.tokens.shape[0]))))
 
 
 def featured_layers(res: Any) -> dict[int, str]:
