@@ -27,20 +27,24 @@ def test_page_is_self_contained_with_findings_and_glossary(random_report):
 
     html = (random_report / "index.html").read_text()
     assert html.count("var CircuitsVis") == 1  # the bundle once, views inlined
-    # one pattern view per layer of the 6-layer random model, behind the layer selector, and
-    # the contributions view
-    assert html.count("CircuitsVis.render(") == 6 + 1 and "<iframe" not in html
-    first = html.index('id="cv-1-')
-    fig = html[html.rindex("<figure", 0, first):html.index("</figure>", first)]
-    assert 'class="figset"' in fig and fig.count('<div data-opt="') == 6
-    assert fig.count("<option") == 6 and fig.count("CircuitsVis.render(") == 6
+    # every layer of the 6-layer random model × 3 documents, for the patterns and for the
+    # contributions: lazily rendered views (JSON props, one render function), no iframe
+    assert html.count('class="cvview"') == 2 * 3 * 6 and "<iframe" not in html
+    assert html.count("CircuitsVis.render(") == 1
+    assert html.count('type="application/json"') == 2 * 3 * 6
+    first = html.index('<figure class="viewset"')
+    fig = html[first:html.index("</figure>", first)]
+    layer_sel = fig[fig.index('data-dim="1"'):]
+    layer_sel = layer_sel[:layer_sel.index("</select>")]
+    assert re.findall(r'<option value="(\d+)"', layer_sel) == [str(i) for i in range(6)]
+    assert "selected" in layer_sel and "most focused head" in layer_sel
     assert "unpkg.com" not in html and "sourceMappingURL" not in html
     # findings first, each linking to a section that exists
-    assert html.index("id='findings'") < html.index("<nav class='toc'>")
+    assert html.index("id='findings'") < html.index("<nav class='toc'")
     ids = set(re.findall(r'id="([^"]+)"', html)) | set(re.findall(r"id='([^']+)'", html))
     links = re.findall(r'href="#([^"]+)"', html)
     assert len(links) > 10 and set(links) <= ids
-    findings = html[html.index("id='findings'"):html.index("<nav class='toc'>")]
+    findings = html[html.index("id='findings'"):html.index("<nav class='toc'")]
     assert findings.count("<li>") >= 4 and re.search(r"\d", findings)
     # every column of every table is defined (tooltip + glossary entry)
     headers = re.findall(r"<th( title=\"[^\"]*\")?>(.*?)</th>", html)
@@ -49,8 +53,9 @@ def test_page_is_self_contained_with_findings_and_glossary(random_report):
         name = name.replace("<wbr>", "")
         assert title and name in GLOSSARY, name
     assert "id='glossary'" in html and "(not defined)" not in html
-    # per-layer figures behind a selector, long tables collapsed with a CSV download
-    assert html.count('class="figset"') >= 5 and "<select" in html
+    # one figure per kind, never one per layer: the number of images does not grow with the
+    # depth (tests/test_report_depth.py runs 30 layers); long tables collapsed, CSV download
+    assert html.count("<img") <= 24 and 'class="figset"' not in html
     assert "<details><summary>show all 48 rows" in html
     assert "download=\"attention-heads.csv\"" in html
     assert (random_report / "tables" / "attention-heads.csv").read_text().count("\n") == 49
@@ -74,8 +79,10 @@ def test_results_are_slim_and_reloadable(random_report):
     assert all(lay.full_modes.shape[0] == 0 for lay in pod.layers)
     assert pod.table() and pod.plot_tspec_hstar() is not None
     con = Result.load(res / "contribution_stats.safetensors")
-    assert len({k.split(".")[0] for k in con.kept_maps}) == 1  # only the viewed layer
-    assert con.maps(con.layers[-1], 0).contribution.shape[-1] <= 64
+    kept = {k.split(".")[0] for k in con.kept_maps}
+    assert len(kept) == 1  # only the layer shown first, one document
+    assert con.maps(int(kept.pop()), 0).contribution.shape[-1] <= 64
+    assert con.kept_mask.shape[0] == 1
     assert con.summary_rows()
 
 
@@ -89,12 +96,14 @@ def test_slim_helpers_keep_everything_else():
         kept_maps: dict
         kept_tokens: torch.Tensor
         kept_mask: torch.Tensor
+        kept_docs: torch.Tensor
 
-    f = Fake({"1.contribution": torch.ones(1, 2, 80, 80), "0.contribution": torch.ones(1, 2, 80, 80)},
-             torch.ones(1, 80), torch.ones(1, 80, dtype=torch.bool))
+    f = Fake({"1.contribution": torch.ones(2, 2, 80, 80), "0.contribution": torch.ones(2, 2, 80, 80)},
+             torch.ones(2, 80), torch.ones(2, 80, dtype=torch.bool), torch.arange(2))
     g = slim_contribution_stats(f, 1, 64)
-    assert list(g.kept_maps) == ["1.contribution"] and g.kept_maps["1.contribution"].shape[-1] == 64
-    assert g.kept_tokens.shape == (1, 64)
+    assert list(g.kept_maps) == ["1.contribution"]
+    assert g.kept_maps["1.contribution"].shape == (1, 2, 64, 64)
+    assert g.kept_tokens.shape == (1, 64) and g.kept_docs.tolist() == [0]
 
 
 def test_encoder_windows_start_with_cls(minilm):
