@@ -32,24 +32,6 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
-def save_smol_shape(folder: Path, *, n_layers: int = 30, d_mlp: int = 1536, seed: int = 0) -> Path:
-    """A random-weight LlamaForCausalLM shaped like SmolLM2-135M (Hugging Face's own
-    initialisation, std 0.02) with a character tokenizer, saved to ``folder``."""
-    import torch
-    import transformers as tr
-    from _tiny_hf import char_tokenizer
-
-    cfg = tr.LlamaConfig(vocab_size=64, hidden_size=576, intermediate_size=d_mlp,
-                         num_hidden_layers=n_layers, num_attention_heads=9,
-                         num_key_value_heads=3, max_position_embeddings=2048,
-                         rope_theta=100000.0, tie_word_embeddings=True,
-                         bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    torch.manual_seed(seed)
-    tr.LlamaForCausalLM(cfg).save_pretrained(folder)
-    char_tokenizer(64).save_pretrained(folder)
-    return folder
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="a zoo name or HF folder (default: a "
@@ -63,6 +45,8 @@ def main() -> None:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    from _tiny_hf import save_smol_shape
+
     from tl_spectral.cli import main as cli
 
     tmp = Path(tempfile.mkdtemp(prefix="report_stages-"))

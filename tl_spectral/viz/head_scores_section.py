@@ -102,7 +102,17 @@ class HeadScoresSection:
                                                              "[0, 1]",
              "vmin": 0.0, "vmax": 1.0, "cbar": "score"},
         ]
+        # [CLS] only at position 0: its mass is the position-0 mass, shown once (attention
+        # statistics)
+        same_cls = "CLS" in res.set_names and bool(
+            (res.set_mass["CLS"] - res.first_token).abs().max() < 1e-6)
+        if same_cls:
+            report.text("Attention on [CLS] equals the position-0 mass here ([CLS] occurs only "
+                        "at position 0 of every window): shown once, under attention "
+                        "statistics.")
         for name in res.set_names:
+            if name == "CLS" and same_cls:
+                continue
             panels.append({"values": res.set_mass[name].numpy(),
                            "title": f"attention on {name}, scale [0, 1]", "vmin": 0.0,
                            "vmax": 1.0, "cmap": "magma", "cbar": "share"})
@@ -113,12 +123,16 @@ class HeadScoresSection:
         if res.set_names:
             tops = "; ".join(
                 f"{n}: L{t[0]}H{t[1]} ({100 * t[2]:.0f}%)" for n in res.set_names
-                for t in res.top(n, 1))
+                if not (n == "CLS" and same_cls) for t in res.top(n, 1))
+        if res.set_names and tops:
             report.finding(f"Encoder heads: the strongest attention on special and "
                            f"punctuation tokens — {tops}.")
         rows = res.rows()
         for r, i in zip(rows, ind.rows()):
             r["induction_repeated"] = i["induction"]
+            del r["first_token"]  # the attention statistics' first_token_mass, shown there
+            if "CLS" in res.set_names and same_cls:
+                del r["mass_on_CLS"]
         report.table(rows, "per-head scores (induction_repeated: on the repeated random "
                            "sequences; induction: on the report's windows)", name="head_scores",
                      show=_top_rows(rows))

@@ -114,8 +114,11 @@ class AttentionStatsSection(ReportSection):
         ctx.status("attention statistics: figures")
         res = results["attention_stats"]
         saved = res
-        if not ctx.save_raw and res.mean_pattern.shape[-1] > SHOWN_POSITIONS:
-            n = SHOWN_POSITIONS
+        # results/ keeps the mean pattern's first SHOWN_POSITIONS positions (half of that on
+        # models with more than VIEW_HEADS_FOR_3_DOCS heads: the folder's size)
+        n = SHOWN_POSITIONS if res.mean_pattern.shape[0] * res.mean_pattern.shape[1] <= \
+            VIEW_HEADS_FOR_3_DOCS else SHOWN_POSITIONS // 2
+        if not ctx.save_raw and res.mean_pattern.shape[-1] > n:
             saved = dataclasses.replace(res, mean_pattern=res.mean_pattern[..., :n, :n].clone())
         saved.save(ctx.results_dir / "attention_stats.safetensors")
         report.section(self.title)
