@@ -120,4 +120,8 @@ GLOSSARY: dict[str, str] = {
                              "distribution (ratio of the averaged energies)",
     "min_over_offsets": "smallest head-mean routing fraction over the reported offsets",
     "max_over_offsets": "largest head-mean routing fraction over the reported offsets",
+    # uncertainty
+    "H_star_interval": "95% delete-a-group jackknife interval over documents of H*",
+    "T_spec_interval": "95% delete-a-group jackknife interval over documents of T_spec",
+    "recommended_range": "smallest–largest recommended heads over the jackknife replicates",
 }

@@ -377,14 +377,16 @@ class Report:
         """Anchor of the current section."""
         return self._current().anchor
 
-    def finding(self, sentence: str, anchor: Optional[str] = None, first: bool = False) -> None:
+    def finding(self, sentence: str, anchor: Optional[str] = None,
+                first: "bool | str" = False) -> None:
         """A sentence for the findings summary at the top, linking to ``anchor`` (default:
-        the current section); ``first``: ahead of the findings so far (sanity findings)."""
+        the current section); ``first``: after the earlier sanity findings, ahead of every
+        other finding; ``first="top"``: ahead of all."""
         item = (sentence, anchor or self.anchor)
-        if first:
-            n = getattr(self, "_n_first", 0)
+        if first:  # a verdict on the whole model ("looks untrained") goes above them all
+            n = 0 if first == "top" else getattr(self, "_n_first", 0)
             self.findings.insert(n, item)
-            self._n_first = n + 1
+            self._n_first = getattr(self, "_n_first", 0) + 1
         else:
             self.findings.append(item)
 

@@ -71,16 +71,52 @@ class ScalePODSection:
                                     name=_probe_name(f)) for f in report_fields(ctx)]
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
+        advice: dict[str, list[dict]] = {}
         for f in report_fields(ctx):
-            self._render_field(report, results[_probe_name(f)], ctx, f)
+            alloc = self._render_field(report, results[_probe_name(f)], ctx, f)
+            if alloc:
+                advice[f] = alloc
+        if len(advice) > 1:
+            self._reconcile(report, advice)
 
-    def _render_field(self, report: Report, fields: Any, ctx: ReportContext, field: str) -> None:
+    @staticmethod
+    def _reconcile(report: Report, advice: dict[str, list[dict]]) -> None:
+        """One allocation per run: the fields' recommended heads side by side and, per layer,
+        their range; the advice is the range (fields that differ by a head or two within
+        their jackknife ranges do not disagree)."""
+        report.subsection("One head allocation for the run")
+        fields = list(advice)
+        rows = []
+        for i, r0 in enumerate(advice[fields[0]]):
+            row: dict[str, Any] = {"layer": r0["layer"]}
+            vals = [advice[f][i]["recommended"] for f in fields]
+            for f, v in zip(fields, vals):
+                row[f"recommended_{f}"] = v
+            row["heads_range"] = f"{min(vals)}–{max(vals)}" if min(vals) != max(vals) \
+                else str(vals[0])
+            rows.append(row)
+        for f in fields:
+            report.define(f"recommended_{f}", f"heads for the layer in proportion to H* of "
+                                              f"the {f} fields")
+        report.define("heads_range", "smallest–largest recommended heads over the fields")
+        differ = [r["layer"] for r in rows if "–" in r["heads_range"]]
+        report.text(
+            "The fields analysed in this run recommend "
+            + ("the same heads in every layer." if not differ else
+               f"different heads in layer(s) {', '.join(map(str, differ))}; the run's advice is "
+               "the range (compare with each field's jackknife range: differences of a head "
+               "or two are within the uncertainty)."))
+        report.table(rows, "recommended heads per layer by field, and the run's range",
+                     name="head_allocation_by_field")
+
+    def _render_field(self, report: Report, fields: Any, ctx: ReportContext,
+                      field: str) -> list:
         what, text = FIELD_TEXT[field]
         plain = field == "attention"
         report.section(self.title if plain else f"Scale-selective POD of {what} fields")
         if fields.n_docs < 2:
             report.text("Scale-selective POD needs at least 2 documents; pass --n-docs 2 or more.")
-            return
+            return []
         sfx = "" if plain else f"_{field}"
         ctx.status(f"scale POD ({what}): wavelets and POD of {ctx.view.n_layers} layers")
         # the cross-coherence is most of the POD's cost (a cross-spectrum per scale and
@@ -118,6 +154,7 @@ class ScalePODSection:
         report.table(pod.table(), "per-layer summary", name=f"scale_pod_layers{sfx}")
         report.table(pod.allocation, "head allocation (recommended vs uniform)",
                      name=f"head_allocation{sfx}")
+        _uncertainty(report, fields, pod, ctx, what)
         ctx.status(f"scale POD ({what}): figures")
         from tl_spectral.viz.multiples import (
             coherence_map,
@@ -160,6 +197,7 @@ class ScalePODSection:
             report.figure(fig, "Mean coherence between different queries at each scale: look "
                                "for scales where queries move together (bright): structure "
                                "shared across positions rather than local to one query.")
+        return pod.allocation
 
 
 def _scalogram_pair(layer: Any):
@@ -172,3 +210,46 @@ def _scalogram_pair(layer: Any):
     plot_scale_energy(layer, ax=axes[1])
     fig.tight_layout()
     return fig
+
+
+def _uncertainty(report: Report, fields: Any, pod: Any, ctx: ReportContext, what: str) -> None:
+    """Jackknife intervals over documents of H*, T_spec and the heads per layer, and a
+    finding when the number of documents bounds H*."""
+    from tl_spectral.viz.uncertainty import n_bound, pod_jackknife
+
+    N = int(fields.n_docs)
+    hs = [float(lay.H_star) for lay in pod.layers]
+    bound, n_try = n_bound(hs, N)
+    if bound:
+        lays = [pod.layers[i].layer for i in bound]
+        report.finding(
+            f"H* of the {what} fields is bounded by the number of documents in "
+            f"{len(lays)} of {len(pod.layers)} layers ({', '.join(map(str, lays[:12]))}"
+            f"{', …' if len(lays) > 12 else ''}): the POD of N = {N} fields has at most "
+            f"{N - 1} modes and H* reaches {min(hs[i] for i in bound):.0f}–"
+            f"{max(hs[i] for i in bound):.0f} of them, so it says nothing about the layer; "
+            f"rerun with --n-docs {n_try} or more (H*, T_spec and the head advice below are "
+            "bounded too).")
+    if getattr(fields, "streaming", False) or not hasattr(fields, "fluctuations") or N < 4:
+        report.text("Intervals over documents need the per-document fields (not kept with "
+                    "--stream-rank) and at least 4 documents.")
+        return
+    ctx.status(f"scale POD ({what}): jackknife over documents")
+    jk = pod_jackknife(fields, pod, seed=int(ctx.options.get("meta", {}).get("seed", 0) or 0))
+    meta = jk["meta"]
+    report.text(
+        f"Uncertainty: {100 * meta['level']:.0f}% delete-a-group jackknife intervals over the "
+        f"{N} documents ({meta['n_groups']} groups, seeded; t quantile {meta['t_quantile']:.2f}) "
+        "of each layer's H* and T_spec, and the smallest and largest recommended heads over "
+        "the replicates. An interval of zero width for H* means every replicate gave the same "
+        "value (H* bounded by N gives N' − 1 in every replicate: see the finding above).")
+    rows = [{"layer": r["layer"], "H_star": r["H_star"],
+             "H_star_interval": f"{r['H_star_low']:.3g}–{r['H_star_high']:.3g}",
+             "T_spec": r["T_spec"],
+             "T_spec_interval": f"{r['T_spec_low']:.3g}–{r['T_spec_high']:.3g}",
+             "recommended": r["heads"],
+             "recommended_range": (f"{r['heads_min']}–{r['heads_max']}"
+                                   if r["heads_min"] != r["heads_max"] else str(r["heads"]))}
+            for r in jk["rows"]]
+    report.table(rows, "H*, T_spec and recommended heads with their jackknife intervals "
+                       "over documents", name=f"scale_pod_intervals_{what.replace(' ', '_')}")

@@ -139,12 +139,13 @@ class AttentionStatsSection(ReportSection):
                 f"the uniform bound {bound:.3f} nats, the entropy of spreading attention evenly "
                 f"over the visible keys; the heads run {float(ent.min()):.3f}–"
                 f"{float(ent.max()):.3f}). The numbers below describe a random network, not "
-                "learned structure.", first=True)
+                "learned structure.", first="top")
         else:
             report.finding(
                 f"Sanity: {int(near.sum())} of {near.numel()} heads attend almost uniformly "
                 f"(entropy ≥ {100 * UNIFORM_SHARE:.0f}% of the uniform bound {bound:.2f} "
-                "nats); the others show learned structure.", first=True)
+                f"nats, the entropy of even attention); {near.numel() - int(near.sum())} are "
+                "more focused.", first=True)
         li, h = divmod(int(ent.argmin()), ent.shape[1])
         ftm = res.first_token_mass.float()
         lj, hj = divmod(int(ftm.argmax()), ftm.shape[1])

@@ -62,7 +62,7 @@ class SurgerySection:
                     f"{curve.base_ppl:.4g}, {curve.base_ppl / V:.2f} × its vocabulary size {V} "
                     "(a model that predicts every token as equally likely has perplexity "
                     "equal to the vocabulary size). The numbers below describe a network that "
-                    "has not learned this text.", first=True)
+                    "has not learned this text.", first="top")
             elif V > 1:
                 report.finding(
                     f"Sanity: perplexity {curve.base_ppl:.4g} on the report's windows, far "
