@@ -47,7 +47,7 @@ def test_page_is_self_contained_with_findings_and_glossary(random_report):
     findings = html[html.index("id='findings'"):html.index("<nav class='toc'")]
     assert findings.count("<li>") >= 4 and re.search(r"\d", findings)
     # every column of every table is defined (tooltip + glossary entry)
-    headers = re.findall(r"<th( title=\"[^\"]*\")?>(.*?)</th>", html)
+    headers = re.findall(r"<th scope=\"col\"( title=\"[^\"]*\")?>(.*?)</th>", html)
     assert headers
     for title, name in headers:
         name = name.replace("<wbr>", "")

@@ -174,6 +174,20 @@ def _check(drv, index, shot):
         ".filter(d => d.style.display !== 'none').map(d => Math.max(...Array.from("
         "d.querySelectorAll('canvas')).map(c => c.width)))")
     assert big and min(big) >= 500, big
+    # accessibility: head thumbnails keyboard-focusable, every select labelled, tables
+    # with a caption and column scopes, a way back to the contents
+    import time
+
+    time.sleep(0.5)  # tlKeyboard runs just after a view renders
+    n_focus = drv.execute_script(
+        "return document.querySelectorAll('.cvview [tabindex=\"0\"][role=button]').length")
+    assert n_focus >= 2, n_focus
+    unlabelled = drv.execute_script(
+        "return Array.from(document.querySelectorAll('select')).filter(s => "
+        "!s.closest('.cvview') && !s.closest('label') && !s.getAttribute('aria-label')).length")
+    assert unlabelled == 0
+    assert drv.execute_script("return document.querySelectorAll('table caption').length") >= 3
+    assert drv.execute_script("return document.querySelectorAll('a[href=\"#contents\"]').length") >= 4
     # the document and layer selectors: layers in order 0 → L−1; picking another layer
     # renders that view (and only then)
     sets = drv.find_elements(By.CSS_SELECTOR, "figure.viewset")

@@ -38,11 +38,13 @@ h2{margin-top:2em;border-bottom:1px solid #bbb}
 h3{margin-top:1.4em}
 figure{margin:1em 0;max-width:100%}
 figure img{max-width:100%;height:auto;border:1px solid #ddd}
-figcaption{font-size:.9em;color:#555}
+figcaption{font-size:.9em;color:#444}
+.cvview [tabindex]:focus{outline:2px solid #1a4f9c}
 .tablewrap{max-width:100%;overflow-x:auto;margin:.6em 0}
 table{border-collapse:collapse;font-size:.85em}
 th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right;white-space:nowrap}
-th{background:#f2f2f2;white-space:normal;max-width:9em;vertical-align:bottom;font-size:.95em}
+th{background:#f2f2f2;white-space:normal;max-width:9em;vertical-align:bottom;font-size:.95em;
+overflow-wrap:normal;word-break:normal;hyphens:none}
 th[title]{cursor:help;text-decoration:underline dotted}
 .meta{font-size:.9em;color:#444;background:#f7f7f7;padding:.6em 1em;border-radius:4px}
 .findings{background:#eef5ff;border-left:4px solid #3b7dd8;padding:.6em 1.2em;margin:1em 0}
@@ -100,6 +102,25 @@ function tlRender(el){
   CircuitsVis.render(el.id, CircuitsVis[d.element], d.props);
   el.setAttribute('data-done', '1');
   window.tlViews.rendered++;
+  setTimeout(function(){ tlKeyboard(el); }, 300);
+}
+function tlKeyboard(el){
+  // circuitsvis' head thumbnails answer the mouse only: make them focusable, announce
+  // them, and let Enter / Space act like a click (focus acts like hovering)
+  el.querySelectorAll('canvas').forEach(function(c){
+    var t = c.parentElement;
+    if (!t || t.getAttribute('tabindex') !== null || c.width >= 400) return;
+    t.setAttribute('tabindex', '0');
+    t.setAttribute('role', 'button');
+    var label = (t.parentElement && t.parentElement.innerText || '').trim().split('\\n')[0];
+    t.setAttribute('aria-label', label || 'head');
+    t.addEventListener('keydown', function(e){
+      if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); t.click(); }
+    });
+    t.addEventListener('focus', function(){
+      t.dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));
+    });
+  });
 }
 (function(){
   document.querySelectorAll('figure.viewset').forEach(function(set){
@@ -249,8 +270,9 @@ def rows_to_csv(rows: Sequence[dict]) -> str:
 
 
 def table_html(rows: Sequence[dict], floatfmt: str = "{:.4g}", max_rows: int = 200,
-               glossary: Optional[dict] = None) -> str:
-    """An HTML table from a list of dicts with the same keys (headers with tooltips)."""
+               glossary: Optional[dict] = None, caption: str = "") -> str:
+    """An HTML table from a list of dicts with the same keys (column headers with
+    ``scope="col"`` and tooltips; ``caption`` as the table's ``<caption>``)."""
     if not rows:
         return "<p><em>(empty table)</em></p>"
     gl = glossary or {}
@@ -259,9 +281,10 @@ def table_html(rows: Sequence[dict], floatfmt: str = "{:.4g}", max_rows: int = 2
         return esc(k).replace("_", "_<wbr>")
 
     head = "".join(
-        f"<th title=\"{esc(gl[k])}\">{name(k)}</th>" if k in gl else f"<th>{name(k)}</th>"
-        for k in keys)
-    out = [f"<div class='tablewrap'><table><tr>{head}</tr>"]
+        f"<th scope=\"col\" title=\"{esc(gl[k])}\">{name(k)}</th>" if k in gl
+        else f"<th scope=\"col\">{name(k)}</th>" for k in keys)
+    cap = f"<caption>{esc(caption)}</caption>" if caption else ""
+    out = [f"<div class='tablewrap'><table>{cap}<tr>{head}</tr>"]
     for row in rows[:max_rows]:
         out.append("<tr>" + "".join(f"<td>{esc(_fmt(row.get(k, ''), floatfmt))}</td>"
                                     for k in keys) + "</tr>")
@@ -445,9 +468,9 @@ class Report:
         the whole table behind a toggle."""
         rows = list(rows)
         sec = self._current()
-        if caption:
-            sec.parts.append(f"<p><strong>{esc(caption)}</strong></p>")
         if not rows:
+            if caption:
+                sec.parts.append(f"<p><strong>{esc(caption)}</strong></p>")
             sec.parts.append("<p><em>(empty table)</em></p>")
             return
         for k in rows[0]:
@@ -461,14 +484,16 @@ class Report:
         link = (f'<a class="csv" download="{esc(fname)}" href="data:text/csv;charset=utf-8,'
                 f'{esc(urllib.parse.quote(text))}">download CSV ({len(rows)} rows)</a>')
         if len(rows) <= max_shown:
-            sec.parts.append(table_html(rows, glossary=self.glossary) + link)
+            sec.parts.append(table_html(rows, glossary=self.glossary, caption=caption) + link)
             return
         idx = sorted(set(show)) if show is not None else list(range(max_shown))
         short = [rows[i] for i in idx if 0 <= i < len(rows)]
         sec.parts.append(
-            table_html(short, glossary=self.glossary)
+            table_html(short, glossary=self.glossary, caption=caption)
             + f"<details><summary>show all {len(rows)} rows</summary>"
-            + table_html(rows, glossary=self.glossary, max_rows=len(rows)) + "</details>" + link)
+            + table_html(rows, glossary=self.glossary, max_rows=len(rows),
+                         caption=f"{caption} (all rows)" if caption else "")
+            + "</details>" + link)
 
     def circuitsvis(self, rendered: Any, name: str, caption: str = "", height: int = 0) -> None:
         """Inline a circuitsvis view (offline: the bundle is written once into the page),

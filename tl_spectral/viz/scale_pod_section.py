@@ -33,6 +33,9 @@ def slim_scale_pod(pod: Any) -> Any:
     return dataclasses.replace(pod, layers=layers)
 
 
+#: a dominant scale's peak holds at least this share of the largest peak of E(a)
+DOMINANT_PEAK_SHARE = 0.10
+
 #: what each field is, for the section text (definitions: tl_spectral.probes.pair_fields)
 FIELD_TEXT = {
     "attention": ("attention", "Head-mean attention fields α_ij"),
@@ -121,8 +124,11 @@ class ScalePODSection:
         ctx.status(f"scale POD ({what}): wavelets and POD of {ctx.view.n_layers} layers")
         # the cross-coherence is most of the POD's cost (a cross-spectrum per scale and
         # layer) and the report does not show it: skipped (the API computes it on request)
-        kw = {} if getattr(fields, "streaming", False) or ctx.options.get("stream_rank") \
-            else {"coherence_queries": None}
+        streamed = bool(getattr(fields, "streaming", False) or ctx.options.get("stream_rank"))
+        # dominant scales: peaks of E(a) with at least DOMINANT_PEAK_SHARE of the largest
+        # peak (the library's default 1% lets 5–7% bumps through)
+        kw = {} if streamed else {"coherence_queries": None,
+                                  "min_peak_fraction": DOMINANT_PEAK_SHARE}
         pod = fields.scale_pod(n_heads=ctx.view.n_heads, **kw)
         (pod if ctx.save_raw else slim_scale_pod(pod)).save(
             ctx.results_dir / f"scale_pod{sfx}.safetensors")
@@ -131,7 +137,9 @@ class ScalePODSection:
             f"{getattr(fields, 'length', 0) or fields.doc_mask.shape[1]} "
             "tokens in lag coordinates, minus the ensemble mean (Reynolds split). A complex Morlet "
             "CWT along the lag gives the scalogram E(a, τ) and the scale energy E(a); Gaussian lag "
-            "windows at the dominant scales select bands; POD per band gives eigen-spectra, the "
+            "windows at the dominant scales (peaks of E(a) holding at least "
+            f"{100 * DOMINANT_PEAK_SHARE:.0f}% of the largest peak's energy"
+            + (", the library's 1% with --stream-rank" if streamed else "") + ") select bands; POD per band gives eigen-spectra, the "
             "spectral concentration index T_spec = 1/β and the effective rank H*(0.1). The head "
             "allocation distributes the model's heads in proportion to H* of each layer (SPEC "
             "part A [A]).")
@@ -187,7 +195,7 @@ class ScalePODSection:
         ctx.status(f"scale POD figures ({field}): spectra and modes")
         report.figure(spectra_overlay(pod),
                       "POD eigen-spectra of every layer: a steep, short spectrum means few "
-                      "modes carry the field; a flat one, many (H* dotted).")
+                      "modes carry the field; a flat one, many (H* as a dot on each line).")
         fig = modes_mosaic(pod)
         if fig is not None:
             report.figure(fig, "First POD mode per band of every layer: look for the lag "
