@@ -196,6 +196,10 @@ def analyze(argv: Optional[list[str]] = None) -> int:
                     help="keep raw per-query maps in results/ (whole mean patterns, every "
                          "layer's contribution maps, POD modes); default: what the report "
                          "and a reload need")
+    ap.add_argument("--baseline", default="none", choices=("none", "random"),
+                    help="random: also run the same configuration re-initialised on the same "
+                         "windows and add its H*, T_spec and scale shares beside the model's "
+                         "(about one more probe pass and scale POD)")
     ap.add_argument("--figure-format", default="png", choices=("png", "svg"),
                     help="how figures are embedded: png (default) or svg (vector, larger)")
     ap.add_argument("--no-progress", action="store_true")
@@ -314,7 +318,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
                "faithfulness_docs": args.faithfulness_docs, "windows": framing,
                "save_raw": args.save_raw, "progress": not args.no_progress,
                "stream_rank": args.stream_rank, "fields": fields,
-               "figure_format": args.figure_format}
+               "figure_format": args.figure_format, "baseline": args.baseline}
     results = None
     if dist_env is not None:  # every rank runs its shard; the states reduce across ranks
         import torch.distributed as dist

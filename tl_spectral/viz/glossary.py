@@ -124,4 +124,10 @@ GLOSSARY: dict[str, str] = {
     "H_star_interval": "95% delete-a-group jackknife interval over documents of H*",
     "T_spec_interval": "95% delete-a-group jackknife interval over documents of T_spec",
     "recommended_range": "smallest–largest recommended heads over the jackknife replicates",
+    # --baseline random
+    "H_star_random": "H* of the same configuration with re-initialised weights (--baseline "
+                     "random), same windows",
+    "T_spec_random": "T_spec of the re-initialised reference (--baseline random)",
+    "E_fine_random": "fine-band scale-energy share of the re-initialised reference "
+                     "(--baseline random)",
 }

@@ -159,7 +159,19 @@ class ScalePODSection:
                        + "; ".join(parts) + ". Effective rank H* per layer: "
                        + ", ".join(f"{lay}: {h}" for lay, h in hs) + ".")
         report.subsection("Per-layer summary and head allocation")
-        report.table(pod.table(), "per-layer summary", name=f"scale_pod_layers{sfx}")
+        table = pod.table()
+        base = _baseline_pod(ctx, field, fields)
+        if base is not None:
+            for row, lay, b in zip(table, pod.layers, base.layers):
+                row["H_star_random"] = b.full["H_star_str"]
+                row["T_spec_random"] = b.T_spec
+                row["E_fine_random"] = b.band_energy.get("fine", float("nan"))
+            report.text(
+                "Reference (--baseline random): the same configuration with re-initialised "
+                "weights (matrices N(0, 0.02²), gains 1, biases 0; seeded) on the same "
+                "windows. Columns ending in _random are its numbers: a layer whose H*, T_spec "
+                "or scale shares sit at the reference's says little about learned structure.")
+        report.table(table, "per-layer summary", name=f"scale_pod_layers{sfx}")
         report.table(pod.allocation, "head allocation (recommended vs uniform)",
                      name=f"head_allocation{sfx}")
         _uncertainty(report, fields, pod, ctx, what)
@@ -261,3 +273,26 @@ def _uncertainty(report: Report, fields: Any, pod: Any, ctx: ReportContext, what
             for r in jk["rows"]]
     report.table(rows, "H*, T_spec and recommended heads with their jackknife intervals "
                        "over documents", name=f"scale_pod_intervals_{what.replace(' ', '_')}")
+
+
+def _baseline_pod(ctx: ReportContext, field: str, fields: Any) -> Any:
+    """The scale POD of ``field`` for the re-initialised twin of the model
+    (``options["baseline"] == "random"``), computed once per field; None without a baseline."""
+    if ctx.options.get("baseline") != "random":
+        return None
+    from tl_spectral.model_view import ModelView
+    from tl_spectral.probes import run_probes
+    from tl_spectral.viz.baseline import random_copy
+
+    cache = ctx.options.setdefault("_baseline", {})
+    if "view" not in cache:
+        ctx.status("baseline: the same configuration re-initialised")
+        seed = int(ctx.options.get("meta", {}).get("seed", 0) or 0)
+        cache["view"] = ModelView(random_copy(ctx.view.model, seed=seed))
+    ctx.status(f"baseline: probe pass and scale POD of the {field} fields")
+    res = run_probes(cache["view"], ctx.tokens,
+                     [AttentionFieldProbe(max_lag=ctx.options.get("max_lag"), field=field,
+                                          name="baseline")],
+                     progress=False, attention_mask=ctx.mask)["baseline"]
+    return res.scale_pod(n_heads=ctx.view.n_heads, coherence_queries=None,
+                         min_peak_fraction=DOMINANT_PEAK_SHARE)
