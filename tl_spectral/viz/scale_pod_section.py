@@ -162,7 +162,7 @@ class ScalePODSection:
         table = pod.table()
         base = _baseline_pod(ctx, field, fields)
         if base is not None:
-            for row, lay, b in zip(table, pod.layers, base.layers):
+            for row, b in zip(table, base.layers):
                 row["H_star_random"] = b.full["H_star_str"]
                 row["T_spec_random"] = b.T_spec
                 row["E_fine_random"] = b.band_energy.get("fine", float("nan"))
