@@ -145,3 +145,75 @@ def test_mean_pattern_plot_uses_a_quantile_scale_with_colour_bar():
 
     assert isinstance(ims[0].norm, BoundaryNorm)
     assert len(fig.axes) > H  # the colour bar
+
+
+def test_packed_maps_round_trip():
+    """pack_maps / unpack_maps (what the page's tlUnpack does): 255 levels on [lo, hi], 0
+    exact, the causal triangle only."""
+    from tl_spectral.viz.report import pack_maps, unpack_maps
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(3, 9, 9, generator=g).tril()
+    back = torch.tensor(unpack_maps(pack_maps(a, 0.0, 1.0, tri=True)))
+    assert back.shape == a.shape and float((back - a).abs().max()) <= 0.5 / 254 + 1e-9
+    assert bool((back.triu(1) == 0).all())
+    s = torch.randn(2, 5, 7, generator=g)
+    lim = float(s.abs().max())
+    p = pack_maps(s, -lim, lim)
+    assert len(p["b64"]) == 4 * -(-2 * 5 * 7 // 3)  # one byte per entry, base64
+    back = torch.tensor(unpack_maps(p))
+    assert float((back - s).abs().max()) <= lim / 254 + 1e-9
+    assert unpack_maps(pack_maps(torch.zeros(1, 2, 2), -1.0, 1.0)) == [[[0.0, 0.0], [0.0, 0.0]]]
+
+
+def test_token_strings_decode_the_tokenizers_way(minilm):
+    """Word pieces join into words (spaces between words, no '##'), and a character split
+    over byte tokens appears whole on the token that completes it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tl_spectral.viz.context import PARTIAL, token_strings
+
+    tok = minilm.tokenizer
+    ids = tok("unbelievably quick", add_special_tokens=False)["input_ids"]
+    pieces = token_strings(tok, ids)
+    assert "".join(pieces).strip() == "unbelievably quick"
+    assert not any(p.startswith("##") for p in pieces) and len(pieces) == len(ids)
+    # byte-level BPE without merges: every byte one token
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    bl = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
+    bl.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bl.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=bl)
+    ids = fast("né a", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 5  # 'n', two bytes of 'é', ' ', 'a'
+    assert token_strings(fast, ids) == ["n", PARTIAL, "é", " ", "a"]
+
+
+def test_display_name_reads_the_config(tmp_path):
+    import json
+
+    from tl_spectral.cli import _display_name
+
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"_name_or_path": "HuggingFaceTB/SmolLM2-135M",
+                                               "architectures": ["LlamaForCausalLM"]}))
+    assert _display_name(str(d), "hf") == "HuggingFaceTB/SmolLM2-135M"
+    (d / "config.json").write_text(json.dumps({"_name_or_path": "/some/local/path",
+                                               "architectures": ["LlamaForCausalLM"]}))
+    assert _display_name(str(d), "hf") == "hf (LlamaForCausalLM)"
+
+
+def test_svg_figures_and_random_baseline(tmp_path):
+    from tl_spectral.cli import main
+
+    out = tmp_path / "r"
+    assert main(["analyze", "--model", "random", "--n-docs", "6", "--length", "32",
+                 "--sections", "scale_pod", "--baseline", "random", "--figure-format", "svg",
+                 "--out", str(out), "--no-progress"]) == 0
+    html = (out / "index.html").read_text()
+    assert "data:image/svg+xml;base64," in html and "data:image/png" not in html
+    head = (out / "tables" / "scale-pod-layers.csv").read_text().splitlines()[0]
+    assert "H_star_random" in head and "T_spec_random" in head
+    assert "--baseline random" in html
