@@ -165,9 +165,12 @@ class ContributionSection:
                 "shown once, as the value-weighted column.")
         report.table(rows, "per layer: negative shares, position-0 contribution vs attention, "
                            "Spearman with c", name="contributions_layers")
-        report.figure(stats.plot_source(), "mean contribution and attention by source position")
-        report.figure(stats.plot_lag(), "mean contribution and attention by lag")
-        report.figure(stats.plot_negative(), "share of negative contribution (layer × head)")
+        report.figure(stats.plot_source(), "Mean contribution and attention by source position: look for positions "
+                      "(position 0 above all) that draw far more attention than they supply.")
+        report.figure(stats.plot_lag(), "Mean contribution and attention by lag: look for the lags where the two "
+                      "curves part (attention there misstates what the source supplies).")
+        report.figure(stats.plot_negative(), "Share of negative contribution per head: look for heads whose sources "
+                      "often cancel each other (bright).")
         report.figure(plot_spearman(stats, skip), "Rank correlation of each attention-only measure "
                                             "with the contribution: look for layers where it "
                                             "drops (attention there misstates what sources "
@@ -175,8 +178,11 @@ class ContributionSection:
         report.subsection("Attention sinks")
         report.table(sink_rows, "sink statistics per layer", name="sinks_layers")
         self._sink_rates(report, sinks, results)
-        report.figure(plot_rho_star(sinks), "optimal sink rate ρ* and observed α_i0")
-        report.figure(sinks.plot_anti_alignment(), "anti-alignment cos(ṽ_0, s_i)")
+        report.figure(plot_rho_star(sinks), "Optimal sink rate ρ* against the observed α_i0: points below the "
+                      "diagonal are queries that put more attention on the sink than would "
+                      "be optimal.")
+        report.figure(sinks.plot_anti_alignment(), "Anti-alignment cos(ṽ_0, s_i) of the sink's value with the rest of the "
+                      "output: look for values near −1 (the sink cancels the other sources).")
         if stats.kept_maps:
             report.subsection("Interactive view")
             ctx.status("contributions: interactive views")
@@ -189,8 +195,10 @@ class ContributionSection:
             ctx.status(f"faithfulness curves on {n_f} documents")
             res = faithfulness(ctx.view, ctx.tokens[:n_f])
             res.save(ctx.results_dir / "faithfulness.safetensors")
-            report.figure(res.plot_curves(), "faithfulness curves")
-            report.figure(plot_faithfulness_areas(res), "faithfulness areas per measure")
+            report.figure(res.plot_curves(), "Faithfulness curves: the better measure changes the output more when its "
+                      "top sources are removed and less when only they are kept.")
+            report.figure(plot_faithfulness_areas(res), "Faithfulness areas per measure: look for the measure with the highest "
+                      "comprehensiveness and the lowest sufficiency area.")
             report.table(res.table(0), "faithfulness areas, all layers",
                          name="faithfulness_all_layers")
             report.table(res.table(1), f"faithfulness areas, layer {res.layer}",

@@ -65,11 +65,15 @@ class RoutingFilteringSection:
             + ", ".join(f"{r['layer']}: {r['routing_fraction']:.2f}" for r in rows)
             + f"; {unstable} of {n} heads unstable.")
         report.table(rows, "per layer (means over heads)", name="qk_geometry_layers")
-        report.figure(geo.plot_budget(), "spectral budget per layer (each dot a head)")
+        report.figure(geo.plot_budget(),
+                      "Spectral budget per layer (each dot a head): above 0.5 a head routes "
+                      "(moves information between positions), below it filters.")
         report.figure(geo.plot_routing_rank(show_capacity=False),
-                      "routing rank per layer (the cascade): mean ± std over heads")
+                      "Routing rank per layer (mean ± std over heads): look for the cascade, "
+                      "a rank that grows with depth.")
         report.figure(geo.plot_eigenvalues(),
-                      "eigenvalues of M per head (scaled by each head's largest modulus)")
+                      "Eigenvalues of M per head (scaled by each head's largest modulus): "
+                      "eigenvalues with a positive real part mark unstable heads.")
 
     def _rotary(self, report: Report, ctx: ReportContext, fold: bool) -> None:
         """Rotary models: the kernel depends on the offset Δ = j − i, M(Δ) = W_Q R(Δ) W_Kᵀ

@@ -78,7 +78,8 @@ class SurgerySection:
                 "zero-shot).")
             report.table(curve.to_rows(), "PPL with the first k layers linearized (zero-shot)",
                          name="linearization_curve")
-            report.figure(curve.plot(), "relative ΔPPL vs k for the report's model")
+            report.figure(curve.plot(), "Relative perplexity change with the first k layers linearized: look for "
+                      "the k where the curve leaves the 5% band (the layers that need softmax).")
 
 
 def _layers(k: int) -> str:
