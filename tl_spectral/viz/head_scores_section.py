@@ -59,7 +59,9 @@ class HeadScoresSection:
         res.save(ctx.results_dir / "head_scores.safetensors")
         report.section(self.title)
         # induction on repeated random sequences (a second, small pass)
-        used = torch.unique(ctx.tokens[:, 1:] if ctx.tokens.shape[1] > 1 else ctx.tokens)
+        # the vocabulary of (at most 64 of) the report's windows, past position 0
+        sample = ctx.tokens[: min(64, int(ctx.tokens.shape[0]))]
+        used = torch.unique(sample[:, 1:] if sample.shape[1] > 1 else sample)
         half = max(2, min(INDUCTION_HALF, (ctx.view.n_ctx - 1) // 2,
                           (int(ctx.tokens.shape[1]) - 1) // 2))
         prefix = ctx.tokens[0, :1].tolist()

@@ -194,7 +194,7 @@ class AttentionStatsSection(ReportSection):
         ctx.status("attention statistics: interactive views")
         docs = view_documents(ctx)
         n = min([SHOWN_POSITIONS] + [ctx.doc_length(d) for d in docs])
-        toks = ctx.tokens[docs, :n]
+        toks = ctx.tokens[: len(docs), :n]  # docs are the first windows (a slice: lazy token files)
         cap: dict[int, Any] = {}
         layers = list(range(ctx.view.n_layers))
 
