@@ -398,6 +398,10 @@ def plot_tspec_hstar(result: Any):
         label="≥ N−1 (saturated)",
     )
     eps = result.config.get("epsilon", 0.1)
+    n_av = max(int(lay.full.get("n_available", 0) or 0) for lay in result.layers)
+    if n_av > 0:  # the axis from 0 to the N − 1 modes an ensemble of N fields has
+        ax.axhline(n_av, color="0.5", ls="--", lw=0.8, label=f"N − 1 = {n_av} (all modes)")
+        ax.set_ylim(0, n_av * 1.08)
     ax.set_title(f"effective rank H*(ε={eps:g})", fontsize=9)
     ax.set_ylabel("H* (modes for 90% energy)")
     ax.legend(fontsize=7)
