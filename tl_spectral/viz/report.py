@@ -40,6 +40,7 @@ figure{margin:1em 0;max-width:100%}
 figure img{max-width:100%;height:auto;border:1px solid #ddd}
 figcaption{font-size:.9em;color:#444}
 .cvview [tabindex]:focus{outline:2px solid #1a4f9c}
+.cvview button{text-shadow:0 0 2px rgba(0,0,0,.85),0 0 1px #000}
 .tablewrap{max-width:100%;overflow-x:auto;margin:.6em 0}
 table{border-collapse:collapse;font-size:.85em}
 th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right;white-space:nowrap}
