@@ -93,16 +93,20 @@ def _open_views(drv):
     """Open every lazy view (click its summary) and wait for circuitsvis to render."""
     import time
 
+    shown = ("return Array.from(arguments[0].querySelectorAll('.cvview'))"
+             ".filter(d => d.style.display !== 'none')"
+             ".every(d => d.querySelectorAll('canvas').length > 0)")
     for det in drv.find_elements("css selector", "details.lazyview"):
         drv.execute_script("arguments[0].scrollIntoView()", det)
+        t0 = time.perf_counter()
         det.find_element("css selector", "summary").click()
-    for _ in range(100):  # circuitsvis renders asynchronously (React)
-        ok = drv.execute_script(
-            "return Array.from(document.querySelectorAll('.cvview'))"
-            ".filter(d => d.style.display !== 'none').every(d => d.children.length > 0)")
-        if ok:
-            break
-        time.sleep(0.2)
+        for _ in range(600):  # circuitsvis renders asynchronously (React)
+            if drv.execute_script(shown, det):
+                break
+            time.sleep(0.05)
+        print(f"  view rendered {time.perf_counter() - t0:.2f} s after opening")
+    # TensorFlow.js (inside circuitsvis) was kept off WebGL: no WebGL context was created
+    assert drv.execute_script("return HTMLCanvasElement.prototype.tlNoWebGL === true")
 
 
 def _requests(drv) -> tuple[list[str], list[str]]:

@@ -69,6 +69,21 @@ dl.glossary dd{margin-left:1.5em}
 """
 
 _UNPACK_JS = """
+function tlNoWebGL(){
+  // circuitsvis computes with TensorFlow.js, whose WebGL backend compiles shaders before its
+  // first result: about 20 s in a software renderer (headless Chromium, many laptops' remote
+  // sessions) for maps of a few thousand numbers. Without a WebGL context it takes its CPU
+  // backend and a view renders in well under a second. Nothing else on the page uses WebGL.
+  [window.HTMLCanvasElement, window.OffscreenCanvas].forEach(function(C){
+    if (!C || C.prototype.tlNoWebGL) return;
+    var get = C.prototype.getContext;
+    C.prototype.getContext = function(type, attrs){
+      if (/webgl/i.test(String(type))) return null;
+      return get.call(this, type, attrs);
+    };
+    C.prototype.tlNoWebGL = true;
+  });
+}
 function tlUnpack(p){
   var bin = atob(p.b64), n = bin.length, u = new Uint8Array(n), i;
   for (i = 0; i < n; i++) u[i] = bin.charCodeAt(i);
@@ -90,6 +105,7 @@ _SCRIPT = _UNPACK_JS + """
 window.tlViews = {rendered: 0};
 function tlBundle(){
   if (window.CircuitsVis) return;
+  tlNoWebGL();
   var b = document.getElementById('cv-bundle');
   var s = document.createElement('script');
   s.textContent = b.textContent;
@@ -575,7 +591,7 @@ class Report:
                     "<!DOCTYPE html><html><head><meta charset='utf-8'>"
                     f"<title>{esc(label)}</title></head><body><div id='view'></div>"
                     f"<script src='{VIEW_BUNDLE}'></script><script>{_UNPACK_JS}"
-                    f"var d = {js_json(data)};"
+                    f"tlNoWebGL(); var d = {js_json(data)};"
                     "(d.packed || []).forEach(function(k){ d.props[k] = tlUnpack(d.props[k]); });"
                     "CircuitsVis.render('view', CircuitsVis[d.element], d.props);</script>"
                     "</body></html>")
