@@ -124,9 +124,9 @@ class RoutingFilteringSection:
                            f"over the {dist} offsets, and its range over offsets",
                      name="rotary_geometry_layers")
         report.figure(_routing_vs_offset(lags, mrf.double().numpy()),
-                      "Head-mean routing fraction of every layer against the lag: look for "
-                      "layers whose routing share changes with distance (rows that change "
-                      "colour from left to right).")
+                      "Head-mean routing fraction of every layer against the lag (white = 0.5, "
+                      "no preference): look for layers whose routing share changes with "
+                      "distance (rows that change colour from left to right).")
         report.figure(heads_by_layer_figure([
             {"values": mr.numpy(), "title": f"routing fraction averaged over {dist} offsets, "
                                             "scale [0, 1]", "vmin": 0.0, "vmax": 1.0,
