@@ -217,3 +217,35 @@ def test_svg_figures_and_random_baseline(tmp_path):
     head = (out / "tables" / "scale-pod-layers.csv").read_text().splitlines()[0]
     assert "H_star_random" in head and "T_spec_random" in head
     assert "--baseline random" in html
+
+
+def test_jackknife_against_direct_recomputation():
+    """group_jackknife against a direct loop; pod_jackknife's estimates equal the scale POD's
+    own H* and T_spec; n_bound flags H* near N − 1."""
+    import math
+
+    from tl_spectral.cli import random_reference_model
+    from tl_spectral.probes import AttentionFieldProbe, run_probes
+    from tl_spectral.viz.uncertainty import group_jackknife, n_bound, pod_jackknife
+
+    x = torch.randn(10, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    jk = group_jackknife(lambda idx: x[idx].mean().reshape(1), 10, n_groups=5, seed=1)
+    groups = torch.randperm(10, generator=torch.Generator().manual_seed(1)).chunk(5)
+    reps = torch.stack([x[[i for i in range(10) if i not in set(g.tolist())]].mean()
+                        for g in groups])
+    se = math.sqrt(4 / 5 * float(((reps - reps.mean()) ** 2).sum()))
+    assert abs(float(jk["se"][0]) - se) < 1e-12 and abs(float(jk["estimate"][0]) - float(x.mean())) < 1e-12
+    from scipy.stats import t
+
+    assert abs(float(jk["high"][0]) - (float(x.mean()) + t.ppf(0.975, 4) * se)) < 1e-9
+
+    m, _ = random_reference_model()
+    toks = torch.randint(0, 60, (8, 32), generator=torch.Generator().manual_seed(0))
+    f = run_probes(m, toks, [AttentionFieldProbe()], progress=False)["attention_fields"]
+    pod = f.scale_pod(n_heads=8, coherence_queries=None)
+    rows = pod_jackknife(f, pod)["rows"]
+    for r, lay, a in zip(rows, pod.layers, pod.allocation):
+        assert r["H_star"] == lay.H_star and abs(r["T_spec"] - lay.T_spec) < 1e-6
+        assert r["heads"] == a["recommended"] and r["heads_min"] <= r["heads"] <= r["heads_max"]
+        assert r["T_spec_low"] <= r["T_spec"] <= r["T_spec_high"]
+    assert n_bound([3.0, 6.0], 8) == ([1], 64)

@@ -123,7 +123,8 @@ GLOSSARY: dict[str, str] = {
     # uncertainty
     "H_star_interval": "95% delete-a-group jackknife interval over documents of H*",
     "T_spec_interval": "95% delete-a-group jackknife interval over documents of T_spec",
-    "recommended_range": "smallest–largest recommended heads over the jackknife replicates",
+    "recommended_range": "smallest–largest recommended heads over all documents and the "
+                         "jackknife replicates",
     # --baseline random
     "H_star_random": "H* of the same configuration with re-initialised weights (--baseline "
                      "random), same windows",

@@ -113,8 +113,10 @@ def pod_jackknife(fields: Any, pod: Any, *, seed: int = 0,
             "H_star": float(est[i]), "H_star_low": float(lo[i]), "H_star_high": float(hi[i]),
             "T_spec": float(est[L + i]), "T_spec_low": float(lo[L + i]),
             "T_spec_high": float(hi[L + i]),
-            "heads": int(est[2 * L + i]), "heads_min": int(R[:, 2 * L + i].min()),
-            "heads_max": int(R[:, 2 * L + i].max()),
+            # the range over the whole ensemble and every replicate
+            "heads": int(est[2 * L + i]),
+            "heads_min": int(min(est[2 * L + i], R[:, 2 * L + i].min())),
+            "heads_max": int(max(est[2 * L + i], R[:, 2 * L + i].max())),
         })
     return {"rows": rows, "meta": jk["meta"], "n_docs": N}
 
