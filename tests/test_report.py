@@ -249,3 +249,16 @@ def test_jackknife_against_direct_recomputation():
         assert r["heads"] == a["recommended"] and r["heads_min"] <= r["heads"] <= r["heads_max"]
         assert r["T_spec_low"] <= r["T_spec"] <= r["T_spec_high"]
     assert n_bound([3.0, 6.0], 8) == ([1], 64)
+
+
+def test_one_number_shown_once(random_report):
+    """Measures equal by construction appear once, with the sentence saying why."""
+    html = (random_report / "index.html").read_text()
+    head = (random_report / "tables" / "contributions-layers.csv").read_text().splitlines()[0]
+    assert "spearman_value_weighted_vs_c" in head and "spearman_output_normalized" not in head
+    assert "equal by construction" in html
+    # equal-length windows: sink rate = Gu key score = position-0 mass, one panel
+    assert "are one number" in html
+    # head scores: the first-token score is the position-0 mass, not repeated
+    head = (random_report / "tables" / "head-scores.csv").read_text().splitlines()[0]
+    assert "first_token" not in head.split(",")
