@@ -114,3 +114,25 @@ def tiny_bridge(family: str, folder: str | Path, *, dtype: torch.dtype = torch.f
                 seed: int = 0, **cfg_kw: Any):
     save_tiny(family, folder, seed=seed, **cfg_kw)
     return boot(folder, dtype=dtype)
+
+
+def save_smol_shape(folder: str | Path, *, n_layers: int = 30, d_mlp: int = 1536,
+                    seed: int = 0) -> Path:
+    """A random-weight LlamaForCausalLM shaped like SmolLM2-135M — 30 layers, 9 query / 3
+    key-value heads, d_model 576, RoPE (θ 100,000), tied embeddings — with Hugging Face's own
+    initialisation (std 0.02) and the 64-token character tokenizer, saved to ``folder``.
+    ``d_mlp`` smaller than the real 1,536 keeps a test's folder small (the MLP does not
+    touch the attention analyses' shapes). Shared by tests/test_report_depth.py and
+    benchmarks/report_stages.py."""
+    import transformers as tr
+
+    folder = Path(folder)
+    cfg = tr.LlamaConfig(vocab_size=VOCAB, hidden_size=576, intermediate_size=d_mlp,
+                         num_hidden_layers=n_layers, num_attention_heads=9,
+                         num_key_value_heads=3, max_position_embeddings=2048,
+                         rope_theta=100000.0, tie_word_embeddings=True,
+                         bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(seed)
+    tr.LlamaForCausalLM(cfg).save_pretrained(folder)
+    char_tokenizer(VOCAB).save_pretrained(folder)
+    return folder

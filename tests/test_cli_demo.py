@@ -19,9 +19,11 @@ def test_analyze_random_model_offline_report(tmp_path):
     assert rc == 0
     index = (out / "index.html").read_text()
     assert "Attention statistics" in index and "data:image/png;base64," in index
-    # one self-contained page: the views (one per layer of the 6-layer random model, behind
-    # the layer selector) are inlined (bundle once), no iframe to lose
-    assert index.count("CircuitsVis.render(") == 6 and "<iframe" not in index
+    # one self-contained page: the views (every layer of the 6-layer random model × 3
+    # documents, behind the document and layer selectors) are inlined as JSON and rendered
+    # lazily by one function (bundle once), no iframe to lose
+    assert index.count('class="cvview"') == 18 and index.count("CircuitsVis.render(") == 1
+    assert "<iframe" not in index
     assert "unpkg.com" not in index
     views = list((out / "views").glob("*.html"))
     assert views, "circuitsvis view missing"

@@ -320,7 +320,7 @@ def test_report_section_and_signed_view(native_ln, tmp_path):
     index = build_report(ctx, sections=[ContributionSection()], progress=False)
     html = index.read_text()
     assert "Contribution weights and attention sinks" in html and "faithfulness" in html
-    assert list((tmp_path / "r" / "views").glob("contributions-layer-*.html"))
+    assert list((tmp_path / "r" / "views").glob("contributions-*.html"))
     maps = layer_maps(native_ln, tokens[:1], layers=[1])[1]
     view = contribution_view(maps, [str(i) for i in range(12)], clip_quantile=0.9)
     assert "red" in view.local_src and "blue" in view.local_src

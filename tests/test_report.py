@@ -27,30 +27,35 @@ def test_page_is_self_contained_with_findings_and_glossary(random_report):
 
     html = (random_report / "index.html").read_text()
     assert html.count("var CircuitsVis") == 1  # the bundle once, views inlined
-    # one pattern view per layer of the 6-layer random model, behind the layer selector, and
-    # the contributions view
-    assert html.count("CircuitsVis.render(") == 6 + 1 and "<iframe" not in html
-    first = html.index('id="cv-1-')
-    fig = html[html.rindex("<figure", 0, first):html.index("</figure>", first)]
-    assert 'class="figset"' in fig and fig.count('<div data-opt="') == 6
-    assert fig.count("<option") == 6 and fig.count("CircuitsVis.render(") == 6
+    # every layer of the 6-layer random model × 3 documents, for the patterns and for the
+    # contributions: lazily rendered views (JSON props, one render function), no iframe
+    assert html.count('class="cvview"') == 2 * 3 * 6 and "<iframe" not in html
+    assert html.count("CircuitsVis.render(") == 1
+    assert html.count('type="application/json"') == 2 * 3 * 6
+    first = html.index('<figure class="viewset"')
+    fig = html[first:html.index("</figure>", first)]
+    layer_sel = fig[fig.index('data-dim="1"'):]
+    layer_sel = layer_sel[:layer_sel.index("</select>")]
+    assert re.findall(r'<option value="(\d+)"', layer_sel) == [str(i) for i in range(6)]
+    assert "selected" in layer_sel and "most focused head" in layer_sel
     assert "unpkg.com" not in html and "sourceMappingURL" not in html
     # findings first, each linking to a section that exists
-    assert html.index("id='findings'") < html.index("<nav class='toc'>")
+    assert html.index("id='findings'") < html.index("<nav class='toc'")
     ids = set(re.findall(r'id="([^"]+)"', html)) | set(re.findall(r"id='([^']+)'", html))
     links = re.findall(r'href="#([^"]+)"', html)
     assert len(links) > 10 and set(links) <= ids
-    findings = html[html.index("id='findings'"):html.index("<nav class='toc'>")]
+    findings = html[html.index("id='findings'"):html.index("<nav class='toc'")]
     assert findings.count("<li>") >= 4 and re.search(r"\d", findings)
     # every column of every table is defined (tooltip + glossary entry)
-    headers = re.findall(r"<th( title=\"[^\"]*\")?>(.*?)</th>", html)
+    headers = re.findall(r"<th scope=\"col\"( title=\"[^\"]*\")?>(.*?)</th>", html)
     assert headers
     for title, name in headers:
         name = name.replace("<wbr>", "")
         assert title and name in GLOSSARY, name
     assert "id='glossary'" in html and "(not defined)" not in html
-    # per-layer figures behind a selector, long tables collapsed with a CSV download
-    assert html.count('class="figset"') >= 5 and "<select" in html
+    # one figure per kind, never one per layer: the number of images does not grow with the
+    # depth (tests/test_report_depth.py runs 30 layers); long tables collapsed, CSV download
+    assert html.count("<img") <= 24 and 'class="figset"' not in html
     assert "<details><summary>show all 48 rows" in html
     assert "download=\"attention-heads.csv\"" in html
     assert (random_report / "tables" / "attention-heads.csv").read_text().count("\n") == 49
@@ -74,8 +79,10 @@ def test_results_are_slim_and_reloadable(random_report):
     assert all(lay.full_modes.shape[0] == 0 for lay in pod.layers)
     assert pod.table() and pod.plot_tspec_hstar() is not None
     con = Result.load(res / "contribution_stats.safetensors")
-    assert len({k.split(".")[0] for k in con.kept_maps}) == 1  # only the viewed layer
-    assert con.maps(con.layers[-1], 0).contribution.shape[-1] <= 64
+    kept = {k.split(".")[0] for k in con.kept_maps}
+    assert len(kept) == 1  # only the layer shown first, one document
+    assert con.maps(int(kept.pop()), 0).contribution.shape[-1] <= 64
+    assert con.kept_mask.shape[0] == 1
     assert con.summary_rows()
 
 
@@ -89,12 +96,14 @@ def test_slim_helpers_keep_everything_else():
         kept_maps: dict
         kept_tokens: torch.Tensor
         kept_mask: torch.Tensor
+        kept_docs: torch.Tensor
 
-    f = Fake({"1.contribution": torch.ones(1, 2, 80, 80), "0.contribution": torch.ones(1, 2, 80, 80)},
-             torch.ones(1, 80), torch.ones(1, 80, dtype=torch.bool))
+    f = Fake({"1.contribution": torch.ones(2, 2, 80, 80), "0.contribution": torch.ones(2, 2, 80, 80)},
+             torch.ones(2, 80), torch.ones(2, 80, dtype=torch.bool), torch.arange(2))
     g = slim_contribution_stats(f, 1, 64)
-    assert list(g.kept_maps) == ["1.contribution"] and g.kept_maps["1.contribution"].shape[-1] == 64
-    assert g.kept_tokens.shape == (1, 64)
+    assert list(g.kept_maps) == ["1.contribution"]
+    assert g.kept_maps["1.contribution"].shape == (1, 2, 64, 64)
+    assert g.kept_tokens.shape == (1, 64) and g.kept_docs.tolist() == [0]
 
 
 def test_encoder_windows_start_with_cls(minilm):
@@ -136,3 +145,120 @@ def test_mean_pattern_plot_uses_a_quantile_scale_with_colour_bar():
 
     assert isinstance(ims[0].norm, BoundaryNorm)
     assert len(fig.axes) > H  # the colour bar
+
+
+def test_packed_maps_round_trip():
+    """pack_maps / unpack_maps (what the page's tlUnpack does): 255 levels on [lo, hi], 0
+    exact, the causal triangle only."""
+    from tl_spectral.viz.report import pack_maps, unpack_maps
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(3, 9, 9, generator=g).tril()
+    back = torch.tensor(unpack_maps(pack_maps(a, 0.0, 1.0, tri=True)))
+    assert back.shape == a.shape and float((back - a).abs().max()) <= 0.5 / 254 + 1e-9
+    assert bool((back.triu(1) == 0).all())
+    s = torch.randn(2, 5, 7, generator=g)
+    lim = float(s.abs().max())
+    p = pack_maps(s, -lim, lim)
+    assert len(p["b64"]) == 4 * -(-2 * 5 * 7 // 3)  # one byte per entry, base64
+    back = torch.tensor(unpack_maps(p))
+    assert float((back - s).abs().max()) <= lim / 254 + 1e-9
+    assert unpack_maps(pack_maps(torch.zeros(1, 2, 2), -1.0, 1.0)) == [[[0.0, 0.0], [0.0, 0.0]]]
+
+
+def test_token_strings_decode_the_tokenizers_way(minilm):
+    """Word pieces join into words (spaces between words, no '##'), and a character split
+    over byte tokens appears whole on the token that completes it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tl_spectral.viz.context import PARTIAL, token_strings
+
+    tok = minilm.tokenizer
+    ids = tok("unbelievably quick", add_special_tokens=False)["input_ids"]
+    pieces = token_strings(tok, ids)
+    assert "".join(pieces).strip() == "unbelievably quick"
+    assert not any(p.startswith("##") for p in pieces) and len(pieces) == len(ids)
+    # byte-level BPE without merges: every byte one token
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    bl = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
+    bl.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bl.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=bl)
+    ids = fast("né a", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 5  # 'n', two bytes of 'é', ' ', 'a'
+    assert token_strings(fast, ids) == ["n", PARTIAL, "é", " ", "a"]
+
+
+def test_display_name_reads_the_config(tmp_path):
+    import json
+
+    from tl_spectral.cli import _display_name
+
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"_name_or_path": "HuggingFaceTB/SmolLM2-135M",
+                                               "architectures": ["LlamaForCausalLM"]}))
+    assert _display_name(str(d), "hf") == "HuggingFaceTB/SmolLM2-135M"
+    (d / "config.json").write_text(json.dumps({"_name_or_path": "/some/local/path",
+                                               "architectures": ["LlamaForCausalLM"]}))
+    assert _display_name(str(d), "hf") == "hf (LlamaForCausalLM)"
+
+
+def test_svg_figures_and_random_baseline(tmp_path):
+    from tl_spectral.cli import main
+
+    out = tmp_path / "r"
+    assert main(["analyze", "--model", "random", "--n-docs", "6", "--length", "32",
+                 "--sections", "scale_pod", "--baseline", "random", "--figure-format", "svg",
+                 "--out", str(out), "--no-progress"]) == 0
+    html = (out / "index.html").read_text()
+    assert "data:image/svg+xml;base64," in html and "data:image/png" not in html
+    head = (out / "tables" / "scale-pod-layers.csv").read_text().splitlines()[0]
+    assert "H_star_random" in head and "T_spec_random" in head
+    assert "--baseline random" in html
+
+
+def test_jackknife_against_direct_recomputation():
+    """group_jackknife against a direct loop; pod_jackknife's estimates equal the scale POD's
+    own H* and T_spec; n_bound flags H* near N − 1."""
+    import math
+
+    from tl_spectral.cli import random_reference_model
+    from tl_spectral.probes import AttentionFieldProbe, run_probes
+    from tl_spectral.viz.uncertainty import group_jackknife, n_bound, pod_jackknife
+
+    x = torch.randn(10, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    jk = group_jackknife(lambda idx: x[idx].mean().reshape(1), 10, n_groups=5, seed=1)
+    groups = torch.randperm(10, generator=torch.Generator().manual_seed(1)).chunk(5)
+    reps = torch.stack([x[[i for i in range(10) if i not in set(g.tolist())]].mean()
+                        for g in groups])
+    se = math.sqrt(4 / 5 * float(((reps - reps.mean()) ** 2).sum()))
+    assert abs(float(jk["se"][0]) - se) < 1e-12 and abs(float(jk["estimate"][0]) - float(x.mean())) < 1e-12
+    from scipy.stats import t
+
+    assert abs(float(jk["high"][0]) - (float(x.mean()) + t.ppf(0.975, 4) * se)) < 1e-9
+
+    m, _ = random_reference_model()
+    toks = torch.randint(0, 60, (8, 32), generator=torch.Generator().manual_seed(0))
+    f = run_probes(m, toks, [AttentionFieldProbe()], progress=False)["attention_fields"]
+    pod = f.scale_pod(n_heads=8, coherence_queries=None)
+    rows = pod_jackknife(f, pod)["rows"]
+    for r, lay, a in zip(rows, pod.layers, pod.allocation):
+        assert r["H_star"] == lay.H_star and abs(r["T_spec"] - lay.T_spec) < 1e-6
+        assert r["heads"] == a["recommended"] and r["heads_min"] <= r["heads"] <= r["heads_max"]
+        assert r["T_spec_low"] <= r["T_spec"] <= r["T_spec_high"]
+    assert n_bound([3.0, 6.0], 8) == ([1], 64)
+
+
+def test_one_number_shown_once(random_report):
+    """Measures equal by construction appear once, with the sentence saying why."""
+    html = (random_report / "index.html").read_text()
+    head = (random_report / "tables" / "contributions-layers.csv").read_text().splitlines()[0]
+    assert "spearman_value_weighted_vs_c" in head and "spearman_output_normalized" not in head
+    assert "equal by construction" in html
+    # equal-length windows: sink rate = Gu key score = position-0 mass, one panel
+    assert "are one number" in html
+    # head scores: the first-token score is the position-0 mass, not repeated
+    head = (random_report / "tables" / "head-scores.csv").read_text().splitlines()[0]
+    assert "first_token" not in head.split(",")

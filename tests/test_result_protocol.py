@@ -35,6 +35,7 @@ def _instances(tmp_path) -> dict[str, Result]:
         AttentionFieldProbe,
         AttentionStats,
         ContributionProbe,
+        HeadScores,
         SinkProbe,
         run_probes,
     )
@@ -46,7 +47,8 @@ def _instances(tmp_path) -> dict[str, Result]:
     model = make_native(n_layers=2, n_heads=2, d_model=16, d_head=8, n_ctx=32, d_vocab=20)
     toks = torch.randint(0, 20, (3, 12), generator=g)
     res = run_probes(model, toks, [AttentionStats(), ContributionProbe(keep_docs=[0]),
-                                   SinkProbe(), AttentionFieldProbe()], progress=False)
+                                   SinkProbe(), AttentionFieldProbe(),
+                                   HeadScores(token_sets={"low": [0, 1]})], progress=False)
     out: dict[str, Result] = {r.kind: r for r in res.values()}
     sp = res["attention_fields"].scale_pod(n_heads=2)
     out[sp.kind] = sp

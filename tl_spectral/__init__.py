@@ -25,6 +25,7 @@ _PUBLIC: dict[str, str] = {
     "ContributionProbe": "tl_spectral.probes.contributions",
     "SinkProbe": "tl_spectral.probes.sinks",
     "AttentionFieldProbe": "tl_spectral.probes.fields",
+    "HeadScores": "tl_spectral.probes.head_scores",
     "ModelView": "tl_spectral.model_view",
     # data
     "document_windows": "tl_spectral.data.windows",

@@ -179,6 +179,12 @@ def analyze(argv: Optional[list[str]] = None) -> int:
                     help="keep raw per-query maps in results/ (whole mean patterns, every "
                          "layer's contribution maps, POD modes); default: what the report "
                          "and a reload need")
+    ap.add_argument("--baseline", default="none", choices=("none", "random"),
+                    help="random: also run the same configuration re-initialised on the same "
+                         "windows and add its H*, T_spec and scale shares beside the model's "
+                         "(about one more probe pass and scale POD)")
+    ap.add_argument("--figure-format", default="png", choices=("png", "svg"),
+                    help="how figures are embedded: png (default) or svg (vector, larger)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
@@ -310,7 +316,8 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     options = ReportOptions(meta={"corpus": corpus_name, "seed": args.seed},
                             faithfulness_docs=args.faithfulness_docs, windows=framing,
                             save_raw=args.save_raw, progress=not args.no_progress,
-                            stream_rank=args.stream_rank, fields=fields)
+                            stream_rank=args.stream_rank, fields=fields,
+                            figure_format=args.figure_format, baseline=args.baseline)
     results = None
     if dist_env is not None:  # every rank runs its shard; the states reduce across ranks
         import torch.distributed as dist
@@ -475,10 +482,26 @@ def _same_model(recorded: str, model: str) -> bool:
 
 
 def _display_name(model: str, kind: str) -> str:
-    """The model's name for titles: the zoo name, or a local folder's last component."""
-    if kind == "hf":
-        return Path(model).resolve().name or model
-    return model
+    """The model's name for titles: the zoo name; for a local Hugging Face folder the model's
+    own name from its config.json (``_name_or_path`` when it is a hub name, not a path; else
+    the folder's name with the architecture, e.g. "smol (LlamaForCausalLM)"), or the folder's
+    last component when the config says nothing."""
+    if kind != "hf":
+        return model
+    folder = Path(model).resolve()
+    name = folder.name or model
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return name
+    hub = str(cfg.get("_name_or_path") or "")
+    if hub and not Path(hub).is_absolute() and not hub.startswith(".") and \
+            not Path(hub).exists() and re.fullmatch(r"[\w.-]+(/[\w.-]+)?", hub):
+        return hub
+    arch = cfg.get("architectures") or []
+    if arch and isinstance(arch[0], str):
+        return f"{name} ({arch[0]})"
+    return name
 
 
 _SENTENCE_END = re.compile(r"(?:[.!?;:]\s+|\n\s*)")

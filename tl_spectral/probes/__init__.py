@@ -13,6 +13,7 @@ from tl_spectral.probes.fields import (
     AttentionFields,
     StreamedAttentionFields,
 )
+from tl_spectral.probes.head_scores import HeadScores, HeadScoresResult
 from tl_spectral.probes.runner import Corpus, ProbeRun, as_corpus, run_probes, run_probes_on_cache
 from tl_spectral.probes.sinks import SinkProbe, SinkStats
 
@@ -24,6 +25,8 @@ __all__ = [
     "AttentionStatsResult",
     "ContributionProbe",
     "ContributionStats",
+    "HeadScores",
+    "HeadScoresResult",
     "SinkProbe",
     "SinkStats",
     "Corpus",

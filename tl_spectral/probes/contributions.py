@@ -350,8 +350,13 @@ class ContributionProbe(Probe):
         rank_per_head: bool = False,
         rank_stride: int = 4,
         negative_rtol: float = 1e-6,
+        keep_positions: Optional[int] = None,
     ):
         super().__init__()
+        if keep_positions is not None and int(keep_positions) < 1:
+            raise ValueError(f"keep_positions must be a positive int or None, got {keep_positions}")
+        #: kept maps cut to the first ``keep_positions`` queries and keys (None: whole)
+        self.keep_positions = None if keep_positions is None else int(keep_positions)
         if mode not in ("intra", "inter"):
             raise ValueError(f"mode must be 'intra' or 'inter', got {mode!r}")
         if rank_queries < 0:
@@ -521,14 +526,22 @@ class ContributionProbe(Probe):
         if not sel:
             return
         idx = torch.tensor(sel, device=p.device)
-        maps = contribution_weights(p[idx], cap.v[idx], W, self.mode, cap.mask[idx])
+        n = self.keep_positions
+        pk, vk, mk = p[idx], cap.v[idx], cap.mask[idx]
+        causal = self.view.causal if self.view is not None else True
+        if n is not None and causal:  # causal: the first n queries see only the first n keys
+            pk, vk, mk = pk[..., :n, :n], vk[:, :n], mk[:, :n]
+        maps = contribution_weights(pk, vk, W, self.mode, mk)
         for name in (*MEASURES, "token"):
             key = f"{layer}.kept.{name}"
             self.reductions[key] = "cat"
-            self.accumulate(key, getattr(maps, name).cpu())
+            t = getattr(maps, name)
+            self.accumulate(key, (t if n is None else t[..., :n, :n]).cpu())
         if layer == (self.layers or [layer])[0]:
-            for key, t in (("kept_docs", cap.doc_index[idx.cpu()]), ("kept_tokens", cap.tokens[idx.cpu()]),
-                           ("kept_mask", cap.mask[idx].cpu())):
+            cut = slice(None) if n is None else slice(0, n)
+            for key, t in (("kept_docs", cap.doc_index[idx.cpu()]),
+                           ("kept_tokens", cap.tokens[idx.cpu()][:, cut]),
+                           ("kept_mask", cap.mask[idx].cpu()[:, cut])):
                 self.reductions[key] = "cat"
                 self.accumulate(key, t.cpu())
 

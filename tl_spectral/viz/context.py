@@ -35,6 +35,9 @@ class ReportOptions:
         faithfulness_docs: faithfulness curves on that many documents (0: none).
         stream_rank: constant-memory scale POD of that rank cap (None: exact).
         fields: the per-pair fields the scale_pod section analyses (None: attention).
+        figure_format: the report's figures as ``"png"`` or ``"svg"`` (``--figure-format``).
+        baseline: ``"random"``: reference columns from the same configuration re-initialised
+            (``--baseline random``); None: none.
     """
 
     meta: dict = field(default_factory=dict)
@@ -44,6 +47,8 @@ class ReportOptions:
     faithfulness_docs: int = 0
     stream_rank: Optional[int] = None
     fields: Optional[list] = None
+    figure_format: str = "png"
+    baseline: Optional[str] = None
 
     @classmethod
     def of(cls, value: Any) -> ReportOptions:
@@ -87,6 +92,12 @@ class ReportContext:
     options: ReportOptions = field(default_factory=ReportOptions)
     mask: Any = None
     model_name: Optional[str] = None
+    #: seconds per phase (the probe pass, each section, the writing), written to report.json
+    timings: dict = field(default_factory=dict, repr=False)
+    #: the sanity findings' numbers (e.g. the share of heads at the uniform bound)
+    sanity: dict = field(default_factory=dict, repr=False)
+    #: the ``--baseline random`` twin and its results, computed once per run
+    baseline_cache: dict = field(default_factory=dict, repr=False)
     _t0: float = field(default_factory=time.perf_counter, repr=False)
 
     def __post_init__(self) -> None:
@@ -113,15 +124,8 @@ class ReportContext:
                   flush=True)
 
     def token_strings(self, ids) -> list[str]:
-        tok = self.tokenizer
-        out = []
-        for i in ids.tolist():
-            try:
-                s = tok.decode([i])
-            except Exception:
-                s = str(i)
-            out.append(s.replace("\n", "\\n"))
-        return out
+        """One display string per token, decoded the tokenizer's way (:func:`token_strings`)."""
+        return token_strings(self.tokenizer, ids)
 
 
 class ReportSection:
@@ -164,3 +168,42 @@ def register_section(cls: type) -> type:
     SECTIONS.insert(at, cls)
     return cls
 
+
+#: shown for a token that only carries part of a character's bytes (the character appears
+#: on the token that completes it)
+PARTIAL = "·"
+
+
+def _decode(tok: Any, ids: list[int]) -> str:
+    try:
+        return tok.decode(ids, clean_up_tokenization_spaces=False)
+    except TypeError:
+        return tok.decode(ids)
+
+
+def token_strings(tok: Any, ids: Any) -> list[str]:
+    """Display strings of a token sequence, decoded the tokenizer's way: token k shows what
+    decoding ``ids[:k + 1]`` adds to the text of ``ids[:k]``, so word pieces join (BERT's
+    ``##`` pieces, no spaces inside a word), byte-level BPE spaces show as spaces, and a
+    character split over several byte tokens appears whole on the token that completes it
+    (the tokens before it show ``·``). Falls back to decoding each token alone where the
+    running text is not a prefix of the next (a tokenizer whose decode rewrites earlier
+    text). Newlines show as ``\\n``."""
+    ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+    out: list[str] = []
+    done = ""
+    for k, i in enumerate(ids):
+        try:
+            text = _decode(tok, ids[:k + 1])
+            stable = text.rstrip("\ufffd") if k + 1 < len(ids) else text
+            if stable.startswith(done):
+                piece = stable[len(done):]
+                done = stable
+                if not piece:
+                    piece = PARTIAL
+            else:
+                piece = _decode(tok, [i])
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot decode: show the id
+            piece = str(i)
+        out.append(piece.replace("\n", "\\n"))
+    return out

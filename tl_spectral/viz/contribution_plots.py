@@ -51,13 +51,14 @@ def plot_faithfulness_areas(res: Any):
     return fig
 
 
-def plot_spearman(stats: Any):
+def plot_spearman(stats: Any, skip: tuple = ()):
     """Token-level Spearman correlation of each attention-only measure with the
-    contribution c, layer × measure, annotated in a readable size."""
+    contribution c, layer × measure, annotated in a readable size (``skip``: measures left
+    out, e.g. one identical to another by construction)."""
     import matplotlib.pyplot as plt
 
     ci = stats.measures.index("contribution")
-    others = [m for m in stats.measures if m != "contribution"]
+    others = [m for m in stats.measures if m != "contribution" and m not in skip]
     short = {"attention": "α", "value_weighted": "α‖ṽ‖", "output_normalized": "α‖ṽ‖/‖o‖"}
     mat = torch.stack([stats.rank_corr[:, -1, stats.measures.index(m), ci] for m in others],
                       dim=1).float().numpy()  # [layer, measure]
@@ -78,16 +79,18 @@ def plot_spearman(stats: Any):
 
 
 def slim_contribution_stats(stats: Any, layer: int, n: int) -> Any:
-    """A copy keeping only the kept maps of ``layer`` cut to the first ``n`` positions (what
-    the report's view shows): the per-query maps of every layer are the bulk of the file."""
+    """A copy keeping only the kept maps of the first kept document at ``layer``, cut to the
+    first ``n`` positions (what the report shows first): the per-query maps of every layer
+    and document are the bulk of the file."""
     import dataclasses
 
-    kept = {k: (v[..., :n, :n].clone()) for k, v in stats.kept_maps.items()
+    kept = {k: (v[:1, ..., :n, :n].clone()) for k, v in stats.kept_maps.items()
             if k.split(".", 1)[0] == str(layer)}
     return dataclasses.replace(
         stats, kept_maps=kept,
-        kept_tokens=None if stats.kept_tokens is None else stats.kept_tokens[:, :n].clone(),
-        kept_mask=None if stats.kept_mask is None else stats.kept_mask[:, :n].clone())
+        kept_docs=None if stats.kept_docs is None else stats.kept_docs[:1].clone(),
+        kept_tokens=None if stats.kept_tokens is None else stats.kept_tokens[:1, :n].clone(),
+        kept_mask=None if stats.kept_mask is None else stats.kept_mask[:1, :n].clone())
 
 
 # ------------------------------------------------------------ figures of the result kinds

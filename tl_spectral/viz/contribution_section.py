@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from tl_spectral.probes import ContributionProbe, Probe, SinkProbe
 from tl_spectral.viz.context import register_section
 from tl_spectral.viz.contribution_plots import (
@@ -12,8 +14,7 @@ from tl_spectral.viz.contribution_plots import (
     plot_spearman,
     slim_contribution_stats,
 )
-from tl_spectral.viz.sink_plots import plot_rho_star, plot_sink_rates
-from tl_spectral.viz.views import contribution_view
+from tl_spectral.viz.sink_plots import plot_rho_star
 
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
@@ -30,13 +31,21 @@ class ContributionSection:
     order = 40
 
     def probes(self, ctx: "ReportContext") -> list[Probe]:
-        return [ContributionProbe(keep_docs=[0]), SinkProbe()]
+        from tl_spectral.viz.sections import SHOWN_POSITIONS, view_documents
+
+        return [ContributionProbe(keep_docs=view_documents(ctx),
+                                  keep_positions=None if ctx.save_raw else SHOWN_POSITIONS),
+                SinkProbe()]
 
     def render(self, report: "Report", results: dict[str, Any], ctx: "ReportContext") -> None:
         ctx.status("contributions and sinks: tables and figures")
         stats = results["contributions"]
         sinks = results["sinks"]
-        view_layer = stats.layers[-1]
+        rows0 = stats.summary_rows()
+        # the layer shown first (and kept in results/): the one drawing most attention to
+        # position 0 (the sink layer), else the last
+        view_layer = (max(rows0, key=lambda r: r["attn_on_first_token"])["layer"] if rows0
+                      else stats.layers[-1])
         n_view = min(64, ctx.doc_length(0))
         (stats if ctx.save_raw or not stats.kept_maps else
          slim_contribution_stats(stats, view_layer, n_view)).save(
@@ -46,8 +55,8 @@ class ContributionSection:
         report.text(
             "Contribution weights c_ij = ⟨o_i, α_ij ṽ_j⟩ / ‖o_i‖² (inter-head; token level "
             "C_ij = Σ_h c_ij^h, rows sum to 1) measure how much of each output a source "
-            "actually supplies, and can be negative. Compared with raw attention α, "
-            "value-weighted α‖ṽ‖ and output-normalized α‖ṽ‖/‖o‖.")
+            "actually supplies, and can be negative (SPEC C.1 [C]). Compared with raw attention "
+            "α, value-weighted α‖ṽ‖ [K] and output-normalized α‖ṽ‖/‖o‖ (SPEC C.2 [C]).")
         rows = stats.summary_rows()
         sink_rows = sinks.summary_rows()
         pos = int(getattr(sinks, "sink_index", 0))
@@ -70,32 +79,44 @@ class ContributionSection:
                 f"Negative contributions: up to {100 * neg['neg_mass_share']:.0f}% of the "
                 f"contribution mass is negative (layer {neg['layer']}).")
         report.subsection("Contributions")
+        vw, on = "spearman_value_weighted_vs_c", "spearman_output_normalized_vs_c"
+        skip: tuple = ()
+        gap = max((abs(r[vw] - r[on]) for r in rows), default=1.0) \
+            if rows and vw in rows[0] and on in rows[0] else 1.0
+        if gap < 1e-4:  # equal by construction, up to float rounding of near-ties
+            skip = ("output_normalized",)
+            rows = [{k: v for k, v in r.items() if k != on} for r in rows]
+            report.text(
+                "The output-normalized measure α‖ṽ‖/‖o‖ divides each query's value-weighted row "
+                "α‖ṽ‖ by one number ‖o_i‖, so within a row both rank the sources identically "
+                "and their token-level Spearman correlations with c are equal by construction "
+                f"(here to {gap:.1g}, float rounding of near-ties): shown once, as the "
+                "value-weighted column.")
         report.table(rows, "per layer: negative shares, position-0 contribution vs attention, "
                            "Spearman with c", name="contributions_layers")
-        report.figure(stats.plot_source(), "mean contribution and attention by source position")
-        report.figure(stats.plot_lag(), "mean contribution and attention by lag")
-        report.figure(stats.plot_negative(), "share of negative contribution (layer × head)")
-        report.figure(plot_spearman(stats), "rank correlation of each attention-only measure "
-                                            "with the contribution")
+        report.figure(stats.plot_source(), "Mean contribution and attention by source position: look for positions "
+                      "(position 0 above all) that draw far more attention than they supply.")
+        report.figure(stats.plot_lag(), "Mean contribution and attention by lag: look for the lags where the two "
+                      "curves part (attention there misstates what the source supplies).")
+        report.figure(stats.plot_negative(), "Share of negative contribution per head: look for heads whose sources "
+                      "often cancel each other (bright).")
+        report.figure(plot_spearman(stats, skip), "Rank correlation of each attention-only measure "
+                                            "with the contribution: look for layers where it "
+                                            "drops (attention there misstates what sources "
+                                            "supply).")
         report.subsection("Attention sinks")
         report.table(sink_rows, "sink statistics per layer", name="sinks_layers")
-        report.figure(plot_sink_rates(sinks), "sink rate and Gu key score (layer × head), colour "
-                                              "scales spanning the data")
-        report.figure(plot_rho_star(sinks), "optimal sink rate ρ* and observed α_i0")
-        report.figure(sinks.plot_anti_alignment(), "anti-alignment cos(ṽ_0, s_i)")
+        self._sink_rates(report, sinks, results)
+        report.figure(plot_rho_star(sinks), "Optimal sink rate ρ* against the observed α_i0: points below the "
+                      "diagonal are queries that put more attention on the sink than would "
+                      "be optimal.")
+        report.figure(sinks.plot_anti_alignment(), "Anti-alignment cos(ṽ_0, s_i) of the sink's value with the rest of the "
+                      "output: look for values near −1 (the sink cancels the other sources).")
         if stats.kept_maps:
             report.subsection("Interactive view")
-            ctx.status("contributions: interactive view")
-            maps = stats.maps(view_layer, 0)
-            n = int(stats.kept_mask[0].sum())
-            toks = ctx.token_strings(stats.kept_tokens[0, :n])
-            view = contribution_view(maps, toks, causal=stats.causal, max_tokens=64,
-                                     clip_quantile=0.99)
-            report.circuitsvis(view, f"contributions-layer-{view_layer}",
-                               f"contribution weights of layer {view_layer}, document 0 (red = "
-                               "positive, blue = negative; symmetric limits at the 99th "
-                               "percentile of |c|; last panel = Σ heads)")
-        n_f = int(ctx.options.faithfulness_docs)
+            ctx.status("contributions: interactive views")
+            self._views(report, stats, ctx, view_layer)
+        n_f = int(ctx.options.get("faithfulness_docs", 0))
         report.subsection("Faithfulness")
         if n_f > 0:
             from tl_spectral.probes.faithfulness import faithfulness
@@ -103,8 +124,10 @@ class ContributionSection:
             ctx.status(f"faithfulness curves on {n_f} documents")
             res = faithfulness(ctx.view, ctx.tokens[:n_f])
             res.save(ctx.results_dir / "faithfulness.safetensors")
-            report.figure(res.plot_curves(), "faithfulness curves")
-            report.figure(plot_faithfulness_areas(res), "faithfulness areas per measure")
+            report.figure(res.plot_curves(), "Faithfulness curves: the better measure changes the output more when its "
+                      "top sources are removed and less when only they are kept.")
+            report.figure(plot_faithfulness_areas(res), "Faithfulness areas per measure: look for the measure with the highest "
+                      "comprehensiveness and the lowest sufficiency area.")
             report.table(res.table(0), "faithfulness areas, all layers",
                          name="faithfulness_all_layers")
             report.table(res.table(1), f"faithfulness areas, layer {res.layer}",
@@ -112,3 +135,78 @@ class ContributionSection:
         else:
             report.text("Faithfulness curves: not computed (pass --faithfulness-docs N to "
                         "tl-spectral analyze to compute them on N documents).")
+
+    def _sink_rates(self, report: "Report", sinks: Any, results: dict[str, Any]) -> None:
+        """The sink rate, the Gu key score and the first-token mass, shown ONCE when they
+        coincide (equal-length windows), else side by side."""
+        import numpy as np
+
+        from tl_spectral.viz.multiples import heads_by_layer_figure
+
+        rate = sinks.sink_rate.float().numpy()
+        key = sinks.key_score.float().numpy()
+        diff = float(np.abs(rate - key).max()) if rate.size else 0.0
+        att = results.get("attention_stats")
+        same_att = att is not None and att.first_token_mass.shape == sinks.sink_rate.shape and \
+            float((att.first_token_mass.float() - sinks.sink_rate.float()).abs().max()) < 1e-5
+        marks = sinks.sink_head.numpy()
+        pos = int(getattr(sinks, "sink_index", 0))
+        if diff < 1e-5:
+            report.text(
+                f"Here the sink rate mean_i α_i{pos}, the Gu key score [Gu] of position {pos} and "
+                + ("the attention statistics' position-0 mass " if same_att else "")
+                + f"are one number (largest difference {diff:.1g}): on windows of equal length "
+                "every document weighs the same, so the mean over documents of the per-document "
+                "mean (the key score) equals the mean over all queries (the sink rate). It is "
+                "shown once; they differ only on windows of different lengths.")
+            panels = [{"values": rate, "title": f"sink rate = Gu key score of position {pos}, "
+                                                "scale [0, 1]",
+                       "vmin": 0.0, "vmax": 1.0, "cmap": "magma", "cbar": "share",
+                       "marks": marks, "mark_label": f"sink head (key score > {sinks.threshold})"}]
+        else:
+            panels = [{"values": rate, "title": f"sink rate mean_i α_i{pos}, scale [0, 1]",
+                       "vmin": 0.0, "vmax": 1.0, "cmap": "magma", "cbar": "share"},
+                      {"values": key, "title": f"Gu key score of position {pos}, scale [0, 1]",
+                       "vmin": 0.0, "vmax": 1.0, "cmap": "magma", "cbar": "share",
+                       "marks": marks, "mark_label": f"sink head (key score > {sinks.threshold})"}]
+        report.figure(heads_by_layer_figure(panels, sinks.layers, ncols=2),
+                      "Look for bright heads: they put most of their attention on position "
+                      f"{pos} (sinks); dots mark the heads above the sink threshold.")
+
+    def _views(self, report: "Report", stats: Any, ctx: "ReportContext", first: int) -> None:
+        """Signed contribution maps of every layer for the kept documents, lazily rendered
+        behind a document and a layer selector (layers 0 → L−1, the sink layer first)."""
+        from tl_spectral.viz.report import pack_maps
+
+        items = []
+        n_docs = int(stats.kept_mask.shape[0])
+        docs = [int(d) for d in stats.kept_docs.tolist()] if stats.kept_docs is not None \
+            else list(range(n_docs))
+        n = 0
+        for di in range(n_docs):
+            n = int(stats.kept_mask[di].sum())
+            n = min(n, 64)
+            toks = ctx.token_strings(stats.kept_tokens[di, :n])
+            for layer in stats.layers:
+                maps = stats.maps(layer, di)
+                per_head = maps.measure("contribution")[0]
+                m = torch.cat([per_head, maps.token_level("contribution")[0]]).float()[:, :n, :n]
+                lim = float(torch.quantile(m.abs().flatten(), 0.99)) or 1.0
+                H = per_head.shape[0]
+                names = [f"H{h}" for h in range(H)] + ["Σ heads"]
+                items.append(((str(docs[di]), str(layer)), "AttentionHeads", {
+                    "attention": pack_maps(m, -lim, lim, tri=stats.causal),
+                    "tokens": toks, "attentionHeadNames": names, "maxValue": lim,
+                    "minValue": -lim, "negativeColor": "blue", "positiveColor": "red",
+                    "maskUpperTri": bool(stats.causal)}))
+        report.view_set(
+            items, ["document", "layer"], "contributions",
+            f"Contribution weights c_ij of every layer on the first {n} tokens (red = positive, "
+            "blue = negative, symmetric limits at the 99th percentile of |c| of each view; last "
+            "panel = Σ heads): look for sources that draw attention but supply little (pale "
+            "where the pattern is bright) and for blue, destructive sources.",
+            default=(str(docs[0]), str(first)), packed=["attention"],
+            standalone=[(str(docs[0]), str(first))],
+            option_notes={(1, str(first)): "most attention on position 0"},
+            summary=f"Open the interactive contribution maps ({n_docs} documents × "
+                    f"{len(stats.layers)} layers; rendered when opened)")

@@ -100,4 +100,35 @@ GLOSSARY: dict[str, str] = {
                               "top-ranked sources (higher = more faithful)",
     "sufficiency_area": "area under the curve of the output change when keeping only the "
                         "top-ranked sources (lower = more faithful)",
+    # head scores (TransformerLens' head detector, error measure "mul")
+    "previous_token": "mean over real queries of the attention on the previous token, α_i,i−1",
+    "induction": "mean over real queries of the attention on keys j whose previous token "
+                 "equals the current one (t_j−1 = t_i, j ≤ i), on the report's windows",
+    "induction_repeated": "the induction score on repeated random sequences (a random block "
+                          "then the same block again): about 0.5 for an induction head (only "
+                          "the second block's queries have an earlier copy)",
+    "duplicate_token": "mean over real queries of the attention on earlier occurrences of the "
+                       "current token (t_j = t_i, j < i)",
+    "first_token": "mean attention on position 0 (the same number as first_token_mass)",
+    "mass_on_CLS": "mean attention on the [CLS] token",
+    "mass_on_SEP": "mean attention on the [SEP] token",
+    "mass_on_punctuation": "mean attention on punctuation tokens",
+    # rotary geometry
+    "routing_fraction_at_0": "head-mean routing fraction ‖R‖²/‖M‖² of the kernel at offset "
+                             "Δ = 0",
+    "mean_routing_fraction": "head-mean routing fraction averaged over the offset "
+                             "distribution (ratio of the averaged energies)",
+    "min_over_offsets": "smallest head-mean routing fraction over the reported offsets",
+    "max_over_offsets": "largest head-mean routing fraction over the reported offsets",
+    # uncertainty
+    "H_star_interval": "95% delete-a-group jackknife interval over documents of H*",
+    "T_spec_interval": "95% delete-a-group jackknife interval over documents of T_spec",
+    "recommended_range": "smallest–largest recommended heads over all documents and the "
+                         "jackknife replicates",
+    # --baseline random
+    "H_star_random": "H* of the same configuration with re-initialised weights (--baseline "
+                     "random), same windows",
+    "T_spec_random": "T_spec of the re-initialised reference (--baseline random)",
+    "E_fine_random": "fine-band scale-energy share of the re-initialised reference "
+                     "(--baseline random)",
 }

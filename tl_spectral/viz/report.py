@@ -38,11 +38,14 @@ h2{margin-top:2em;border-bottom:1px solid #bbb}
 h3{margin-top:1.4em}
 figure{margin:1em 0;max-width:100%}
 figure img{max-width:100%;height:auto;border:1px solid #ddd}
-figcaption{font-size:.9em;color:#555}
+figcaption{font-size:.9em;color:#444}
+.cvview [tabindex]:focus{outline:2px solid #1a4f9c}
+.cvview button{text-shadow:0 0 2px rgba(0,0,0,.85),0 0 1px #000}
 .tablewrap{max-width:100%;overflow-x:auto;margin:.6em 0}
 table{border-collapse:collapse;font-size:.85em}
 th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right;white-space:nowrap}
-th{background:#f2f2f2;white-space:normal;max-width:9em;vertical-align:bottom;font-size:.95em}
+th{background:#f2f2f2;white-space:normal;max-width:9em;vertical-align:bottom;font-size:.95em;
+overflow-wrap:normal;word-break:normal;hyphens:none}
 th[title]{cursor:help;text-decoration:underline dotted}
 .meta{font-size:.9em;color:#444;background:#f7f7f7;padding:.6em 1em;border-radius:4px}
 .findings{background:#eef5ff;border-left:4px solid #3b7dd8;padding:.6em 1.2em;margin:1em 0}
@@ -55,6 +58,9 @@ nav.toc ol ol{font-size:.95em}
 .selector{margin:.5em 0;font-size:.95em}
 .selector select{font-size:1em}
 .cvview{max-width:100%;overflow-x:auto;border:1px solid #ddd;padding:0 .5em}
+details.lazyview>summary{cursor:pointer;font-weight:600;color:#1a4f9c;padding:.3em 0}
+.totop{font-size:.85em;margin-left:.8em;font-weight:normal}
+table caption{caption-side:top;text-align:left;font-weight:600;padding:.2em 0}
 details{margin:.3em 0}
 .csv{font-size:.85em;margin-left:.6em}
 .note{font-size:.9em;color:#444;border-top:1px solid #bbb;margin-top:2.5em;padding-top:.6em}
@@ -62,8 +68,93 @@ dl.glossary dt{font-family:monospace;font-weight:bold;margin-top:.4em}
 dl.glossary dd{margin-left:1.5em}
 """
 
-_SCRIPT = """
+_UNPACK_JS = """
+function tlNoWebGL(){
+  // circuitsvis computes with TensorFlow.js, whose WebGL backend compiles shaders before its
+  // first result: about 20 s in a software renderer (headless Chromium, many laptops' remote
+  // sessions) for maps of a few thousand numbers. Without a WebGL context it takes its CPU
+  // backend and a view renders in well under a second. Nothing else on the page uses WebGL.
+  [window.HTMLCanvasElement, window.OffscreenCanvas].forEach(function(C){
+    if (!C || C.prototype.tlNoWebGL) return;
+    var get = C.prototype.getContext;
+    C.prototype.getContext = function(type, attrs){
+      if (/webgl/i.test(String(type))) return null;
+      return get.call(this, type, attrs);
+    };
+    C.prototype.tlNoWebGL = true;
+  });
+}
+function tlUnpack(p){
+  var bin = atob(p.b64), n = bin.length, u = new Uint8Array(n), i;
+  for (i = 0; i < n; i++) u[i] = bin.charCodeAt(i);
+  var H = p.shape[0], Q = p.shape[1], K = p.shape[2], step = (p.hi - p.lo) / 254, k = 0, out = [];
+  for (var h = 0; h < H; h++) {
+    var rows = [];
+    for (var q = 0; q < Q; q++) {
+      var row = new Array(K);
+      for (var j = 0; j < K; j++) row[j] = (p.tri && j > q) ? 0 : p.lo + u[k++] * step;
+      rows.push(row);
+    }
+    out.push(rows);
+  }
+  return out;
+}
+"""
+
+_SCRIPT = _UNPACK_JS + """
+window.tlViews = {rendered: 0};
+function tlBundle(){
+  if (window.CircuitsVis) return;
+  tlNoWebGL();
+  var b = document.getElementById('cv-bundle');
+  var s = document.createElement('script');
+  s.textContent = b.textContent;
+  document.head.appendChild(s);
+}
+function tlRender(el){
+  if (el.getAttribute('data-done')) return;
+  tlBundle();
+  var d = JSON.parse(document.getElementById(el.getAttribute('data-src')).textContent);
+  (d.packed || []).forEach(function(k){ d.props[k] = tlUnpack(d.props[k]); });
+  CircuitsVis.render(el.id, CircuitsVis[d.element], d.props);
+  el.setAttribute('data-done', '1');
+  window.tlViews.rendered++;
+  setTimeout(function(){ tlKeyboard(el); }, 300);
+}
+function tlKeyboard(el){
+  // circuitsvis' head thumbnails answer the mouse only: make them focusable, announce
+  // them, and let Enter / Space act like a click (focus acts like hovering)
+  el.querySelectorAll('canvas').forEach(function(c){
+    var t = c.parentElement;
+    if (!t || t.getAttribute('tabindex') !== null || c.width >= 400) return;
+    t.setAttribute('tabindex', '0');
+    t.setAttribute('role', 'button');
+    var label = (t.parentElement && t.parentElement.innerText || '').trim().split('\\n')[0];
+    t.setAttribute('aria-label', label || 'head');
+    t.addEventListener('keydown', function(e){
+      if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); t.click(); }
+    });
+    t.addEventListener('focus', function(){
+      t.dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));
+    });
+  });
+}
 (function(){
+  document.querySelectorAll('figure.viewset').forEach(function(set){
+    var det = set.querySelector('details');
+    var sels = Array.from(set.querySelectorAll('select[data-dim]'));
+    function show(){
+      var key = sels.map(function(s){ return s.value; }).join('|');
+      set.querySelectorAll('.cvview').forEach(function(el){
+        var on = el.getAttribute('data-key') === key;
+        el.style.display = on ? '' : 'none';
+        if (on && det.open) tlRender(el);
+      });
+    }
+    sels.forEach(function(s){ s.addEventListener('change', show); });
+    det.addEventListener('toggle', show);
+    show();
+  });
   document.querySelectorAll('.figset').forEach(function(set){
     var sel = set.querySelector('select');
     function show(){
@@ -95,6 +186,43 @@ def js_json(obj: Any) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
+def pack_maps(maps: Any, lo: float, hi: float, tri: bool = False) -> dict:
+    """A ``[heads, query, key]`` array as 255 levels on ``[lo, hi]`` (one byte per entry,
+    base64; with ``tri`` only the entries ``key <= query``): the page's ``tlUnpack`` turns it
+    back into nested lists before a view renders. Level ``q`` stands for ``lo + q (hi − lo) /
+    254`` (values clipped to ``[lo, hi]``), so 0 is exact when ``lo = −hi`` or ``lo = 0``."""
+    import numpy as np
+
+    a = np.asarray(maps.detach().cpu().float().numpy() if hasattr(maps, "detach") else maps,
+                   dtype=np.float64)
+    if a.ndim != 3:
+        raise ValueError(f"pack_maps expects [heads, query, key], got shape {a.shape}")
+    hi = float(hi) if float(hi) > float(lo) else float(lo) + 1.0
+    q = np.rint((np.clip(np.nan_to_num(a), lo, hi) - lo) / (hi - lo) * 254).astype(np.uint8)
+    if tri:
+        iq, ik = np.tril_indices(a.shape[1], 0, a.shape[2])
+        q = q[:, iq, ik]
+    return {"b64": base64.b64encode(q.tobytes()).decode("ascii"), "shape": list(a.shape),
+            "lo": float(lo), "hi": hi, "tri": bool(tri)}
+
+
+def unpack_maps(p: dict) -> list:
+    """The inverse of :func:`pack_maps` (what the page's ``tlUnpack`` does), for tests and
+    the standalone view pages."""
+    import numpy as np
+
+    H, Q, K = p["shape"]
+    u = np.frombuffer(base64.b64decode(p["b64"]), dtype=np.uint8).astype(np.float64)
+    v = p["lo"] + u * (p["hi"] - p["lo"]) / 254
+    out = np.zeros((H, Q, K))
+    if p["tri"]:
+        iq, ik = np.tril_indices(Q, 0, K)
+        out[:, iq, ik] = v.reshape(H, -1)
+    else:
+        out[:] = v.reshape(H, Q, K)
+    return out.tolist()
+
+
 def _round_floats(obj: Any, digits: int = 4) -> Any:
     if isinstance(obj, float):
         if not math.isfinite(obj):
@@ -107,10 +235,21 @@ def _round_floats(obj: Any, digits: int = 4) -> Any:
     return obj
 
 
-def figure_to_base64(fig: Any, dpi: int = 90) -> str:
-    """PNG bytes of a matplotlib Figure, base64-encoded (the figure is closed)."""
+FIGURE_FORMATS = ("png", "svg")
+
+
+def figure_to_base64(fig: Any, dpi: int = 90, fmt: str = "png") -> str:
+    """PNG (or with ``fmt="svg"`` SVG) bytes of a matplotlib Figure, base64-encoded (the
+    figure is closed)."""
     import matplotlib.pyplot as plt
 
+    if fmt == "svg":
+        buf = io.BytesIO()
+        fig.savefig(buf, format="svg", bbox_inches="tight")
+        plt.close(fig)
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+    if fmt != "png":
+        raise ValueError(f"figure format must be one of {FIGURE_FORMATS}, got {fmt!r}")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)
@@ -149,8 +288,9 @@ def rows_to_csv(rows: Sequence[dict]) -> str:
 
 
 def table_html(rows: Sequence[dict], floatfmt: str = "{:.4g}", max_rows: int = 200,
-               glossary: Optional[dict] = None) -> str:
-    """An HTML table from a list of dicts with the same keys (headers with tooltips)."""
+               glossary: Optional[dict] = None, caption: str = "") -> str:
+    """An HTML table from a list of dicts with the same keys (column headers with
+    ``scope="col"`` and tooltips; ``caption`` as the table's ``<caption>``)."""
     if not rows:
         return "<p><em>(empty table)</em></p>"
     gl = glossary or {}
@@ -159,9 +299,10 @@ def table_html(rows: Sequence[dict], floatfmt: str = "{:.4g}", max_rows: int = 2
         return esc(k).replace("_", "_<wbr>")
 
     head = "".join(
-        f"<th title=\"{esc(gl[k])}\">{name(k)}</th>" if k in gl else f"<th>{name(k)}</th>"
-        for k in keys)
-    out = [f"<div class='tablewrap'><table><tr>{head}</tr>"]
+        f"<th scope=\"col\" title=\"{esc(gl[k])}\">{name(k)}</th>" if k in gl
+        else f"<th scope=\"col\">{name(k)}</th>" for k in keys)
+    cap = f"<caption>{esc(caption)}</caption>" if caption else ""
+    out = [f"<div class='tablewrap'><table>{cap}<tr>{head}</tr>"]
     for row in rows[:max_rows]:
         out.append("<tr>" + "".join(f"<td>{esc(_fmt(row.get(k, ''), floatfmt))}</td>"
                                     for k in keys) + "</tr>")
@@ -222,9 +363,13 @@ class Report:
     """Collects sections of text, figures, tables and circuitsvis views; writes index.html."""
 
     def __init__(self, title: str, meta: Optional[dict] = None,
-                 glossary: Optional[dict] = None):
+                 glossary: Optional[dict] = None, figure_format: str = "png"):
         from tl_spectral.viz.glossary import GLOSSARY
 
+        if figure_format not in FIGURE_FORMATS:
+            raise ValueError(f"figure_format must be one of {FIGURE_FORMATS}, got "
+                             f"{figure_format!r}")
+        self.figure_format = figure_format
         self.title = title
         self.meta = meta or {}
         self.sections: list[Section] = []
@@ -232,6 +377,8 @@ class Report:
         self.glossary: dict[str, str] = dict(GLOSSARY if glossary is None else glossary)
         self.used_terms: list[str] = []
         self.closing: list[str] = []
+        #: (key, text) of the works and specification sections the page cites as "[key]"
+        self.references: list[tuple[str, str]] = []
         self.tables: dict[str, str] = {}  # csv file name -> csv text
         self._views: dict[str, str] = {}  # views/<name>.html -> standalone page
         self._n_views = 0
@@ -272,10 +419,18 @@ class Report:
         """Anchor of the current section."""
         return self._current().anchor
 
-    def finding(self, sentence: str, anchor: Optional[str] = None) -> None:
+    def finding(self, sentence: str, anchor: Optional[str] = None,
+                first: "bool | str" = False) -> None:
         """A sentence for the findings summary at the top, linking to ``anchor`` (default:
-        the current section)."""
-        self.findings.append((sentence, anchor or self.anchor))
+        the current section); ``first``: after the earlier sanity findings, ahead of every
+        other finding; ``first="top"``: ahead of all."""
+        item = (sentence, anchor or self.anchor)
+        if first:  # a verdict on the whole model ("looks untrained") goes above them all
+            n = 0 if first == "top" else getattr(self, "_n_first", 0)
+            self.findings.insert(n, item)
+            self._n_first = getattr(self, "_n_first", 0) + 1
+        else:
+            self.findings.append(item)
 
     def define(self, term: str, definition: str) -> None:
         self.glossary[term] = definition
@@ -293,9 +448,10 @@ class Report:
         """Add a trusted HTML fragment."""
         self._current().parts.append(fragment)
 
-    @staticmethod
-    def _img(fig: Any, alt: str) -> str:
-        return f'<img src="data:image/png;base64,{figure_to_base64(fig)}" alt="{esc(alt)}"/>'
+    def _img(self, fig: Any, alt: str) -> str:
+        mime = "image/svg+xml" if self.figure_format == "svg" else "image/png"
+        data = figure_to_base64(fig, fmt=self.figure_format)
+        return f'<img src="data:{mime};base64,{data}" alt="{esc(alt)}"/>'
 
     def figure(self, fig: Any, caption: str = "") -> None:
         caption = caption + self.figure_suffix if caption else caption
@@ -331,9 +487,9 @@ class Report:
         the whole table behind a toggle."""
         rows = list(rows)
         sec = self._current()
-        if caption:
-            sec.parts.append(f"<p><strong>{esc(caption)}</strong></p>")
         if not rows:
+            if caption:
+                sec.parts.append(f"<p><strong>{esc(caption)}</strong></p>")
             sec.parts.append("<p><em>(empty table)</em></p>")
             return
         for k in rows[0]:
@@ -347,65 +503,109 @@ class Report:
         link = (f'<a class="csv" download="{esc(fname)}" href="data:text/csv;charset=utf-8,'
                 f'{esc(urllib.parse.quote(text))}">download CSV ({len(rows)} rows)</a>')
         if len(rows) <= max_shown:
-            sec.parts.append(table_html(rows, glossary=self.glossary) + link)
+            sec.parts.append(table_html(rows, glossary=self.glossary, caption=caption) + link)
             return
         idx = sorted(set(show)) if show is not None else list(range(max_shown))
         short = [rows[i] for i in idx if 0 <= i < len(rows)]
         sec.parts.append(
-            table_html(short, glossary=self.glossary)
+            table_html(short, glossary=self.glossary, caption=caption)
             + f"<details><summary>show all {len(rows)} rows</summary>"
-            + table_html(rows, glossary=self.glossary, max_rows=len(rows)) + "</details>" + link)
+            + table_html(rows, glossary=self.glossary, max_rows=len(rows),
+                         caption=f"{caption} (all rows)" if caption else "")
+            + "</details>" + link)
 
     def circuitsvis(self, rendered: Any, name: str, caption: str = "", height: int = 0) -> None:
-        """Inline a circuitsvis view (offline: the bundle is written once into the page).
-        ``height`` is ignored (kept for compatibility: the view takes its own height)."""
+        """Inline a circuitsvis view (offline: the bundle is written once into the page),
+        rendered when the reader opens it. ``height`` is ignored (kept for compatibility)."""
         element, props = circuitsvis_props(rendered)
         self.circuitsvis_element(element, props, name, caption)
 
     def circuitsvis_element(self, element: str, props: dict, name: str,
-                            caption: str = "") -> None:
-        html = self._view_html(element, props, name)
-        cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
-        self._current().parts.append(f"<figure>{html}{cap}</figure>")
-
-    def _view_html(self, element: str, props: dict, name: str) -> str:
-        """The inline div + render script of one view; also kept as ``views/<name>.html``."""
-        props = _round_floats(props)
-        self._n_views += 1
-        div = f"cv-{self._n_views}-{_slug(name)}"
-        fname = f"views/{_slug(name)}.html"
-        # the standalone pages share one copy of the bundle (views/circuitsvis.js, 1.4 MB),
-        # written once by write(): a page per layer must not repeat it
-        self._views[fname] = (
-            "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-            f"<title>{esc(name)}</title></head><body><div id='view'></div>"
-            f"<script src='{VIEW_BUNDLE}'></script>{_view_script('view', element, props)}"
-            "</body></html>")
-        return f'<div class="cvview" id="{esc(div)}"></div>' + _view_script(div, element, props)
+                            caption: str = "", packed: Sequence[str] = ()) -> None:
+        """One view (see :meth:`view_set`)."""
+        self.view_set([((), element, props)], [], name, caption, packed=packed)
 
     def circuitsvis_set(self, views: Iterable[tuple[str, Any]], name: str, caption: str = "",
                         label: str = "layer") -> None:
         """Several circuitsvis views behind one selector (e.g. one per layer): ``views`` is a
-        sequence of (option label, rendered view); only the selected one is shown."""
-        items = [(lab, *circuitsvis_props(r)) for lab, r in views]
+        sequence of (option label, rendered view)."""
+        items = [((lab,), *circuitsvis_props(r)) for lab, r in views]
+        if items:
+            self.view_set(items, [label], name, caption)
+
+    def view_set(self, items: Sequence[tuple[tuple[str, ...], str, dict]], dims: Sequence[str],
+                 name: str, caption: str = "", *, default: Optional[tuple[str, ...]] = None,
+                 packed: Sequence[str] = (), standalone: Optional[Sequence[tuple]] = None,
+                 summary: str = "", option_notes: Optional[dict] = None) -> None:
+        """Interactive circuitsvis views behind one selector per dimension (``dims``, e.g.
+        ``["document", "layer"]``), rendered LAZILY: each view's props sit in the page as a
+        JSON script and the view is compiled only when the reader opens the figure's
+        ``<details>`` and selects it (so the page is usable at once, whatever the number of
+        views).
+
+        items: ``(key, element, props)``, the key one option label per dimension (options
+        keep their first-appearance order); default: the key shown first (default: the
+        first item); packed: props keys holding :func:`pack_maps` output (unpacked in the
+        page); standalone: the keys also written as ``views/<name>-<key>.html`` pages
+        (default: the default key only); option_notes: ``{(dim index, label): note}``
+        appended to an option's text (e.g. "sink layer")."""
         if not items:
             return
+        keys = [tuple(str(k) for k in key) for key, _, _ in items]
+        default = tuple(str(k) for k in (default or keys[0]))
+        if default not in keys:
+            default = keys[0]
+        notes = option_notes or {}
+        want = {tuple(str(k) for k in t) for t in (standalone or [default])}
         caption = caption + self.figure_suffix if caption else caption
-        if len(items) == 1:
-            lab, element, props = items[0]
-            self.circuitsvis_element(element, props, f"{name}-{lab}",
-                                     f"{label} {lab}: {caption}" if caption else "")
-            return
         self._n_sets += 1
-        sid = f"figset-{self._n_sets}"
-        opts = "".join(f'<option value="{i}">{esc(lab)}</option>'
-                       for i, (lab, _, _) in enumerate(items))
-        divs = "".join(f'<div data-opt="{i}">{self._view_html(el, pr, f"{name}-{lab}")}</div>'
-                       for i, (lab, el, pr) in enumerate(items))
+        sid = f"viewset-{self._n_sets}"
+        sels = []
+        for d, dim in enumerate(dims):
+            opts: list[str] = []
+            for k in keys:
+                if k[d] not in opts:
+                    opts.append(k[d])
+            html_opts = "".join(
+                f'<option value="{esc(o)}"{" selected" if o == default[d] else ""}>'
+                f'{esc(o)}{esc(" — " + notes[(d, o)]) if (d, o) in notes else ""}</option>'
+                for o in opts)
+            sels.append(f'<label>{esc(dim)} <select data-dim="{d}" aria-label="{esc(dim)}">'
+                        f'{html_opts}</select></label>')
+        divs = []
+        for key, (_, element, props) in zip(keys, items):
+            if not re.fullmatch(r"\w+", element):
+                raise ValueError(f"bad circuitsvis element name {element!r}")
+            props = _round_floats(props)
+            self._n_views += 1
+            label = "-".join([name, *key]) if key else name
+            div = f"cv-{self._n_views}-{_slug(label)}"
+            src = f"cvd-{self._n_views}"
+            data = {"element": element, "props": props, "packed": list(packed)}
+            divs.append(f'<script type="application/json" id="{src}">{js_json(data)}</script>'
+                        f'<div class="cvview" id="{esc(div)}" data-src="{src}" '
+                        f'data-key="{esc("|".join(key))}"></div>')
+            if key in want:
+                fname = f"views/{_slug(label)}.html"
+                # the standalone pages share one copy of the bundle (views/circuitsvis.js,
+                # 1.4 MB), written once by write(); packed maps are unpacked in the page
+                self._views[fname] = (
+                    "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+                    f"<title>{esc(label)}</title></head><body><div id='view'></div>"
+                    f"<script src='{VIEW_BUNDLE}'></script><script>{_UNPACK_JS}"
+                    f"tlNoWebGL(); var d = {js_json(data)};"
+                    "(d.packed || []).forEach(function(k){ d.props[k] = tlUnpack(d.props[k]); });"
+                    "CircuitsVis.render('view', CircuitsVis[d.element], d.props);</script>"
+                    "</body></html>")
+        n = len(items)
+        what = summary or ("Open the interactive view" if n == 1 else
+                           f"Open the interactive views ({n}: pick "
+                           + " and ".join(dims) + ")")
         cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
+        sel_html = f'<div class="selector">{" ".join(sels)}</div>' if sels else ""
         self._current().parts.append(
-            f'<figure class="figset" id="{sid}"><div class="selector"><label>{esc(label)} '
-            f'<select aria-label="{esc(label)}">{opts}</select></label></div>{divs}{cap}</figure>')
+            f'<figure class="viewset" id="{sid}"><details class="lazyview"><summary>{esc(what)}'
+            f'</summary>{sel_html}{"".join(divs)}</details>{cap}</figure>')
 
     # ------------------------------------------------------------------ output
     def _toc(self) -> str:
@@ -418,8 +618,10 @@ class Report:
                          + (f"<ol>{sub}</ol>" if sub else "") + "</li>")
         if self.used_terms:
             items.append('<li><a href="#glossary">Glossary of column names</a></li>')
+        if self.references:
+            items.append('<li><a href="#references">References</a></li>')
         items.append('<li><a href="#about">About this report</a></li>')
-        return f"<nav class='toc'><strong>Contents</strong><ol>{''.join(items)}</ol></nav>"
+        return f"<nav class='toc' id='contents'><strong>Contents</strong><ol>{''.join(items)}</ol></nav>"
 
     def _render(self, closing_extra: Sequence[str] = ()) -> str:
         meta = "".join(f"<div><strong>{esc(k)}</strong>: {esc(v)}</div>"
@@ -437,16 +639,23 @@ class Report:
             body.append(f"<section class='findings' id='findings'><h2 style='margin-top:.3em'>"
                         f"Findings</h2><ul>{lis}</ul></section>")
         body.append(self._toc())
-        if self._n_views:
-            body.append(f"<script>{circuitsvis_bundle()}</script>")
+        if self._n_views:  # compiled by the first view that is opened (tlBundle)
+            body.append(f"<script type='text/plain' id='cv-bundle'>{circuitsvis_bundle()}"
+                        "</script>")
         for s in self.sections:
-            body.append(f'<h2 id="{esc(s.anchor)}">{esc(s.title)}</h2>')
+            body.append(f'<h2 id="{esc(s.anchor)}">{esc(s.title)}'
+                        '<a class="totop" href="#contents">↑ contents</a></h2>')
             body.extend(s.parts)
         if self.used_terms:
             dl = "".join(f"<dt>{esc(t)}</dt><dd>{esc(self.glossary.get(t, '(not defined)'))}</dd>"
                          for t in self.used_terms)
             body.append(f"<h2 id='glossary'>Glossary of column names</h2>"
                         f"<dl class='glossary'>{dl}</dl>")
+        if self.references:
+            refs = "".join(f'<li id="ref-{esc(_slug(k))}">[{esc(k)}] {esc(t)}</li>'
+                           for k, t in self.references)
+            body.append("<h2 id='references'>References<a class=\"totop\" href=\"#contents\">"
+                        f"↑ contents</a></h2><ul class='refs'>{refs}</ul>")
         note = [*self.closing, *closing_extra]
         body.append("<h2 id='about'>About this report</h2><div class='note'>"
                     + "".join(f"<p>{esc(x)}</p>" for x in note) + "</div>")

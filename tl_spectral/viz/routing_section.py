@@ -42,6 +42,9 @@ class RoutingFilteringSection:
         report.section(self.title)
         ctx.status("routing/filtering: QK geometry of every head")
         fold = self.fold_ln
+        if ctx.view.positional == "rotary":
+            self._rotary(report, ctx, fold)
+            return
         try:
             geo = model_qk_geometry(ctx.view, fold_ln=fold, allow_rotary=self.allow_rotary)
         except UnreadableHeadsError as e:
@@ -57,7 +60,7 @@ class RoutingFilteringSection:
             "splits into filtering F = (M + Mᵀ)/2 and routing R = (M − Mᵀ)/2. The budget is "
             "‖R‖²/‖M‖² (0.5 for a kernel with no preference); the routing rank is the entropy "
             "effective rank of R (one rotation plane = 2; capacity min(2·d_head, d_model)); a "
-            "head is unstable if M has an eigenvalue with positive real part. "
+            "head is unstable if M has an eigenvalue with positive real part (SPEC B.1 [B]). "
             f"Unstable heads: {unstable} of {n}. Mean routing fraction: "
             f"{float(geo.routing_fraction.mean()):.3f}; mean routing rank "
             f"{float(geo.eff_rank_R.mean()):.2f} of capacity "
@@ -69,8 +72,127 @@ class RoutingFilteringSection:
             + ", ".join(f"{r['layer']}: {r['routing_fraction']:.2f}" for r in rows)
             + f"; {unstable} of {n} heads unstable.")
         report.table(rows, "per layer (means over heads)", name="qk_geometry_layers")
-        report.figure(geo.plot_budget(), "spectral budget per layer (each dot a head)")
+        report.figure(geo.plot_budget(),
+                      "Spectral budget per layer (each dot a head): above 0.5 a head routes "
+                      "(moves information between positions), below it filters.")
         report.figure(geo.plot_routing_rank(show_capacity=False),
-                      "routing rank per layer (the cascade): mean ± std over heads")
+                      "Routing rank per layer (mean ± std over heads): look for the cascade, "
+                      "a rank that grows with depth.")
         report.figure(geo.plot_eigenvalues(),
-                      "eigenvalues of M per head (scaled by each head's largest modulus)")
+                      "Eigenvalues of M per head (scaled by each head's largest modulus): "
+                      "eigenvalues with a positive real part mark unstable heads.")
+
+    def _rotary(self, report: Report, ctx: ReportContext, fold: bool) -> None:
+        """Rotary models: the kernel depends on the offset Δ = j − i, M(Δ) = W_Q R(Δ) W_Kᵀ
+        (tl_spectral.geometry.rotary): routing fraction against the offset per layer, and its
+        average over the causal offset distribution of the report's windows."""
+        from tl_spectral.geometry.model import UnreadableHeadsError, model_rotary_geometry
+        from tl_spectral.viz.multiples import heads_by_layer_figure
+
+        T = int(ctx.tokens.shape[1])
+        ctx.status("routing/filtering: offset-resolved rotary geometry of every head")
+        try:
+            # spectra at Δ = 0 only: the report shows energies, which the stored
+            # trigonometric forms give exactly at any offset (geo.energies)
+            geo = model_rotary_geometry(ctx.view, fold_ln=fold, n_ctx=T, offsets=[0],
+                                        distribution="causal" if ctx.view.causal else "uniform",
+                                        average_ranks=False)
+        except UnreadableHeadsError as e:
+            report.text(f"The rotary QK geometry of this model could not be computed: {e}")
+            return
+        lags = _lag_grid(T)
+        rf = geo.energies([-x for x in lags])["routing_fraction"]  # [layer, head, n]
+        if ctx.save_raw:
+            geo.save(ctx.results_dir / "rotary_qk_geometry.safetensors")
+        _write_head_csv(geo, ctx.results_dir / "rotary_qk_geometry_heads.csv")
+        hl = geo.headline()
+        mrf = rf.mean(1)
+        rows = [{"layer": i, "routing_fraction_at_0": hl["routing_fraction_at_0"][i],
+                 "mean_routing_fraction": hl["mean_routing_fraction"][i],
+                 "min_over_offsets": float(mrf[i].min()),
+                 "max_over_offsets": float(mrf[i].max())} for i in range(geo.n_layers)]
+        dist = geo.distribution
+        report.text(
+            "This model has rotary positions, so its query–key kernel depends on the offset "
+            "Δ = j − i between key and query: M(Δ) = W_Q R(Δ) W_Kᵀ with R(Δ) the rotation of "
+            "each rotary frequency pair (docs/routing_filtering.md, SPEC B.1 with RoPE [B]). The "
+            "routing fraction ‖R_skew(Δ)‖²/‖M(Δ)‖² (0.5 = no preference) is computed exactly "
+            f"at every offset, and averaged over the {dist} offset distribution of the "
+            f"report's {T}-token windows (the share of routing in the kernel's energy over "
+            "the pairs attention actually sees). "
+            + ("LayerNorm folded." if ctx.view.pre_ln and fold else ""))
+        mr = geo.mean_routing_fraction
+        report.finding(
+            f"Routing fraction of the rotary kernels averaged over the {dist} offsets of "
+            f"{T}-token windows: {float(mr.mean()):.2f} over all heads (layers "
+            f"{float(mr.mean(1).min()):.2f}–{float(mr.mean(1).max()):.2f}; 0.5 = no "
+            "preference).")
+        report.table(rows, "per layer (means over heads): routing fraction at Δ = 0, averaged "
+                           f"over the {dist} offsets, and its range over offsets",
+                     name="rotary_geometry_layers")
+        report.figure(_routing_vs_offset(lags, mrf.double().numpy()),
+                      "Head-mean routing fraction of every layer against the lag (white = 0.5, "
+                      "no preference): look for layers whose routing share changes with "
+                      "distance (rows that change colour from left to right).")
+        report.figure(heads_by_layer_figure([
+            {"values": mr.numpy(), "title": f"routing fraction averaged over {dist} offsets, "
+                                            "scale [0, 1]", "vmin": 0.0, "vmax": 1.0,
+             "cmap": "RdBu_r", "cbar": "‖R‖²/‖M‖²"},
+            {"values": geo._at_zero().numpy(), "title": "routing fraction at Δ = 0, scale "
+                                                        "[0, 1]", "vmin": 0.0, "vmax": 1.0,
+             "cmap": "RdBu_r", "cbar": "‖R‖²/‖M‖²"},
+        ], list(range(geo.n_layers)), ncols=2),
+            "Per head: red heads route (antisymmetric kernels move information between "
+            "positions), blue heads filter (symmetric kernels match like with like).")
+
+
+def _lag_grid(T: int) -> list[int]:
+    """Lags 0 … T − 1: every lag up to 8, then about 24 log-spaced ones."""
+    import numpy as np
+
+    grid = set(range(min(T, 9)))
+    if T > 9:
+        grid |= {int(round(x)) for x in np.geomspace(9, T - 1, 24)}
+    return sorted(grid)
+
+
+def _write_head_csv(geo: Any, path: Any) -> None:
+    """The per-head distribution averages (``geo.head_table()``) as CSV."""
+    import csv
+
+    cols = geo.head_table()
+    keys = list(cols)
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(keys)
+        for row in zip(*(cols[k] for k in keys)):
+            w.writerow(row)
+
+
+def _routing_vs_offset(lags: list, rf: Any):
+    """Layers × lag heat map of the head-mean routing fraction ``rf [layer, lag]`` (lag on a
+    log axis, full range [0, 1])."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from tl_spectral.viz.multiples import TICK_PT
+
+    x = np.asarray(lags, dtype=float) + 1
+    L = rf.shape[0]
+    edges = np.concatenate([[x[0] / 1.25], np.sqrt(x[1:] * x[:-1]), [x[-1] * 1.25]])
+    h = max(2.8, 0.2 * L + 1.3)
+    fig, ax = plt.subplots(figsize=(7.5, h))
+    mesh = ax.pcolormesh(edges, np.arange(L + 1) - 0.5, rf, cmap="RdBu_r", vmin=0, vmax=1)
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    step = max(1, int(np.ceil(L / 32)))
+    ax.set_yticks(range(0, L, step), [str(i) for i in range(0, L, step)], fontsize=TICK_PT)
+    ax.tick_params(axis="x", labelsize=TICK_PT)
+    ax.set_xlabel("lag i − j + 1 (tokens, log)", fontsize=9)
+    ax.set_ylabel("layer", fontsize=9)
+    ax.set_title("head-mean routing fraction ‖R_skew(Δ)‖²/‖M(Δ)‖² against the lag", fontsize=9)
+    cb = fig.colorbar(mesh, ax=ax, pad=0.02)
+    cb.set_label("routing fraction (full range [0, 1])", fontsize=8)
+    cb.ax.tick_params(labelsize=TICK_PT)
+    fig.subplots_adjust(left=0.1, right=0.95, top=1 - 0.45 / h, bottom=0.6 / h)
+    return fig

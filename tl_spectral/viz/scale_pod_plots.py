@@ -363,9 +363,10 @@ def plot_tspec_hstar(result: Any):
     ax = axes[0]
     ax.plot(x, ts, "o-", color="tab:blue", label="whole field")
     for xi, t, r in zip(x, ts, r2):
-        if math.isfinite(t):
+        if math.isfinite(t):  # the last label to the left of its point (clear of the bar)
             ax.annotate(
-                f"R²={r:.2f}", (xi, t), fontsize=7, xytext=(2, 4), textcoords="offset points"
+                f"R²={r:.2f}", (xi, t), fontsize=7, textcoords="offset points",
+                xytext=(-30, 5) if xi == x[-1] else (2, 4),
             )
     # band values are markers only: band b of one layer and band b of the next are at
     # different scales, so no line joins them; the colour gives the band's scale a*
@@ -401,6 +402,10 @@ def plot_tspec_hstar(result: Any):
         label="≥ N−1 (saturated)",
     )
     eps = result.config.get("epsilon", 0.1)
+    n_av = max(int(lay.full.get("n_available", 0) or 0) for lay in result.layers)
+    if n_av > 0:  # the axis from 0 to the N − 1 modes an ensemble of N fields has
+        ax.axhline(n_av, color="0.5", ls="--", lw=0.8, label=f"N − 1 = {n_av} (all modes)")
+        ax.set_ylim(0, n_av * 1.08)
     ax.set_title(f"effective rank H*(ε={eps:g})", fontsize=9)
     ax.set_ylabel("H* (modes for 90% energy)")
     ax.legend(fontsize=7)
@@ -411,7 +416,8 @@ def plot_tspec_hstar(result: Any):
     ax.bar(x + 0.2, rec, width=0.4, color="tab:orange", label="∝ H*")
     ax.set_title(f"heads per layer (budget {result.head_budget})", fontsize=9)
     ax.set_ylabel("heads")
-    ax.legend(fontsize=7)
+    ax.set_ylim(0, 1.35 * max([*uni, *rec, 1]))  # room above the bars for the legend
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
     for a in axes:
         a.set_xticks(x)
         a.set_xticklabels(layers)

@@ -26,12 +26,16 @@ def slim_scale_pod(pod: Any) -> Any:
     scalograms, energies, coefficients and summaries stay, so tables, spectra and findings
     can be rebuilt from the saved file."""
     layers = []
-    for lay in pod.layers:
+    for lay in pod.layers:  # scalograms in float32: half the file, far below plot precision
         layers.append(dataclasses.replace(
             lay, full_modes=lay.full_modes[:0].clone(),
-            band_modes={k: v[:0].clone() for k, v in lay.band_modes.items()}))
+            band_modes={k: v[:0].clone() for k, v in lay.band_modes.items()},
+            scalogram=lay.scalogram.float()))
     return dataclasses.replace(pod, layers=layers)
 
+
+#: a dominant scale's peak holds at least this share of the largest peak of E(a)
+DOMINANT_PEAK_SHARE = 0.10
 
 #: what each field is, for the section text (definitions: tl_spectral.probes.pair_fields)
 FIELD_TEXT = {
@@ -72,19 +76,62 @@ class ScalePODSection:
         return [AttentionFieldProbe(field=f, name=_probe_name(f)) for f in report_fields(ctx)]
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
+        advice: dict[str, list[dict]] = {}
         for f in report_fields(ctx):
-            self._render_field(report, results[_probe_name(f)], ctx, f)
+            alloc = self._render_field(report, results[_probe_name(f)], ctx, f)
+            if alloc:
+                advice[f] = alloc
+        if len(advice) > 1:
+            self._reconcile(report, advice)
 
-    def _render_field(self, report: Report, fields: Any, ctx: ReportContext, field: str) -> None:
+    @staticmethod
+    def _reconcile(report: Report, advice: dict[str, list[dict]]) -> None:
+        """One allocation per run: the fields' recommended heads side by side and, per layer,
+        their range; the advice is the range (fields that differ by a head or two within
+        their jackknife ranges do not disagree)."""
+        report.subsection("One head allocation for the run")
+        fields = list(advice)
+        rows = []
+        for i, r0 in enumerate(advice[fields[0]]):
+            row: dict[str, Any] = {"layer": r0["layer"]}
+            vals = [advice[f][i]["recommended"] for f in fields]
+            for f, v in zip(fields, vals):
+                row[f"recommended_{f}"] = v
+            row["heads_range"] = f"{min(vals)}–{max(vals)}" if min(vals) != max(vals) \
+                else str(vals[0])
+            rows.append(row)
+        for f in fields:
+            report.define(f"recommended_{f}", f"heads for the layer in proportion to H* of "
+                                              f"the {f} fields")
+        report.define("heads_range", "smallest–largest recommended heads over the fields")
+        differ = [r["layer"] for r in rows if "–" in r["heads_range"]]
+        report.text(
+            "The fields analysed in this run recommend "
+            + ("the same heads in every layer." if not differ else
+               f"different heads in layer(s) {', '.join(map(str, differ))}; the run's advice is "
+               "the range (compare with each field's jackknife range: differences of a head "
+               "or two are within the uncertainty)."))
+        report.table(rows, "recommended heads per layer by field, and the run's range",
+                     name="head_allocation_by_field")
+
+    def _render_field(self, report: Report, fields: Any, ctx: ReportContext,
+                      field: str) -> list:
         what, text = FIELD_TEXT[field]
         plain = field == "attention"
         report.section(self.title if plain else f"Scale-selective POD of {what} fields")
         if fields.n_docs < 2:
             report.text("Scale-selective POD needs at least 2 documents; pass --n-docs 2 or more.")
-            return
+            return []
         sfx = "" if plain else f"_{field}"
         ctx.status(f"scale POD ({what}): wavelets and POD of {ctx.view.n_layers} layers")
-        pod = fields.scale_pod(n_heads=ctx.view.n_heads)
+        # the cross-coherence is most of the POD's cost (a cross-spectrum per scale and
+        # layer) and the report does not show it: skipped (the API computes it on request)
+        streamed = bool(getattr(fields, "streaming", False) or ctx.options.get("stream_rank"))
+        # dominant scales: peaks of E(a) with at least DOMINANT_PEAK_SHARE of the largest
+        # peak (the library's default 1% lets 5–7% bumps through)
+        kw = {} if streamed else {"coherence_queries": None,
+                                  "min_peak_fraction": DOMINANT_PEAK_SHARE}
+        pod = fields.scale_pod(n_heads=ctx.view.n_heads, **kw)
         (pod if ctx.save_raw else slim_scale_pod(pod)).save(
             ctx.results_dir / f"scale_pod{sfx}.safetensors")
         report.text(
@@ -92,9 +139,12 @@ class ScalePODSection:
             f"{getattr(fields, 'length', 0) or fields.doc_mask.shape[1]} "
             "tokens in lag coordinates, minus the ensemble mean (Reynolds split). A complex Morlet "
             "CWT along the lag gives the scalogram E(a, τ) and the scale energy E(a); Gaussian lag "
-            "windows at the dominant scales select bands; POD per band gives eigen-spectra, the "
+            "windows at the dominant scales (peaks of E(a) holding at least "
+            f"{100 * DOMINANT_PEAK_SHARE:.0f}% of the largest peak's energy"
+            + (", the library's 1% with --stream-rank" if streamed else "") + ") select bands; POD per band gives eigen-spectra, the "
             "spectral concentration index T_spec = 1/β and the effective rank H*(0.1). The head "
-            "allocation distributes the model's heads in proportion to H* of each layer.")
+            "allocation distributes the model's heads in proportion to H* of each layer (SPEC "
+            "part A [A]).")
         fine = [(lay.layer, lay.band_energy["fine"]) for lay in pod.layers
                 if lay.band_energy["fine"] >= 0.5]
         coarse = [(lay.layer, lay.band_energy["coarse"]) for lay in pod.layers
@@ -111,36 +161,65 @@ class ScalePODSection:
                        + "; ".join(parts) + ". Effective rank H* per layer: "
                        + ", ".join(f"{lay}: {h}" for lay, h in hs) + ".")
         report.subsection("Per-layer summary and head allocation")
-        report.table(pod.table(), "per-layer summary", name=f"scale_pod_layers{sfx}")
+        table = pod.table()
+        base = _baseline_pod(ctx, field, fields)
+        if base is not None:
+            for row, b in zip(table, base.layers):
+                row["H_star_random"] = b.full["H_star_str"]
+                row["T_spec_random"] = b.T_spec
+                row["E_fine_random"] = b.band_energy.get("fine", float("nan"))
+            report.text(
+                "Reference (--baseline random): the same configuration with re-initialised "
+                "weights (matrices N(0, 0.02²), gains 1, biases 0; seeded) on the same "
+                "windows. Columns ending in _random are its numbers: a layer whose H*, T_spec "
+                "or scale shares sit at the reference's says little about learned structure.")
+        report.table(table, "per-layer summary", name=f"scale_pod_layers{sfx}")
         report.table(pod.allocation, "head allocation (recommended vs uniform)",
                      name=f"head_allocation{sfx}")
+        _uncertainty(report, fields, pod, ctx, what)
         ctx.status(f"scale POD ({what}): figures")
-        report.figure(pod.plot_scale_energies(), "scale energy E(a) of every layer")
+        from tl_spectral.viz.multiples import (
+            coherence_map,
+            modes_mosaic,
+            scale_energy_map,
+            scalograms_mosaic,
+            spectra_overlay,
+        )
+
+        rising = [lay.layer for lay in pod.layers
+                  if float(lay.scale_energy[-1]) >= 0.999 * float(lay.scale_energy.max())]
+        if rising:
+            report.finding(
+                f"Scale energy still rises at the largest analysed scale in layer(s) "
+                f"{', '.join(map(str, rising))}: structure coarser than these windows is cut "
+                "off; analyse longer windows (--length) to resolve it.")
+        report.figure(scale_energy_map(pod),
+                      "Each row is one layer's scale energy E(a): look for where each row is "
+                      "brightest (its dominant scales, dots) and whether deep layers move to "
+                      "coarser scales.")
         report.figure(pod.plot_tspec_hstar(),
-                      "T_spec and H* across layers (band values as markers, coloured by scale)")
-        n = len(pod.layers)
-
-        def each(what: str):
-            for i, lay in enumerate(pod.layers):
-                ctx.status(f"scale POD figures ({field}): {what}, layer {i + 1}/{n}")
-                yield lay
-
-        report.subsection("Scalograms per layer")
-        report.figure_set(((str(lay.layer), _scalogram_pair(lay)) for lay in each("scalograms")),
-                          "scalogram E(a, τ) and scale energy E(a) with dominant scales")
-        report.subsection("POD spectra and modes per layer")
-        report.figure_set(((str(lay.layer), lay.plot_spectra()) for lay in each("spectra")),
-                          "POD eigen-spectra (log-log), power-law fits over the fitted modes, "
-                          "H* dotted")
-        report.figure_set(((str(lay.layer), lay.plot_band_modes()) for lay in each("modes")),
-                          "first POD modes per band (query × lag)")
-        report.figure_set(((str(lay.layer), lay.plot_mode_profiles())
-                           for lay in each("mode profiles")),
-                          "mean lag profiles of the modes")
-        coh = [lay for lay in pod.layers if lay.coherence is not None]
-        if coh:
-            report.figure_set(((str(lay.layer), lay.plot_coherence()) for lay in coh),
-                              "cross-coherence γ_ij(a)")
+                      "T_spec and H* across layers: look for layers with a high H* (many modes "
+                      "needed: rich structure) and how the head allocation follows it.")
+        report.subsection("Scalograms, every layer")
+        ctx.status(f"scale POD figures ({field}): scalograms")
+        report.figure(scalograms_mosaic(pod),
+                      "Scalograms of every layer stacked: look for the lags at which each "
+                      "layer's energy sits (bright) and at which scales.")
+        report.subsection("POD spectra and modes, every layer")
+        ctx.status(f"scale POD figures ({field}): spectra and modes")
+        report.figure(spectra_overlay(pod),
+                      "POD eigen-spectra of every layer: a steep, short spectrum means few "
+                      "modes carry the field; a flat one, many (H* as a dot on each line).")
+        fig = modes_mosaic(pod)
+        if fig is not None:
+            report.figure(fig, "First POD mode per band of every layer: look for the lag "
+                                "structure each band captures (red positive, blue negative).")
+        fig = coherence_map(pod)
+        if fig is not None:  # streamed statistics bring their coherence along
+            report.figure(fig, "Mean coherence between different queries at each scale: look "
+                               "for scales where queries move together (bright): structure "
+                               "shared across positions rather than local to one query.")
+        return pod.allocation
 
 
 def _scalogram_pair(layer: Any):
@@ -153,3 +232,69 @@ def _scalogram_pair(layer: Any):
     plot_scale_energy(layer, ax=axes[1])
     fig.tight_layout()
     return fig
+
+
+def _uncertainty(report: Report, fields: Any, pod: Any, ctx: ReportContext, what: str) -> None:
+    """Jackknife intervals over documents of H*, T_spec and the heads per layer, and a
+    finding when the number of documents bounds H*."""
+    from tl_spectral.viz.uncertainty import n_bound, pod_jackknife
+
+    N = int(fields.n_docs)
+    hs = [float(lay.H_star) for lay in pod.layers]
+    bound, n_try = n_bound(hs, N)
+    if bound:
+        lays = [pod.layers[i].layer for i in bound]
+        report.finding(
+            f"H* of the {what} fields is bounded by the number of documents in "
+            f"{len(lays)} of {len(pod.layers)} layers ({', '.join(map(str, lays[:12]))}"
+            f"{', …' if len(lays) > 12 else ''}): the POD of N = {N} fields has at most "
+            f"{N - 1} modes and H* reaches {min(hs[i] for i in bound):.0f}–"
+            f"{max(hs[i] for i in bound):.0f} of them, so it says nothing about the layer; "
+            f"rerun with --n-docs {n_try} or more (H*, T_spec and the head advice below are "
+            "bounded too).")
+    if getattr(fields, "streaming", False) or not hasattr(fields, "fluctuations") or N < 4:
+        report.text("Intervals over documents need the per-document fields (not kept with "
+                    "--stream-rank) and at least 4 documents.")
+        return
+    ctx.status(f"scale POD ({what}): jackknife over documents")
+    jk = pod_jackknife(fields, pod, seed=int(ctx.options.meta.get("seed", 0) or 0))
+    meta = jk["meta"]
+    report.text(
+        f"Uncertainty: {100 * meta['level']:.0f}% delete-a-group jackknife intervals over the "
+        f"{N} documents ({meta['n_groups']} groups, seeded; t quantile {meta['t_quantile']:.2f}) "
+        "of each layer's H* and T_spec, and the smallest and largest recommended heads over "
+        "the replicates. An interval of zero width for H* means every replicate gave the same "
+        "value (H* bounded by N gives N' − 1 in every replicate: see the finding above).")
+    rows = [{"layer": r["layer"], "H_star": r["H_star"],
+             "H_star_interval": f"{r['H_star_low']:.3g}–{r['H_star_high']:.3g}",
+             "T_spec": r["T_spec"],
+             "T_spec_interval": f"{r['T_spec_low']:.3g}–{r['T_spec_high']:.3g}",
+             "recommended": r["heads"],
+             "recommended_range": (f"{r['heads_min']}–{r['heads_max']}"
+                                   if r["heads_min"] != r["heads_max"] else str(r["heads"]))}
+            for r in jk["rows"]]
+    report.table(rows, "H*, T_spec and recommended heads with their jackknife intervals "
+                       "over documents", name=f"scale_pod_intervals_{what.replace(' ', '_')}")
+
+
+def _baseline_pod(ctx: ReportContext, field: str, fields: Any) -> Any:
+    """The scale POD of ``field`` for the re-initialised twin of the model
+    (``options["baseline"] == "random"``), computed once per field; None without a baseline."""
+    if ctx.options.get("baseline") != "random":
+        return None
+    from tl_spectral.model_view import ModelView
+    from tl_spectral.probes import run_probes
+    from tl_spectral.viz.baseline import random_copy
+
+    cache = ctx.baseline_cache
+    if "view" not in cache:
+        ctx.status("baseline: the same configuration re-initialised")
+        seed = int(ctx.options.meta.get("seed", 0) or 0)
+        cache["view"] = ModelView(random_copy(ctx.view.model, seed=seed))
+    ctx.status(f"baseline: probe pass and scale POD of the {field} fields")
+    res = run_probes(cache["view"], ctx.tokens,
+                     [AttentionFieldProbe(field=field,
+                                          name="baseline")],
+                     progress=False, attention_mask=ctx.mask)["baseline"]
+    return res.scale_pod(n_heads=ctx.view.n_heads, coherence_queries=None,
+                         min_peak_fraction=DOMINANT_PEAK_SHARE)

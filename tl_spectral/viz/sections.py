@@ -11,12 +11,15 @@ and save what a reload needs under ``results/`` (raw per-query maps only with
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
 from pathlib import Path
 from typing import Any, Optional
 
 from tl_spectral.probes import AttentionStats, Probe
 from tl_spectral.viz.context import SECTIONS, ReportContext, ReportSection, register_section
 from tl_spectral.viz.contribution_section import ContributionSection  # noqa: F401
+from tl_spectral.viz.head_scores_section import HeadScoresSection  # noqa: F401
 from tl_spectral.viz.report import Report
 from tl_spectral.viz.routing_section import RoutingFilteringSection  # noqa: F401
 from tl_spectral.viz.scale_pod_section import ScalePODSection  # noqa: F401
@@ -40,6 +43,59 @@ def _informative_head_rows(rows: list[dict]) -> list[int]:
     return sorted(set(keep))
 
 
+def uniform_entropy_bound(ctx: ReportContext) -> float:
+    """Mean over the report's real queries of the entropy of UNIFORM attention over the keys
+    each query may see (log(i + 1) for a causal query at position i, log n for a query of a
+    bidirectional window of n real tokens): the value every head of an untrained model sits
+    at."""
+    import math
+
+    tot, n = 0.0, 0
+    for d in range(int(ctx.tokens.shape[0])):
+        L = ctx.doc_length(d)
+        if ctx.view.causal:
+            tot += math.lgamma(L + 1)  # Σ_{i<L} log(i + 1) = log L!
+        else:
+            tot += L * math.log(max(L, 1))
+        n += L
+    return tot / max(n, 1)
+
+
+#: a head counts as uniform when its mean entropy is within this share of the uniform bound
+UNIFORM_SHARE = 0.98
+#: the model "looks untrained" when at least this share of its heads is uniform
+UNTRAINED_HEAD_SHARE = 0.9
+
+#: documents shown by the interactive views (a document selector)
+VIEW_DOCS = 3
+
+
+#: above this many heads (layers × heads) the views show 2 documents (the page's size)
+VIEW_HEADS_FOR_3_DOCS = 150
+
+
+def view_documents(ctx: ReportContext) -> list[int]:
+    """The documents the interactive views show: 3, or 2 on models with more than
+    ``VIEW_HEADS_FOR_3_DOCS`` heads in all (every layer's views are in the page)."""
+    n = VIEW_DOCS if ctx.view.n_layers * ctx.view.n_heads <= VIEW_HEADS_FOR_3_DOCS else 2
+    return list(range(min(n, int(ctx.tokens.shape[0]))))
+
+
+def featured_layers(res: Any) -> dict[int, str]:
+    """{layer index: note} of the layers that matter: the layer of the most focused head and
+    the sink layers (a head with ≥ 50% of its attention on position 0; at most 3, the
+    strongest)."""
+    ent = res.entropy.float()
+    ftm = res.first_token_mass.float()
+    out: dict[int, str] = {}
+    out[int(ent.min(1).values.argmin())] = "most focused head"
+    strong = ftm.max(1).values
+    for i in strong.argsort(descending=True).tolist()[:3]:
+        if float(strong[i]) >= 0.5:
+            out[i] = (out[i] + ", " if i in out else "") + "sink layer"
+    return out
+
+
 @register_section
 class AttentionStatsSection(ReportSection):
     """Report section: entropy, distance and position-0 mass of every head, patterns."""
@@ -52,16 +108,22 @@ class AttentionStatsSection(ReportSection):
         return [AttentionStats(pattern_positions=None if ctx.save_raw else 256)]
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
-        import circuitsvis as cv
-        import torch
+        import math
 
-        from tl_spectral.viz.attention_plots import plot_attention_stats, plot_mean_patterns
+        from tl_spectral.viz.multiples import (
+            data_range,
+            heads_by_layer_figure,
+            mean_patterns_mosaic,
+        )
 
         ctx.status("attention statistics: figures")
         res = results["attention_stats"]
         saved = res
-        if not ctx.save_raw and res.mean_pattern.shape[-1] > SHOWN_POSITIONS:
-            n = SHOWN_POSITIONS
+        # results/ keeps the mean pattern's first SHOWN_POSITIONS positions (half of that on
+        # models with more than VIEW_HEADS_FOR_3_DOCS heads: the folder's size)
+        n = SHOWN_POSITIONS if res.mean_pattern.shape[0] * res.mean_pattern.shape[1] <= \
+            VIEW_HEADS_FOR_3_DOCS else SHOWN_POSITIONS // 2
+        if not ctx.save_raw and res.mean_pattern.shape[-1] > n:
             saved = dataclasses.replace(res, mean_pattern=res.mean_pattern[..., :n, :n].clone())
         saved.save(ctx.results_dir / "attention_stats.safetensors")
         report.section(self.title)
@@ -70,57 +132,131 @@ class AttentionStatsSection(ReportSection):
             "attention distribution (nats), the mean distance Σ_j α_ij |i − j| (tokens), and the "
             "mass on position 0 (the first token; a sink indicator).")
         ent = res.entropy.float()
+        bound = uniform_entropy_bound(ctx)
+        near = ent >= UNIFORM_SHARE * bound
+        share = float(near.float().mean())
+        ctx.sanity["uniform_head_share"] = share
+        T = int(ctx.tokens.shape[1])
+        if bound > 0 and share >= UNTRAINED_HEAD_SHARE:
+            report.finding(
+                f"This model looks untrained: {int(near.sum())} of {near.numel()} heads attend "
+                f"almost uniformly (mean entropy within {100 * (1 - UNIFORM_SHARE):.0f}% of "
+                f"the uniform bound {bound:.3f} nats, the entropy of spreading attention evenly "
+                f"over the visible keys; the heads run {float(ent.min()):.3f}–"
+                f"{float(ent.max()):.3f}). The numbers below describe a random network, not "
+                "learned structure.", first="top")
+        else:
+            report.finding(
+                f"Sanity: {int(near.sum())} of {near.numel()} heads attend almost uniformly "
+                f"(entropy ≥ {100 * UNIFORM_SHARE:.0f}% of the uniform bound {bound:.2f} "
+                f"nats, the entropy of even attention); {near.numel() - int(near.sum())} are "
+                "more focused.", first=True)
         li, h = divmod(int(ent.argmin()), ent.shape[1])
         ftm = res.first_token_mass.float()
         lj, hj = divmod(int(ftm.argmax()), ftm.shape[1])
         report.finding(
             f"Most focused head: layer {res.layers[li]} head {h} (entropy {float(ent[li, h]):.2f} "
-            f"nats); strongest position-0 head: layer {res.layers[lj]} head {hj} "
-            f"({100 * float(ftm[lj, hj]):.0f}% of its attention on position 0).")
-        report.figure(plot_attention_stats(res), "entropy, distance and position-0 mass per "
-                                                 "layer and head")
-        report.subsection("Mean patterns per layer")
-        report.figure_set(
-            ((str(lay), (ctx.status(f"attention figures: mean patterns, layer {i + 1}/"
-                                    f"{len(res.layers)}"), plot_mean_patterns(res, i))[1])
-             for i, lay in enumerate(res.layers)),
-            "mean attention pattern of every head (query ↓, key →), first "
-            f"{min(SHOWN_POSITIONS, res.mean_pattern.shape[-1])} positions, on a quantile "
-            "colour scale (each colour covers the same share of entries)")
+            f"nats of a uniform bound {bound:.2f}); strongest position-0 head: layer "
+            f"{res.layers[lj]} head {hj} ({100 * float(ftm[lj, hj]):.0f}% of its attention on "
+            "position 0).")
+        dist = res.distance.float().numpy()
+        dlo, dhi = data_range(dist, noise=1.0)
+        marks = (near.numpy() if share < UNTRAINED_HEAD_SHARE else None)
+        report.figure(heads_by_layer_figure([
+            {"values": ent.numpy(), "title": f"entropy (nats), scale [0, log T = {math.log(T):.2f}]",
+             "vmin": 0.0, "vmax": math.log(T), "cbar": "nats", "marks": marks,
+             "mark_label": f"≥ {100 * UNIFORM_SHARE:.0f}% of the uniform bound"},
+            {"values": dist, "title": f"mean distance (tokens), data range {dlo:.3g}–{dhi:.3g}",
+             "vmin": dlo, "vmax": dhi, "cmap": "magma", "cbar": "tokens"},
+            {"values": ftm.numpy(), "title": "mass on position 0, scale [0, 1]",
+             "vmin": 0.0, "vmax": 1.0, "cmap": "cividis", "cbar": "share"},
+        ], res.layers), "Look for low-entropy (dark) heads, which attend to few keys, and "
+            "bright heads in the right panel, which park their attention on position 0 (sinks).")
+        report.subsection("Mean patterns, every layer")
+        n_pos = min(SHOWN_POSITIONS, res.mean_pattern.shape[-1])
+        report.figure(
+            mean_patterns_mosaic(res.mean_pattern, res.layers, causal=getattr(res, "causal", True),
+                                 max_pos=n_pos),
+            f"Mean attention pattern of every head (rows: layers, columns: heads; first {n_pos} "
+            "positions, log colour scale): look for a bright first column (a sink), a bright "
+            "diagonal (current token) or sub-diagonal (previous token).")
         report.subsection("Per-head table")
         rows = res.rows()
         report.table(rows, "per-head statistics (shown: per layer the head with the most "
                            "position-0 mass and the most focused head)", name="attention_heads",
                      show=_informative_head_rows(rows))
-        # one document's patterns, every layer, as interactive circuitsvis views behind the
-        # layer selector (the last layer shown first)
         report.subsection("Interactive view")
-        n = min(SHOWN_POSITIONS, ctx.doc_length(0))
-        doc = ctx.tokens[0, :n]
+        self._views(report, res, ctx)
+
+    def _views(self, report: Report, res: Any, ctx: ReportContext) -> None:
+        """Every layer's patterns on the first tokens of a few documents, lazily rendered
+        circuitsvis views behind a document and a layer selector (layers 0 → L−1; the layers
+        that matter marked and the most focused one shown first)."""
+        import torch
+
+        from tl_spectral.viz.report import pack_maps
+
+        ctx.status("attention statistics: interactive views")
+        docs = view_documents(ctx)
+        n = min([SHOWN_POSITIONS] + [ctx.doc_length(d) for d in docs])
+        toks = ctx.tokens[: len(docs), :n]  # docs are the first windows (a slice: lazy token files)
         cap: dict[int, Any] = {}
         layers = list(range(ctx.view.n_layers))
 
         def hook_for(layer: int):
             def hook(t, hook=None):
-                cap[layer] = t[0].detach().cpu()
+                cap[layer] = t.detach().cpu()
                 return t
             return hook
 
-        ctx.status("attention statistics: interactive views")
         with torch.no_grad():
-            ctx.view.run(doc[None], fwd_hooks=[(ctx.view.hook_pattern(layer), hook_for(layer))
-                                               for layer in layers], return_type=None)
-        toks = ctx.token_strings(doc)
-        report.circuitsvis_set(
-            ((str(layer), cv.attention.attention_patterns(tokens=toks, attention=cap[layer]))
-             for layer in reversed(layers)), "patterns-layer",
-            f"attention patterns on the first {n} tokens of document 0 (pick a layer, then "
-            "hover a token and pick a head)")
+            ctx.view.run(toks, fwd_hooks=[(ctx.view.hook_pattern(layer), hook_for(layer))
+                                          for layer in layers], return_type=None)
+        strings = [ctx.token_strings(toks[i]) for i in range(len(docs))]
+        causal = ctx.view.causal
+        items = []
+        for i, d in enumerate(docs):
+            for layer in layers:
+                items.append(((str(d), str(layer)), "AttentionPatterns",
+                              {"tokens": strings[i],
+                               "attention": pack_maps(cap[layer][i], 0.0, 1.0, tri=causal)}))
+        feat = featured_layers(res)
+        first = next(iter(feat))
+        report.view_set(
+            items, ["document", "layer"], "patterns",
+            f"Attention patterns on the first {n} tokens of {len(docs)} documents (pick a "
+            "document and a layer, then hover a token and pick a head): look for heads that "
+            "look back one token, copy from an earlier occurrence, or park on position 0.",
+            default=(str(docs[0]), str(layers[first])), packed=["attention"],
+            standalone=[(str(docs[0]), str(layers[i])) for i in feat],
+            option_notes={(1, str(layers[i])): note for i, note in feat.items()},
+            summary=f"Open the interactive attention patterns ({len(docs)} documents × "
+                    f"{len(layers)} layers; rendered when opened)")
 
 
 def section_keys() -> tuple[str, ...]:
     """The keys of every registered section, in report order (``--sections``)."""
     return tuple(s.key for s in SECTIONS)
+
+
+#: what the report's texts cite as [key] (the SPEC is the project's specification,
+#: shared/SPEC.md; its parts follow the three papers)
+REFERENCES = (
+    ("A", "Scale-selective POD of attention fields, arXiv 2606.06573; SPEC part A; "
+          "docs/scale_pod.md."),
+    ("B", "Routing and filtering structure of attention; S–D attention, arXiv 2605.18826; "
+          "SPEC part B (B.1 geometry, B.5 linearization, B.6 cascade allocation); "
+          "docs/routing_filtering.md, docs/surgery.md."),
+    ("C", "Contribution weights and sink geometry, arXiv 2606.07604; SPEC part C; "
+          "docs/contributions.md."),
+    ("Gu", "Gu et al., When Attention Sink Emerges in Language Models: An Empirical View, "
+           "arXiv 2410.10781 (the key score of a sink)."),
+    ("K", "Kobayashi et al., Attention is Not Only a Weight: Analyzing Transformers with "
+          "Vector Norms, EMNLP 2020, arXiv 2004.10102 (value-weighted attention)."),
+    ("TL", "TransformerLens, transformer_lens.head_detector (previous-token, duplicate-token "
+           "and induction head scores)."),
+    ("O", "Olsson et al., In-context Learning and Induction Heads, arXiv 2209.11895."),
+)
 
 
 def model_summary(ctx: ReportContext) -> str:
@@ -147,6 +283,8 @@ def build_report(
 
     if ctx.options.progress is None:
         ctx.options = dataclasses.replace(ctx.options, progress=progress)
+    #: seconds per phase (the probe pass, each section, the writing), for benchmarks
+    timings: dict[str, float] = ctx.timings
     secs = sections if sections is not None else [f() for f in SECTIONS]
     probes: list[Probe] = []
     for s in secs:
@@ -158,12 +296,15 @@ def build_report(
         results = {}
     else:
         ctx.status(f"probes: one pass over {n_docs} windows of {T} tokens")
+        t = time.perf_counter()
         results = run_probes(ctx.view, ctx.tokens, probes, batch_size=batch_size,
                              progress=progress, attention_mask=ctx.mask)
+        timings["probe pass"] = time.perf_counter() - t
     seed = ctx.options.meta.get("seed")
     run = f"{n_docs} windows × {T} tokens" + (f", seed {seed}" if seed is not None else "")
     report = Report(
         title or f"tl_spectral report — {ctx.name}",
+        figure_format=ctx.options.get("figure_format", "png"),
         meta={
             "model": model_summary(ctx),
             "documents": f"{n_docs} windows of {T} tokens"
@@ -172,18 +313,28 @@ def build_report(
         },
     )
     report.figure_suffix = f" [{ctx.name}; {run}]"
+    report.references = list(REFERENCES)
     for s in secs:
         ctx.status(f"section: {s.title}")
+        t = time.perf_counter()
         s.render(report, results, ctx)
+        timings[f"section {s.key}"] = time.perf_counter() - t
     report.note(f"Generated by tl-spectral analyze for {ctx.name} on {run}. Every figure, "
-                "table and view is about this model only; stored study results are "
-                "`tl-spectral study NAME` and the docs.")
+                "table and view is about this model only; stored study results come from "
+                "tl-spectral study NAME and the docs.")
     report.note("results/ holds what a reload needs (Result.load): per-layer statistics, "
                 "spectra and summaries; "
                 + ("raw per-query maps are included (--save-raw)." if ctx.save_raw else
                    f"per-position maps are cut to the first {SHOWN_POSITIONS} positions and "
                    "POD modes left out; pass --save-raw to keep them whole."))
     ctx.status("writing index.html")
+    t = time.perf_counter()
     index = report.write(ctx.out_dir)
+    timings["write"] = time.perf_counter() - t
+    # the phases' times beside the report's summary (benchmarks/report_stages.py reads them)
+    rj = ctx.out_dir / "report.json"
+    doc = json.loads(rj.read_text(encoding="utf-8"))
+    doc["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+    rj.write_text(json.dumps(doc, indent=2), encoding="utf-8")
     ctx.status(f"done: {index}")
     return index

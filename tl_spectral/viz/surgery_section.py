@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from tl_spectral.viz.report import Report
 
 
+#: a perplexity at least this share of the vocabulary size reads as "untrained"
+PPL_UNTRAINED_SHARE = 0.5
+
+
 @register_section
 class SurgerySection:
     """A report section (the ``ReportSection`` protocol: key, title, probes, render)."""
@@ -44,10 +48,10 @@ class SurgerySection:
         report.text(
             "Causal ELU+1 linear attention (φ = elu + 1) on a layer's own q, k, v is attention "
             "with pattern α_ij ∝ φ(q_i)·φ(k_j), O(T) to compute. Linearizing the first k layers "
-            "and measuring the perplexity change gives the collapse curve of SPEC B.5 (paper: "
+            "and measuring the perplexity change gives the collapse curve of SPEC B.5 (paper [B]: "
             "7 leading layers of a 125M S–D model within 5%, standard attention collapsing "
             "from layer 3); head dimensions set from the measured routing rank give SPEC B.6's "
-            "cascade allocation (paper: 47–65% fewer attention parameters at +3.9% to +8.4% PPL)."
+            "cascade allocation (paper [B]: 47–65% fewer attention parameters at +3.9% to +8.4% PPL)."
         )
         toks = ctx.tokens[:self.n_docs]
         try:
@@ -56,14 +60,32 @@ class SurgerySection:
             report.text(f"Zero-shot linearization of this model skipped: {e}")
         else:
             curve.save(ctx.results_dir / "surgery_tl_curve.safetensors")
+            V = int(getattr(ctx.view, "d_vocab", -1))
+            if V > 1 and curve.base_ppl >= PPL_UNTRAINED_SHARE * V:
+                report.finding(
+                    f"This model looks untrained: its perplexity on the report's windows is "
+                    f"{curve.base_ppl:.4g}, {curve.base_ppl / V:.2f} × its vocabulary size {V} "
+                    "(a model that predicts every token as equally likely has perplexity "
+                    "equal to the vocabulary size). The numbers below describe a network that "
+                    "has not learned this text.", first="top")
+            elif V > 1:
+                report.finding(
+                    f"Sanity: perplexity {curve.base_ppl:.4g} on the report's windows, far "
+                    f"below the vocabulary size {V} (the perplexity of uniform guessing).",
+                    first=True)
             report.text(
                 f"This model, zero-shot, on {toks.shape[0]} of the report's windows "
                 f"({toks.shape[1] - 1} predicted tokens each): PPL {curve.base_ppl:.4g} with "
-                f"softmax everywhere; {curve.max_k_within(0.05)} leading layers stay within 5%.")
+                f"softmax everywhere; {_layers(curve.max_k_within(0.05))} stay within 5%.")
             report.finding(
-                f"Linearization: {curve.max_k_within(0.05)} leading layer(s) can be replaced by "
+                f"Linearization: {_layers(curve.max_k_within(0.05))} can be replaced by "
                 f"linear attention within 5% perplexity (base PPL {curve.base_ppl:.4g}, "
                 "zero-shot).")
             report.table(curve.to_rows(), "PPL with the first k layers linearized (zero-shot)",
                          name="linearization_curve")
-            report.figure(curve.plot(), "relative ΔPPL vs k for the report's model")
+            report.figure(curve.plot(), "Relative perplexity change with the first k layers linearized: look for "
+                      "the k where the curve leaves the 5% band (the layers that need softmax).")
+
+
+def _layers(k: int) -> str:
+    return f"{k} leading layer" + ("" if k == 1 else "s")

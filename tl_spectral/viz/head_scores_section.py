@@ -1,0 +1,150 @@
+"""Report section: the per-head scores of :class:`~tl_spectral.probes.head_scores.HeadScores`
+(previous-token, duplicate-token, induction on repeated random sequences; for encoders the
+attention on [CLS], [SEP] and punctuation), one heads-by-layer map per score."""
+
+from __future__ import annotations
+
+import string
+from typing import TYPE_CHECKING, Any
+
+from tl_spectral.probes.head_scores import HeadScores, repeated_random_tokens
+from tl_spectral.viz.context import register_section
+
+if TYPE_CHECKING:
+    from tl_spectral.probes import Probe
+    from tl_spectral.viz.context import ReportContext
+    from tl_spectral.viz.report import Report
+
+#: length of the random block that is repeated for the induction score, and sequences
+INDUCTION_HALF = 48
+INDUCTION_SEQS = 4
+
+
+def encoder_token_sets(tokenizer: Any) -> dict[str, list[int]]:
+    """{name: ids}: the tokenizer's [CLS] and [SEP] tokens and every token that is
+    punctuation only (e.g. ".", ",", "##!")."""
+    out: dict[str, list[int]] = {}
+    for name, attr in (("CLS", "cls_token_id"), ("SEP", "sep_token_id")):
+        i = getattr(tokenizer, attr, None)
+        if isinstance(i, int):
+            out[name] = [i]
+    conv = getattr(tokenizer, "convert_ids_to_tokens", None)
+    n = len(tokenizer) if hasattr(tokenizer, "__len__") else 0
+    if conv is not None and n:
+        punct = set(string.punctuation)
+        toks = conv(list(range(n)))
+        ids = [i for i, t in enumerate(toks)
+               if isinstance(t, str) and t.lstrip("#Ġ▁") and set(t.lstrip("#Ġ▁")) <= punct]
+        if ids:
+            out["punctuation"] = ids
+    return out
+
+
+@register_section
+class HeadScoresSection:
+    """A report section (the ``ReportSection`` protocol: key, title, probes, render)."""
+
+    key = "head_scores"
+    title = "Head scores (previous-token, induction, duplicate-token)"
+    order = 15
+
+    def probes(self, ctx: ReportContext) -> list[Probe]:
+        sets = {} if ctx.view.causal else encoder_token_sets(ctx.tokenizer)
+        return [HeadScores(token_sets=sets)]
+
+    def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
+        import torch
+
+        from tl_spectral.probes import run_probes
+        from tl_spectral.viz.multiples import heads_by_layer_figure
+
+        res = results["head_scores"]
+        res.save(ctx.results_dir / "head_scores.safetensors")
+        report.section(self.title)
+        # induction on repeated random sequences (a second, small pass)
+        # the vocabulary of (at most 64 of) the report's windows, past position 0
+        sample = ctx.tokens[: min(64, int(ctx.tokens.shape[0]))]
+        used = torch.unique(sample[:, 1:] if sample.shape[1] > 1 else sample)
+        half = max(2, min(INDUCTION_HALF, (ctx.view.n_ctx - 1) // 2,
+                          (int(ctx.tokens.shape[1]) - 1) // 2))
+        prefix = ctx.tokens[0, :1].tolist()
+        rep = repeated_random_tokens(used.tolist(), INDUCTION_SEQS, half, prefix=prefix,
+                                     seed=int(ctx.options.meta.get("seed", 0) or 0))
+        ctx.status("head scores: induction on repeated random sequences")
+        ind = run_probes(ctx.view, rep, [HeadScores()], progress=False)["head_scores"]
+        ind.save(ctx.results_dir / "head_scores_repeated.safetensors")
+        report.text(
+            "Per head, the scores of TransformerLens' head detector [TL] "
+            "(transformer_lens.head_detector.detect_head, error measure \"mul\"): the mean over "
+            "queries of the attention on the previous token (previous-token), on earlier "
+            "occurrences of the current token (duplicate-token), and on the token right after "
+            "an earlier occurrence of the current token (induction [O]). Previous- and "
+            "duplicate-token scores are measured on the report's windows; the induction score "
+            f"on {INDUCTION_SEQS} repeated random sequences (a random block of {half} tokens "
+            "of the corpus's vocabulary, then the same block again, after position 0 of the "
+            "first window): only the second block's queries have an earlier copy, so an "
+            "induction head scores about 0.5 there and a head that ignores content far less. "
+            "The first-token score is the "
+            "position-0 mass of the attention statistics, shown there once.")
+        best = {name: r.top(name, 1)[0] for name, r in (("previous_token", res),
+                                                         ("duplicate_token", res),
+                                                         ("induction", ind))}
+        report.finding(
+            "Head scores [TL]: best previous-token head "
+            f"L{best['previous_token'][0]}H{best['previous_token'][1]} "
+            f"({best['previous_token'][2]:.2f}); best induction head (repeated random "
+            f"tokens) L{best['induction'][0]}H{best['induction'][1]} "
+            f"({best['induction'][2]:.2f}); best duplicate-token head "
+            f"L{best['duplicate_token'][0]}H{best['duplicate_token'][1]} "
+            f"({best['duplicate_token'][2]:.2f}).")
+        panels = [
+            {"values": res.previous_token.numpy(), "title": "previous-token score, scale [0, 1]",
+             "vmin": 0.0, "vmax": 1.0, "cbar": "score"},
+            {"values": ind.induction.numpy(), "title": "induction score (repeated random "
+                                                       "tokens), scale [0, 1]",
+             "vmin": 0.0, "vmax": 1.0, "cbar": "score"},
+            {"values": res.duplicate_token.numpy(), "title": "duplicate-token score, scale "
+                                                             "[0, 1]",
+             "vmin": 0.0, "vmax": 1.0, "cbar": "score"},
+        ]
+        # [CLS] only at position 0: its mass is the position-0 mass, shown once (attention
+        # statistics)
+        same_cls = "CLS" in res.set_names and bool(
+            (res.set_mass["CLS"] - res.first_token).abs().max() < 1e-6)
+        if same_cls:
+            report.text("Attention on [CLS] equals the position-0 mass here ([CLS] occurs only "
+                        "at position 0 of every window): shown once, under attention "
+                        "statistics.")
+        for name in res.set_names:
+            if name == "CLS" and same_cls:
+                continue
+            panels.append({"values": res.set_mass[name].numpy(),
+                           "title": f"attention on {name}, scale [0, 1]", "vmin": 0.0,
+                           "vmax": 1.0, "cmap": "magma", "cbar": "share"})
+        report.figure(heads_by_layer_figure(panels, res.layers, ncols=3),
+                      "Look for bright heads: a bright head in the first map looks back one "
+                      "token, in the second copies what followed the current token last time "
+                      "(induction), in the third attends to earlier copies of the current token.")
+        if res.set_names:
+            tops = "; ".join(
+                f"{n}: L{t[0]}H{t[1]} ({100 * t[2]:.0f}%)" for n in res.set_names
+                if not (n == "CLS" and same_cls) for t in res.top(n, 1))
+        if res.set_names and tops:
+            report.finding(f"Encoder heads: the strongest attention on special and "
+                           f"punctuation tokens — {tops}.")
+        rows = res.rows()
+        for r, i in zip(rows, ind.rows()):
+            r["induction_repeated"] = i["induction"]
+            del r["first_token"]  # the attention statistics' first_token_mass, shown there
+            if "CLS" in res.set_names and same_cls:
+                del r["mass_on_CLS"]
+        report.table(rows, "per-head scores (induction_repeated: on the repeated random "
+                           "sequences; induction: on the report's windows)", name="head_scores",
+                     show=_top_rows(rows))
+
+
+def _top_rows(rows: list[dict]) -> list[int]:
+    keep: set[int] = set()
+    for k in ("previous_token", "induction_repeated", "duplicate_token"):
+        keep |= set(sorted(range(len(rows)), key=lambda i: -rows[i][k])[:4])
+    return sorted(keep)

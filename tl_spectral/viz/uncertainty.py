@@ -1,0 +1,130 @@
+"""Intervals over documents for the report's scale-POD advice: H*, T_spec and the heads per
+layer, by a delete-a-group jackknife (the estimator of ``tl_spectral_studies.scale_pod.
+group_jackknife``: the documents split at random, seeded, into G groups, the statistic
+recomputed without each group; standard error ``sqrt((G − 1)/G · Σ_g (θ_g − θ̄)²)``, interval
+``θ̂ ± t_{G−1} · se``). H* and T_spec depend on the number of documents, so a bootstrap (about
+63% distinct documents per resample) biases them; each jackknife replicate keeps (1 − 1/G) of
+the documents, all distinct.
+
+Each layer's whole-field POD spectrum of any subset of documents comes from ONE document
+Gram ``G = X Xᵀ`` of its fluctuation fields (``centred_gram_resample``): the jackknife costs
+one ``[N, N]`` eigen-decomposition per layer and replicate after one pass.
+
+Also: when the number of documents bounds H* (the POD of N fields has at most N − 1 modes),
+which N would resolve it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+
+#: groups of the delete-a-group jackknife (at most the number of documents)
+JACKKNIFE_GROUPS = 8
+#: H* at or above this share of the N − 1 possible modes reads "bounded by N"
+N_BOUND_SHARE = 0.75
+
+
+def group_jackknife(statistic: Callable[[torch.Tensor], Any], n_docs: int, *,
+                    n_groups: int = JACKKNIFE_GROUPS, seed: int = 0,
+                    level: float = 0.95) -> dict[str, Any]:
+    """Delete-a-group jackknife of ``statistic(idx) -> Tensor`` over documents (module doc).
+    Returns ``{"estimate", "low", "high", "se", "replicates"}`` tensors and ``"meta"``."""
+    from scipy.stats import t as student_t
+
+    n_docs = int(n_docs)
+    if n_docs < 2:
+        raise ValueError(f"the jackknife needs at least 2 documents, got {n_docs}")
+    g = torch.Generator().manual_seed(int(seed))
+    groups = torch.randperm(n_docs, generator=g).chunk(min(int(n_groups), n_docs))
+    est = torch.as_tensor(statistic(torch.arange(n_docs)), dtype=torch.float64)
+    reps = []
+    for grp in groups:
+        keep = torch.ones(n_docs, dtype=torch.bool)
+        keep[grp] = False
+        reps.append(torch.as_tensor(statistic(torch.nonzero(keep).flatten()),
+                                    dtype=torch.float64))
+    R = torch.stack(reps)
+    G = R.shape[0]
+    se = torch.sqrt((G - 1) / G * ((R - R.mean(0)) ** 2).sum(0))
+    q = float(student_t.ppf(0.5 + level / 2, G - 1))
+    return {"estimate": est, "low": est - q * se, "high": est + q * se, "se": se,
+            "replicates": R,
+            "meta": {"n_groups": int(G), "seed": int(seed), "level": float(level),
+                     "t_quantile": q}}
+
+
+def field_grams(fluctuations: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Per layer the float64 document Gram ``X Xᵀ`` of its fluctuation fields
+    ``[N, T, n_lags]`` (the whole-field POD's Gram is ``G / N``)."""
+    out = []
+    for F in fluctuations:
+        X = F.reshape(F.shape[0], -1)
+        dt = torch.float64 if X.dtype == torch.float64 else torch.float32
+        out.append((X.to(dt) @ X.to(dt).T).to(torch.float64))
+    return out
+
+
+def layer_statistics(gram: torch.Tensor, idx: torch.Tensor, epsilon: float) -> tuple[float, float]:
+    """(H*(epsilon), T_spec) of the documents ``idx`` from one layer's Gram, fluctuations
+    about the subset's own mean (as :func:`~tl_spectral.analysis.scale_pod.pod_statistics`)."""
+    from tl_spectral.analysis.bootstrap import centred_gram_resample
+    from tl_spectral.analysis.pod import effective_rank, spectral_concentration
+    from tl_spectral.analysis.scale_pod import _spectrum_from_gram
+
+    n = int(idx.numel())
+    lam = _spectrum_from_gram(centred_gram_resample(gram, idx) / n)
+    H, _ = effective_rank(lam, epsilon)
+    T = spectral_concentration(lam)["T_spec"]
+    return float(H), float(T)
+
+
+def pod_jackknife(fields: Any, pod: Any, *, seed: int = 0,
+                  n_groups: int = JACKKNIFE_GROUPS) -> dict[str, Any]:
+    """Jackknife intervals of every layer's H* and T_spec and the range of the recommended
+    heads over the replicates, for an :class:`~tl_spectral.probes.fields.AttentionFields`
+    ensemble and its :class:`ScalePODResult` ``pod``.
+
+    Returns ``{"rows": [per layer: layer, H_star, H_star_low, H_star_high, T_spec,
+    T_spec_low, T_spec_high, heads, heads_min, heads_max], "meta", "n_docs"}``."""
+    from tl_spectral.analysis.scale_pod import allocate_heads
+
+    eps = float(pod.config.get("epsilon", 0.1))
+    grams = field_grams([fields.fluctuations(layer) for layer in fields.layers])
+    N = int(grams[0].shape[0])
+    L = len(grams)
+    budget = int(pod.head_budget)
+
+    def stat(idx: torch.Tensor) -> torch.Tensor:
+        v = [layer_statistics(g, idx, eps) for g in grams]
+        hs = [h for h, _ in v]
+        heads = allocate_heads(hs, budget) if sum(hs) > 0 else [0] * L
+        return torch.tensor([h for h, _ in v] + [t for _, t in v] + list(heads),
+                            dtype=torch.float64)
+
+    jk = group_jackknife(stat, N, n_groups=n_groups, seed=seed)
+    est, lo, hi, R = jk["estimate"], jk["low"], jk["high"], jk["replicates"]
+    rows = []
+    for i, lay in enumerate(pod.layers):
+        rows.append({
+            "layer": lay.layer,
+            "H_star": float(est[i]), "H_star_low": float(lo[i]), "H_star_high": float(hi[i]),
+            "T_spec": float(est[L + i]), "T_spec_low": float(lo[L + i]),
+            "T_spec_high": float(hi[L + i]),
+            # the range over the whole ensemble and every replicate
+            "heads": int(est[2 * L + i]),
+            "heads_min": int(min(est[2 * L + i], R[:, 2 * L + i].min())),
+            "heads_max": int(max(est[2 * L + i], R[:, 2 * L + i].max())),
+        })
+    return {"rows": rows, "meta": jk["meta"], "n_docs": N}
+
+
+def n_bound(h_star: Sequence[float], n_docs: int) -> tuple[list[int], int]:
+    """(indices of the layers whose H* is bounded by the number of documents — H* at or
+    above ``N_BOUND_SHARE`` of the N − 1 modes an ensemble of N fields has — and the number
+    of documents to try: 4 N, at least 64)."""
+    bound = [i for i, h in enumerate(h_star)
+             if math.isfinite(h) and n_docs > 1 and h >= N_BOUND_SHARE * (n_docs - 1)]
+    return bound, max(4 * int(n_docs), 64)
