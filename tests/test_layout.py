@@ -127,7 +127,7 @@ def floor(module: str):
     sections, cli)."""
     parts = module.split(".")
     if module in ("tl_spectral.results", "tl_spectral.model_view", "tl_spectral.usage",
-                  "tl_spectral.files", "tl_spectral._leftovers") \
+                  "tl_spectral.files", "tl_spectral._leftovers", "tl_spectral.outdirs") \
             or parts[:2] == ["tl_spectral", "data"]:
         return 0
     if parts[:2] == ["tl_spectral", "models"]:
@@ -137,7 +137,8 @@ def floor(module: str):
     if parts[:2] == ["tl_spectral", "probes"]:
         return 2
     if parts[:2] == ["tl_spectral", "viz"] and len(parts) == 3 and (
-            parts[2] in ("plots", "figures", "views") or parts[2].endswith("_plots")):
+            parts[2] in ("plots", "figures", "views", "multiples")
+            or parts[2].endswith("_plots")):
         return "leaf"
     return 3
 

@@ -26,11 +26,32 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tl_spectral.files import current_umask
+from tl_spectral.outdirs import (  # noqa: F401 - the CLI's names for them
+    DirLock as _DirLock,
+)
+from tl_spectral.outdirs import (
+    out_leftover_patterns as _out_leftover_patterns,
+)
+from tl_spectral.outdirs import (
+    out_path,
+)
+from tl_spectral.outdirs import (
+    path_identity as _identity,
+)
+from tl_spectral.outdirs import (
+    remove_dead_leftovers as _remove_dead_leftovers,
+)
+from tl_spectral.outdirs import (
+    swap_in as _swap_in,
+)
+from tl_spectral.outdirs import (
+    tmp_out_dir as _tmp_out_dir,
+)
 from tl_spectral.usage import ArgumentParser, UsageError
 
 DEFAULT_MODEL = "char-shakespeare"
-#: The file that marks a folder as a report written by ``tl-spectral analyze``.
-REPORT_MARKER = ".tl_spectral_report.json"
+from tl_spectral.outdirs import REPORT_MARKER  # noqa: E402,F401 - the report's marker file
+
 #: The file that marks a folder written by ``tl-spectral geometry --out``.
 GEOMETRY_MARKER = ".tl_spectral_geometry.json"
 MAX_DOCS = 1_000_000
@@ -568,128 +589,6 @@ def _encoder_windows(text: str, tokenizer, args):
     framing = (f"sentence-aligned windows framed as {cls_s} … {sep_s}; position 0 is {cls_s}"
                if cls_id is not None else "sentence-aligned windows")
     return tokens, mask, framing
-
-
-def out_path(value: str) -> Path:
-    """``--out`` as an absolute path (its last component not followed): the current folder
-    or one above it is refused (the output replaces the folder whole)."""
-    p = Path(value)
-    out = p.parent.resolve() / p.name if p.name not in ("", ".", "..") else p.resolve()
-    cwd = Path.cwd().resolve()
-    if out == cwd or out in cwd.parents or out.parent == out:
-        raise UsageError(f"--out {value} is the current folder or one above it; the output "
-                         "replaces its folder whole: pass a new folder name (e.g. --out "
-                         "report)")
-    return out
-
-
-def _identity(path: Path) -> Optional[tuple[int, int]]:
-    """(device, inode) of ``path`` itself (links not followed), None when absent."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def _remove_dead_leftovers(folder: Path, patterns: list[str]) -> list[Path]:
-    """The temporary folders of killed runs (pid in the name, process gone) removed."""
-    from tl_spectral._leftovers import remove_dead_leftovers
-
-    return remove_dead_leftovers(folder, patterns)
-
-
-def _out_leftover_patterns(out: Path) -> list[str]:
-    n = re.escape(out.name)
-    return [rf"\.{n}\.tmp-(?P<pid>\d+)-[A-Za-z0-9_]+", rf"\.{n}\.old-(?P<pid>\d+)"]
-
-
-def _tmp_out_dir(out: Path) -> Path:
-    """A fresh temporary sibling of ``out`` whose name records this process (a killed run's
-    one is removed by the next run: :func:`_remove_dead_leftovers`)."""
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
-
-
-class _DirLock:
-    """An exclusive ``flock`` on a folder (no lock file left behind), where the OS has one."""
-
-    def __init__(self, folder: Path):
-        self.folder, self.fd = folder, None
-
-    def __enter__(self):
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX
-            return self
-        self.fd = os.open(self.folder, os.O_RDONLY)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        if self.fd is not None:
-            os.close(self.fd)  # closing releases the lock
-        return False
-
-
-def _renameat2(a: Path, b: Path, flags: int) -> Optional[int]:
-    """Linux ``renameat2(a, b, flags)``: 0 on success, the errno on failure, None where the
-    call does not exist."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return None
-    rc = fn(-100, os.fsencode(str(a)), -100, os.fsencode(str(b)), flags)
-    return 0 if rc == 0 else ctypes.get_errno()
-
-
-def _swap_in(new: Path, out: Path, expected: Optional[tuple[int, int]] = None,
-             marker: str = REPORT_MARKER) -> None:
-    """Replace ``out`` by the folder ``new``, atomically, if ``out`` is still what the run
-    checked at its start: ``expected`` = its :func:`_identity` then (None: absent), and
-    still empty or an earlier output holding ``marker``. Anything else — a folder created
-    there during the run, another run's output swapped in meanwhile, files added to an
-    empty folder — is refused (:class:`UsageError`) and left alone. The check and the
-    rename run under a lock on the parent folder, and the rename itself re-checks
-    (``renameat2`` NOREPLACE / EXCHANGE), so no other process slips in between."""
-    import errno
-
-    changed = UsageError(
-        f"--out {out} changed while this run was writing (another run or a user created or "
-        "replaced it); nothing was replaced: run again, or choose another folder")
-    with _DirLock(out.parent):
-        if _identity(out) != expected:
-            raise changed
-        if expected is None:
-            rc = _renameat2(new, out, 1)  # RENAME_NOREPLACE
-            if rc in (errno.EEXIST, errno.ENOTEMPTY):
-                raise changed
-            if rc is None or rc in (errno.EINVAL, errno.ENOSYS):  # no renameat2 here
-                if out.exists() or out.is_symlink():
-                    raise changed
-                os.rename(new, out)
-            elif rc:
-                raise OSError(rc, os.strerror(rc), str(out))
-            return
-        rc = _renameat2(new, out, 2)  # RENAME_EXCHANGE: ``new`` now holds the old folder
-        if rc == 0:
-            old_ok = _identity(new) == expected and new.is_dir() and (
-                (new / marker).is_file() or not any(new.iterdir()))
-            if not old_ok:
-                _renameat2(new, out, 2)  # put it back
-                raise changed
-            shutil.rmtree(new, ignore_errors=True)
-            return
-        # pragma: no cover - no atomic exchange on this system: move aside, then in
-        if out.is_symlink() or not ((out / marker).is_file() or not any(out.iterdir())):
-            raise changed
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
-        os.replace(new, out)
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------ tokenize

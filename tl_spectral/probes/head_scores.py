@@ -95,13 +95,8 @@ class HeadScoresResult(Result):
 
     def plot(self):
         """Heads-by-layer maps of each score, every colour scale on the full range [0, 1]."""
-        from tl_spectral.viz.multiples import heads_by_layer_figure
-
         names = [s for s in SCORES if s != "first_token"] + list(self.set_names)
-        return heads_by_layer_figure(
-            [{"values": self.score(n).float().numpy(), "title": f"{n} score, scale [0, 1]",
-              "vmin": 0.0, "vmax": 1.0, "cmap": "viridis", "cbar": "score"} for n in names],
-            self.layers, ncols=3)
+        return self._draw("plot", names)
 
 
 class HeadScores(Probe):

@@ -76,6 +76,25 @@ class ReportOptions:
         return default if value is None else value
 
 
+#: positions kept of per-position maps (mean patterns, kept contribution maps) without
+#: ``save_raw``: what the report's figures and views show
+SHOWN_POSITIONS = 64
+
+#: documents shown by the interactive views (a document selector)
+VIEW_DOCS = 3
+
+
+#: above this many heads (layers × heads) the views show 2 documents (the page's size)
+VIEW_HEADS_FOR_3_DOCS = 150
+
+
+def view_documents(ctx: "ReportContext") -> list[int]:
+    """The documents the interactive views show: 3, or 2 on models with more than
+    ``VIEW_HEADS_FOR_3_DOCS`` heads in all (every layer's views are in the page)."""
+    n = VIEW_DOCS if ctx.view.n_layers * ctx.view.n_heads <= VIEW_HEADS_FOR_3_DOCS else 2
+    return list(range(min(n, int(ctx.tokens.shape[0]))))
+
+
 @dataclass
 class ReportContext:
     """What a section may read: the model view, the corpus, the tokenizer and the paths.

@@ -31,7 +31,7 @@ class ContributionSection:
     order = 40
 
     def probes(self, ctx: "ReportContext") -> list[Probe]:
-        from tl_spectral.viz.sections import SHOWN_POSITIONS, view_documents
+        from tl_spectral.viz.context import SHOWN_POSITIONS, view_documents
 
         return [ContributionProbe(keep_docs=view_documents(ctx),
                                   keep_positions=None if ctx.save_raw else SHOWN_POSITIONS),
@@ -116,7 +116,7 @@ class ContributionSection:
             report.subsection("Interactive view")
             ctx.status("contributions: interactive views")
             self._views(report, stats, ctx, view_layer)
-        n_f = int(ctx.options.get("faithfulness_docs", 0))
+        n_f = int(ctx.options.faithfulness_docs)
         report.subsection("Faithfulness")
         if n_f > 0:
             from tl_spectral.probes.faithfulness import faithfulness

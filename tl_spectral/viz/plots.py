@@ -9,6 +9,7 @@ from tl_spectral.viz import (  # noqa: F401 - each registers its figures
     attention_plots,
     contribution_plots,
     geometry_plots,
+    head_scores_plots,
     model_plots,
     scale_pod_plots,
     sink_plots,

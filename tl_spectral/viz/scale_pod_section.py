@@ -126,7 +126,7 @@ class ScalePODSection:
         ctx.status(f"scale POD ({what}): wavelets and POD of {ctx.view.n_layers} layers")
         # the cross-coherence is most of the POD's cost (a cross-spectrum per scale and
         # layer) and the report does not show it: skipped (the API computes it on request)
-        streamed = bool(getattr(fields, "streaming", False) or ctx.options.get("stream_rank"))
+        streamed = bool(getattr(fields, "streaming", False) or ctx.options.stream_rank)
         # dominant scales: peaks of E(a) with at least DOMINANT_PEAK_SHARE of the largest
         # peak (the library's default 1% lets 5–7% bumps through)
         kw = {} if streamed else {"coherence_queries": None,
@@ -280,7 +280,7 @@ def _uncertainty(report: Report, fields: Any, pod: Any, ctx: ReportContext, what
 def _baseline_pod(ctx: ReportContext, field: str, fields: Any) -> Any:
     """The scale POD of ``field`` for the re-initialised twin of the model
     (``options["baseline"] == "random"``), computed once per field; None without a baseline."""
-    if ctx.options.get("baseline") != "random":
+    if ctx.options.baseline != "random":
         return None
     from tl_spectral.model_view import ModelView
     from tl_spectral.probes import run_probes

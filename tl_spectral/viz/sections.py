@@ -17,17 +17,22 @@ from pathlib import Path
 from typing import Any, Optional
 
 from tl_spectral.probes import AttentionStats, Probe
-from tl_spectral.viz.context import SECTIONS, ReportContext, ReportSection, register_section
+from tl_spectral.viz.context import (  # noqa: F401 - shared by the sections, re-exported
+    SECTIONS,
+    SHOWN_POSITIONS,
+    VIEW_DOCS,
+    VIEW_HEADS_FOR_3_DOCS,
+    ReportContext,
+    ReportSection,
+    register_section,
+    view_documents,
+)
 from tl_spectral.viz.contribution_section import ContributionSection  # noqa: F401
 from tl_spectral.viz.head_scores_section import HeadScoresSection  # noqa: F401
 from tl_spectral.viz.report import Report
 from tl_spectral.viz.routing_section import RoutingFilteringSection  # noqa: F401
 from tl_spectral.viz.scale_pod_section import ScalePODSection  # noqa: F401
 from tl_spectral.viz.surgery_section import SurgerySection  # noqa: F401
-
-#: positions kept of per-position maps (mean patterns, kept contribution maps) without
-#: ``save_raw``: what the report's figures and views show
-SHOWN_POSITIONS = 64
 
 
 def _informative_head_rows(rows: list[dict]) -> list[int]:
@@ -66,19 +71,6 @@ UNIFORM_SHARE = 0.98
 #: the model "looks untrained" when at least this share of its heads is uniform
 UNTRAINED_HEAD_SHARE = 0.9
 
-#: documents shown by the interactive views (a document selector)
-VIEW_DOCS = 3
-
-
-#: above this many heads (layers × heads) the views show 2 documents (the page's size)
-VIEW_HEADS_FOR_3_DOCS = 150
-
-
-def view_documents(ctx: ReportContext) -> list[int]:
-    """The documents the interactive views show: 3, or 2 on models with more than
-    ``VIEW_HEADS_FOR_3_DOCS`` heads in all (every layer's views are in the page)."""
-    n = VIEW_DOCS if ctx.view.n_layers * ctx.view.n_heads <= VIEW_HEADS_FOR_3_DOCS else 2
-    return list(range(min(n, int(ctx.tokens.shape[0]))))
 
 
 def featured_layers(res: Any) -> dict[int, str]:
@@ -304,7 +296,7 @@ def build_report(
     run = f"{n_docs} windows × {T} tokens" + (f", seed {seed}" if seed is not None else "")
     report = Report(
         title or f"tl_spectral report — {ctx.name}",
-        figure_format=ctx.options.get("figure_format", "png"),
+        figure_format=ctx.options.figure_format,
         meta={
             "model": model_summary(ctx),
             "documents": f"{n_docs} windows of {T} tokens"
