@@ -325,15 +325,7 @@ def sink_geometry(
     if rtol is None:
         rtol = default_rtol(p.dtype)
     G = value_gram(W)  # [H, d, d]
-    a0 = p[..., sink_index]  # [b, H, q]
-    v0 = vh[:, :, sink_index]  # [b, H, d]
-
-    def gdot(x: Tensor, y: Tensor) -> Tensor:  # ⟨x W_O, y W_O⟩ for [b, H, ..., d]
-        shape = x.shape
-        xg = torch.einsum("bhnd,hde->bhne", x.reshape(shape[0], shape[1], -1, shape[-1]), G)
-        return (xg.reshape(shape) * y).sum(-1)
-
-    vnorm_all = _norm(gdot(vh, vh))  # [b, H, k]
+    vnorm_all = _norm(_gdot(G, vh, vh))  # [b, H, k]
     # one product over the keys j ≠ sink (the pattern read in place, the sink column left
     # out rather than zeroed in a copy): w = Σ α_ij v_j, Σ α_ij ‖ṽ_j‖ and m_i = Σ α_ij
     X = torch.cat([vh, vnorm_all.unsqueeze(-1), torch.ones_like(vnorm_all).unsqueeze(-1)], -1)
@@ -348,7 +340,39 @@ def sink_geometry(
     w = ws[..., :d_head]  # [b, H, q, d]
     s_bound = ws[..., d_head]  # [b, H, q]  Σ_{j≠0} α_ij ‖ṽ_j‖
     mass = ws[..., d_head + 1]  # [b, H, q]  m_i
-    z = w + a0.unsqueeze(-1) * v0.unsqueeze(2)
+    z = w + p[..., sink_index].unsqueeze(-1) * vh[:, :, sink_index].unsqueeze(2)
+    return sink_geometry_from_products(
+        p, vh, W, qm, G, vnorm_all, w, s_bound, mass, z, causal=causal,
+        sink_index=sink_index, threshold=threshold, rtol=rtol)
+
+
+def _gdot(G: Tensor, x: Tensor, y: Tensor) -> Tensor:
+    """``⟨x W_O, y W_O⟩`` for ``[b, H, ..., d]`` with ``G = W_O W_Oᵀ`` per head."""
+    shape = x.shape
+    xg = torch.einsum("bhnd,hde->bhne", x.reshape(shape[0], shape[1], -1, shape[-1]), G)
+    return (xg.reshape(shape) * y).sum(-1)
+
+
+def sink_geometry_from_products(
+    p: Tensor, vh: Tensor, W: Tensor, qm: Tensor, G: Tensor, vnorm_all: Tensor, w: Tensor,
+    s_bound: Tensor, mass: Tensor, z: Tensor, *, causal: bool = True, sink_index: int = 0,
+    threshold: float = 0.3, rtol: float | None = None, o: Tensor | None = None,
+    s: Tensor | None = None,
+) -> SinkGeometry:
+    """:func:`sink_geometry` from its value products (steps 2–4), for callers that formed
+    them already (the probes share them, :mod:`tl_spectral.probes.shared`): ``p`` the
+    pattern with padded query rows 0, ``vh`` ``[b, H, k, d]``, ``qm`` ``[b, q]`` bool,
+    ``G = W_O W_Oᵀ``, ``vnorm_all`` ``[b, H, k]`` = ``‖ṽ_j‖``, ``w``, ``s_bound``, ``mass``
+    and ``z`` as in step 1; optionally the layer outputs ``o = Σ_h z^h W_O^h`` and
+    ``s = Σ_h w^h W_O^h`` ``[b, q, d_model]``. No input checks."""
+    if rtol is None:
+        rtol = default_rtol(p.dtype)
+    a0 = p[..., sink_index]  # [b, H, q]
+    v0 = vh[:, :, sink_index]  # [b, H, d]
+
+    def gdot(x: Tensor, y: Tensor) -> Tensor:  # ⟨x W_O, y W_O⟩ for [b, H, ..., d]
+        return _gdot(G, x, y)
+
     v0n = vnorm_all[..., sink_index]  # [b, H]
     w_fro = W.flatten(1).norm(dim=-1)  # [H]  ‖W_O^h‖_F bounds ‖v W_O^h‖ / ‖v‖
     v0_ok = (v0n > 0) & (v0n > rtol * v0.norm(dim=-1) * w_fro)  # [b, H]
@@ -383,8 +407,10 @@ def sink_geometry(
     head_delta_cos = torch.where(hcos_ok, 1.0 - head_cos, 0.0)
 
     # layer intervention: o -> Σ_h s^h   (d_model vectors, [b, q, d_model])
-    o = torch.einsum("bhqd,hdm->bqm", z, W)
-    s = torch.einsum("bhqd,hdm->bqm", w, W)
+    if o is None:
+        o = torch.einsum("bhqd,hdm->bqm", z, W)
+    if s is None:
+        s = torch.einsum("bhqd,hdm->bqm", w, W)
     o_norm, s_norm = o.norm(dim=-1), s.norm(dim=-1)
     lay_ok = (
         qm
