@@ -376,33 +376,40 @@ def sink_geometry_from_products(
     v0n = vnorm_all[..., sink_index]  # [b, H]
     w_fro = W.flatten(1).norm(dim=-1)  # [H]  ‖W_O^h‖_F bounds ‖v W_O^h‖ / ‖v‖
     v0_ok = (v0n > 0) & (v0n > rtol * v0.norm(dim=-1) * w_fro)  # [b, H]
-    sn = _norm(gdot(w, w))  # ‖s_i‖
+    # w G and v_0 G once: the Grams of w, z = w + α_i0 v_0 and s̄ = w / m with w, v_0, z and
+    # d are dot products with them (G symmetric; differences such as d = s̄ − v_0 are formed
+    # in d_head space first, so nothing cancels after the product)
+    wG = torch.einsum("bhqd,hde->bhqe", w, G)
+    v0G = torch.einsum("bhd,hde->bhe", v0, G)
+    sn = _norm((wG * w).sum(-1))  # ‖s_i‖
     s_ok = (sn > 0) & (sn > rtol * s_bound)
     real = qm[:, None, :].expand_as(a0)
 
     # anti-alignment cos(ṽ_0, s_i)
     aa_ok = real & s_ok & v0_ok.unsqueeze(-1)
-    anti = _safe_div(gdot(v0.unsqueeze(2).expand_as(w), w), v0n.unsqueeze(-1) * sn, aa_ok)
+    anti = _safe_div((v0G.unsqueeze(2) * w).sum(-1), v0n.unsqueeze(-1) * sn, aa_ok)
 
     # ρ-curve and ρ*
     curve_ok = real & (mass > 0)
-    sbar = w / torch.where(curve_ok, mass, 1.0).unsqueeze(-1)
-    sbar = sbar * curve_ok.unsqueeze(-1)
-    sbar_norm = _norm(gdot(sbar, sbar))
+    inv_m = (curve_ok / torch.where(curve_ok, mass, 1.0)).unsqueeze(-1)
+    sbar = w * inv_m
+    sbarG = wG * inv_m
+    sbar_norm = _norm((sbarG * sbar).sum(-1))
     d = sbar - v0.unsqueeze(2)
     dn = _norm(gdot(d, d))
     sbar_bound = _safe_div(s_bound, mass, curve_ok)
     rho_ok = curve_ok & (dn > 0) & (dn > rtol * (sbar_bound + v0n.unsqueeze(-1)))
-    rho_star = _safe_div(gdot(sbar, d), dn * dn, rho_ok)
+    rho_star = _safe_div((sbarG * d).sum(-1), dn * dn, rho_ok)
     resid = sbar - rho_star.unsqueeze(-1) * d
     min_norm = torch.where(rho_ok, _norm(gdot(resid, resid)), sbar_norm) * curve_ok
 
     # per-head intervention: o^h -> s^h
-    on = _norm(gdot(z, z))  # ‖o_i^h‖
+    zG = wG + a0.unsqueeze(-1) * v0G.unsqueeze(2)
+    on = _norm((zG * z).sum(-1))  # ‖o_i^h‖
     o_bound = s_bound + a0 * v0n.unsqueeze(-1)
     o_ok = (on > 0) & (on > rtol * o_bound)
     hcos_ok = real & o_ok & s_ok
-    head_cos = _safe_div(gdot(z, w), on * sn, hcos_ok)
+    head_cos = _safe_div((zG * w).sum(-1), on * sn, hcos_ok)
     head_delta_norm = (sn - on) * real
     head_delta_cos = torch.where(hcos_ok, 1.0 - head_cos, 0.0)
 

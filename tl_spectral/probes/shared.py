@@ -14,8 +14,9 @@ SinkProbe read one layer the value products are formed once:
   ``Σ_j α_ij ‖ṽ_j‖`` (ContributionProbe's). One ``[query, key] × [key, d_head + 2]``
   product per head, query blocks of causal models stopping their keys at the block's last
   query (the zero upper triangle is never read);
-* :func:`head_outputs` — the layer output ``o = Σ_h z^h W_O^h`` and the output without the
-  sink ``s = Σ_h w^h W_O^h`` (``[batch, query, d_model]``).
+* :func:`head_outputs` — the layer output without the sink ``s = Σ_h w^h W_O^h`` and the
+  layer output ``o = Σ_h z^h W_O^h = s + Σ_h α_is^h v_s^h W_O^h`` (``[batch, query,
+  d_model]``; one product for both, the sink's part a rank-H correction).
 
 Values equal the direct formulas up to float rounding (the sums run in another order);
 ``tests/test_probe_sharing.py`` checks them against brute force and checks that a probe
@@ -154,10 +155,20 @@ def head_outputs(cap: LayerCapture, W_O: Tensor, causal: bool, sink_index: int =
     d_model]``, from :func:`value_products`."""
     vp = value_products(cap, W_O, causal, sink_index)
 
-    def make() -> Tensor:
-        x = vp.z if which == "o" else vp.w
-        return torch.einsum("bhqd,hdm->bqm", x, W_O)
-
     if which not in ("o", "s"):
         raise ValueError(f"which must be 'o' or 's', got {which!r}")
-    return memo(cap, ("head_outputs", which, int(sink_index), bool(causal)), make)
+    key = ("head_outputs", int(sink_index), bool(causal))
+
+    def make() -> tuple[Tensor, Tensor]:
+        # s from w (no sink term, nothing cancels); o = s + Σ_h α_is^h ṽ_s^h, a rank-H
+        # correction: one [q, H·d_head] × [H·d_head, d_model] product for both
+        s = torch.einsum("bhqd,hdm->bqm", vp.w, W_O)
+        K = vp.vh.shape[2]
+        if not 0 <= sink_index < K:
+            return s, s
+        p = query_pattern(cap)
+        vs_out = torch.einsum("bhd,hdm->bhm", vp.vh[:, :, sink_index], W_O)  # [b, H, m]
+        return torch.baddbmm(s, p[..., sink_index].transpose(1, 2), vs_out), s
+
+    o, s = memo(cap, key, make)
+    return o if which == "o" else s
