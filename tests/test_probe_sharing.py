@@ -150,3 +150,18 @@ def test_probes_together_equal_probes_alone(kind, native_ln, native_gqa):
             res = together[probe.name]
             for f in dataclasses.fields(res):
                 _equal(getattr(res, f.name), getattr(alone, f.name))
+
+
+@pytest.mark.parametrize("shape,max_lag", [((2, 3, 7, 7), None), ((2, 7, 7), 0), ((1, 7, 7), 4),
+                                           ((7, 7), 6), ((2, 2, 1, 1), None)])
+def test_skewed_causal_lag_fields_equal_the_gather(shape, max_lag):
+    from tl_spectral.analysis.scale_pod import lag_fields
+    from tl_spectral.probes.fields import _lag_fields
+
+    A = torch.randn(*shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    for causal in (True, False):
+        F1, l1 = lag_fields(A, causal=causal, max_lag=max_lag)
+        F2, l2 = _lag_fields(A, causal=causal, max_lag=max_lag)
+        assert torch.equal(F1, F2) and torch.equal(l1, l2)
+    with pytest.raises(ValueError, match="max_lag"):
+        _lag_fields(A, causal=True, max_lag=shape[-1])

@@ -237,7 +237,7 @@ class SinkProbe(Probe):
         acc(f"{layer}.n_docs", torch.full((1,), float(b), dtype=torch.float64, device=p.device))
         acc(f"{layer}.rate", (g.sink_rate * qm.sum(-1, keepdim=True)).sum(0).double())
         last = (qm.sum(-1) - 1).clamp_min(0)  # [b]
-        a_last = p.gather(-1, last.view(b, 1, 1, 1).expand(b, H, T, 1)).squeeze(-1)
+        a_last = p[torch.arange(b, device=p.device), :, :, last]  # [b, H, T] (not a gather)
         acc(f"{layer}.last", (a_last * real).sum((0, 2)).double())
         ks = g.key_score[..., self.sink_index]  # [b, H]
         acc(f"{layer}.key", ks.sum(0).double())
