@@ -13,8 +13,8 @@ from tl_spectral.probes import (
     ContributionProbe,
     SinkProbe,
     run_probes,
+    shared,
 )
-from tl_spectral.probes import shared
 from tl_spectral.probes.base import LayerCapture
 
 
