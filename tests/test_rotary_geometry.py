@@ -29,6 +29,7 @@ from tl_spectral.geometry.rotary import (  # noqa: E402
     RotarySpec,
     default_offsets,
     offset_distribution,
+    rank_offset_sample,
     rotary_matrix,
     rotary_qk_geometry,
 )
@@ -95,6 +96,65 @@ def test_distribution_averages_equal_brute_force(dist):
 
     rank = entropy_effective_rank(torch.linalg.svdvals(R))
     torch.testing.assert_close(g.mean_eff_rank_R, (rank * w).sum(-1), rtol=1e-8, atol=1e-8)
+
+
+def test_rank_offset_sample_is_an_equal_mass_quantile_sample():
+    off, w = offset_distribution("causal", 50)
+    o, ww = rank_offset_sample(off, w, 7)
+    assert o.numel() <= 7 and abs(float(ww.sum()) - 1.0) < 1e-12
+    # each sampled offset is the one whose stratum holds the quantile (s + 1/2) / n
+    srt = torch.argsort(off)
+    cum = torch.cumsum(w[srt], 0)
+    for s in range(7):
+        q = (s + 0.5) / 7
+        j = int((cum >= q - 1e-15).nonzero()[0])
+        assert int(off[srt][j]) in o.tolist()
+    # a mass point heavier than a stratum is drawn once with the strata it covers
+    o2, w2 = rank_offset_sample(torch.tensor([0, -1, -2, -3, -4]),
+                                torch.tensor([0.8, 0.05, 0.05, 0.05, 0.05], dtype=torch.float64), 4)
+    assert dict(zip(o2.tolist(), w2.tolist())) == {-2: 0.25, 0: 0.75}
+    o3, w3 = rank_offset_sample(off, w, 50)  # the whole support: unchanged
+    assert torch.equal(o3, off) and torch.equal(w3, w)
+
+
+@pytest.mark.parametrize("rank_offsets", [None, "auto", 5, 100])
+def test_averaged_ranks_over_the_chosen_offsets_equal_brute_force(rank_offsets):
+    WQ, WK = _weights(3)
+    spec = RotarySpec.from_base(4, 30.0, "half")
+    g = rotary_qk_geometry(WQ, WK, spec, offsets=[0], n_ctx=40, rank_offsets=rank_offsets,
+                           progress=False)
+    off, w = offset_distribution("causal", 40)
+    exact = rank_offsets in (None, "auto", 100)  # auto: 16 heads of k = 12, cheap: exact
+    assert g.mean_eff_rank_exact is exact
+    if exact:
+        assert torch.equal(g.rank_offsets, off) and torch.equal(g.rank_weights, w)
+    else:
+        ro, rw = rank_offset_sample(off, w, rank_offsets)
+        assert torch.equal(g.rank_offsets, ro) and torch.equal(g.rank_weights, rw)
+        off, w = ro, rw
+    from tl_spectral.geometry.qk import entropy_effective_rank
+
+    _, F, R = _dense(WQ, WK, spec, off)
+    for got, part in ((g.mean_eff_rank_R, R), (g.mean_eff_rank_F, F)):
+        want = (entropy_effective_rank(torch.linalg.svdvals(part)) * w).sum(-1)
+        torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-8)
+
+
+def test_auto_rank_offsets_sample_within_the_budget_on_large_models():
+    from tl_spectral.geometry import rotary
+
+    off, w = offset_distribution("causal", 2048)
+    # 12 x 12 heads of d_head 64 (k = 128): the exact mean is 144 x 2048 core spectra
+    o, ww, exact = rotary._rank_plan("auto", off, w, rotary._core_units(144, 128))
+    assert not exact and o.numel() == rotary.MIN_RANK_OFFSETS and abs(float(ww.sum()) - 1) < 1e-12
+    o, ww, exact = rotary._rank_plan(None, off, w, rotary._core_units(144, 128))
+    assert exact and o.numel() == 2048
+    # a small model (6 x 8 heads of d_head 16, 256 positions) stays exact
+    off, w = offset_distribution("causal", 256)
+    assert rotary._rank_plan("auto", off, w, rotary._core_units(48, 32))[2]
+    for bad in ("all", 0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="rank_offsets must be"):
+            rotary._rank_plan(bad, off, w, 1.0)
 
 
 def test_causal_distribution_counts_every_causal_pair_once():

@@ -288,15 +288,7 @@ def sink_geometry(
     if rtol is None:
         rtol = default_rtol(p.dtype)
     G = value_gram(W)  # [H, d, d]
-    a0 = p[..., sink_index]  # [b, H, q]
-    v0 = vh[:, :, sink_index]  # [b, H, d]
-
-    def gdot(x: Tensor, y: Tensor) -> Tensor:  # ⟨x W_O, y W_O⟩ for [b, H, ..., d]
-        shape = x.shape
-        xg = torch.einsum("bhnd,hde->bhne", x.reshape(shape[0], shape[1], -1, shape[-1]), G)
-        return (xg.reshape(shape) * y).sum(-1)
-
-    vnorm_all = _norm(gdot(vh, vh))  # [b, H, k]
+    vnorm_all = _norm(_gdot(G, vh, vh))  # [b, H, k]
     # one product over the keys j ≠ sink (the pattern read in place, the sink column left
     # out rather than zeroed in a copy): w = Σ α_ij v_j, Σ α_ij ‖ṽ_j‖ and m_i = Σ α_ij
     X = torch.cat([vh, vnorm_all.unsqueeze(-1), torch.ones_like(vnorm_all).unsqueeze(-1)], -1)
@@ -311,43 +303,84 @@ def sink_geometry(
     w = ws[..., :d_head]  # [b, H, q, d]
     s_bound = ws[..., d_head]  # [b, H, q]  Σ_{j≠0} α_ij ‖ṽ_j‖
     mass = ws[..., d_head + 1]  # [b, H, q]  m_i
-    z = w + a0.unsqueeze(-1) * v0.unsqueeze(2)
+    z = w + p[..., sink_index].unsqueeze(-1) * vh[:, :, sink_index].unsqueeze(2)
+    return sink_geometry_from_products(
+        p, vh, W, qm, G, vnorm_all, w, s_bound, mass, z, causal=causal,
+        sink_index=sink_index, threshold=threshold, rtol=rtol)
+
+
+def _gdot(G: Tensor, x: Tensor, y: Tensor) -> Tensor:
+    """``⟨x W_O, y W_O⟩`` for ``[b, H, ..., d]`` with ``G = W_O W_Oᵀ`` per head."""
+    shape = x.shape
+    xg = torch.einsum("bhnd,hde->bhne", x.reshape(shape[0], shape[1], -1, shape[-1]), G)
+    return (xg.reshape(shape) * y).sum(-1)
+
+
+def sink_geometry_from_products(
+    p: Tensor, vh: Tensor, W: Tensor, qm: Tensor, G: Tensor, vnorm_all: Tensor, w: Tensor,
+    s_bound: Tensor, mass: Tensor, z: Tensor, *, causal: bool = True, sink_index: int = 0,
+    threshold: float = 0.3, rtol: float | None = None, o: Tensor | None = None,
+    s: Tensor | None = None,
+) -> SinkGeometry:
+    """:func:`sink_geometry` from its value products (steps 2–4), for callers that formed
+    them already (the probes share them, :mod:`tl_spectral.probes.shared`): ``p`` the
+    pattern with padded query rows 0, ``vh`` ``[b, H, k, d]``, ``qm`` ``[b, q]`` bool,
+    ``G = W_O W_Oᵀ``, ``vnorm_all`` ``[b, H, k]`` = ``‖ṽ_j‖``, ``w``, ``s_bound``, ``mass``
+    and ``z`` as in step 1; optionally the layer outputs ``o = Σ_h z^h W_O^h`` and
+    ``s = Σ_h w^h W_O^h`` ``[b, q, d_model]``. No input checks."""
+    if rtol is None:
+        rtol = default_rtol(p.dtype)
+    a0 = p[..., sink_index]  # [b, H, q]
+    v0 = vh[:, :, sink_index]  # [b, H, d]
+
+    def gdot(x: Tensor, y: Tensor) -> Tensor:  # ⟨x W_O, y W_O⟩ for [b, H, ..., d]
+        return _gdot(G, x, y)
+
     v0n = vnorm_all[..., sink_index]  # [b, H]
     w_fro = W.flatten(1).norm(dim=-1)  # [H]  ‖W_O^h‖_F bounds ‖v W_O^h‖ / ‖v‖
     v0_ok = (v0n > 0) & (v0n > rtol * v0.norm(dim=-1) * w_fro)  # [b, H]
-    sn = _norm(gdot(w, w))  # ‖s_i‖
+    # w G and v_0 G once: the Grams of w, z = w + α_i0 v_0 and s̄ = w / m with w, v_0, z and
+    # d are dot products with them (G symmetric; differences such as d = s̄ − v_0 are formed
+    # in d_head space first, so nothing cancels after the product)
+    wG = torch.einsum("bhqd,hde->bhqe", w, G)
+    v0G = torch.einsum("bhd,hde->bhe", v0, G)
+    sn = _norm((wG * w).sum(-1))  # ‖s_i‖
     s_ok = (sn > 0) & (sn > rtol * s_bound)
     real = qm[:, None, :].expand_as(a0)
 
     # anti-alignment cos(ṽ_0, s_i)
     aa_ok = real & s_ok & v0_ok.unsqueeze(-1)
-    anti = _safe_div(gdot(v0.unsqueeze(2).expand_as(w), w), v0n.unsqueeze(-1) * sn, aa_ok)
+    anti = _safe_div((v0G.unsqueeze(2) * w).sum(-1), v0n.unsqueeze(-1) * sn, aa_ok)
 
     # ρ-curve and ρ*
     curve_ok = real & (mass > 0)
-    sbar = w / torch.where(curve_ok, mass, 1.0).unsqueeze(-1)
-    sbar = sbar * curve_ok.unsqueeze(-1)
-    sbar_norm = _norm(gdot(sbar, sbar))
+    inv_m = (curve_ok / torch.where(curve_ok, mass, 1.0)).unsqueeze(-1)
+    sbar = w * inv_m
+    sbarG = wG * inv_m
+    sbar_norm = _norm((sbarG * sbar).sum(-1))
     d = sbar - v0.unsqueeze(2)
     dn = _norm(gdot(d, d))
     sbar_bound = _safe_div(s_bound, mass, curve_ok)
     rho_ok = curve_ok & (dn > 0) & (dn > rtol * (sbar_bound + v0n.unsqueeze(-1)))
-    rho_star = _safe_div(gdot(sbar, d), dn * dn, rho_ok)
+    rho_star = _safe_div((sbarG * d).sum(-1), dn * dn, rho_ok)
     resid = sbar - rho_star.unsqueeze(-1) * d
     min_norm = torch.where(rho_ok, _norm(gdot(resid, resid)), sbar_norm) * curve_ok
 
     # per-head intervention: o^h -> s^h
-    on = _norm(gdot(z, z))  # ‖o_i^h‖
+    zG = wG + a0.unsqueeze(-1) * v0G.unsqueeze(2)
+    on = _norm((zG * z).sum(-1))  # ‖o_i^h‖
     o_bound = s_bound + a0 * v0n.unsqueeze(-1)
     o_ok = (on > 0) & (on > rtol * o_bound)
     hcos_ok = real & o_ok & s_ok
-    head_cos = _safe_div(gdot(z, w), on * sn, hcos_ok)
+    head_cos = _safe_div((zG * w).sum(-1), on * sn, hcos_ok)
     head_delta_norm = (sn - on) * real
     head_delta_cos = torch.where(hcos_ok, 1.0 - head_cos, 0.0)
 
     # layer intervention: o -> Σ_h s^h   (d_model vectors, [b, q, d_model])
-    o = torch.einsum("bhqd,hdm->bqm", z, W)
-    s = torch.einsum("bhqd,hdm->bqm", w, W)
+    if o is None:
+        o = torch.einsum("bhqd,hdm->bqm", z, W)
+    if s is None:
+        s = torch.einsum("bhqd,hdm->bqm", w, W)
     o_norm, s_norm = o.norm(dim=-1), s.norm(dim=-1)
     lay_ok = (
         qm

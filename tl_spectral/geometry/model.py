@@ -167,6 +167,8 @@ def model_rotary_geometry(
     n_ctx: int | None = None,
     fold_ln: bool = True,
     average_ranks: bool = True,
+    rank_offsets: Any = "auto",
+    progress: bool | None = None,
 ) -> Any:
     """The offset-resolved QK geometry of a rotary model (:func:`tl_spectral.geometry.rotary.
     rotary_qk_geometry`): every head's ``M(Δ) = W_Q R(Δ) W_Kᵀ``, Δ = j − i.
@@ -181,6 +183,12 @@ def model_rotary_geometry(
         pair in a window of n_ctx positions; ``"uniform"``; or ``{Δ: weight}``).
     n_ctx: the window (default the model's context length).
     average_ranks: also average the effective ranks over the distribution.
+    rank_offsets: the offsets of that average (default ``"auto"``: every offset of the
+        distribution when that is cheap, else an equal-mass quantile sample within a ~10 s
+        budget; ``None``: every offset, exact; an int: at most that many); see
+        :func:`~tl_spectral.geometry.rotary.rotary_qk_geometry`.
+    progress: a progress bar over the layers (default: when the spectra take more than a
+        few seconds).
 
     Raises :class:`UnreadableHeadsError` for models without rotary positions (use
     :func:`model_qk_geometry`) or whose heads cannot be read.
@@ -212,7 +220,8 @@ def model_rotary_geometry(
     n_ctx = ctx if n_ctx is None else n_ctx
     try:
         return rotary_qk_geometry(WQ, WK, spec, offsets=offsets, distribution=distribution,
-                                  n_ctx=n_ctx, average_ranks=average_ranks)
+                                  n_ctx=n_ctx, average_ranks=average_ranks,
+                                  rank_offsets=rank_offsets, progress=progress)
     except ValueError as e:
         raise UnreadableHeadsError(f"the model's rotary heads cannot be analysed: {e}") from e
 

@@ -22,8 +22,8 @@ combines two probes run apart.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import torch
 from torch import Tensor
@@ -67,6 +67,10 @@ class LayerCapture:
     z: Optional[Tensor] = None
     mlp_out: Optional[Tensor] = None
     resid_post: Optional[Tensor] = None
+    shared: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    """Quantities derived from this capture that several probes need (the value products,
+    head outputs, pattern sums of :mod:`tl_spectral.probes.shared`), formed by the first
+    probe that asks and reused by the others; a capture lives for one layer of one batch."""
 
     @property
     def tolerance(self) -> float:

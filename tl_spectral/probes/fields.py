@@ -34,6 +34,29 @@ from tl_spectral.probes.pair_fields import needs_values, pair_field
 from tl_spectral.results import Result, register_result
 
 
+def _lag_fields(A: Tensor, *, causal: bool, max_lag: Optional[int]) -> tuple[Tensor, Tensor]:
+    """:func:`~tl_spectral.analysis.scale_pod.lag_fields`, the causal case by a skewed copy
+    instead of a gather (same values: data movement only; several times faster at T = 1,024).
+
+    Row ``i`` of ``A`` flipped (``R_i[m] = A[i, T − 1 − m]``) and followed by ``T`` zeros,
+    read with row stride ``2T − 1`` from offset ``T − 1``: entry ``(i, τ)`` is
+    ``R_i[T − 1 − i + τ] = A[i, i − τ]``, and the zeros where ``τ > i``."""
+    T = int(A.shape[-1])
+    if not causal or A.ndim < 2 or A.shape[-2] != T or T < 2:
+        return lag_fields(A, causal=causal, max_lag=max_lag)
+    L = T - 1 if max_lag is None else int(max_lag)
+    if not 0 <= L <= T - 1:
+        return lag_fields(A, causal=causal, max_lag=max_lag)  # its error message
+    lead = A.shape[:-2]
+    n = 1
+    for x in lead:
+        n *= int(x)
+    X = torch.zeros(n, T, 2 * T, dtype=A.dtype, device=A.device)
+    X[:, :, :T] = A.reshape(n, T, T).flip(-1)
+    F = X.as_strided((n, T, L + 1), (2 * T * T, 2 * T - 1, 1), T - 1).clone()
+    return F.reshape(*lead, T, L + 1), torch.arange(0, L + 1)
+
+
 @register_result
 @dataclass
 class AttentionFields(Result):
@@ -217,7 +240,7 @@ class AttentionFieldProbe(Probe):
             pad = T - T_b
             A = torch.nn.functional.pad(A, (0, pad, 0, pad))
             mask = torch.nn.functional.pad(mask, (0, pad), value=False)
-        F, lags = lag_fields(A, causal=self.view.causal, max_lag=self.max_lag)
+        F, lags = _lag_fields(A, causal=self.view.causal, max_lag=self.max_lag)
         # counts per (query, lag): a real query and a real key inside the document
         i = torch.arange(T, device=F.device)[:, None]
         lg = lags[None, :].to(F.device)

@@ -28,8 +28,10 @@ from typing import Any, ClassVar, Optional, Sequence
 import torch
 from torch import Tensor
 
-from tl_spectral.analysis.sinks import sink_geometry
+from tl_spectral.analysis.contributions import _all_finite
+from tl_spectral.analysis.sinks import _check_sink_index, sink_geometry_from_products
 from tl_spectral.model_view import ModelView
+from tl_spectral.probes import shared
 from tl_spectral.probes.base import LayerCapture, Probe
 from tl_spectral.results import Result, register_result
 
@@ -194,10 +196,19 @@ class SinkProbe(Probe):
         if W is None or W.device != p.device:  # read once, kept on the model's device
             W = self._W[layer] = self.view.weights(layer, device=p.device).W_O
         qm = cap.mask
-        g = sink_geometry(
-            p, cap.v.float(), W, causal=self.view.causal,
-            query_mask=None if bool(qm.all()) else qm, sink_index=self.sink_index,
-            threshold=self.threshold,
+        causal = self.view.causal
+        _check_sink_index(self.sink_index, p.shape[-1])
+        # the value products and layer outputs are shared with the other probes reading
+        # this layer (ContributionProbe forms the same ones): tl_spectral.probes.shared
+        W = W.to(p.dtype)
+        vp = shared.value_products(cap, W, causal, self.sink_index)
+        if not (_all_finite(vp.vh) and _all_finite(W)):
+            raise ValueError(f"layer {layer}: v or W_O has NaN/inf entries")
+        g = sink_geometry_from_products(
+            shared.query_pattern(cap), vp.vh, W, qm, vp.gram, vp.vnorm, vp.w, vp.w_bound,
+            vp.mass, vp.z, causal=causal, sink_index=self.sink_index, threshold=self.threshold,
+            o=shared.head_outputs(cap, W, causal, self.sink_index, "o"),
+            s=shared.head_outputs(cap, W, causal, self.sink_index, "s"),
         )
         b, H, T = g.anti_alignment.shape
         nb = self.n_bins
@@ -208,7 +219,7 @@ class SinkProbe(Probe):
         acc(f"{layer}.n_docs", torch.full((1,), float(b), dtype=torch.float64, device=p.device))
         acc(f"{layer}.rate", (g.sink_rate * qm.sum(-1, keepdim=True)).sum(0).double())
         last = (qm.sum(-1) - 1).clamp_min(0)  # [b]
-        a_last = p.gather(-1, last.view(b, 1, 1, 1).expand(b, H, T, 1)).squeeze(-1)
+        a_last = p[torch.arange(b, device=p.device), :, :, last]  # [b, H, T] (not a gather)
         acc(f"{layer}.last", (a_last * real).sum((0, 2)).double())
         ks = g.key_score[..., self.sink_index]  # [b, H]
         acc(f"{layer}.key", ks.sum(0).double())
