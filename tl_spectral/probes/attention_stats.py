@@ -44,15 +44,18 @@ class AttentionStatsResult(Result):
 
     def view(self, layer: int | None = None, max_pos: int = 64):
         """circuitsvis view of the mean pattern of ``layer`` (default: the last), one panel
-        per head; positions are labelled by index."""
+        per head; positions are labelled by index. A :class:`~tl_spectral.viz.views.NotebookView`
+        (one copy of the circuitsvis JavaScript per notebook)."""
         import circuitsvis as cv
 
         li = len(self.layers) - 1 if layer is None else list(self.layers).index(layer)
         pat = self.mean_pattern[li, :, :max_pos, :max_pos].float()
         n = pat.shape[-1]
-        return cv.attention.attention_heads(
+        from tl_spectral.viz.views import NotebookView
+
+        return NotebookView(cv.attention.attention_heads(
             attention=pat, tokens=[str(i) for i in range(n)],
-            attention_head_names=[f"L{self.layers[li]}H{h}" for h in range(pat.shape[0])])
+            attention_head_names=[f"L{self.layers[li]}H{h}" for h in range(pat.shape[0])]))
 
     def rows(self) -> list[dict]:
         """One row per (layer, head): entropy, distance, first-token mass."""

@@ -1,0 +1,57 @@
+"""circuitsvis views in a notebook: one copy of the JavaScript per kernel, escaped props."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import circuitsvis as cv
+import torch
+
+from tl_spectral.viz import views
+from tl_spectral.viz.report import circuitsvis_props
+
+
+def _view(tokens=("a", "b", "</script><b>", "d")):
+    att = torch.rand(2, 4, 4, generator=torch.Generator().manual_seed(0))
+    return views.NotebookView(cv.attention.attention_heads(attention=att, tokens=list(tokens)))
+
+
+def test_bundle_once_per_kernel(monkeypatch):
+    monkeypatch.setitem(views._NOTEBOOK, "bundle_sent", False)
+    first, second, third = (_view()._repr_html_() for _ in range(3))
+    bundle = views._bundle()
+    assert len(bundle) > 500_000
+    assert bundle in first and bundle not in second and bundle not in third
+    assert len(second) < 5_000 and len(third) < 5_000
+    ids = [re.search(r'<div id="([^"]+)"', h).group(1) for h in (first, second, third)]
+    assert len(set(ids)) == 3  # every view renders into its own div
+    # later views wait for window.CircuitsVis and render into their div
+    assert "window.CircuitsVis" in second and f'CircuitsVis.render("{ids[1]}"' in second
+    views.reset_notebook_bundle()
+    assert bundle in _view()._repr_html_()
+
+
+def test_props_escaped_and_equal_to_circuitsvis(monkeypatch):
+    monkeypatch.setitem(views._NOTEBOOK, "bundle_sent", True)
+    v = _view()
+    html = v._repr_html_()
+    # nothing of the user's tokens closes the script: only our own </script> tags
+    assert html.count("</script>") == 1 and "<b>" not in html
+    element, props = circuitsvis_props(v)  # the report reads the wrapped local_src
+    assert element == v.element == "AttentionHeads"
+    assert props["tokens"] == v.props["tokens"] == ["a", "b", "</script><b>", "d"]
+    got = json.loads(re.search(r'CircuitsVis\["AttentionHeads"\], (.*?)\);\}else', html)
+                     .group(1).replace("\\u003c", "<").replace("\\u003e", ">"))
+    torch.testing.assert_close(torch.tensor(got["attention"]),
+                               torch.tensor(props["attention"]), atol=1e-4, rtol=0)
+    assert v.cdn_src == v.rendered.cdn_src and str(v) == str(v.rendered)
+
+
+def test_colab_gets_the_bundle_every_time(monkeypatch):
+    import sys
+    import types
+
+    monkeypatch.setitem(views._NOTEBOOK, "bundle_sent", True)
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("colab"))
+    assert "CircuitsVis=" in _view()._repr_html_().replace(" ", "")
