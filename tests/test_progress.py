@@ -32,3 +32,23 @@ def test_auto_bar_with_ipywidgets(monkeypatch):
     import tqdm.auto
 
     assert progress.tqdm_class() is tqdm.auto.tqdm
+
+
+def test_quiet_tqdm_auto_in_a_kernel_without_ipywidgets(tmp_path):
+    """A fresh interpreter that looks like a kernel: importing tl_spectral, then tqdm.auto
+    (as TransformerLens does), warns nothing."""
+    import subprocess
+
+    code = ("import sys, types, warnings, importlib.util\n"
+            "sys.modules['ipykernel'] = types.ModuleType('ipykernel')\n"
+            "sys.modules['ipykernel.zmqshell'] = types.ModuleType('ipykernel.zmqshell')\n"
+            "real = importlib.util.find_spec\n"
+            "importlib.util.find_spec = lambda n, *a: None if n == 'ipywidgets' else real(n, *a)\n"
+            "warnings.simplefilter('error')\n"
+            "import tl_spectral\n"
+            "import tqdm.auto\n"
+            "print(tqdm.auto.tqdm.__module__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() in ("tqdm.std", "tqdm.asyncio")  # the text bar

@@ -32,3 +32,23 @@ def tqdm_class() -> type:
 def progress_bar(iterable: Any = None, **kwargs: Any):
     """A tqdm bar (see the module doc); the arguments are tqdm's."""
     return tqdm_class()(iterable, **kwargs)
+
+
+def quiet_tqdm_auto() -> None:
+    """In a Jupyter kernel without ipywidgets, import ``tqdm.auto`` once with its
+    ``TqdmWarning`` ("IProgress not found") silenced. TransformerLens imports ``tqdm.auto`` at
+    import time, so without this every notebook that loads a model shows the warning; after
+    it, ``tqdm.auto`` is the text bar it would have fallen back to anyway. Called by
+    ``import tl_spectral``; does nothing outside a kernel, with ipywidgets, or when
+    ``tqdm.auto`` was already imported."""
+    import sys
+    import warnings
+
+    if ("ipykernel" not in sys.modules or "tqdm.autonotebook" in sys.modules
+            or _has_ipywidgets()):
+        return
+    from tqdm.std import TqdmWarning
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=TqdmWarning)
+        import tqdm.auto  # noqa: F401
