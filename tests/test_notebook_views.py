@@ -55,3 +55,28 @@ def test_colab_gets_the_bundle_every_time(monkeypatch):
     monkeypatch.setitem(views._NOTEBOOK, "bundle_sent", True)
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("colab"))
     assert "CircuitsVis=" in _view()._repr_html_().replace(" ", "")
+
+
+def test_show_closes_the_figure_it_displayed(monkeypatch):
+    """In a notebook, show() displays the figure once and closes it (the inline backend would
+    otherwise show it again at the end of the cell)."""
+    import IPython
+    import IPython.display
+    import matplotlib.pyplot as plt
+
+    from tl_spectral.results import Result
+
+    made, _ = plt.subplots()
+
+    class Plain(Result):
+        kind = "plain_for_show_test"
+
+        def plot_it(self):
+            return made
+
+    shown = []
+    monkeypatch.setattr(IPython, "get_ipython", lambda: object())
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    assert plt.fignum_exists(made.number)
+    fig = Plain().show()
+    assert fig is made and shown == [made] and not plt.fignum_exists(made.number)

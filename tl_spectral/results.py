@@ -160,6 +160,7 @@ class Result:
 
             if get_ipython() is not None:
                 display(shown)
+                _close_if_figure(shown)  # else the inline backend shows it a second time
         except ImportError:
             pass
         return shown
@@ -336,6 +337,19 @@ def _fmt_value(v: Any) -> str:
         return f"[{inner}{', …' if len(v) > 6 else ''}]"
     text = str(v)
     return text if len(text) <= 80 else text[:77] + "…"
+
+
+def _close_if_figure(obj: Any) -> None:
+    """Close a matplotlib figure (after it was displayed), leave anything else alone."""
+    import sys
+
+    if "matplotlib.figure" in sys.modules:
+        from matplotlib.figure import Figure
+
+        if isinstance(obj, Figure):
+            import matplotlib.pyplot as plt
+
+            plt.close(obj)
 
 
 def _figure_png_base64(fig: Any) -> str:
