@@ -1,0 +1,199 @@
+"""Execute the demo notebooks in a real Jupyter kernel; regenerate or check their outputs.
+
+    python -m demos.run_notebooks                 # run every notebook, compare with the committed outputs
+    python -m demos.run_notebooks --write         # run every notebook, write the outputs into it
+    python -m demos.run_notebooks quickstart      # only demos/quickstart.ipynb (names or paths)
+
+The kernel is the Python running this script (``sys.executable -m ipykernel_launcher``, from a
+kernel spec written to a temporary folder: nothing is installed into the user's Jupyter), with
+the repository on ``PYTHONPATH``, offline (``HF_HUB_OFFLINE``), one thread per op (so numbers
+repeat) and matplotlib's inline backend. Each notebook runs in a temporary working folder
+(whatever it saves goes there). Without ``--write`` the exit status is 1 when an output differs
+from the committed one, and the differing cells are named. The comparison is on *normalized*
+outputs (:func:`normalize_outputs`): stderr (progress bars, timings) dropped, numbers to
+3 significant digits, memory addresses, view ids and the circuitsvis bundle masked, images
+compared by presence. Writing keeps nothing of the machine in the file (no timings, no paths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+DEMOS = Path(__file__).resolve().parent
+ROOT = DEMOS.parent
+KERNEL = "tl-spectral-demos"
+#: per-notebook execution limit (seconds per cell)
+CELL_TIMEOUT = 600
+
+
+def notebooks(names: list[str] | None = None) -> list[Path]:
+    """The demo notebooks (all, or those named: ``quickstart``, ``demos/quickstart.ipynb``)."""
+    if not names:
+        return sorted(DEMOS.glob("*.ipynb"))
+    out = []
+    for n in names:
+        p = Path(n)
+        if not p.suffix:
+            p = DEMOS / f"{n}.ipynb"
+        if not p.exists():
+            known = ", ".join(q.stem for q in sorted(DEMOS.glob("*.ipynb")))
+            raise SystemExit(f"no notebook {n!r}; known: {known}")
+        out.append(p.resolve())
+    return out
+
+
+def _kernel_env() -> dict[str, str]:
+    pythonpath = os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                       if p and Path(p).resolve() != ROOT])
+    return {"PYTHONPATH": pythonpath, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+            "PYTHONHASHSEED": "0", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def kernel_manager(spec_dir: Path):
+    """A KernelManager whose kernel is ``sys.executable -m ipykernel_launcher``."""
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    kdir = spec_dir / KERNEL
+    kdir.mkdir(parents=True, exist_ok=True)
+    (kdir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "tl_spectral demos", "language": "python", "env": _kernel_env(),
+    }))
+    ksm = KernelSpecManager(kernel_dirs=[str(spec_dir)])
+    return KernelManager(kernel_name=KERNEL, kernel_spec_manager=ksm)
+
+
+def execute(path: Path, *, timeout: int = CELL_TIMEOUT):
+    """Run the notebook at ``path`` top to bottom in a fresh kernel; returns the executed
+    ``NotebookNode`` (the file is not touched). A cell error raises nbclient's
+    ``CellExecutionError`` naming the cell."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    with tempfile.TemporaryDirectory(prefix="tls-nb-") as tmp:
+        work = Path(tmp) / "work"
+        work.mkdir()
+        km = kernel_manager(Path(tmp) / "kernels")
+        client = NotebookClient(nb, km=km, kernel_name=KERNEL, timeout=timeout,
+                                allow_errors=False, record_timing=False,
+                                resources={"metadata": {"path": str(work)}})
+        client.execute()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+    return nb
+
+
+# ------------------------------------------------------------------ normalized outputs
+_NUM = re.compile(r"(?<![\w.])-?\d+\.\d+(?:[eE][+-]?\d+)?")
+_SUBS = [
+    (re.compile(r"<script>[^<]{10000,}</script>"), "<script>BUNDLE</script>"),
+    (re.compile(r"data:image/png;base64,[A-Za-z0-9+/=]+"), "data:image/png;base64,PNG"),
+    (re.compile(r"tls-cv-[0-9a-f]+-\d+"), "tls-cv-ID"),
+    (re.compile(r"circuits-vis-[0-9a-f-]+"), "circuits-vis-ID"),
+    (re.compile(r"0x[0-9a-fA-F]{6,}"), "0xADDR"),
+    (re.compile(r"/tmp/[^\s'\"<]*"), "/tmp/PATH"),
+]
+
+
+def _norm_text(text: str) -> str:
+    for pat, rep in _SUBS:
+        text = pat.sub(rep, text)
+
+    def num(m: re.Match) -> str:
+        try:
+            return f"{float(m.group(0)):.3g}"
+        except ValueError:
+            return m.group(0)
+
+    return _NUM.sub(num, text)
+
+
+def normalize_output(out: dict[str, Any]) -> list[str]:
+    """The comparable text of one output (stderr dropped: progress bars and warnings are
+    checked by the tests, not compared)."""
+    kind = out.get("output_type")
+    if kind == "stream":
+        return [] if out.get("name") == "stderr" else ["stdout: " + _norm_text(out["text"])]
+    if kind == "error":
+        return [f"error: {out.get('ename')}: {out.get('evalue')}"]
+    data = out.get("data", {})
+    parts = []
+    for mime in sorted(data):
+        if mime.startswith("image/"):
+            parts.append(f"{mime}: present")
+        elif mime in ("text/html", "text/plain", "text/markdown"):
+            v = data[mime]
+            parts.append(f"{mime}: " + _norm_text(v if isinstance(v, str) else "".join(v)))
+    return parts
+
+
+def normalize_outputs(nb) -> list[list[str]]:
+    """Per code cell, the normalized text of its outputs."""
+    return [[p for o in c.get("outputs", []) for p in normalize_output(o)]
+            for c in nb.cells if c.cell_type == "code"]
+
+
+def differences(committed, fresh) -> list[str]:
+    """One line per code cell whose normalized outputs differ (cell number and first line)."""
+    a, b = normalize_outputs(committed), normalize_outputs(fresh)
+    code = [c for c in fresh.cells if c.cell_type == "code"]
+    msgs = []
+    if len(a) != len(b):
+        msgs.append(f"{len(a)} code cells committed, {len(b)} in the notebook now")
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            first = (code[i].source.strip().splitlines() or [""])[0][:70]
+            detail = next((f"committed {u[:120]!r} vs fresh {v[:120]!r}"
+                           for u, v in zip(x, y) if u != v),
+                          f"{len(x)} outputs committed, {len(y)} fresh")
+            msgs.append(f"code cell {i + 1} ({first!r}): {detail}")
+    return msgs
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", help="notebooks (stem or path); default: all in demos/")
+    ap.add_argument("--write", action="store_true",
+                    help="write the fresh outputs into the notebooks (else: compare)")
+    args = ap.parse_args(argv)
+    import nbformat
+
+    stale = 0
+    for path in notebooks(args.names):
+        t0 = time.perf_counter()
+        fresh = execute(path)
+        took = time.perf_counter() - t0
+        size = len(nbformat.writes(fresh).encode())
+        if args.write:
+            nbformat.write(fresh, path)
+            print(f"{path.name}: written ({took:.0f} s, {size / 1e6:.2f} MB)")
+            continue
+        diff = differences(nbformat.read(path, as_version=4), fresh)
+        stale += bool(diff)
+        print(f"{path.name}: {'STALE' if diff else 'up to date'} ({took:.0f} s, "
+              f"{size / 1e6:.2f} MB)")
+        for line in diff:
+            print("  " + line)
+    if stale:
+        print(f"{stale} notebook(s) stale: regenerate with `python -m demos.run_notebooks "
+              "--write`")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
