@@ -3,6 +3,10 @@
     python -m demos.run_notebooks                 # run every notebook, compare with the committed outputs
     python -m demos.run_notebooks --write         # run every notebook, write the outputs into it
     python -m demos.run_notebooks quickstart      # only demos/quickstart.ipynb (names or paths)
+    python -m demos.run_notebooks --thumbnails    # only redraw docs/figures/notebook_*.png
+
+``--write`` also redraws the README's thumbnails, ``docs/figures/notebook_<name>.png``: the
+image of the cell tagged ``thumbnail`` (else the first image), scaled to 360 pixels wide.
 
 The kernel is the Python running this script (``sys.executable -m ipykernel_launcher``, from a
 kernel spec written to a temporary folder: nothing is installed into the user's Jupyter), with
@@ -29,6 +33,8 @@ from typing import Any
 
 DEMOS = Path(__file__).resolve().parent
 ROOT = DEMOS.parent
+FIGURES = ROOT / "docs" / "figures"
+THUMB_WIDTH = 360
 KERNEL = "tl-spectral-demos"
 #: per-notebook execution limit (seconds per cell)
 CELL_TIMEOUT = 600
@@ -165,14 +171,44 @@ def differences(committed, fresh) -> list[str]:
     return msgs
 
 
+def thumbnail(nb, name: str) -> Path | None:
+    """Write ``docs/figures/notebook_<name>.png`` from the notebook's tagged (else first)
+    image output; returns the path (None when the notebook shows no image)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    tagged = [c for c in code if "thumbnail" in c.metadata.get("tags", [])]
+    for cell in tagged + code:
+        for out in cell.get("outputs", []):
+            png = out.get("data", {}).get("image/png")
+            if png:
+                img = Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB")
+                h = round(img.height * THUMB_WIDTH / img.width)
+                img = img.resize((THUMB_WIDTH, h), Image.LANCZOS)
+                path = FIGURES / f"notebook_{name}.png"
+                img = img.convert("P", palette=Image.ADAPTIVE, colors=128)  # a third the size
+                img.save(path, optimize=True)
+                return path
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", help="notebooks (stem or path); default: all in demos/")
     ap.add_argument("--write", action="store_true",
                     help="write the fresh outputs into the notebooks (else: compare)")
+    ap.add_argument("--thumbnails", action="store_true",
+                    help="only redraw docs/figures/notebook_*.png from the committed outputs")
     args = ap.parse_args(argv)
     import nbformat
 
+    if args.thumbnails:
+        for path in notebooks(args.names):
+            print(path.name, "->", thumbnail(nbformat.read(path, as_version=4), path.stem))
+        return 0
     stale = 0
     for path in notebooks(args.names):
         t0 = time.perf_counter()
@@ -181,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         size = len(nbformat.writes(fresh).encode())
         if args.write:
             nbformat.write(fresh, path)
-            print(f"{path.name}: written ({took:.0f} s, {size / 1e6:.2f} MB)")
+            thumb = thumbnail(fresh, path.stem)
+            print(f"{path.name}: written ({took:.0f} s, {size / 1e6:.2f} MB)"
+                  + (f", {thumb.relative_to(ROOT)}" if thumb else ""))
             continue
         diff = differences(nbformat.read(path, as_version=4), fresh)
         stale += bool(diff)
