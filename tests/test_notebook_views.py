@@ -80,3 +80,16 @@ def test_show_closes_the_figure_it_displayed(monkeypatch):
     assert plt.fignum_exists(made.number)
     fig = Plain().show()
     assert fig is made and shown == [made] and not plt.fignum_exists(made.number)
+
+
+def test_five_views_stay_under_5_mb(monkeypatch):
+    """Five views of 9 heads × 64 tokens: ~1.9 MB with the shared bundle, where circuitsvis'
+    own display (the bundle in every view) would carry ~6.9 MB."""
+    monkeypatch.setitem(views._NOTEBOOK, "bundle_sent", False)
+    g = torch.Generator().manual_seed(0)
+    vs = [views.NotebookView(cv.attention.attention_heads(
+        attention=torch.rand(9, 64, 64, generator=g), tokens=[f"t{i}" for i in range(64)]))
+        for _ in range(5)]
+    shared = sum(len(v._repr_html_().encode()) for v in vs)
+    alone = sum(len(v.local_src.encode()) for v in vs)
+    assert shared < 5_000_000 < alone
