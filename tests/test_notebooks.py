@@ -26,7 +26,7 @@ PROMISES = {
     "contributions_sinks": (4, 3, 1),
     "routing_filtering": (3, 4, 0),
     "surgery": (2, 1, 0),
-    "smollm2": (3, 3, 5),
+    "smollm2": (3, 2, 5),
 }
 MAX_BYTES = 5_000_000
 
