@@ -4,6 +4,10 @@
     python -m demos.run_notebooks --write         # run every notebook, write the outputs into it
     python -m demos.run_notebooks quickstart      # only demos/quickstart.ipynb (names or paths)
     python -m demos.run_notebooks --thumbnails    # only redraw docs/figures/notebook_*.png
+    python -m demos.run_notebooks --write -j 2    # two notebooks at a time
+
+A notebook whose cell fails is reported (the cell and its traceback) and left unchanged; the
+others still run; the exit status is then 1.
 
 ``--write`` also redraws the README's thumbnails, ``docs/figures/notebook_<name>.png``: the
 image of the cell tagged ``thumbnail`` (else the first image), scaled to 360 pixels wide.
@@ -96,7 +100,11 @@ def execute(path: Path, *, timeout: int = CELL_TIMEOUT):
         client = NotebookClient(nb, km=km, kernel_name=KERNEL, timeout=timeout,
                                 allow_errors=False, record_timing=False,
                                 resources={"metadata": {"path": str(work)}})
-        client.execute()
+        try:
+            client.execute()
+        finally:  # nbclient leaves a kernel it did not create running: stop it here
+            if km.has_kernel:
+                km.shutdown_kernel(now=True)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     for cell in nb.cells:
@@ -200,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("names", nargs="*", help="notebooks (stem or path); default: all in demos/")
     ap.add_argument("--write", action="store_true",
                     help="write the fresh outputs into the notebooks (else: compare)")
+    ap.add_argument("-j", "--jobs", type=int, default=1,
+                    help="notebooks run at the same time (one kernel each; default 1)")
     ap.add_argument("--thumbnails", action="store_true",
                     help="only redraw docs/figures/notebook_*.png from the committed outputs")
     args = ap.parse_args(argv)
@@ -209,28 +219,49 @@ def main(argv: list[str] | None = None) -> int:
         for path in notebooks(args.names):
             print(path.name, "->", thumbnail(nbformat.read(path, as_version=4), path.stem))
         return 0
-    stale = 0
-    for path in notebooks(args.names):
+
+    def run(path: Path):
         t0 = time.perf_counter()
-        fresh = execute(path)
-        took = time.perf_counter() - t0
+        try:
+            return execute(path), time.perf_counter() - t0
+        except Exception as exc:  # a cell error: report it, keep the committed file
+            return exc, time.perf_counter() - t0
+
+    paths = notebooks(args.names)
+    if args.jobs > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            runs = list(pool.map(run, paths))
+    else:
+        runs = map(run, paths)
+    stale = failed = 0
+    for path, (fresh, took) in zip(paths, runs):
+        if isinstance(fresh, Exception):
+            failed += 1
+            lines = re.sub(r"\x1b\[[0-9;]*m", "", str(fresh)).strip().splitlines()
+            print(f"{path.name}: FAILED after {took:.0f} s (the file is unchanged)")
+            print("\n".join("  " + ln for ln in lines[-25:]))
+            continue
         size = len(nbformat.writes(fresh).encode())
         if args.write:
             nbformat.write(fresh, path)
             thumb = thumbnail(fresh, path.stem)
             print(f"{path.name}: written ({took:.0f} s, {size / 1e6:.2f} MB)"
-                  + (f", {thumb.relative_to(ROOT)}" if thumb else ""))
+                  + (f", {thumb.relative_to(ROOT)}" if thumb else ""), flush=True)
             continue
         diff = differences(nbformat.read(path, as_version=4), fresh)
         stale += bool(diff)
         print(f"{path.name}: {'STALE' if diff else 'up to date'} ({took:.0f} s, "
-              f"{size / 1e6:.2f} MB)")
+              f"{size / 1e6:.2f} MB)", flush=True)
         for line in diff:
             print("  " + line)
     if stale:
         print(f"{stale} notebook(s) stale: regenerate with `python -m demos.run_notebooks "
               "--write`")
-    return 1 if stale else 0
+    if failed:
+        print(f"{failed} notebook(s) failed")
+    return 1 if stale or failed else 0
 
 
 if __name__ == "__main__":
