@@ -136,3 +136,46 @@ def test_docs_link_their_notebook_at_the_top():
     for doc, name in DOC_NOTEBOOK.items():
         top = "\n".join((ROOT / "docs" / doc).read_text().splitlines()[:4])
         assert f"(../demos/{name}.ipynb)" in top, f"docs/{doc} does not link {name}.ipynb"
+
+
+def test_shared_bundle_views_render_in_a_browser(tmp_path):
+    """The committed SmolLM2 notebook's outputs, in order on one page (as a notebook front end
+    shows them): every view renders, though only the first carries the circuitsvis
+    JavaScript, with no console error and no request outside the page."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import test_report_browser as trb
+
+    webdriver = pytest.importorskip("selenium.webdriver")
+    chrome, driver_path = trb._browser_paths()
+    if not chrome or not driver_path:
+        pytest.skip("Chromium / chromedriver not found (scripts/setup_env.sh installs them)")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    nb = nbformat.read(DEMOS / "smollm2.ipynb", as_version=4)
+    body = "".join(_html(o) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    page = tmp_path / "outputs.html"
+    page.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{body}"
+                    "</body></html>", encoding="utf-8")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chrome
+    for f in trb.CHROMIUM_FLAGS:
+        opts.add_argument(f)
+    opts.add_argument(f"--user-data-dir={tmp_path / 'profile'}")
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    drv = webdriver.Chrome(service=Service(driver_path), options=opts)
+    try:
+        drv.set_page_load_timeout(120)
+        drv.get(page.as_uri())
+        count = "return document.querySelectorAll('.tls-cv-view').length"
+        rendered = ("return Array.from(document.querySelectorAll('.tls-cv-view'))"
+                    ".filter(d => d.querySelector('canvas, select, input')).length")
+        assert drv.execute_script(count) == PROMISES["smollm2"][2]
+        WebDriverWait(drv, 60).until(lambda d: d.execute_script(rendered) == d.execute_script(count))
+        errors = [e for e in drv.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors[:3]
+    finally:
+        drv.quit()
