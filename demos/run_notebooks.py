@@ -18,15 +18,16 @@ the repository on ``PYTHONPATH``, offline (``HF_HUB_OFFLINE``), one thread per o
 repeat) and matplotlib's inline backend. Each notebook runs in a temporary working folder
 (whatever it saves goes there). Without ``--write`` the exit status is 1 when an output differs
 from the committed one, and the differing cells are named. The comparison is on *normalized*
-outputs (:func:`normalize_outputs`): stderr (progress bars, timings) dropped, numbers to
-3 significant digits, memory addresses, view ids and the circuitsvis bundle masked, images
-compared by presence. Writing keeps nothing of the machine in the file (no timings, no paths).
+outputs (:func:`normalize_outputs`): stderr (progress bars, timings) dropped, memory
+addresses, view ids, temporary paths and the circuitsvis bundle masked, images compared by
+presence, numbers within a relative 1e-3 (:func:`same_output`). Writing keeps nothing of the machine in the file (no timings, no paths).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -127,14 +128,24 @@ _SUBS = [
 def _norm_text(text: str) -> str:
     for pat, rep in _SUBS:
         text = pat.sub(rep, text)
+    return text
 
-    def num(m: re.Match) -> str:
-        try:
-            return f"{float(m.group(0)):.3g}"
-        except ValueError:
-            return m.group(0)
 
-    return _NUM.sub(num, text)
+#: numbers compare within this relative tolerance (last-digit differences of another CPU)
+REL_TOL = 1e-3
+
+
+def same_output(u: str, v: str) -> bool:
+    """Two normalized outputs agree: the same text around the numbers (whitespace runs
+    collapsed: column widths follow the digits) and every number within ``REL_TOL``."""
+    if u == v:
+        return True
+    nu, nv = _NUM.findall(u), _NUM.findall(v)
+    if len(nu) != len(nv):
+        return False
+    skel = [" ".join(_NUM.sub("#", w).split()) for w in (u, v)]
+    return skel[0] == skel[1] and all(
+        math.isclose(float(a), float(b), rel_tol=REL_TOL, abs_tol=1e-6) for a, b in zip(nu, nv))
 
 
 def normalize_output(out: dict[str, Any]) -> list[str]:
@@ -170,10 +181,10 @@ def differences(committed, fresh) -> list[str]:
     if len(a) != len(b):
         msgs.append(f"{len(a)} code cells committed, {len(b)} in the notebook now")
     for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
+        if len(x) != len(y) or not all(map(same_output, x, y)):
             first = (code[i].source.strip().splitlines() or [""])[0][:70]
             detail = next((f"committed {u[:120]!r} vs fresh {v[:120]!r}"
-                           for u, v in zip(x, y) if u != v),
+                           for u, v in zip(x, y) if not same_output(u, v)),
                           f"{len(x)} outputs committed, {len(y)} fresh")
             msgs.append(f"code cell {i + 1} ({first!r}): {detail}")
     return msgs
