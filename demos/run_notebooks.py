@@ -10,7 +10,8 @@ A notebook whose cell fails is reported (the cell and its traceback) and left un
 others still run; the exit status is then 1.
 
 ``--write`` also redraws the README's thumbnails, ``docs/figures/notebook_<name>.png``: the
-image of the cell tagged ``thumbnail`` (else the first image), scaled to 360 pixels wide.
+image of the cell tagged ``thumbnail`` (else the first image; a wide row of panels cropped to
+its left part), scaled to 360 pixels wide.
 
 The kernel is the Python running this script (``sys.executable -m ipykernel_launcher``, from a
 kernel spec written to a temporary folder: nothing is installed into the user's Jupyter), with
@@ -205,6 +206,8 @@ def thumbnail(nb, name: str) -> Path | None:
             png = out.get("data", {}).get("image/png")
             if png:
                 img = Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB")
+                if img.width > 2.2 * img.height:  # a row of panels: crop to the first ones
+                    img = img.crop((0, 0, round(1.5 * img.height), img.height))
                 h = round(img.height * THUMB_WIDTH / img.width)
                 img = img.resize((THUMB_WIDTH, h), Image.LANCZOS)
                 path = FIGURES / f"notebook_{name}.png"
