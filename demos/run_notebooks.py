@@ -117,7 +117,8 @@ def execute(path: Path, *, timeout: int = CELL_TIMEOUT):
 # ------------------------------------------------------------------ normalized outputs
 _NUM = re.compile(r"(?<![\w.])-?\d+\.\d+(?:[eE][+-]?\d+)?")
 _SUBS = [
-    (re.compile(r"<script>[^<]{10000,}</script>"), "<script>BUNDLE</script>"),
+    (re.compile(r"<script>[^<]{0,200}var CircuitsVis=.*?</script>", re.S),
+     "<script>BUNDLE</script>"),
     (re.compile(r"data:image/png;base64,[A-Za-z0-9+/=]+"), "data:image/png;base64,PNG"),
     (re.compile(r"tls-cv-[0-9a-f]+-\d+"), "tls-cv-ID"),
     (re.compile(r"circuits-vis-[0-9a-f-]+"), "circuits-vis-ID"),
