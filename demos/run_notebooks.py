@@ -111,6 +111,8 @@ def execute(path: Path, *, timeout: int = CELL_TIMEOUT):
                                  "language": "python"}
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
+        if cell.cell_type == "code":
+            cell.outputs = [nbformat.from_dict(o) for o in coalesce_streams(cell.outputs)]
     return nb
 
 
@@ -169,9 +171,23 @@ def normalize_output(out: dict[str, Any]) -> list[str]:
     return parts
 
 
+def coalesce_streams(outputs: list) -> list:
+    """Adjacent outputs of one stream (stdout, stderr) merged into one: how the kernel chunks
+    a cell's prints depends on timing, what the reader sees does not."""
+    merged: list = []
+    for o in outputs:
+        if (o.get("output_type") == "stream" and merged
+                and merged[-1].get("output_type") == "stream"
+                and merged[-1].get("name") == o.get("name")):
+            merged[-1] = {**merged[-1], "text": merged[-1]["text"] + o["text"]}
+        else:
+            merged.append(o)
+    return merged
+
+
 def normalize_outputs(nb) -> list[list[str]]:
     """Per code cell, the normalized text of its outputs."""
-    return [[p for o in c.get("outputs", []) for p in normalize_output(o)]
+    return [[p for o in coalesce_streams(c.get("outputs", [])) for p in normalize_output(o)]
             for c in nb.cells if c.cell_type == "code"]
 
 
