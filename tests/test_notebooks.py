@@ -152,14 +152,11 @@ def test_shared_bundle_views_render_in_a_browser(tmp_path):
     """The committed SmolLM2 notebook's outputs, in order on one page (as a notebook front end
     shows them): every view renders, though only the first carries the circuitsvis
     JavaScript, with no console error and no request outside the page."""
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.dirname(__file__))
-    import test_report_browser as trb
+    import shutil
 
     webdriver = pytest.importorskip("selenium.webdriver")
-    chrome, driver_path = trb._browser_paths()
+    chrome = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
+    driver_path = shutil.which("chromedriver")
     if not chrome or not driver_path:
         pytest.skip("Chromium / chromedriver not found (scripts/setup_env.sh installs them)")
     from selenium.webdriver.chrome.service import Service
@@ -172,7 +169,9 @@ def test_shared_bundle_views_render_in_a_browser(tmp_path):
                     "</body></html>", encoding="utf-8")
     opts = webdriver.ChromeOptions()
     opts.binary_location = chrome
-    for f in trb.CHROMIUM_FLAGS:
+    for f in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+              "--disable-component-update", "--disable-sync", "--no-first-run",
+              "--disable-dev-shm-usage"):
         opts.add_argument(f)
     opts.add_argument(f"--user-data-dir={tmp_path / 'profile'}")
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
