@@ -73,6 +73,10 @@ _MODULES = {"zoo": "tl_spectral.models.zoo"}
 
 __all__ = sorted([*_PUBLIC, *_MODULES, "__version__"])
 
+# in a Jupyter kernel without ipywidgets: no "IProgress not found" TqdmWarning when
+# TransformerLens imports tqdm.auto (see tl_spectral.progress)
+importlib.import_module("tl_spectral.progress").quiet_tqdm_auto()
+
 
 def __getattr__(name: str) -> Any:
     if name in _MODULES:

@@ -124,7 +124,7 @@ def bootstrap(statistic: Callable[[Tensor], Union[float, Tensor]], n_docs: int, 
     est = torch.as_tensor(statistic(torch.arange(int(n_docs))), dtype=torch.float64)
     it = range(idx.shape[0])
     if progress:
-        from tqdm.auto import tqdm
+        from tl_spectral.progress import progress_bar as tqdm
 
         it = tqdm(it, desc="bootstrap", unit="resample")
     reps = []

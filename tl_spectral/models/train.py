@@ -458,7 +458,7 @@ class Trainer:
     def fit(self, stop_at: int | None = None) -> TrainHistory:
         """Train until ``cfg.steps`` (or until ``stop_at`` steps, to pause a run: the
         schedule still follows ``cfg.steps``). Returns the :class:`TrainHistory`."""
-        from tqdm.auto import tqdm
+        from tl_spectral.progress import progress_bar as tqdm
 
         end = self.cfg.steps if stop_at is None else min(stop_at, self.cfg.steps)
         model, cfg = self.train_module, self.cfg

@@ -644,7 +644,7 @@ def faithfulness(
     starts = range(0, len(corpus), batch_size)
     it: Any = starts
     if progress:
-        from tqdm.auto import tqdm
+        from tl_spectral.progress import progress_bar as tqdm
 
         it = tqdm(starts, desc="faithfulness", unit="batch")
     for start in it:

@@ -595,7 +595,7 @@ def run_probes(
         starts = range(lo, hi, batch_size)
         iterator: Iterable[int] = starts
         if progress:
-            from tqdm.auto import tqdm
+            from tl_spectral.progress import progress_bar as tqdm
 
             desc = f"probes ({', '.join(p.name for p in active)})"
             if n_pass:

@@ -106,9 +106,12 @@ def attention_stats_view(res, layer: int | None = None, max_pos: int = 64):
     li = len(res.layers) - 1 if layer is None else list(res.layers).index(layer)
     pat = res.mean_pattern[li, :, :max_pos, :max_pos].float()
     n = pat.shape[-1]
-    return cv.attention.attention_heads(
+    from tl_spectral.viz.views import NotebookView
+
+    # one copy of the circuitsvis JavaScript per notebook (NotebookView)
+    return NotebookView(cv.attention.attention_heads(
         attention=pat, tokens=[str(i) for i in range(n)],
-        attention_head_names=[f"L{res.layers[li]}H{h}" for h in range(pat.shape[0])])
+        attention_head_names=[f"L{res.layers[li]}H{h}" for h in range(pat.shape[0])]))
 
 
 @register_plot("attention_stats", "plot")
