@@ -47,9 +47,9 @@ MODEL = "smollm2-135m"
 START = 1  # <|im_start|>
 STEPS = ("sinks", "faithfulness", "routing", "scales", "interventions")
 N_RESAMPLES = 1000
-FULL = {"n_docs": 12, "length": 128, "faith_docs": 4, "faith_length": 48,
-        "pod_docs": 96, "pod_length": 128, "int_docs": 12, "int_length": 128,
-        "ks": [0, 1, 2, 3, 4, 6, 8, 12, 16, 30], "removal_layers": [0, 1, 2, 3, 7, 14, 21, 29],
+FULL = {"n_docs": 8, "length": 128, "faith_docs": 3, "faith_length": 32,
+        "pod_docs": 64, "pod_length": 128, "int_docs": 8, "int_length": 128,
+        "ks": [0, 1, 2, 3, 4, 6, 8, 16, 30], "removal_layers": [0, 2, 14, 29],
         "layers": None, "per_head_layers": [0, 14, 29]}
 QUICK = {"n_docs": 2, "length": 32, "faith_docs": 2, "faith_length": 16,
          "pod_docs": 8, "pod_length": 32, "int_docs": 2, "int_length": 32,
