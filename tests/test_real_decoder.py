@@ -275,7 +275,25 @@ def test_quick_study_runs_and_writes_verdicts(tmp_path):
     # the library's first-token contribution is the brute force's
     for st in s["settings"].values():
         assert st["probe_vs_brute_max_abs_diff_C0"] < 1e-3
+        assert st["probe_vs_brute_max_abs_diff_attn0"] < 1e-3
     V = json.loads((out / "verdicts.json").read_text())
     ids = {v["id"] for v in V}
     assert {"C.little", "C.puzzle", "B.inversion", "B.linear"} <= ids
     assert "real_decoder/sinks" in rd.tables(out)
+
+
+@pytest.mark.skipif(not (RESULTS / "verdicts.json").is_file(), reason="no committed results")
+def test_every_verdict_has_an_interval_or_says_why_not():
+    why = ("count", "descriptive", "no rule", "not tested", "brute force")
+    for v in json.loads((RESULTS / "verdicts.json").read_text()):
+        assert v["interval"] is not None or any(w in v["rule"] + v["label"] for w in why), v
+
+
+def test_doc_opens_with_the_generated_verdict_table():
+    from tl_spectral_studies._common import generated_blocks
+
+    text = (ROOT / "docs" / "real_decoder.md").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
+    assert lines[first - 1] == "<!-- generated: real_decoder/verdict -->"
+    assert "real_decoder/verdict" in generated_blocks(text)
