@@ -297,3 +297,20 @@ def test_doc_opens_with_the_generated_verdict_table():
     first = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
     assert lines[first - 1] == "<!-- generated: real_decoder/verdict -->"
     assert "real_decoder/verdict" in generated_blocks(text)
+
+
+def test_hierarchy_rule_flips_for_sufficiency():
+    """A smaller sufficiency area is more faithful: the same differences that reproduce the
+    order in comprehensiveness reverse it in sufficiency."""
+    M = len(rd.FAITH_MEASURES)
+    names = list(rd.FAITH_MEASURES)
+    d = {k: [[[[0.0, 0.0] for _ in range(M)] for _ in range(M)]] for k in
+         ("estimate", "low", "high")}
+    for a, b in zip(rd.HIERARCHY, rd.HIERARCHY[1:]):
+        ia, ib = names.index(a), names.index(b)
+        for kind in (0, 1):
+            d["estimate"][0][ib][ia][kind] = 0.2
+            d["low"][0][ib][ia][kind] = 0.1
+            d["high"][0][ib][ia][kind] = 0.3
+    assert rd.hierarchy_label(d, {}, 0, 0)[0] == "reproduced"
+    assert rd.hierarchy_label(d, {}, 0, 1)[0] == "not reproduced"

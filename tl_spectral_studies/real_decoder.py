@@ -444,12 +444,14 @@ def sign_label(iv: dict | None, threshold: float, claim_below: bool) -> str:
     return "not distinguishable"
 
 
-def hierarchy_label(diff: dict, aliases: dict, setting: int = 0, kind: int = 0) -> tuple[str, list]:
-    """The four-measure order attention < value-weighted < output-normalized < contribution
-    (comprehensiveness area, higher = more faithful): each step holds when the interval of
-    area(better) − area(worse) lies above 0, is reversed below 0, a tie by construction when
-    the two measures are aliases; reproduced when every step holds, not reproduced when one
-    is reversed, else partly."""
+def hierarchy_label(diff: dict, aliases: dict, setting: int = 0, kind: int = 0
+                    ) -> tuple[str, list]:
+    """The four-measure order attention < value-weighted < output-normalized < contribution.
+    ``kind`` 0: comprehensiveness (a larger area is more faithful: each step holds when the
+    interval of area(better) − area(worse) lies above 0); 1: sufficiency (a smaller area is
+    more faithful: the interval lies below 0). A step is reversed when the interval lies on
+    the other side, a tie by construction when the two measures are aliases; reproduced when
+    every step holds, not reproduced when one is reversed, else partly."""
     M = list(FAITH_MEASURES)
     steps = []
     for a, b in zip(HIERARCHY, HIERARCHY[1:]):
@@ -458,7 +460,7 @@ def hierarchy_label(diff: dict, aliases: dict, setting: int = 0, kind: int = 0) 
             continue
         ia, ib = M.index(a), M.index(b)
         iv = {k: diff[k][setting][ib][ia][kind] for k in ("estimate", "low", "high")}
-        steps.append((f"{a} < {b}", sign_label(iv, 0.0, claim_below=False), iv))
+        steps.append((f"{a} < {b}", sign_label(iv, 0.0, claim_below=kind == 1), iv))
     labels = [s[1] for s in steps]
     if all(x == "reproduced" for x in labels):
         lab = "reproduced"
@@ -559,15 +561,20 @@ def verdicts(results_dir: str | Path) -> list[dict]:
             "any document and layer")
     f = load("faithfulness")
     if f:
-        si = f["settings"].index("all layers") if "all layers" in f["settings"] else 0
-        lab, steps = hierarchy_label(f["differences"], f["aliases"], si, 0)
-        txt = "; ".join(f"{n}: {lb}" + (f" {fmt_interval(iv, '{:+.3g}')}" if iv else "")
-                        for n, lb, iv in steps)
-        add("C.hierarchy", "faithfulness hierarchy attention < value-weighted < "
-            "output-normalized < contribution (comprehensiveness)",
-            f"layer-wide ranking, all layers removed; steps (area difference of relative "
-            f"ΔPPL): {txt}", None, lab, hierarchy_label.__doc__.split("(comprehensiveness")[0]
-            .strip().replace("\n", " ") + " (rule: every step's interval > 0)")
+        for si, sname in enumerate(f["settings"]):
+            for kind, kname in ((0, "comprehensiveness"), (1, "sufficiency")):
+                lab, steps = hierarchy_label(f["differences"], f["aliases"], si, kind)
+                txt = "; ".join(f"{n}: {lb}" + (f" {fmt_interval(iv, '{:+.3g}')}" if iv else "")
+                                for n, lb, iv in steps)
+                add(f"C.hierarchy.{kname[:4]}.{sname.replace(' ', '')}",
+                    f"faithfulness hierarchy attention < value-weighted < output-normalized < "
+                    f"contribution ({kname}, {sname})",
+                    f"layer-wide ranking, {f['n_docs']} documents; steps (difference of areas "
+                    f"of PPL'/PPL − 1): {txt}", None, lab,
+                    "every step by the sign rule on the area difference (comprehensiveness: "
+                    "above 0; sufficiency: below 0); reproduced when all three steps hold, not "
+                    "reproduced when one is reversed, else partly; the step intervals are in "
+                    "the number column")
     r = load("routing")
     if r:
         g = r["gaussian"]
