@@ -802,9 +802,14 @@ def scales_markdown(sc: dict) -> str:
 
 
 def _diversity_text(d: dict) -> str:
-    keep = {k: v for k, v in d.items() if isinstance(v, (int, float, str)) and v is not None}
-    return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                     for k, v in list(keep.items())[:5]) or "—"
+    def g(k: str, fmt: str = "{:.2f}") -> str:
+        v = d.get(k)
+        return "—" if v is None else fmt.format(v) if isinstance(v, float) else str(v)
+
+    return (f"peak scales {g('peak_scale_min')}–{g('peak_scale_max')} "
+            f"(log2 std {g('log2_peak_scale_std')}), {g('n_scale_classes')} scale classes, "
+            f"band counts {d.get('band_counts')}, mean pairwise TV {g('mean_pairwise_tv')}, "
+            f"head H* {g('H_star_min')}–{g('H_star_max')}")
 
 
 def interventions_markdown(it: dict) -> str:
@@ -849,9 +854,16 @@ def write_verdicts(results_dir: str | Path) -> list[dict]:
 
 # -------------------------------------------------------------------------------- main
 def run_study(out_dir: str | Path, data_dir: str | Path, *, steps: Sequence[str] = STEPS,
-              quick: bool = False, seed: int = 0) -> dict:
+              quick: bool = False, seed: int = 0, **overrides: Any) -> dict:
+    """Run ``steps`` into ``out_dir``; ``overrides``: entries of :data:`FULL` / :data:`QUICK`
+    (e.g. ``pod_docs=150``)."""
     out = Path(out_dir)
-    cfg = QUICK if quick else FULL
+    cfg = dict(QUICK if quick else FULL)
+    for k, v in overrides.items():
+        if k not in cfg:
+            raise ValueError(f"unknown setting {k!r}; use one of {sorted(cfg)}")
+        if v is not None:
+            cfg[k] = v
     data = require_data_dir(data_dir, "wiki_excerpt.txt and austen.txt")
     times = {}
     for step in steps:
@@ -879,6 +891,11 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study real-decoder") -> i
     ap.add_argument("--step", action="append", choices=STEPS,
                     help="run only this step (repeatable; default all)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pod-docs", type=int, default=None,
+                    help="windows of the scale POD (default 64; H* <= N - 1)")
+    ap.add_argument("--n-docs", type=int, default=None, help="windows of the sinks step")
+    ap.add_argument("--int-docs", type=int, default=None,
+                    help="windows of the interventions step")
     ap.add_argument("--tables-only", action="store_true",
                     help="only rewrite verdicts.json from the results in --out")
     a = ap.parse_args(list(argv))
@@ -886,7 +903,8 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study real-decoder") -> i
     if a.tables_only:
         write_verdicts(out)
     else:
-        r = run_study(out, a.data_dir, steps=a.step or STEPS, quick=a.quick, seed=a.seed)
+        r = run_study(out, a.data_dir, steps=a.step or STEPS, quick=a.quick, seed=a.seed,
+                      pod_docs=a.pod_docs, n_docs=a.n_docs, int_docs=a.int_docs)
         print(json.dumps(r))
     print(markdown(out))
     return 0
