@@ -622,7 +622,9 @@ def verdicts(results_dir: str | Path) -> list[dict]:
             f"H* first {tb[0]['H_star']}, last {tb[-1]['H_star']} of N = {N}; last − first "
             f"{fmt_interval(jk, '{:+.1f}')} (jackknife); {bound} layers at the bound N − 1",
             jk, "not tested: H* bounded by N" if bound else
-            sign_label(jk, 0.0, claim_below=True),
+            sign_label(jk, 0.0, claim_below=True) + (
+                " (zero-width jackknife interval: every replicate gives the same counts; "
+                "not certainty)" if jk["low"] == jk["high"] else ""),
             "sign rule on last − first (jackknife interval); not tested when a layer's H* "
             "reaches N − 1 (a statistic bounded by N carries no verdict)")
         jt = b["jackknife"]["last_minus_first"]["T_spec_99"]
