@@ -660,9 +660,11 @@ def verdicts(results_dir: str | Path) -> list[dict]:
             "attention is expected to fail (next row)")
         if k3:
             add("B.collapse3", "standard attention collapses under linearization from layer 3",
-                f"k = 3: PPL'/PPL − 1 {fmt_interval(k3, '{:+.3g}')}", k3,
+                "PPL'/PPL − 1: " + "; ".join(f"k = {k}: {fmt_interval(lin[k], '{:+.3g}')}"
+                                             for k in ks if k <= 3), k3,
                 sign_label(k3, 1.0, claim_below=False),
-                "collapse = PPL more than doubles (interval above +100%)")
+                "collapse = PPL more than doubles at k = 3 (interval above +100%); the smaller k "
+                "are in the number column")
         def inv_label(row: dict) -> str:
             d_ = row["log_ppl_routing_removed_minus_filtering_removed"]
             sign = sign_label(d_, 0.0, claim_below=True)
