@@ -724,8 +724,9 @@ def sinks_markdown(s: dict) -> str:
                    f"PPL'/PPL − 1 = {fmt_interval(st['zero_sink_ppl'], '{:+.3g}')})")
         out.append("")
         out.append("| layer | α_i0 | C_i0 | ‖ṽ_0‖/mean ‖ṽ_j‖ | cos(o,ṽ_0) | cos(o,ṽ_j) | "
-                   "cos(ṽ_0,s) | 0<ρ*<1 | ‖o'‖/‖o‖−1 | cone clean → zeroed | max head α_i0 |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+                   "cos(ṽ_0,s) | 0<ρ*<1 | ‖o'‖/‖o‖−1 | cone clean → zeroed | max head α_i0 | "
+                   "sink heads (key score > 0.3) |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         b, p = st["brute"], st["probe"]
         for i, li in enumerate(lay):
             out.append(
@@ -737,7 +738,9 @@ def sinks_markdown(s: dict) -> str:
                 f"{_iv_cell(p['rho_star_in_0_1'], i, '{:.2f}')} | "
                 f"{b['rel_norm_change']['estimate'][i]:+.2f} | "
                 f"{b['cone_clean']['estimate'][i]:.2f} → {b['cone_zeroed']['estimate'][i]:.2f} | "
-                f"{max(st['brute_head_attn0'][i]):.3f} |")
+                f"{max(st['brute_head_attn0'][i]):.3f} | "
+                f"{sum(1 for x in st['head_key_score'][i] if x > 0.3)} of "
+                f"{len(st['head_key_score'][i])} |")
         out.append("")
     return "\n".join(out).rstrip()
 
