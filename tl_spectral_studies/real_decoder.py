@@ -903,6 +903,8 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study real-decoder") -> i
     ap.add_argument("--n-docs", type=int, default=None, help="windows of the sinks step")
     ap.add_argument("--int-docs", type=int, default=None,
                     help="windows of the interventions step")
+    ap.add_argument("--faith-docs", type=int, default=None,
+                    help="windows of the faithfulness step")
     ap.add_argument("--tables-only", action="store_true",
                     help="only rewrite verdicts.json from the results in --out")
     a = ap.parse_args(list(argv))
@@ -911,7 +913,8 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study real-decoder") -> i
         write_verdicts(out)
     else:
         r = run_study(out, a.data_dir, steps=a.step or STEPS, quick=a.quick, seed=a.seed,
-                      pod_docs=a.pod_docs, n_docs=a.n_docs, int_docs=a.int_docs)
+                      pod_docs=a.pod_docs, n_docs=a.n_docs, int_docs=a.int_docs,
+                      faith_docs=a.faith_docs)
         print(json.dumps(r))
     print(markdown(out))
     return 0
