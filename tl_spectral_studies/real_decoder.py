@@ -48,8 +48,8 @@ MODEL = "smollm2-135m"
 START = 1  # <|im_start|>
 STEPS = ("sinks", "faithfulness", "routing", "scales", "interventions")
 N_RESAMPLES = 1000
-FULL = {"n_docs": 8, "length": 128, "faith_docs": 3, "faith_length": 32,
-        "pod_docs": 64, "pod_length": 128, "int_docs": 8, "int_length": 128,
+FULL = {"n_docs": 8, "length": 128, "faith_docs": 6, "faith_length": 32,
+        "pod_docs": 150, "pod_length": 128, "int_docs": 8, "int_length": 128,
         "ks": [0, 1, 2, 3, 4, 6, 8, 16, 30], "removal_layers": list(range(30)),
         "layers": None, "per_head_layers": [0, 14, 29]}
 QUICK = {"n_docs": 2, "length": 32, "faith_docs": 2, "faith_length": 16,
@@ -909,7 +909,7 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study real-decoder") -> i
                     help="run only this step (repeatable; default all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pod-docs", type=int, default=None,
-                    help="windows of the scale POD (default 64; H* <= N - 1)")
+                    help="windows of the scale POD (default 150, the paper's N; H* <= N - 1)")
     ap.add_argument("--n-docs", type=int, default=None, help="windows of the sinks step")
     ap.add_argument("--int-docs", type=int, default=None,
                     help="windows of the interventions step")
