@@ -16,6 +16,7 @@ STUDIES = {
     "scale-pod": "tl_spectral_studies.scale_pod",
     "contributions": "tl_spectral_studies.contributions",
     "head-allocation": "tl_spectral_studies.head_allocation",
+    "real-decoder": "tl_spectral_studies.real_decoder",
 }
 
 #: Single measurements behind parts of the docs, run as ``python -m tl_spectral_studies.NAME``

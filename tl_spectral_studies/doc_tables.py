@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _docs() -> dict[str, tuple[str, Callable[[Path], dict[str, str]], str]]:
     """doc path -> (results folder, tables function, block-key prefix)."""
-    from tl_spectral_studies import contributions, routing, scale_pod, surgery
+    from tl_spectral_studies import contributions, real_decoder, routing, scale_pod, surgery
 
     return {
         "docs/contributions.md": ("docs/results/contributions", contributions.tables,
@@ -31,6 +31,8 @@ def _docs() -> dict[str, tuple[str, Callable[[Path], dict[str, str]], str]]:
         "docs/scale_pod.md": ("docs/results/scale_pod", scale_pod.tables, "scale_pod/"),
         "docs/surgery.md": ("docs/results/surgery", surgery.tables, "surgery/"),
         "docs/routing_filtering.md": ("docs/results/routing", routing.tables, "routing/"),
+        "docs/real_decoder.md": ("docs/results/real_decoder", real_decoder.tables,
+                                 "real_decoder/"),
     }
 
 

@@ -1,0 +1,301 @@
+"""Operations of the real-decoder study on a Hugging Face Llama (SmolLM2-135M): attention
+re-implemented per layer with a chosen kernel, per-window NLL, and the sink decomposition
+computed by brute force from the model's own modules.
+
+The attention of a Llama layer is recomputed from its ``q_proj``/``k_proj``/``v_proj``/
+``o_proj`` and the model's rotary ``(cos, sin)``; a mode replaces the score:
+
+* ``"none"``: softmax(q·k/sqrt(d)) — the layer as is (a test checks the logits are the
+  model's own);
+* ``"routing"`` / ``"filtering"``: only the skew (routing) or the symmetric (filtering) part
+  of the folded kernel ``M(Δ) = W_Q C(−Δ) W_Kᵀ`` enters the score, ``½(x_i M x_jᵀ ∓ x_i Mᵀ
+  x_jᵀ)``. With rotary positions ``x_i Mᵀ(Δ) x_jᵀ = k_i C(j − i) q_jᵀ``; a rotation conjugated
+  by the reflection ``P`` (the second coordinate of every rotary pair negated) is its inverse,
+  so ``k_i C(j−i) q_jᵀ = rope(k_i P, i) · rope(q_j P, j)``: the transposed kernel's score is
+  one more product of per-token vectors (:func:`transposed_scores`);
+* ``"linear"``: ELU+1 linear attention ``α_ij ∝ φ(q̂_i)·φ(k̂_j)`` on the layer's own rotated
+  query and key (*choice*: rotated, so positions still enter; no ``1/sqrt(d)``, as
+  :func:`tl_spectral.models.surgery.linearize` does);
+* ``"zero_sink"``: ``α_i0`` set to 0 without renormalizing (the sink's projected value
+  zeroed for every query, as :func:`tl_spectral.probes.sinks.zero_sink_value` does).
+
+Only full (unpadded) windows are used: the causal mask is built here and HF's attention mask
+is ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import types
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+MODES = ("none", "routing", "filtering", "linear", "zero_sink")
+
+
+def load_hf(folder: Any = None) -> Any:
+    """A plain Hugging Face ``LlamaForCausalLM`` (float32, eager attention, eval) from the
+    SmolLM2 cache folder (default :func:`tl_spectral.models.smollm2.cache_dir`, built on first
+    use). The TransformerBridge's ``original_model`` cannot serve: the bridge swaps its
+    attention modules for its own components."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import LlamaForCausalLM
+
+    if folder is None:
+        from tl_spectral.models import smollm2
+
+        folder = smollm2.ensure_cache(progress=False)
+    hf = LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32,
+                                          attn_implementation="eager")
+    return hf.eval()
+
+
+def hf_of(model: Any) -> Any:
+    """``model`` itself when it is a Hugging Face Llama (``LlamaForCausalLM``)."""
+    if not hasattr(model, "model") or not hasattr(model.model, "layers") or \
+            type(model.model.layers[0].self_attn).__name__ != "LlamaAttention":
+        raise TypeError(f"expected a Hugging Face LlamaForCausalLM (load_hf()), got "
+                        f"{type(model).__name__}")
+    return model
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    out, _ = apply_rotary_pos_emb(x, x, cos, sin)
+    return out
+
+
+def _reflect(x: torch.Tensor) -> torch.Tensor:
+    """``x P``: the second coordinate of every rotary pair negated (Llama's half pairing:
+    pairs (f, f + d/2))."""
+    h = x.shape[-1] // 2
+    return torch.cat([x[..., :h], -x[..., h:]], -1)
+
+
+def _qkv(attn: Any, hidden: torch.Tensor):
+    b, T, _ = hidden.shape
+    d = attn.head_dim
+    q = attn.q_proj(hidden).view(b, T, -1, d).transpose(1, 2)
+    k = attn.k_proj(hidden).view(b, T, -1, d).transpose(1, 2)
+    v = attn.v_proj(hidden).view(b, T, -1, d).transpose(1, 2)
+    return q, k, v
+
+
+def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:
+    return x.repeat_interleave(groups, dim=1) if groups > 1 else x
+
+
+def transposed_scores(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      groups: int) -> torch.Tensor:
+    """``[b, H, T, T]`` with entry (i, j) = ``x_i M(j − i)ᵀ x_jᵀ`` (unscaled), from the
+    unrotated ``q [b, H, T, d]`` and ``k [b, H_kv, T, d]``."""
+    qh = _rope(_reflect(q), cos, sin)
+    kh = _expand(_rope(_reflect(k), cos, sin), groups)
+    return kh @ qh.transpose(-1, -2)
+
+
+def attention_pattern(attn: Any, hidden: torch.Tensor, position_embeddings: Any, mode: str
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pattern [b, H, T, T], values [b, H, T, d])`` of one Llama attention module under
+    ``mode`` (see the module docstring)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown attention mode {mode!r}; use one of {MODES}")
+    cos, sin = position_embeddings
+    q, k, v = _qkv(attn, hidden)
+    groups = q.shape[1] // k.shape[1]
+    T = q.shape[-2]
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    qr, kr = _rope(q, cos, sin), _expand(_rope(k, cos, sin), groups)
+    vv = _expand(v, groups)
+    if mode == "linear":
+        w = (F.elu(qr) + 1) @ (F.elu(kr) + 1).transpose(-1, -2)
+        w = w.masked_fill(~causal, 0.0)
+        return w / w.sum(-1, keepdim=True), vv
+    s = qr @ kr.transpose(-1, -2)
+    if mode in ("routing", "filtering"):
+        t = transposed_scores(q, k, cos, sin, groups)
+        s = 0.5 * (s - t) if mode == "routing" else 0.5 * (s + t)
+    s = (s * attn.scaling).float().masked_fill(~causal, float("-inf"))
+    p = s.softmax(-1).to(q.dtype)
+    if mode == "zero_sink":
+        p = p.clone()
+        p[..., 0] = 0.0
+    return p, vv
+
+
+def _forward(attn: Any, mode: str, capture: dict | None, hidden_states: torch.Tensor,
+             position_embeddings: Any = None, attention_mask: Any = None, **kwargs: Any):
+    p, vv = attention_pattern(attn, hidden_states, position_embeddings, mode)
+    if capture is not None:
+        capture[attn.layer_idx] = (p.detach(), vv.detach())
+    b, _, T, _ = p.shape
+    z = (p @ vv).transpose(1, 2).reshape(b, T, -1)
+    return attn.o_proj(z), None
+
+
+@contextlib.contextmanager
+def patched(model: Any, modes: dict[int, str], capture: dict | None = None) -> Iterator[Any]:
+    """The HF model with the attention of ``modes``' layers recomputed under their mode
+    (other layers untouched); ``capture``: a dict filled with ``layer -> (pattern, values)``
+    of the patched layers. Restores the modules on exit."""
+    hf = hf_of(model)
+    layers = hf.model.layers
+    saved = {}
+    try:
+        for li, mode in modes.items():
+            if not 0 <= int(li) < len(layers):
+                raise ValueError(f"layer {li} out of range 0..{len(layers) - 1}")
+            if mode not in MODES:
+                raise ValueError(f"unknown attention mode {mode!r}; use one of {MODES}")
+            attn = layers[int(li)].self_attn
+            saved[int(li)] = attn.forward
+            attn.forward = types.MethodType(
+                lambda self, *a, _m=mode, **kw: _forward(self, _m, capture, *a, **kw), attn)
+        yield hf
+    finally:
+        for li in saved:
+            layers[li].self_attn.__dict__.pop("forward", None)  # back to the class's forward
+
+
+def window_nll(model: Any, tokens: torch.Tensor, modes: dict[int, str] | None = None, *,
+               batch_size: int = 8) -> torch.Tensor:
+    """Summed next-token NLL of every window ``[n]`` (float64) under ``modes``; every window
+    predicts ``T − 1`` tokens."""
+    out = []
+    with patched(model, modes or {}) as hf, torch.no_grad():
+        for s in range(0, tokens.shape[0], batch_size):
+            w = tokens[s:s + batch_size]
+            logits = hf(w).logits[:, :-1].float()
+            nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
+                                  reduction="none").view(w.shape[0], -1).sum(1)
+            out.append(nll.double())
+    return torch.cat(out)
+
+
+def relative_ppl_change(clean: torch.Tensor, changed: torch.Tensor, n_pred: int, *,
+                        n_resamples: int = 1000, seed: int = 0) -> dict:
+    """PPL'/PPL − 1 over the windows (corpus PPL of each condition: exp of the summed NLL
+    over the predicted tokens) with a paired percentile bootstrap over windows."""
+    from tl_spectral.analysis.bootstrap import bootstrap
+
+    def stat(idx: torch.Tensor) -> torch.Tensor:
+        n = n_pred * len(idx)
+        return torch.exp((changed[idx].sum() - clean[idx].sum()) / n) - 1.0
+
+    iv = bootstrap(stat, int(clean.shape[0]), n_resamples=n_resamples, seed=seed)
+    d = iv.to_dict()
+    d["ppl_clean"] = math.exp(float(clean.sum()) / (n_pred * clean.shape[0]))
+    d["ppl_changed"] = math.exp(float(changed.sum()) / (n_pred * clean.shape[0]))
+    return d
+
+
+# ------------------------------------------------------------------ sink decomposition
+SINK_KEYS = ("attn0", "C0", "norm_factor", "cos_factor", "cos_factor_others",
+             "v0_over_vothers", "tail_attn_share", "tail_C_share", "tail_neg_share",
+             "rel_norm_change", "cos_o_zeroed", "cone_clean", "cone_zeroed")
+"""Per layer and document (queries i ≥ 1): ``attn0`` mean α_i0 over heads and queries;
+``C0`` mean token-level contribution of position 0 ``Σ_h α^h_i0 ⟨o_i, ṽ^h_0⟩/‖o_i‖²``;
+its factors ``norm_factor`` (mean over heads and queries of ``‖ṽ^h_0‖/‖o_i‖``) and
+``cos_factor`` (mean ``cos(o_i, ṽ^h_0)``), with ``cos_factor_others`` (the α-weighted mean
+``cos(o_i, ṽ^h_j)`` over j ≥ 1) and ``v0_over_vothers`` (head mean of ``‖ṽ^h_0‖`` over the
+mean ``‖ṽ^h_j‖``, j ≥ 1); tail tokens (j ≥ 1 with α^h_ij below the uniform 1/(i+1), per
+head): their share of the attention, of the contribution ``Σ c`` and the share of their
+contributions that are negative; the zero-the-sink intervention on the layer output
+``o' = o − Σ_h α^h_i0 ṽ^h_0``: mean ``‖o'‖/‖o‖ − 1``, mean ``cos(o', o)``, and the mean
+pairwise cosine of the outputs of a document (``cone_*``: a narrow cone is near 1)."""
+
+
+def _mean_pair_cos(o: torch.Tensor) -> torch.Tensor:
+    """Mean cosine over distinct pairs of the rows of ``o [n, d]``."""
+    u = o / o.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    n = u.shape[0]
+    g = u @ u.T
+    return (g.sum() - g.diagonal().sum()) / (n * (n - 1))
+
+
+def sink_decomposition(pattern: torch.Tensor, values: torch.Tensor, W_O: torch.Tensor
+                       ) -> dict[str, torch.Tensor]:
+    """:data:`SINK_KEYS` per document ``[b]`` of one layer, by brute force.
+
+    pattern ``[b, H, T, T]``; values ``[b, H, T, d]`` (key heads expanded); W_O ``[H, d,
+    d_model]``."""
+    p, v = pattern.double(), values.double()
+    W = W_O.double()
+    vt = torch.einsum("bhjd,hdm->bhjm", v, W)  # ṽ [b, H, T, m]
+    o_h = p @ vt  # [b, H, T, m]
+    o = o_h.sum(1)  # [b, T, m]
+    q = slice(1, None)  # queries i >= 1
+    on = o.norm(dim=-1)  # [b, T]
+    vn = vt.norm(dim=-1)  # [b, H, T]
+    dot = torch.einsum("bim,bhjm->bhij", o, vt)  # ⟨o_i, ṽ_j⟩
+    c = p * dot / (on[:, None, :, None] ** 2)  # c^h_ij [b, H, T, T]
+    cos = dot / (on[:, None, :, None] * vn[:, :, None, :]).clamp_min(1e-30)
+    out: dict[str, torch.Tensor] = {}
+    out["attn0"] = p[:, :, q, 0].mean((1, 2))
+    out["C0"] = c[:, :, q, 0].sum(1).mean(1)
+    out["norm_factor"] = (vn[:, :, None, 0] / on[:, None, q]).mean((1, 2))
+    out["cos_factor"] = cos[:, :, q, 0].mean((1, 2))
+    po = p[:, :, q, 1:]
+    out["cos_factor_others"] = (po * cos[:, :, q, 1:]).sum((1, 2, 3)) / po.sum((1, 2, 3))
+    out["v0_over_vothers"] = (vn[:, :, 0] / vn[:, :, 1:].mean(-1)).mean(1)
+    T = p.shape[-1]
+    i = torch.arange(T, dtype=torch.float64)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    key_not0 = torch.ones(T, T, dtype=torch.bool)
+    key_not0[:, 0] = False
+    tail = (p < (1.0 / (i + 1))[:, None]) & causal & key_not0  # [b, H, T, T]
+    tail[:, :, 0] = False
+    H = p.shape[1]
+    n_q = H * (T - 1)
+    out["tail_attn_share"] = (p * tail).sum((1, 2, 3)) / n_q
+    out["tail_C_share"] = (c * tail).sum((1, 2, 3)) / (T - 1)  # Σ_j C_ij = 1 per query
+    out["tail_neg_share"] = ((c < 0) & tail).sum((1, 2, 3)) / tail.sum((1, 2, 3)).clamp_min(1)
+    o0 = torch.einsum("bhi,bhm->bim", p[..., 0], vt[:, :, 0])  # Σ_h α_i0 ṽ_0
+    oz = o - o0
+    ozn = oz.norm(dim=-1)
+    out["rel_norm_change"] = (ozn[:, q] / on[:, q] - 1).mean(1)
+    out["cos_o_zeroed"] = ((o * oz).sum(-1)[:, q] / (on * ozn).clamp_min(1e-30)[:, q]).mean(1)
+    out["cone_clean"] = torch.stack([_mean_pair_cos(o[d, q]) for d in range(o.shape[0])])
+    out["cone_zeroed"] = torch.stack([_mean_pair_cos(oz[d, q]) for d in range(o.shape[0])])
+    return out
+
+
+def layer_W_O(model: Any, layer: int) -> torch.Tensor:
+    """``W_O [H, d, d_model]`` of a Llama layer from its ``o_proj``."""
+    attn = hf_of(model).model.layers[layer].self_attn
+    W = attn.o_proj.weight.detach()  # [d_model, H·d]
+    d = attn.head_dim
+    return W.T.reshape(-1, d, W.shape[0])
+
+
+def sink_decompositions(model: Any, tokens: torch.Tensor, layers: Sequence[int] | None = None,
+                        *, batch_size: int = 4) -> dict[str, torch.Tensor]:
+    """:func:`sink_decomposition` of every layer: ``{key: [n_docs, n_layers]}`` plus
+    ``"max_head_attn0"`` ``[n_docs, n_layers, H]`` (per-head mean α_i0)."""
+    hf = hf_of(model)
+    L = len(hf.model.layers)
+    layers = list(range(L)) if layers is None else [int(x) for x in layers]
+    W = {li: layer_W_O(model, li) for li in layers}
+    rows: dict[str, list] = {k: [] for k in (*SINK_KEYS, "head_attn0")}
+    for s in range(0, tokens.shape[0], batch_size):
+        cap: dict = {}
+        with patched(model, {li: "none" for li in layers}, capture=cap), torch.no_grad():
+            hf(tokens[s:s + batch_size])
+        per = {k: [] for k in rows}
+        for li in layers:
+            p, v = cap[li]
+            d = sink_decomposition(p, v, W[li])
+            for k in SINK_KEYS:
+                per[k].append(d[k])
+            per["head_attn0"].append(p[:, :, 1:, 0].double().mean(-1))
+        for k in rows:
+            rows[k].append(torch.stack(per[k], 1))
+    return {k: torch.cat(v, 0) for k, v in rows.items()}
