@@ -51,6 +51,7 @@ from tl_spectral.geometry.common import (
     as_layers,
     check_finite,
     pad_stack,
+    per_head_table,
     resolve_layer_names,
     write_csv,
 )
@@ -472,6 +473,18 @@ class RotaryQKGeometry(Result):
                         "eff_rank_F": float(self.eff_rank_F[li, h, n]),
                     })
         return rows
+
+    def head_table(self) -> dict[str, list]:
+        """Per-head distribution averages as columns (layer, layer_name, head, d_head, …):
+        what the report writes as ``rotary_heads.csv``."""
+        cols = {"mean_routing_fraction": self.mean_routing_fraction,
+                "mean_fraction_of_offsets": self.mean_fraction_of_offsets,
+                "mean_norm_M_sq": self.mean_norm_M_sq,
+                "routing_fraction_at_0": self._at_zero()}
+        if self.mean_eff_rank_R is not None:
+            cols["mean_eff_rank_R"] = self.mean_eff_rank_R
+            cols["mean_eff_rank_F"] = self.mean_eff_rank_F
+        return per_head_table(self, cols)
 
     def _at_zero(self) -> torch.Tensor:
         return self.energies([0])["routing_fraction"][..., 0]
