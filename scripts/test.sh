@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg
+# passive OpenMP waits: spinning threads make small linear algebra crawl on a busy machine
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 echo "== main suite (TransformerLens 4.x) =="
 .venv/bin/python -m pytest "$@"
 echo "== light job (TransformerLens 3.9.0: HookedTransformer / HookedEncoder) =="

@@ -49,6 +49,13 @@ from tl_spectral.outdirs import (
 )
 from tl_spectral.usage import ArgumentParser, UsageError
 
+# OpenMP threads that spin while they wait turn small batched linear algebra (the rotary
+# geometry's per-head eigenvalues) 30-1000x slower when another process holds a core (seen on
+# a 2-core machine: 250 s instead of 1.6 s). Passive waiting costs little on a quiet machine.
+# Read by the OpenMP runtime when torch loads, which the command line does later.
+if "torch" not in sys.modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 DEFAULT_MODEL = "char-shakespeare"
 from tl_spectral.outdirs import REPORT_MARKER  # noqa: E402,F401 - the report's marker file
 
