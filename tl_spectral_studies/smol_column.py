@@ -23,7 +23,7 @@ SETTING = ("SmolLM2-135M column: SmolLM2-135M-Instruct, Q4_1 weights dequantized
            "instruction-tuned, Llama family (RMSNorm, SwiGLU, rotary positions, grouped-query "
            "attention), 135M parameters (30 layers × 9 heads), small samples (8 windows of 128 "
            "tokens for sinks and interventions, 6 of 32 for faithfulness, of the Wikipedia "
-           "excerpt and Austen; see [docs/real_decoder.md](real_decoder.md)). Each cell is a record of "
+           "excerpt and Austen; see docs/real_decoder.md, linked in the column header). Each cell is a record of "
            "docs/results/real_decoder/verdicts.json verbatim — its id, the study's own claim "
            "(worded as that study tests it, which can differ from this row's), the number with "
            "its interval and the study's label under the study's rule; \"not measured\": the "
