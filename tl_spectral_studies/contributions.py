@@ -715,9 +715,55 @@ def rho_star_label(shares: Sequence[float | None]) -> str:
             + (" — reproduced by that rule" if k == len(v) else ""))
 
 
-def tables(results_dir: str | Path) -> dict[str, str]:
+_ORDER = "full order α < value-weighted < output-normalized < C, "
+_GLOBAL = ", global ranking (layer scope, {} level; seed 003 §3.1)"
+
+
+def _hierarchy(crit: str) -> Any:
+    """The per-setting full-order rows: all layers -> the study's all-layer record, one
+    layer (ours: layer 3) -> its one-layer record (SmolLM2: layer 15)."""
+    def ids(cells: Sequence[str]) -> tuple[str, ...]:
+        one = re.search(r"; layer \d+$", cells[1]) is not None
+        return (f"C.hierarchy.{crit}.{'layer15' if one else 'alllayers'}",)
+    return ids
+
+
+SMOL_IDS: dict[str, Any] = {
+    # claim row of the verdict table -> the SmolLM2 verdict ids (docs/results/real_decoder/
+    # verdicts.json) that answer it; None: SmolLM2 has no measurement for it
+    "all claims": None,  # the "needs rerun" row of a model without a summary
+    "contribution beats raw attention, comprehensiveness (seed 003 §3.1)": None,
+    "contribution beats raw attention, sufficiency (seed 003 §3.1)": None,
+    _ORDER + "comprehensiveness (seed 003 §3.1)": _hierarchy("comp"),
+    _ORDER + "sufficiency (seed 003 §3.1)": _hierarchy("suff"),
+    "sinks: high attention, little contribution (seed 003 §3.2)": ("C.sink", "C.little"),
+    "sink value anti-aligned, cos(ṽ_0, s) < 0 (seed 003 §3.2–3.3)": ("C.anti",),
+    "norm-minimising sink rate ρ* < 1 (seed 003 §3.3)": ("C.rho",),
+    "sinks suppress the output norm: zeroing the sink value raises ‖o‖ (seed 003 §3.3)":
+        ("C.norm",),
+    "removing the sink's value collapses outputs into the semantic cone and raises PPL (seed "
+    "003 §3.3)": ("C.cone", "C.zero_ppl"),
+    # SmolLM2's hierarchy ranks layer-wide (a global ranking of layer scope), all layers
+    **{_ORDER + crit + _GLOBAL.format(level): (f"C.hierarchy.{c}.alllayers",)
+       for crit, c in (("comprehensiveness", "comp"), ("sufficiency", "suff"))
+       for level in ("head", "token")},
+    "the value's norm vs its cosine: which part of the sink's small contribution each "
+    "explains (seed 003 §3.2)": ("C.split",),
+    "tail tokens: contribution set jointly by attention and direction (seed 003 §3.2)":
+        ("C.tail",),
+    "downstream benchmarks (MMLU, Winogrande, BoolQ) and GSM8K / FineWeb-Edu perplexity "
+    "(seed 003 §2)": None,
+}
+
+
+def tables(results_dir: str | Path, *, smol_verdicts: str | Path | None = None
+           ) -> dict[str, str]:
     """Every generated table of docs/contributions.md, by block key, from the committed
-    ``<model>_summary.json`` files (models without one get a "needs rerun" verdict row)."""
+    ``<model>_summary.json`` files (models without one get a "needs rerun" verdict row).
+    The claim table's SmolLM2 column reads ``smol_verdicts`` (default: the real-decoder
+    study's verdicts.json beside ``results_dir``) through :data:`SMOL_IDS`."""
+    from tl_spectral_studies import smol_column
+
     sums = _load_summaries(results_dir)
     out: dict[str, str] = {}
     verdict = ["| paper's claim (source) | ours: model, data, setting | ours: number [95% CI] | "
@@ -756,7 +802,9 @@ def tables(results_dir: str | Path) -> dict[str, str]:
     verdict.insert(-4, "| downstream benchmarks (MMLU, Winogrande, BoolQ) and GSM8K / "
                        "FineWeb-Edu perplexity (seed 003 §2) | — | — | out of scope offline: "
                        "no network at run time and no 7–8 B model |")
-    out["contributions/verdict"] = "\n".join(verdict)
+    smol = smol_column.load(smol_verdicts or smol_column.verdicts_path(results_dir))
+    out["contributions/verdict"] = smol_column.add_column(
+        "\n".join(verdict), smol_column.ids_from(SMOL_IDS, "docs/contributions.md"), smol)
     for slug, s in sums.items():
         k = f"contributions/{slug}"
         rerun = (f"No intervals in this summary (written before they existed); needs rerun: "

@@ -429,11 +429,38 @@ def descriptive_cell(cell: str) -> str:
     return f"{num}: descriptive (overlapping windows: the interval is too narrow, no verdict)"
 
 
-def verdict_markdown(runs: dict[tuple[str, int], dict[str, Any]]) -> str:
+SMOL_IDS: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+    # (text in the claim row, the SmolLM2 verdict ids of docs/results/real_decoder/
+    # verdicts.json that answer it; None: no SmolLM2 measurement); the first match wins.
+    # The band record holds both ends (SmolLM2 layer 0 fine, layer 29 coarse).
+    ("put their energy at fine scales a ≤ 7", ("A.bands",)),
+    ("at coarse scales a ≥ 20", ("A.bands",)),
+    ("… layer ", ("A.bands",)),  # the second layer of either band claim
+    ("H*(0.1) > 150 (saturated)", ("A.hstar",)),
+    ("T_spec = 1/β high early", ("A.tspec",)),
+    ("interpretable POD modes", None),
+    ("the energy-gated variant of the scale POD", None),
+)
+
+
+def _smol_ids(cells: Sequence[str]) -> tuple[str, ...] | None:
+    for text, ids in SMOL_IDS:
+        if text in cells[0]:
+            return ids
+    raise KeyError(f"docs/scale_pod.md: claim row {cells[0]!r} has no SmolLM2 mapping; add "
+                   "it to scale_pod.SMOL_IDS (None when SmolLM2 has no measurement for it)")
+
+
+def verdict_markdown(runs: dict[tuple[str, int], dict[str, Any]],
+                     smol: dict[str, dict[str, Any]] | None = None) -> str:
     """The claim table of docs/scale_pod.md: the paper's headline results (SPEC A, seed 000),
     one row per claim, one column per run of :data:`VERDICT_RUNS` (the paper's width beside
     ours, validation windows only), each cell the number with its 95% interval and the
-    verdict; a run not yet made says how to make it."""
+    verdict; a run not yet made says how to make it. ``smol`` (records of the real-decoder
+    study's verdicts.json, :func:`~tl_spectral_studies.smol_column.load`) adds the SmolLM2
+    column through :data:`SMOL_IDS`."""
+    from tl_spectral_studies import smol_column
+
     present = [(key, label) for key, label in VERDICT_RUNS if key in runs]
     missing = [(key, label) for key, label in VERDICT_RUNS if key not in runs]
     L = len(runs[present[0][0]]["table"]) if present else 6
@@ -475,13 +502,24 @@ def verdict_markdown(runs: dict[tuple[str, int], dict[str, Any]]) -> str:
                     "correction for the several layers and runs: they are read together only "
                     "where every interval is far from the threshold. The paper gives no "
                     "uncertainty.")
-    return "\n".join(rows)
+    md = smol_column.add_column("\n".join(rows), _smol_ids, smol)
+    if smol is not None and "A.alloc" in smol:
+        md += ("\n\nSmolLM2-135M head allocation (SPEC A.10; no claim row above): "
+               + smol_column.record_text(smol["A.alloc"]) + ".")
+    return md
 
 
-def tables(results_dir: str | Path) -> dict[str, str]:
-    """Every generated block of docs/scale_pod.md, by key, from the committed runs."""
+def tables(results_dir: str | Path, *, smol_verdicts: str | Path | None = None
+           ) -> dict[str, str]:
+    """Every generated block of docs/scale_pod.md, by key, from the committed runs; the claim
+    table's SmolLM2 column from ``smol_verdicts`` (default: the real-decoder study's
+    verdicts.json beside ``results_dir``)."""
+    from tl_spectral_studies import smol_column
+
     runs = _runs(results_dir)
-    out = {"scale_pod/verdict": verdict_markdown(runs), "scale_pod/tspec": tspec_markdown(runs)}
+    smol = smol_column.load(smol_verdicts or smol_column.verdicts_path(results_dir))
+    out = {"scale_pod/verdict": verdict_markdown(runs, smol),
+           "scale_pod/tspec": tspec_markdown(runs)}
     for (model, n), s in runs.items():
         out[f"scale_pod/{model}_N{n}/table"] = table_markdown(s)
         out[f"scale_pod/{model}_N{n}/intervals"] = interval_markdown(s)

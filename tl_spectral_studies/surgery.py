@@ -817,9 +817,29 @@ def paper_range_label(vals: Sequence[float], lo: float, hi: float) -> str:
             f"inside the paper's range for {k} of {len(vals)} seeds")
 
 
-def verdict_markdown(d: Path) -> str:
+SMOL_IDS: dict[str, tuple[str, ...] | None] = {
+    # claim row of the verdict table -> the SmolLM2 verdict ids (docs/results/real_decoder/
+    # verdicts.json) that answer it; None: no SmolLM2 measurement (SmolLM2 is one trained
+    # standard-attention model: no S–D pair, no trained allocation). The study's
+    # linearization record measures the S–D rows' claim on SmolLM2's standard heads (its
+    # number holds k = 1…4, which answers both rows).
+    "S–D: first 7 of 12 layers linearized at < 5% PPL": ("B.linear",),
+    "S–D: first 4 layers within 1.4%": ("B.linear",),
+    "standard attention collapses from layer 3": ("B.collapse3",),
+    "S–D degrades more gracefully than standard attention": None,
+    "47–65% fewer attention parameters": None,
+    "at +3.9% to +8.4% PPL": None,
+    "(the real test) the cascade beats a uniform model of equal size": None,
+    "(the real test, S–D)": None,
+}
+
+
+def verdict_markdown(d: Path, *, smol_verdicts: str | Path | None = None) -> str:
     """The claim table of docs/surgery.md (SPEC B.5–B.6, seed 002) from the committed
-    results in ``d``."""
+    results in ``d``, with the SmolLM2 column from ``smol_verdicts`` (default: the
+    real-decoder study's verdicts.json beside ``d``) through :data:`SMOL_IDS`."""
+    from tl_spectral_studies import smol_column
+
     curves = _curves(d)
     out = ["| paper's claim (SPEC B.5–B.6; seed 002; 125 M S–D / GPT-scale) | ours: model, "
            "data, budget | ours: number | uncertainty | verdict |", "|---|---|---|---|---|"]
@@ -910,11 +930,17 @@ def verdict_markdown(d: Path) -> str:
                f"({_t975(n - 1):.3f} × sd / √{n})")
         out.append(f"| {what}, PPL of the cascade / PPL of the equal-budget model − 1 per seed, "
                    f"2,600 steps | {nums} | {unc} | {v} |")
-    return "\n".join(out) if len(out) > 2 else ""
+    if len(out) <= 2:
+        return ""
+    smol = smol_column.load(smol_verdicts or smol_column.verdicts_path(d))
+    return smol_column.add_column("\n".join(out),
+                                  smol_column.ids_from(SMOL_IDS, "docs/surgery.md"), smol)
 
 
-def tables(results_dir: str | Path) -> dict[str, str]:
-    """Every generated block of docs/surgery.md, by key, from the committed result files."""
+def tables(results_dir: str | Path, *, smol_verdicts: str | Path | None = None
+           ) -> dict[str, str]:
+    """Every generated block of docs/surgery.md, by key, from the committed result files
+    (the claim table's SmolLM2 column from ``smol_verdicts``, see :func:`verdict_markdown`)."""
     d = Path(results_dir)
     curves = _curves(d)
     final = ["sd-noln-long", "softmax-noln", "softmax-ln"]
@@ -922,7 +948,7 @@ def tables(results_dir: str | Path) -> dict[str, str]:
     order = {"1000": 0, "500": 1, "400": 2, "300": 3}
     steps.sort(key=lambda n: (order.get(n.split("@")[1], 9), n))
     out = {
-        "surgery/verdict": verdict_markdown(d),
+        "surgery/verdict": verdict_markdown(d, smol_verdicts=smol_verdicts),
         "surgery/linearization_equal": linearization_markdown(curves, final),
         "surgery/finetune_control": finetune_markdown(curves, ["sd-noln-long_ft",
                                                                "softmax-noln_ft"]),

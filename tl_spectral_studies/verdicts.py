@@ -19,6 +19,14 @@ files, and every claim it has data for gets its cell from the same rule —
   model's ``<slug>_summary.json``;
 - surgery: the claims are about trained S–D / softmax pairs of one recipe; a pretrained
   model has no row there.
+
+A model whose study writes its own verdicts as data enters every claim table as one more
+*column* instead: SmolLM2-135M (``real_decoder``, ``docs/results/real_decoder/verdicts.json``)
+fills the last column of the four tables through an explicit ``SMOL_IDS`` (claim row →
+verdict ids, None = not measured) next to each generator (``contributions``, ``routing``,
+``scale_pod``, ``surgery``); :mod:`tl_spectral_studies.smol_column` renders the records
+verbatim (number with its interval, the study's own label and claim), so no label there is
+decided by these docs.
 """
 
 from __future__ import annotations

@@ -1,0 +1,117 @@
+"""The SmolLM2-135M column of the paper docs' claim tables (issue 26).
+
+The real-decoder study (:mod:`tl_spectral_studies.real_decoder`, docs/real_decoder.md) writes
+its per-claim verdicts as data, ``docs/results/real_decoder/verdicts.json`` (records ``{id,
+claim, number, interval, label, rule}``). Each paper doc's generator maps every row of its
+claim table to the verdict ids that answer it (an explicit ``SMOL_IDS`` next to the
+generator; ``None`` = no SmolLM2 measurement) and :func:`add_column` appends one column whose
+cells are the records verbatim: ``id`` (the study's own claim): number [95% CI] — label. An id
+already shown in an earlier row of the same table reads "as above". A row the mapping does not
+know is an error, so a new claim row needs an explicit decision.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+HEADER = "SmolLM2-135M ([docs/real_decoder.md](real_decoder.md)): number [95% CI] — verdict"
+NOT_MEASURED = "not measured"
+SETTING = ("SmolLM2-135M column: SmolLM2-135M-Instruct, Q4_1 weights dequantized to float32, "
+           "instruction-tuned, Llama family (RMSNorm, SwiGLU, rotary positions, grouped-query "
+           "attention), 135M parameters (30 layers × 9 heads), small samples (8 windows of 128 "
+           "tokens for sinks and interventions, 6 of 32 for faithfulness, of the Wikipedia "
+           "excerpt and Austen; see docs/real_decoder.md, linked in the column header). Each cell is a record of "
+           "docs/results/real_decoder/verdicts.json verbatim — its id, the study's own claim "
+           "(worded as that study tests it, which can differ from this row's), the number with "
+           "its interval and the study's label under the study's rule; \"not measured\": the "
+           "study has no measurement for this row.")
+
+IdsFor = Callable[[Sequence[str]], "tuple[str, ...] | None"]
+
+
+def verdicts_path(results_dir: str | Path) -> Path:
+    """The verdicts file beside a study's results folder: ``<results>/../real_decoder/``."""
+    return Path(results_dir).parent / "real_decoder" / "verdicts.json"
+
+
+def load(path: str | Path) -> dict[str, dict[str, Any]] | None:
+    """``id -> record`` of a verdicts.json; None when the file does not exist (no column)."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    data = json.loads(p.read_text(encoding="utf-8"))
+    if not isinstance(data, list):
+        raise ValueError(f"{p}: expected a list of verdict records, got {type(data).__name__}; "
+                         "regenerate it with `tl-spectral study real-decoder --tables-only`")
+    out: dict[str, dict[str, Any]] = {}
+    for r in data:
+        missing = {"id", "claim", "number", "label"} - set(r)
+        if missing:
+            raise ValueError(f"{p}: record {r.get('id', r)!r} lacks {sorted(missing)}")
+        if r["id"] in out:
+            raise ValueError(f"{p}: verdict id {r['id']!r} appears twice")
+        out[r["id"]] = r
+    return out
+
+
+def _esc(s: str) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def record_text(r: Mapping[str, Any]) -> str:
+    """One record as a cell: ``id`` (claim): number — label."""
+    return f"`{r['id']}` ({_esc(r['claim'])}): {_esc(r['number'])} — {_esc(r['label'])}"
+
+
+def cell(records: Mapping[str, Mapping[str, Any]], ids: Sequence[str] | None,
+         seen: set[str]) -> str:
+    """The SmolLM2 cell of one row; ``seen`` collects the ids already shown in the table."""
+    if not ids:
+        return NOT_MEASURED
+    parts = []
+    for i in ids:
+        if i not in records:
+            raise KeyError(f"SmolLM2 verdict id {i!r} is not in verdicts.json (ids there: "
+                           f"{', '.join(records)}); fix the doc's SMOL_IDS mapping")
+        parts.append(f"`{i}`: as above" if i in seen else record_text(records[i]))
+        seen.add(i)
+    return "<br>".join(parts)
+
+
+def row_cells(line: str) -> list[str]:
+    """The cells of one markdown table row ``| a | b |``."""
+    return line.strip()[2:-2].split(" | ")
+
+
+def add_column(md: str, ids_for: IdsFor,
+               records: Mapping[str, Mapping[str, Any]] | None) -> str:
+    """``md`` (a block opening with a claim table) with the SmolLM2 column appended to that
+    table and :data:`SETTING` right under it; unchanged when ``records`` is None."""
+    if records is None:
+        return md
+    lines = md.split("\n")
+    n = next((i for i, ln in enumerate(lines) if not ln.startswith("|")), len(lines))
+    if n < 2:
+        raise ValueError("add_column: the block does not open with a markdown table")
+    seen: set[str] = set()
+    out = [lines[0] + f" {HEADER} |", lines[1] + "---|"]
+    for ln in lines[2:n]:
+        out.append(ln + f" {cell(records, ids_for(row_cells(ln)), seen)} |")
+    return "\n".join(out + ["", SETTING] + lines[n:])
+
+
+def ids_from(mapping: Mapping[str, Any], doc: str) -> IdsFor:
+    """A row -> ids function from ``{claim cell: ids}`` (ids: a tuple, None, or a callable of
+    the row's cells); a claim the mapping lacks raises."""
+
+    def ids_for(cells: Sequence[str]) -> tuple[str, ...] | None:
+        if cells[0] not in mapping:
+            raise KeyError(f"{doc}: claim row {cells[0]!r} has no SmolLM2 mapping; add it to "
+                           "SMOL_IDS (None when SmolLM2 has no measurement for it)")
+        v = mapping[cells[0]]
+        return v(cells) if callable(v) else v
+
+    return ids_for
