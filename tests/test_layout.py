@@ -127,7 +127,8 @@ def floor(module: str):
     sections, cli)."""
     parts = module.split(".")
     if module in ("tl_spectral.results", "tl_spectral.model_view", "tl_spectral.usage",
-                  "tl_spectral.files", "tl_spectral._leftovers", "tl_spectral.outdirs") \
+                  "tl_spectral.files", "tl_spectral._leftovers", "tl_spectral.outdirs",
+                  "tl_spectral.progress") \
             or parts[:2] == ["tl_spectral", "data"]:
         return 0
     if parts[:2] == ["tl_spectral", "models"]:

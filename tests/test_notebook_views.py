@@ -78,8 +78,8 @@ def test_show_closes_the_figure_it_displayed(monkeypatch):
     monkeypatch.setattr(IPython, "get_ipython", lambda: object())
     monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
     assert plt.fignum_exists(made.number)
-    fig = Plain().show()
-    assert fig is made and shown == [made] and not plt.fignum_exists(made.number)
+    assert Plain().show() is None  # shown once, not again as the cell's value
+    assert shown == [made] and not plt.fignum_exists(made.number)
 
 
 def test_five_views_stay_under_5_mb(monkeypatch):

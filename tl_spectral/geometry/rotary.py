@@ -565,6 +565,8 @@ def rotary_qk_geometry(
     Returns a :class:`RotaryQKGeometry`. At Δ = 0 the energies, fractions and spectra equal
     ``qk_geometry(W_Q, W_K)``'s (same cores, same operations).
     """
+    # Long on purpose: one pass per layer that validates, forms the energy forms and the
+    # spectra and (optionally) the averaged ranks; splitting it would thread ten arrays.
     if not isinstance(spec, RotarySpec):
         raise TypeError(f"spec must be a RotarySpec, got {type(spec).__name__}; build one with "
                         "RotarySpec.from_base(rotary_dim, base, pairing)")

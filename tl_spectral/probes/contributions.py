@@ -42,6 +42,7 @@ from tl_spectral.analysis.contributions import (
 from tl_spectral.model_view import ModelView
 from tl_spectral.probes import shared
 from tl_spectral.probes.base import LayerCapture, Probe
+from tl_spectral.probes.shared import lag_sums as _lag_sums  # noqa: F401 - the old name
 from tl_spectral.results import Result, register_result
 
 
@@ -120,42 +121,6 @@ def _scaled_u(vp: "shared.ValueProducts", W_O: Tensor, mode: str, query_mask: Op
         valid = valid & query_mask[:, None, :]
     inv2 = torch.where(valid, 1.0 / torch.where(valid, n2, 1.0), 0.0)
     return u.mul_(inv2.unsqueeze(-1))
-
-
-def _lag_sums(m: Tensor, causal: bool = False) -> tuple[Tensor, Tensor]:
-    """Diagonal sums of ``m [..., T, T]`` (query, key): ``pos[..., ℓ] = Σ_j m[j+ℓ, j]`` (i − j
-    = ℓ ≥ 0) and ``neg[..., ℓ] = Σ_i m[i, i+ℓ]`` (j − i = ℓ; ``neg[..., 0]`` = 0).
-
-    ``causal=True`` takes ``m`` to be zero above the diagonal (as causal patterns and every
-    map built from them are): ``neg`` is 0 and ``pos`` is read in place, without a copy —
-    row ``i ≥ 1`` seen from ``T − 1`` entries before its diagonal (stride ``T + 1`` between
-    rows) holds ``m[i, i − ℓ]`` at column ``T − 1 − ℓ``; where ``ℓ > i`` the view reaches into
-    the zero upper triangle of the rows above, so one contiguous sum over rows gives every lag.
-
-    Otherwise, skew trick: flip the key axis (anti-diagonals become diagonals), pad each row
-    with T zeros, and read the flat buffer as ``[T, 2T − 1]`` rows: column ``c`` then holds the
-    entries with ``i − j = c − (T − 1)``, and one contiguous sum over rows gives every lag.
-    """
-    if causal and m.shape[-1] > 1:
-        T = m.shape[-1]
-        lead = m.shape[:-2]
-        x = m.reshape(-1, T, T).contiguous()
-        n = x.shape[0]
-        rows = x.as_strided((n, T - 1, T), (T * T, T + 1, 1), x.storage_offset() + 2)
-        pos = rows.sum(1).flip(-1)  # [n, T], lag ℓ at column ℓ
-        pos[:, 0] += x[:, 0, 0]
-        return pos.reshape(*lead, T), torch.zeros_like(pos).reshape(*lead, T)
-    T = m.shape[-1]
-    lead = m.shape[:-2]
-    x = m.reshape(-1, T, T).flip(-1)
-    n = x.shape[0]
-    pad = torch.zeros(n, T, 2 * T, dtype=m.dtype, device=m.device)
-    pad[..., :T] = x
-    skew = pad.view(n, -1)[:, : T * (2 * T - 1)].view(n, T, 2 * T - 1).sum(1)  # [n, 2T − 1]
-    pos = skew[:, T - 1 :]
-    neg = torch.zeros_like(pos)
-    neg[:, 1:] = skew[:, : T - 1].flip(-1)
-    return pos.reshape(*lead, T), neg.reshape(*lead, T)
 
 
 def _full_window_counts(T: int, b: int, causal: bool, device: Any

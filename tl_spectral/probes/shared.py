@@ -87,10 +87,8 @@ def pattern_source_sums(cap: LayerCapture) -> Tensor:
 def pattern_lag_sums(cap: LayerCapture, causal: bool) -> tuple[Tensor, Tensor]:
     """Diagonal sums of :func:`pattern_sum` per head (``_lag_sums`` of ContributionProbe):
     ``(pos [H, T], neg [H, T])``, ``pos[ℓ] = Σ_{i−j=ℓ}``, ``neg[ℓ] = Σ_{j−i=ℓ}``."""
-    from tl_spectral.probes.contributions import _lag_sums
-
     return memo(cap, ("pattern_lag_sums", bool(causal)),
-                lambda: _lag_sums(pattern_sum(cap), causal))
+                lambda: lag_sums(pattern_sum(cap), causal))
 
 
 def query_blocks(T: int, causal: bool, rows: int = 256) -> list[tuple[int, int, int]]:
@@ -172,3 +170,39 @@ def head_outputs(cap: LayerCapture, W_O: Tensor, causal: bool, sink_index: int =
 
     o, s = memo(cap, key, make)
     return o if which == "o" else s
+
+
+def lag_sums(m: Tensor, causal: bool = False) -> tuple[Tensor, Tensor]:
+    """Diagonal sums of ``m [..., T, T]`` (query, key): ``pos[..., ℓ] = Σ_j m[j+ℓ, j]`` (i − j
+    = ℓ ≥ 0) and ``neg[..., ℓ] = Σ_i m[i, i+ℓ]`` (j − i = ℓ; ``neg[..., 0]`` = 0).
+
+    ``causal=True`` takes ``m`` to be zero above the diagonal (as causal patterns and every
+    map built from them are): ``neg`` is 0 and ``pos`` is read in place, without a copy —
+    row ``i ≥ 1`` seen from ``T − 1`` entries before its diagonal (stride ``T + 1`` between
+    rows) holds ``m[i, i − ℓ]`` at column ``T − 1 − ℓ``; where ``ℓ > i`` the view reaches into
+    the zero upper triangle of the rows above, so one contiguous sum over rows gives every lag.
+
+    Otherwise, skew trick: flip the key axis (anti-diagonals become diagonals), pad each row
+    with T zeros, and read the flat buffer as ``[T, 2T − 1]`` rows: column ``c`` then holds the
+    entries with ``i − j = c − (T − 1)``, and one contiguous sum over rows gives every lag.
+    """
+    if causal and m.shape[-1] > 1:
+        T = m.shape[-1]
+        lead = m.shape[:-2]
+        x = m.reshape(-1, T, T).contiguous()
+        n = x.shape[0]
+        rows = x.as_strided((n, T - 1, T), (T * T, T + 1, 1), x.storage_offset() + 2)
+        pos = rows.sum(1).flip(-1)  # [n, T], lag ℓ at column ℓ
+        pos[:, 0] += x[:, 0, 0]
+        return pos.reshape(*lead, T), torch.zeros_like(pos).reshape(*lead, T)
+    T = m.shape[-1]
+    lead = m.shape[:-2]
+    x = m.reshape(-1, T, T).flip(-1)
+    n = x.shape[0]
+    pad = torch.zeros(n, T, 2 * T, dtype=m.dtype, device=m.device)
+    pad[..., :T] = x
+    skew = pad.view(n, -1)[:, : T * (2 * T - 1)].view(n, T, 2 * T - 1).sum(1)  # [n, 2T − 1]
+    pos = skew[:, T - 1 :]
+    neg = torch.zeros_like(pos)
+    neg[:, 1:] = skew[:, : T - 1].flip(-1)
+    return pos.reshape(*lead, T), neg.reshape(*lead, T)
