@@ -259,6 +259,15 @@ def model_summary(ctx: ReportContext) -> str:
             f"d_head {v.d_head}, {kind}")
 
 
+def _zoo_description(name: str) -> Optional[str]:
+    """``zoo.describe(name)`` for a zoo model (what it is, how trained, whether quantized)."""
+    from tl_spectral.models import zoo
+
+    if name not in zoo.available():
+        return None
+    return zoo.describe(name).split(": ", 1)[1]
+
+
 def build_report(
     ctx: ReportContext,
     sections: Optional[list[ReportSection]] = None,
@@ -299,6 +308,7 @@ def build_report(
         figure_format=ctx.options.figure_format,
         meta={
             "model": model_summary(ctx),
+            **({"about": _zoo_description(ctx.name)} if _zoo_description(ctx.name) else {}),
             "documents": f"{n_docs} windows of {T} tokens"
                          + (f" ({ctx.options.windows})" if ctx.options.windows else ""),
             **ctx.options.meta,
