@@ -8,6 +8,7 @@ Models whose heads cannot be read get a paragraph saying which and why instead.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tl_spectral.viz.context import register_section
@@ -162,6 +163,7 @@ def _write_head_csv(geo: Any, path: Any) -> None:
 
     cols = geo.head_table()
     keys = list(cols)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8", newline="") as f:
         w = csv.writer(f)
         w.writerow(keys)
