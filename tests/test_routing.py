@@ -358,7 +358,7 @@ def test_study_on_a_tiny_run(tmp_path):
     from tl_spectral.geometry.cascade import latest_model_dir
     from tl_spectral.geometry.model import random_baseline
     from tl_spectral.models.train import run_from_config
-    from tl_spectral_studies.routing import minimal_rank_share, run_study, validation_windows
+    from tl_spectral_studies.routing import minimal_rank_share, run_study, run_validation_windows
 
     doc = {"model": {"vocab_size": "auto", "n_layers": 2, "n_heads": 2, "d_model": 16,
                      "d_head": 4, "n_ctx": 16, "d_mlp": 32, "normalization": "none",
@@ -371,7 +371,7 @@ def test_study_on_a_tiny_run(tmp_path):
     run_from_config(doc)
     d, step, finished = latest_model_dir(tmp_path / "runs" / "sd-char-shakespeare-noln")
     assert d.name == "final" and step == 3 and finished
-    w = validation_windows(d, "char", n_windows=3)
+    w = run_validation_windows(d, "char", n_windows=3)
     assert w.shape == (3, 17)
     assert minimal_rank_share(torch.tensor([[2.0, 2.5], [4.0, 5.0]])) == 0.5
     assert abs(float(random_baseline(64, 2, 8, n_layers=2).routing_fraction.mean()) - 0.5) < 0.1

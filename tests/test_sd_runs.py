@@ -213,7 +213,7 @@ def tiny_runs(tmp_path_factory):
 def test_sd_runs_study_on_tiny_runs(tiny_runs, tmp_path):
     from tl_spectral.geometry.model import model_qk_geometry, model_sd_geometry
     from tl_spectral.models import load_model
-    from tl_spectral_studies.routing import validation_windows
+    from tl_spectral_studies.routing import run_validation_windows
 
     runs = [tiny_runs / "tiny-sd", tiny_runs / "tiny-sd-s1", tiny_runs / "partial"]
     s = sd_runs_study(runs, tmp_path / "res", labels=["seed0", "seed1", "partial"], n_windows=8)
@@ -246,7 +246,7 @@ def test_sd_runs_study_on_tiny_runs(tiny_runs, tmp_path):
     # ablations: the base loss is perplexity's on the same 8 windows
     ab = a["ablations"]
     assert (ab["n_windows"], ab["seq_len"]) == (8, 16)
-    win = validation_windows(runs[0] / "final", "char", n_windows=8)
+    win = run_validation_windows(runs[0] / "final", "char", n_windows=8)
     base = perplexity(model, win)
     for kind in ("filtering_collapse", "routing_removal", "filtering_removal"):
         assert math.isclose(ab[kind]["base_loss"], base["loss"], rel_tol=1e-6)

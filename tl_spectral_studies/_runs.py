@@ -78,7 +78,7 @@ def load_bpe_data(data: dict[str, Any], cache_dir: str | Path | None = None):
     return tok, tok.map_ids(ids[0]), tok.map_ids(ids[1])
 
 
-def validation_windows(model_dir: str | Path, kind: str, *, n_windows: int | None = None,
+def run_validation_windows(model_dir: str | Path, kind: str, *, n_windows: int | None = None,
                        data_dir: str | Path | None = None) -> torch.Tensor:
     """Validation windows ``[n, seq_len + 1]`` (stride seq_len, the trainer's evaluation
     windows) of a study run: ``kind`` "char" (bundled Tiny Shakespeare, last 10%, the

@@ -178,8 +178,9 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
 
     matplotlib.use("Agg")
     from tl_spectral.analysis.bootstrap import bootstrap
-    from tl_spectral.cli import load_corpus, load_model
+    from tl_spectral.data import load_corpus
     from tl_spectral.model_view import ModelView
+    from tl_spectral.models.loading import load_named_model as load_model
     from tl_spectral.probes import AttentionFieldProbe, run_probes
     from tl_spectral_studies.scale_pod import group_jackknife
 

@@ -51,7 +51,7 @@ from tl_spectral_studies._common import (
     fmt_interval,
     prepare_out,
 )
-from tl_spectral_studies._runs import HEADS_INTERVALS, load_bpe_data, validation_windows
+from tl_spectral_studies._runs import HEADS_INTERVALS, load_bpe_data, run_validation_windows
 from tl_spectral_studies._runs import head_interval as _head_interval
 
 NAME = "routing"
@@ -191,7 +191,7 @@ def run_study(out_dir: str | Path, *, runs_dir: str | Path | None = None,
             entry["cascade_rank_mean"] = c.rank().double().mean(-1).tolist()
             entry["cascade_rank_R_mean"] = c.rank_R.double().mean(-1).tolist()
             entry["cascade_val_loss"] = c.val_loss.tolist()
-        win = validation_windows(mdir, STUDY_RUNS.get(name, "char"), n_windows=n_windows,
+        win = run_validation_windows(mdir, STUDY_RUNS.get(name, "char"), n_windows=n_windows,
                                  data_dir=data_dir)
         a = ablation_table(model, win, name=name, per_layer=per_layer)
         a.save(out / f"{name}_ablation.safetensors", overwrite=True)

@@ -162,7 +162,7 @@ def _identity(run_dir: Path, mdir: Path, step: int, finished: bool, model) -> di
 # ------------------------------------------------------------------ the study
 def _window_kind(mdir: Path) -> str:
     """"char" (Tiny Shakespeare, the run's character table) or "bpe" (the study's top-K BPE
-    corpora): the window kinds of :func:`tl_spectral_studies._runs.validation_windows`."""
+    corpora): the window kinds of :func:`tl_spectral_studies._runs.run_validation_windows`."""
     meta = json.loads((mdir / "config.json").read_text())
     data, tok = meta.get("data", {}), meta.get("tokenizer") or {}
     if tok.get("type") == "gpt2-bpe-topk":
@@ -194,7 +194,7 @@ def sd_runs_study(run_dirs: Sequence[str | Path], results_dir: str | Path, *,
     - ``filtering``: :func:`d_statistics` of the model;
     - ``ablations``: per ablation of :data:`SD_RUN_ABLATIONS` (all S–D layers at once)
       :func:`paired_delta_ppl` on ``n_windows`` evenly spaced validation windows of the run
-      (:func:`tl_spectral_studies._runs.validation_windows`).
+      (:func:`tl_spectral_studies._runs.run_validation_windows`).
 
     Writes ``results_dir/summary.json`` (refused when it exists, unless ``overwrite``);
     ``data_dir``: the BPE corpora folder, for BPE runs. Returns the summary."""
@@ -203,7 +203,7 @@ def sd_runs_study(run_dirs: Sequence[str | Path], results_dir: str | Path, *,
     from tl_spectral.models.ablations import ablate
     from tl_spectral.models.surgery import window_losses
     from tl_spectral_studies._runs import head_interval as _head_interval
-    from tl_spectral_studies._runs import validation_windows
+    from tl_spectral_studies._runs import run_validation_windows
 
     results_dir = Path(results_dir)
     out = results_dir / "summary.json"
@@ -240,7 +240,7 @@ def sd_runs_study(run_dirs: Sequence[str | Path], results_dir: str | Path, *,
                       "R": [_head_interval(c.rank_R[-1, i]) for i in range(L)],
                       "S": [_head_interval(c.rank_S[-1, i]) for i in range(L)]},
         }
-        win = validation_windows(mdir, _window_kind(mdir), n_windows=n_windows,
+        win = run_validation_windows(mdir, _window_kind(mdir), n_windows=n_windows,
                                  data_dir=data_dir)
         base = window_losses(model, win, batch_size=batch_size)
         abl = {kind: paired_delta_ppl(base, window_losses(ablate(model, kind), win,

@@ -164,9 +164,9 @@ def _tag(a) -> str:
 
 
 def _windows(model_dir: Path) -> torch.Tensor:
-    from tl_spectral_studies._runs import validation_windows
+    from tl_spectral_studies._runs import run_validation_windows
 
-    return validation_windows(model_dir, "char", n_windows=N_WINDOWS)
+    return run_validation_windows(model_dir, "char", n_windows=N_WINDOWS)
 
 
 def cmd_curves(a) -> None:
@@ -1005,7 +1005,7 @@ def run_study(out_dir: str | Path, *, quick: bool = False, budget: float = 0.5,
     from tl_spectral.models import zoo
     from tl_spectral.models.surgery import cascade_allocation, linearization_curve, plot_collapse
     from tl_spectral_studies._common import save_figures
-    from tl_spectral_studies._runs import validation_windows
+    from tl_spectral_studies._runs import run_validation_windows
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -1015,7 +1015,7 @@ def run_study(out_dir: str | Path, *, quick: bool = False, budget: float = 0.5,
     for name in ("char-shakespeare-noln", "sd-char-shakespeare-noln"):
         model, _ = zoo.load_native(name)
         d = zoo.checkpoint_dir(name)
-        win = validation_windows(d, "char", n_windows=n_win)
+        win = run_validation_windows(d, "char", n_windows=n_win)
         c = linearization_curve(model.eval(), win, name=name)
         c.note = f"zoo:{name}, {n_win} validation windows, zero-shot"
         c.save(out / f"curve_{name}.safetensors", overwrite=True)
