@@ -94,25 +94,12 @@ def group_jackknife(statistic, n_docs: int, *, n_groups: int = 20, seed: int = 0
     bootstrap resamples (about 63% distinct documents) are biased: each jackknife replicate
     keeps (1 − 1/G) of the documents, all distinct. Returns ``{"estimate", "low", "high",
     "se"}`` tensors and ``"meta"``."""
-    import torch
-    from scipy.stats import t as student_t
+    # the library's jackknife (the report's intervals) — one implementation for both
+    from tl_spectral.viz.uncertainty import group_jackknife as _library_jackknife
 
-    g = torch.Generator().manual_seed(int(seed))
-    groups = torch.randperm(int(n_docs), generator=g).chunk(int(n_groups))
-    est = torch.as_tensor(statistic(torch.arange(int(n_docs))), dtype=torch.float64)
-    reps = []
-    for grp in groups:
-        keep = torch.ones(int(n_docs), dtype=torch.bool)
-        keep[grp] = False
-        reps.append(torch.as_tensor(statistic(torch.nonzero(keep).flatten()),
-                                    dtype=torch.float64))
-    R = torch.stack(reps)
-    G = R.shape[0]
-    se = torch.sqrt((G - 1) / G * ((R - R.mean(0)) ** 2).sum(0))
-    q = float(student_t.ppf(0.5 + level / 2, G - 1))
-    return {"estimate": est, "low": est - q * se, "high": est + q * se, "se": se,
-            "meta": {"n_groups": int(G), "seed": int(seed), "level": float(level),
-                     "t_quantile": q}}
+    out = _library_jackknife(statistic, n_docs, n_groups=n_groups, seed=seed, level=level)
+    out.pop("replicates", None)
+    return out
 
 
 def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
