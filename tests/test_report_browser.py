@@ -266,3 +266,26 @@ def test_untrained_model_is_called_untrained(browser, random_hf_report, default_
     assert "looks untrained" in first, text  # the first finding
     assert "perplexity" in text and "vocabulary size" in text
     assert "looks untrained" not in _findings(browser, default_report / "index.html")
+
+
+@pytest.fixture(scope="module")
+def smollm2_report(tmp_path_factory):
+    """A small cut of the real decoder's report (issue 25): SmolLM2-135M, 30 layers, the
+    rotary routing section, windows after its start token."""
+    return _report(tmp_path_factory, "smollm2", "--model", "smollm2-135m")
+
+
+def test_smollm2_report_in_chromium(browser, smollm2_report):
+    """The 30-layer report of the real decoder opens with no console error, its selectors
+    work (the shared checks), says what the model is (quantized) and shows the rotary
+    routing section instead of 'could not be computed'."""
+    title = _check(browser, smollm2_report / "index.html",
+                   smollm2_report.parent / "top-smollm2.png")
+    assert title.endswith("smollm2-135m")
+    html = (smollm2_report / "index.html").read_text()
+    assert "Q4_1" in html and "This model has rotary positions" in html
+    assert "could not be computed" not in html
+    layers = browser.execute_script(
+        "const s = document.querySelector('figure.viewset select[data-dim=\"1\"]');"
+        "return s ? s.options.length : 0")
+    assert layers == 30
