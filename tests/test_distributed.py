@@ -25,11 +25,11 @@ def _free_port() -> int:
 
 def _spawn2(fn, tmp_path, port=None) -> None:
     """Two gloo processes. A process killed by a signal (gloo's TCP store aborting on a
-    loaded 2-core machine: "terminate called without an active exception") is retried once
+    loaded 2-core machine: "terminate called without an active exception") is retried twice
     on a fresh port, into an emptied ``tmp_path`` (the killed attempt may have saved some
     results already, and saving never overwrites); an exception raised inside a worker (a
     failed check) is not retried."""
-    for attempt in range(2):
+    for attempt in range(3):
         if attempt:
             for p in Path(tmp_path).iterdir():
                 p.unlink()
@@ -38,7 +38,7 @@ def _spawn2(fn, tmp_path, port=None) -> None:
                                str(tmp_path)), nprocs=2, join=True)
             return
         except mp.ProcessExitedException:
-            if attempt == 1:
+            if attempt == 2:
                 raise
 
 
