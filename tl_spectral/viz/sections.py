@@ -303,12 +303,13 @@ def build_report(
         timings["probe pass"] = time.perf_counter() - t
     seed = ctx.options.meta.get("seed")
     run = f"{n_docs} windows × {T} tokens" + (f", seed {seed}" if seed is not None else "")
+    about = _zoo_description(ctx.name)
     report = Report(
         title or f"tl_spectral report — {ctx.name}",
         figure_format=ctx.options.figure_format,
         meta={
             "model": model_summary(ctx),
-            **({"about": _zoo_description(ctx.name)} if _zoo_description(ctx.name) else {}),
+            **({"about": about} if about else {}),
             "documents": f"{n_docs} windows of {T} tokens"
                          + (f" ({ctx.options.windows})" if ctx.options.windows else ""),
             **ctx.options.meta,
