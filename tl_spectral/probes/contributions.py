@@ -99,9 +99,10 @@ def _query_blocks(T: int, causal: bool, rows: int = 64) -> list[tuple[int, int, 
 
 
 def _scaled_u(vp: "shared.ValueProducts", W_O: Tensor, mode: str, query_mask: Optional[Tensor],
-              rtol: float, o: Optional[Tensor] = None) -> Tensor:
+              rtol: float, o: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """``u^h`` of :func:`contribution_map` (step 3, divided by ``‖o‖²`` where the output is
-    valid, 0 elsewhere) from the shared value products: ``[b, H, q, d_head]``. ``o``: the
+    valid, 0 elsewhere) from the shared value products: ``[b, H, q, d_head]``, and
+    ``1 / ‖o‖`` (0 where not valid; ``[b, 1, q]`` inter, ``[b, H, q]`` intra). ``o``: the
     layer output ``Σ_h z^h W_O^h`` (inter; formed here when None)."""
     z = vp.z
     if mode == "intra":
@@ -118,8 +119,9 @@ def _scaled_u(vp: "shared.ValueProducts", W_O: Tensor, mode: str, query_mask: Op
     valid = (onorm > 0) & (onorm > rtol * bound)
     if query_mask is not None:
         valid = valid & query_mask[:, None, :]
+    inv = torch.where(valid, 1.0 / torch.where(valid, onorm, 1.0), 0.0)
     inv2 = torch.where(valid, 1.0 / torch.where(valid, n2, 1.0), 0.0)
-    return u.mul_(inv2.unsqueeze(-1))
+    return u.mul_(inv2.unsqueeze(-1)), inv
 
 
 def _full_window_counts(T: int, b: int, causal: bool, device: Any
@@ -456,8 +458,8 @@ class ContributionProbe(Probe):
         # zero upper triangle is never formed); sums over the batch are in-place adds of
         # the hot block (a reduction over a short leading axis is several times slower)
         vp = shared.value_products(cap, W, causal)
-        u = _scaled_u(vp, W, self.mode, None if padless else qm, default_rtol(p.dtype),
-                      o=shared.head_outputs(cap, W, causal) if self.mode == "inter" else None)
+        u, inv = _scaled_u(vp, W, self.mode, None if padless else qm, default_rtol(p.dtype),
+                           o=shared.head_outputs(cap, W, causal) if self.mode == "inter" else None)
         vT = vp.vh.transpose(-1, -2)  # [b, H, d, k]
         cs = self._workspace(H + 1, T, p)  # Σ_b c, Σ_b C; 0 outside the query blocks
         src = torch.zeros(H + 1, T, dtype=p.dtype, device=p.device)  # Σ_b Σ_q of cs
@@ -511,22 +513,36 @@ class ContributionProbe(Probe):
             sel = (cap.doc_index % self.rank_stride == 0).nonzero().flatten()
             if sel.numel():
                 idx = sel.to(p.device)
-                self._rank_update(layer, p, cap.v[idx], W, qm[idx], causal, idx)
+                self._rank_update(layer, p, vp, u, inv, qm, causal, idx)
         if self.keep_docs:
             self._keep_update(layer, p, cap, W)
 
-    def _rank_update(self, layer, p, v, W, qm, causal, idx=None) -> None:
-        # p: the batch's pattern; idx: its documents to use (None: all). Only the sampled
-        # query rows of those documents are gathered (never a copy of their whole pattern).
-        b, H, T = v.shape[0], p.shape[1], p.shape[-1]
+    def _rank_update(self, layer, p, vp, u, inv, qm, causal, idx) -> None:
+        # p: the batch's pattern; idx: its documents to use. Only the sampled query rows of
+        # those documents are gathered (never a copy of their whole pattern), and their
+        # four measures (those of contribution_weights) are formed from what update()
+        # already holds: the value products' ‖ṽ_j‖, u (scaled by 1 / ‖o‖², 0 where the
+        # output is not valid) and 1 / ‖o‖ (0 there too)
+        H, T = p.shape[1], p.shape[-1]
+        qm = qm[idx]
         qidx, qok = rank_query_positions(qm.sum(1).cpu(), self.rank_queries)
         M = len(MEASURES)
         if qidx.shape[1] == 0:
             return
         qidx, qok = qidx.to(p.device), qok.to(p.device)
-        rows_p = torch.stack([p[int(d)].index_select(1, qi) for d, qi in
-                              zip(range(b) if idx is None else idx.tolist(), qidx)])
-        maps = contribution_weights(rows_p, v, W, self.mode, qok)
+        docs = idx.tolist()
+        rows_p = torch.stack([p[d].index_select(1, qi) for d, qi in zip(docs, qidx)])
+        rows_u = torch.stack([u[d].index_select(1, qi) for d, qi in zip(docs, qidx)])
+        rows_inv = torch.stack([inv[d].index_select(1, qi) for d, qi in zip(docs, qidx)])
+        rows_inv = rows_inv * qok[:, None, :]  # [n, H|1, m]
+        vn = vp.vnorm[idx].unsqueeze(2)  # [n, H, 1, k]
+        value_weighted = rows_p * vn
+        measures = {
+            "attention": rows_p,
+            "value_weighted": value_weighted,
+            "output_normalized": value_weighted * rows_inv.unsqueeze(-1),
+            "contribution": rows_p * (rows_u @ vp.vh[idx].transpose(-1, -2)),
+        }
         keys = torch.arange(T, device=p.device)
         allowed = qok[:, :, None] & qm[:, None, :]  # [b, n, k]
         if causal:
@@ -535,8 +551,8 @@ class ContributionProbe(Probe):
         rows = torch.zeros(H + 1, dtype=torch.float64, device=p.device)
         al_h = allowed[:, None].expand(-1, H, -1, -1)
         al_t = allowed[:, None]
-        r_t = [_row_ranks(maps.token_level(m), al_t) for m in MEASURES]  # [b, 1, n, k]
-        r_h = [_row_ranks(maps.measure(m), al_h) for m in MEASURES] if self.rank_per_head else []
+        r_t = [_row_ranks(measures[m].sum(1, keepdim=True), al_t) for m in MEASURES]  # [b, 1, n, k]
+        r_h = [_row_ranks(measures[m], al_h) for m in MEASURES] if self.rank_per_head else []
         for a in range(M):
             for bb in range(a, M):
                 rho, ok = _spearman_rows(r_t[a], r_t[bb], al_t)
