@@ -242,12 +242,15 @@ class AttentionFieldProbe(Probe):
             mask = torch.nn.functional.pad(mask, (0, pad), value=False)
         F, lags = _lag_fields(A, causal=self.view.causal, max_lag=self.max_lag)
         # counts per (query, lag): a real query and a real key inside the document
-        i = torch.arange(T, device=F.device)[:, None]
-        lg = lags[None, :].to(F.device)
-        j = i - lg if self.view.causal else i + lg
-        inside = (j >= 0) & (j < T)
-        key_real = mask[:, j.clamp(0, T - 1)] & inside[None]  # [b, T, n_lags]
-        count = (mask[:, :, None] & key_real).to(F.dtype)
+        if bool(mask.all()):  # full windows: every document's count is the same
+            count = self._full_count(T, lags, F).expand(mask.shape[0], -1, -1)
+        else:
+            i = torch.arange(T, device=F.device)[:, None]
+            lg = lags[None, :].to(F.device)
+            j = i - lg if self.view.causal else i + lg
+            inside = (j >= 0) & (j < T)
+            key_real = mask[:, j.clamp(0, T - 1)] & inside[None]  # [b, T, n_lags]
+            count = (mask[:, :, None] & key_real).to(F.dtype)
         layer = cap.layer
         if self.streaming:  # constant-memory statistics instead of every document's field
             self._stream(layer, F, mask, count)
@@ -284,6 +287,19 @@ class AttentionFieldProbe(Probe):
         )
 
     # ------------------------------------------------------------------ streaming
+    def _full_count(self, T: int, lags: Tensor, like: Tensor) -> Tensor:
+        """``[T, n_lags]``: 1 where query ``i`` and its key at lag ``τ`` lie inside a full
+        window of ``T`` tokens (``0 ≤ i ∓ τ < T``), else 0; kept between updates."""
+        causal = bool(self.view is not None and self.view.causal)
+        key = (T, causal, int(lags[0]), int(lags.numel()), like.dtype, like.device)
+        cached = getattr(self, "_count_cache", None)
+        if cached is None or cached[0] != key:
+            i = torch.arange(T, device=like.device)[:, None]
+            lg = lags[None, :].to(like.device)
+            j = i - lg if causal else i + lg
+            self._count_cache = cached = (key, ((j >= 0) & (j < T)).to(like.dtype))
+        return cached[1]
+
     def _stream(self, layer: int, F: Tensor, mask: Tensor, count: Tensor) -> None:
         """Fold one batch's lag fields ``F [b, T, n_lags]`` into the streamed statistics."""
         if not bool(mask.all()):
