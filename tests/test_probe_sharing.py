@@ -165,3 +165,51 @@ def test_skewed_causal_lag_fields_equal_the_gather(shape, max_lag):
         assert torch.equal(F1, F2) and torch.equal(l1, l2)
     with pytest.raises(ValueError, match="max_lag"):
         _lag_fields(A, causal=True, max_lag=shape[-1])
+
+
+@pytest.mark.parametrize("T, rows", [(9, 2), (64, 5), (130, 64), (257, 16)])
+@pytest.mark.parametrize("lengths", [None, "ragged"])
+def test_block_sums_equal_the_whole_pattern_sums(T, rows, lengths):
+    """BlockSums (gathered block by block in the entropy's or the value products' loop) and
+    add_block_lag_sums equal the sums by key and by lag of the whole pattern, brute force;
+    a block tiling that is not the probes' own still covers every query once."""
+    lens = None if lengths is None else [T, max(2, T // 2)]
+    cap, _ = _capture(T=T, lengths=lens, seed=T)
+    p = cap.pattern.masked_fill(~cap.mask[:, None, :, None], 0.0)  # padded query rows 0
+    i = torch.arange(T)[:, None]
+    lag = i - torch.arange(T)[None, :]
+    want_src = p.sum((0, 2))
+    want_lag = torch.stack([(p * (lag == ell)).sum((0, 2, 3)) for ell in range(T)], -1)
+    sums = shared.BlockSums(cap, causal=True)
+    assert sums.active
+    edges = sorted({0, T, *range(rows, T, rows)})
+    for a, e in zip(edges[:-1], edges[1:]):
+        sums.add(a, e)
+    sums.finish()
+    torch.testing.assert_close(shared.pattern_source_sums(cap), want_src, rtol=1e-12, atol=1e-12)
+    pos, neg = shared.pattern_lag_sums(cap, True)
+    torch.testing.assert_close(pos, want_lag, rtol=1e-12, atol=1e-12)
+    assert not neg.any()
+    # a map of one document, block by block, against lag_sums of the whole map
+    m = p[0].contiguous()
+    got = torch.zeros(m.shape[0], T, dtype=m.dtype)
+    for a, e in zip(edges[:-1], edges[1:]):
+        shared.add_block_lag_sums(m, a, e, got)
+    torch.testing.assert_close(got, shared.lag_sums(m, causal=True)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_block_sums_stand_aside_when_not_applicable():
+    """Bidirectional patterns, sums already memoised or a strided pattern: BlockSums does
+    nothing and the memoised functions form the sums the usual way."""
+    cap, _ = _capture(causal=False)
+    assert not shared.BlockSums(cap, causal=False).active
+    cap, _ = _capture()
+    first = shared.pattern_source_sums(cap)
+    s = shared.BlockSums(cap, causal=True)
+    assert not s.active
+    s.add(0, 3)
+    s.finish()
+    assert shared.pattern_source_sums(cap) is first
+    cap, _ = _capture()
+    cap.pattern = cap.pattern.transpose(0, 1).contiguous().transpose(0, 1)  # not standard strides
+    assert not shared.BlockSums(cap, causal=True).active

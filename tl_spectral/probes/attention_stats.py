@@ -73,11 +73,14 @@ class AttentionStatsResult(Result):
         return self._draw("plot_patterns", max_pos=max_pos)
 
 
-def _row_plogp(p: Tensor, causal: bool, n_blocks: int = 16) -> Tensor:
+def _row_plogp(p: Tensor, causal: bool, n_blocks: int = 16,
+               sums: Optional[shared.BlockSums] = None) -> Tensor:
     """``Σ_j p_ij log p_ij`` per row of ``p`` [..., query, key] (0 log 0 = 0).
 
     Causal patterns are zero above the diagonal, so queries are taken in ``n_blocks`` blocks
     whose keys stop at the block's last query: about half the work of the full product.
+    ``sums``: the pattern's sums by key and lag, gathered from each block while it is in
+    cache (:class:`tl_spectral.probes.shared.BlockSums`).
     """
     if not causal:
         return _plogp_sum(p)
@@ -87,6 +90,10 @@ def _row_plogp(p: Tensor, causal: bool, n_blocks: int = 16) -> Tensor:
     parts = []
     for a, b in zip(edges[:-1], edges[1:]):
         parts.append(_plogp_sum(p[..., a:b, :b]))
+        if sums is not None:
+            sums.add(a, b)
+    if sums is not None:
+        sums.finish()
     return torch.cat(parts, dim=-1)
 
 
@@ -138,12 +145,15 @@ class AttentionStats(Probe):
             # full windows: the batch's pattern sum and its sums by lag and by key are shared
             # with the other probes of this layer (ContributionProbe reads the same ones)
             p = shared.query_pattern(cap)  # the capture itself
-            psum = shared.pattern_sum(cap)  # [h, q, k]
+            # the entropy's blocks also gather the sums by key and lag (while in cache)
+            ent = _row_plogp(p, causal=causal, sums=shared.BlockSums(cap, causal))  # [b, h, q]
+            # Σ_b of the mean pattern's corner (the whole Σ_b only when shared already)
+            psum = shared.pattern_sum(cap) if p.shape[0] == 1 or "pattern_sum" in cap.shared \
+                else p[:, :, :P, :P].sum(0)
             pos_l, neg_l = shared.pattern_lag_sums(cap, causal)  # [h, T] by |i − j|
             lag = torch.arange(T, device=p.device, dtype=torch.float64)
             distance = (pos_l.double() @ lag) + (neg_l.double() @ lag)
             first = shared.pattern_source_sums(cap)[:, 0].double()
-            ent = _row_plogp(p, causal=causal)  # [b, h, q]
             self.accumulate(f"{layer}.entropy_sum", -ent.sum(dim=(0, 2)).double())
             pair_count = torch.full((P, P), float(p.shape[0]), device=p.device)
         else:

@@ -466,6 +466,8 @@ class ContributionProbe(Probe):
         absum = torch.zeros(H + 1, dtype=torch.float64, device=p.device)  # Σ |c|
         n_neg = torch.zeros(H + 1, dtype=torch.float64, device=p.device)  # #{c < −τ_row}
         n_neg0 = torch.zeros(H + 1, dtype=torch.float64, device=p.device)  # #{c < 0}
+        lag_c = torch.zeros(H + 1, T, dtype=p.dtype, device=p.device) if causal else None
+        sums = shared.BlockSums(cap, causal)  # the pattern's, if nothing formed them yet
         for a, e, k in _query_blocks(T, causal):
             cs_b = cs[:, a:e, :k]  # [H + 1, q, k]: this block of Σ_b c and Σ_b C
             for d in range(b):
@@ -485,7 +487,11 @@ class ContributionProbe(Probe):
                     cs_b[:H] += c
                     cs_b[H] += C
                 del c, C
-            src[:, :k] += cs_b.sum(1)  # sums by key while the block is in cache
+            src[:, :k] += cs_b.sum(1)  # sums by key and lag while the block is in cache
+            if lag_c is not None:
+                shared.add_block_lag_sums(cs, a, e, lag_c)
+            sums.add(a, e)
+        sums.finish()
         # the state stays on the model's device (moved to the CPU in result())
         acc = self.accumulate
         acc(f"{layer}.src_c", src.double())
@@ -496,7 +502,8 @@ class ContributionProbe(Probe):
             src_n, lag_n = pair_count.sum(0), _lag_sums(pair_count, causal)
             pairs_n = pair_count.sum().reshape(1)
         acc(f"{layer}.src_n", src_n)
-        for key, (pos, negl) in (("c", _lag_sums(cs, causal)),
+        lags_c = (lag_c, torch.zeros_like(lag_c)) if lag_c is not None else _lag_sums(cs, causal)
+        for key, (pos, negl) in (("c", lags_c),
                                  ("a", shared.pattern_lag_sums(cap, causal)), ("n", lag_n)):
             acc(f"{layer}.lagp_{key}", pos.double())
             acc(f"{layer}.lagn_{key}", negl.double())

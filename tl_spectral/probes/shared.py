@@ -91,6 +91,61 @@ def pattern_lag_sums(cap: LayerCapture, causal: bool) -> tuple[Tensor, Tensor]:
                 lambda: lag_sums(pattern_sum(cap), causal))
 
 
+def add_block_lag_sums(m: Tensor, a: int, e: int, pos: Tensor) -> None:
+    """``pos[:, ℓ] += Σ_{a ≤ i < e} m[:, i, i − ℓ]`` for ``ℓ < e``: the causal lag sums
+    (:func:`lag_sums`) of the rows ``a … e − 1`` of ``m [n, T, T]`` (zero above the
+    diagonal, standard contiguous strides), read while a block of rows is in cache.
+
+    Row ``i`` seen from ``e − 1`` entries before its diagonal (stride ``T + 1`` between
+    rows) holds ``m[i, i − ℓ]`` at column ``e − 1 − ℓ``; where ``ℓ > i`` the view reaches
+    into the zero upper triangle of row ``i − 1``. The first block (``a = 0``) would reach
+    before the tensor and is summed by :func:`lag_sums` on its ``e × e`` corner."""
+    n, T, _ = m.shape
+    if a == 0:
+        pos[:, :e] += lag_sums(m[:, :e, :e], causal=True)[0]
+        return
+    rows = m.as_strided((n, e - a, e), (T * T, T + 1, 1),
+                        m.storage_offset() + a * (T + 1) - (e - 1))
+    pos[:, :e] += rows.sum(1).flip(-1)
+
+
+class BlockSums:
+    """The pattern's sums by key (:func:`pattern_source_sums`) and by lag
+    (:func:`pattern_lag_sums`) gathered block by block by the first probe that walks over
+    the pattern's query blocks (AttentionStats' entropy, the value products), while each
+    block is in cache: one pass over the pattern fewer for each. Only for causal patterns
+    with standard strides whose sums no probe has asked for yet (otherwise inactive, and
+    the memoised functions form them the usual way). ``add(a, e)`` for every block of
+    rows ``a … e − 1`` (the blocks must tile the queries), then ``finish()``."""
+
+    def __init__(self, cap: LayerCapture, causal: bool):
+        p = query_pattern(cap)
+        b, H, T, K = p.shape
+        d = cap.shared
+        self.active = (bool(causal) and T == K and T > 1 and "pattern_source_sums" not in d
+                       and ("pattern_lag_sums", True) not in d
+                       and p.stride() == (H * T * T, T * T, T, 1))
+        if self.active:
+            self.cap, self.p = cap, p
+            self.src = torch.zeros(H, T, dtype=p.dtype, device=p.device)
+            self.lag = torch.zeros(H, T, dtype=p.dtype, device=p.device)
+
+    def add(self, a: int, e: int) -> None:
+        """Fold the rows ``a … e − 1`` of every document (keys ``< e``: causal)."""
+        if not self.active:
+            return
+        for d in range(self.p.shape[0]):
+            self.src[:, :e] += self.p[d, :, a:e, :e].sum(1)
+            add_block_lag_sums(self.p[d], a, e, self.lag)
+
+    def finish(self) -> None:
+        """Memoise the sums in the capture."""
+        if self.active:
+            self.cap.shared["pattern_source_sums"] = self.src
+            self.cap.shared[("pattern_lag_sums", True)] = (self.lag, torch.zeros_like(self.lag))
+            self.active = False
+
+
 def query_blocks(T: int, causal: bool, rows: int = 64) -> list[tuple[int, int, int]]:
     """Blocks ``(a, e, k)`` of query rows ``a … e − 1`` with the keys ``0 … k − 1`` they may
     see: causal blocks stop their keys at the block's last query (``k = e``); bidirectional
@@ -132,12 +187,15 @@ def value_products(cap: LayerCapture, W_O: Tensor, causal: bool, sink_index: int
         X = torch.cat([vh, vnorm.unsqueeze(-1), torch.ones_like(vnorm).unsqueeze(-1)], -1)
         out = torch.zeros(b, H, T, d + 2, dtype=p.dtype, device=p.device)
         s = int(sink_index)
+        sums = BlockSums(cap, causal)
         for a, e, k in query_blocks(T, causal):
             k = min(k, K)
             o_b = out[:, :, a:e]
             for lo, hi in ((0, min(s, k)), (s + 1, k)):
                 if hi > lo:
                     o_b += p[:, :, a:e, lo:hi] @ X[:, :, lo:hi]
+            sums.add(a, e)
+        sums.finish()
         w, w_bound, mass = out[..., :d], out[..., d], out[..., d + 1]
         if 0 <= s < K:
             a_s = p[..., s]  # [b, H, q]
