@@ -286,8 +286,10 @@ class Result:
 
         ``path``: the name given to :meth:`save` (``"x"`` finds the ``x.safetensors`` it
         wrote) or the file itself. Every field is checked against the dataclass before the
-        result is returned (:func:`_validate_fields`): its kind (tensor, int, str, list …),
-        and the arrays' shapes against each other (the main table is built once)."""
+        result is returned: its kind (tensor, int, str, list …; :func:`_validate_fields`),
+        each array's dtype kind, dims and finiteness against the kind's ``array_shapes``,
+        with dims of one name one size across fields and metadata (:func:`check_arrays`),
+        then the main table is built once."""
         path = Path(path)
         if not path.exists() and result_path(path).exists():
             path = result_path(path)  # the name save() was given
@@ -425,9 +427,8 @@ def _validate_fields(cls: type, fields: dict[str, Any], path: Path) -> None:
     """Every field read from ``path`` has a kind its dataclass annotation allows: a tensor
     where the class holds a tensor (``Tensor``, ``Optional[Tensor]``), a number, string,
     list or dict where it holds one. ``ValueError`` naming the first field that does not
-    (a damaged or crafted file), before the result is built. Tensors saved by
-    :meth:`Result.save` may hold NaN (an undefined value) and any dtype; those are not
-    refused."""
+    (a damaged or crafted file), before the result is built. The arrays' dtypes, shapes and
+    finiteness are checked next, against the kind's ``array_shapes`` (:func:`check_arrays`)."""
     for f in dataclasses.fields(cls):
         if f.name not in fields:
             continue
@@ -449,8 +450,6 @@ def _validate_fields(cls: type, fields: dict[str, Any], path: Path) -> None:
 
 _DIM = re.compile(r"(?:(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\+(?P<plus>\d+))?|(?P<size>\d+))")
 _SPEC = re.compile(r"(?P<dtype>float|int|bool)(?P<nan>\?)?\[(?P<dims>[^\]]*)\]")
-
-
 _COND = re.compile(r"(?P<yes>.+?)\s+if\s+(?P<flag>[A-Za-z_][A-Za-z0-9_]*)\s+else\s+(?P<no>.+)")
 
 
