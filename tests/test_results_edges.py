@@ -39,9 +39,16 @@ def test_a_mis_shaped_array_fails_at_load_not_in_to_frame(stats, tmp_path):
     good = Result.load(stats)
     bad = _rewrite(stats, tmp_path / "bad.safetensors",
                    tensors={"entropy": good.entropy[:1].contiguous()})
-    with pytest.raises(ValueError, match="bad.safetensors: the fields of this "
-                                         "'attention_stats' result do not fit together"):
+    with pytest.raises(ValueError, match=r"bad.safetensors: field 'entropy' of this "
+                                         r"'attention_stats' result has shape \(1, 2\), "
+                                         r"expected float\[layer=2, head=2\]"):
         Result.load(bad)
+    # arrays that agree with each other but not with the rows they build still fail at load
+    from tl_spectral.results import _validate_built
+
+    good.entropy = good.entropy[:1]
+    with pytest.raises(ValueError, match="do not fit together"):
+        _validate_built(good, tmp_path / "x")
 
 
 @pytest.mark.parametrize("fields,tensors,msg", [

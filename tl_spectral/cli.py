@@ -334,6 +334,13 @@ def analyze(argv: Optional[list[str]] = None) -> int:
             windows = _windows(text, tokenizer, args, bos_id=bos_id)
         # token-file windows stay lazy: the runner reads them batch by batch
         tokens = windows if token_file is not None else windows.tokens
+        if token_file is None:
+            # every token of a window is real text: an explicit mask, so that a pad id in
+            # the corpus (a char tokenizer's <unk>, a BOS/EOS id used as pad) is never taken
+            # for padding by the runner's inference (issue 30 item 2)
+            import torch
+
+            mask = torch.ones(tuple(tokens.shape), dtype=torch.bool)
     name = _display_name(args.model, kind)
     secs = [f() for f in SECTIONS]
     secs = [s for s in secs if s.key in sections]

@@ -53,6 +53,17 @@ class Result:
     kind: ClassVar[str] = "result"
     #: the method :meth:`plot` calls (default: the first ``plot_*`` method of the class)
     main_plot: ClassVar[str | None] = None
+    #: the arrays of this kind: field name -> ``"dtype[dim, dim, …]"`` (alternatives joined by
+    #: ``|``; a field holding a dict of tensors declares each entry). ``dtype``: ``float``,
+    #: ``int``, ``bool``; ``float?``: may hold NaN/inf (else every value must be finite).
+    #: ``dim``: a name (every dim of that name, in every field, has one size), ``name+1``
+    #: (one more than ``name``), an integer (that size), ``_`` (any size); ``"A if flag else
+    #: B"``: ``A`` where the bool metadata field ``flag`` is true. Checked by
+    #: :meth:`load` (:func:`check_arrays`); every tensor field must be declared.
+    array_shapes: ClassVar[dict[str, str]] = {}
+    #: dims fixed by metadata fields: dim name -> field name(s); an int field is the size, a
+    #: list field's length is.
+    array_dims: ClassVar[dict[str, Any]] = {}
 
     # ------------------------------------------------------------- the Result protocol
     # Every result kind answers the same calls: to_dict / to_frame / summary / repr /
@@ -275,8 +286,10 @@ class Result:
 
         ``path``: the name given to :meth:`save` (``"x"`` finds the ``x.safetensors`` it
         wrote) or the file itself. Every field is checked against the dataclass before the
-        result is returned (:func:`_validate_fields`): its kind (tensor, int, str, list …),
-        and the arrays' shapes against each other (the main table is built once)."""
+        result is returned: its kind (tensor, int, str, list …; :func:`_validate_fields`),
+        each array's dtype kind, dims and finiteness against the kind's ``array_shapes``,
+        with dims of one name one size across fields and metadata (:func:`check_arrays`),
+        then the main table is built once."""
         path = Path(path)
         if not path.exists() and result_path(path).exists():
             path = result_path(path)  # the name save() was given
@@ -351,6 +364,7 @@ class Result:
                 "damaged or was written by an incompatible version"
             )
         _validate_fields(target, fields, path)
+        check_arrays(target, fields, path)
         try:
             result = target(**{k: v for k, v in fields.items() if k in names})
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
@@ -413,9 +427,8 @@ def _validate_fields(cls: type, fields: dict[str, Any], path: Path) -> None:
     """Every field read from ``path`` has a kind its dataclass annotation allows: a tensor
     where the class holds a tensor (``Tensor``, ``Optional[Tensor]``), a number, string,
     list or dict where it holds one. ``ValueError`` naming the first field that does not
-    (a damaged or crafted file), before the result is built. Tensors saved by
-    :meth:`Result.save` may hold NaN (an undefined value) and any dtype; those are not
-    refused."""
+    (a damaged or crafted file), before the result is built. The arrays' dtypes, shapes and
+    finiteness are checked next, against the kind's ``array_shapes`` (:func:`check_arrays`)."""
     for f in dataclasses.fields(cls):
         if f.name not in fields:
             continue
@@ -435,10 +448,170 @@ def _validate_fields(cls: type, fields: dict[str, Any], path: Path) -> None:
                 "file is damaged or was not written by Result.save()")
 
 
+_DIM = re.compile(r"(?:(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\+(?P<plus>\d+))?|(?P<size>\d+))")
+_SPEC = re.compile(r"(?P<dtype>float|int|bool)(?P<nan>\?)?\[(?P<dims>[^\]]*)\]")
+_COND = re.compile(r"(?P<yes>.+?)\s+if\s+(?P<flag>[A-Za-z_][A-Za-z0-9_]*)\s+else\s+(?P<no>.+)")
+
+
+def _resolve_shape(spec: str, fields: dict[str, Any]) -> str:
+    """``"A if flag else B"``: ``A`` where the metadata field ``flag`` is true, else ``B``."""
+    m = _COND.fullmatch(spec.strip())
+    if m is None:
+        return spec
+    return m.group("yes") if fields.get(m.group("flag")) else m.group("no")
+
+
+def _parse_shape(spec: str) -> list[tuple[str, bool, list[tuple[str | None, int]]]]:
+    """``"float?[layer, head+1] | int[_]"`` -> ``[(dtype, may_be_nonfinite, [(name or None,
+    offset or size)])]``; ``("_", 0)`` is a free dim, ``(None, n)`` a fixed size."""
+    out = []
+    for alt in spec.split("|"):
+        m = _SPEC.fullmatch(alt.strip())
+        if m is None:
+            raise ValueError(f"bad array declaration {spec!r} (expected e.g. 'float[layer, head]')")
+        dims: list[tuple[str | None, int]] = []
+        for d in filter(None, (x.strip() for x in m.group("dims").split(","))):
+            dm = _DIM.fullmatch(d)
+            if dm is None:
+                raise ValueError(f"bad dim {d!r} in the array declaration {spec!r}")
+            if dm.group("size") is not None:
+                dims.append((None, int(dm.group("size"))))
+            else:
+                dims.append((dm.group("name"), int(dm.group("plus") or 0)))
+        out.append((m.group("dtype"), bool(m.group("nan")), dims))
+    return out
+
+
+def _dtype_kind(t: torch.Tensor) -> str:
+    if t.dtype == torch.bool:
+        return "bool"
+    if t.is_floating_point():
+        return "float"
+    if t.is_complex():
+        return "complex"
+    return "int"
+
+
+def _fmt_alt(alt: tuple[str, bool, list[tuple[str | None, int]]],
+             sizes: dict[str, int]) -> str:
+    dtype, nan, dims = alt
+    parts = []
+    for name, k in dims:
+        if name is None:
+            parts.append(str(k))
+        elif name == "_":
+            parts.append("any")
+        else:
+            label = f"{name}+{k}" if k else name
+            parts.append(f"{label}={sizes[name] + k}" if name in sizes else label)
+    return f"{dtype}{'?' if nan else ''}[{', '.join(parts)}]"
+
+
+def check_arrays(cls: type, fields: dict[str, Any], path: Any = "result") -> None:
+    """The arrays of ``fields`` (read from ``path``) against ``cls.array_shapes``: dtype
+    kind, number of dims, fixed sizes, finiteness (unless declared ``float?``), and every
+    named dim one size across fields, dict entries and the metadata of ``cls.array_dims``.
+    ``ValueError``, one line naming the field, the expected and the found shape and what to
+    do; a dim two fields disagree on is blamed on the field(s) in the minority."""
+    decl = getattr(cls, "array_shapes", None) or {}
+    if not decl:
+        return
+    kind = getattr(cls, "kind", cls.__name__)
+    fix = ("the file is truncated or was edited, or written by another version: re-save it "
+           "with this version of tl_spectral")
+
+    def fail(label: str, what: str) -> None:
+        raise ValueError(f"{path}: field {label} of this {kind!r} result {what}; {fix}")
+
+    # sizes the metadata fixes
+    fixed: dict[str, tuple[int, str]] = {}
+    for dim, names in (getattr(cls, "array_dims", None) or {}).items():
+        for fname in ((names,) if isinstance(names, str) else names):
+            v = fields.get(fname)
+            n = len(v) if isinstance(v, (list, dict)) else v if (
+                isinstance(v, int) and not isinstance(v, bool)) else None
+            if n is None:
+                continue
+            where = f"the metadata {fname!r}" + (f" ({n} entries)" if isinstance(
+                v, (list, dict)) else f" = {n}")
+            if dim in fixed and fixed[dim][0] != n:
+                raise ValueError(f"{path}: this {kind!r} result's metadata disagree on its "
+                                 f"{dim} ({fixed[dim][1]} vs {where}); {fix}")
+            fixed.setdefault(dim, (n, where))
+    # one entry per array: (label, tensor, chosen alternative)
+    seen: list[tuple[str, torch.Tensor, Any]] = []
+    for fname, spec in decl.items():
+        value = fields.get(fname)
+        if value is None:
+            continue
+        alts = _parse_shape(_resolve_shape(spec, fields))
+        entries = ([(f"{fname!r}", value)] if isinstance(value, torch.Tensor) else
+                   [(f"{fname}[{k!r}]", v) for k, v in value.items()]
+                   if isinstance(value, dict) else [])
+        for label, t in entries:
+            if not isinstance(t, torch.Tensor):
+                fail(label, f"is {type(t).__name__}, expected a tensor "
+                            f"{' or '.join(_fmt_alt(a, {}) for a in alts)}")
+            shape, dk = tuple(t.shape), _dtype_kind(t)
+            fit = [a for a in alts if a[0] == dk and len(a[2]) == t.dim()]
+            if not fit:
+                fail(label, f"is a {str(t.dtype).replace('torch.', '')} tensor of shape "
+                            f"{shape}, expected "
+                            f"{' or '.join(_fmt_alt(a, {}) for a in alts)}")
+            alt = fit[0]
+            if len(fit) > 1:  # alternatives of one ndim and dtype: the first that fits sizes
+                alt = next((a for a in fit if all(
+                    name is not None or size == k for (name, k), size in zip(a[2], shape))),
+                    fit[0])
+            for (name, k), size in zip(alt[2], shape):
+                if name is None and size != k:
+                    fail(label, f"has shape {shape}, expected {_fmt_alt(alt, {})}")
+            if dk == "float" and not alt[1] and t.numel():
+                bad = int((~torch.isfinite(t)).sum())
+                if bad:
+                    fail(label, f"holds {bad} NaN/inf value{'s' if bad != 1 else ''} (of "
+                                f"{t.numel()}), which this kind never writes there")
+            seen.append((label, t, alt))
+    # named dims: one size each
+    votes: dict[str, dict[int, list[str]]] = {}
+    for label, t, alt in seen:
+        for (name, k), size in zip(alt[2], t.shape):
+            if name is not None and name != "_":
+                votes.setdefault(name, {}).setdefault(int(size) - k, [])
+                if label not in votes[name][int(size) - k]:
+                    votes[name][int(size) - k].append(label)
+    sizes: dict[str, int] = {}
+    for name, by_size in votes.items():
+        if name in fixed:
+            sizes[name] = fixed[name][0]
+        else:  # the size most arrays agree on (ties: the first declared)
+            sizes[name] = max(by_size, key=lambda n: len(by_size[n]))
+    for label, t, alt in seen:
+        for (name, k), size in zip(alt[2], t.shape):
+            if name is None or name == "_" or int(size) - k == sizes[name]:
+                continue
+            if name in fixed:
+                src = f"{fixed[name][1]} gives"
+            else:
+                agree = votes[name][sizes[name]]
+                src = (f"field {agree[0]} gives" if len(agree) == 1 else
+                       f"fields {', '.join(agree[:3])}{' …' if len(agree) > 3 else ''} give")
+            fail(label, f"has shape {tuple(t.shape)}, expected {_fmt_alt(alt, sizes)}: its "
+                        f"{name} is {int(size) - k} where {src} {sizes[name]}")
+
+
 def _validate_built(result: "Result", path: Path) -> None:
     """The fields of a rebuilt result agree with each other: its main table and headline
     are built once (a mis-shaped array fails here, as ``ValueError``, not later in
     ``to_frame``)."""
+    for f in dataclasses.fields(result):  # results held in a list (a scale POD's layers)
+        value = getattr(result, f.name, None)
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, Result):
+                    check_arrays(type(item), {g.name: getattr(item, g.name)
+                                              for g in dataclasses.fields(item)},
+                                 f"{path} ({f.name}[{i}])")
     try:
         result._table()
         result.headline()

@@ -197,6 +197,15 @@ class ContributionMaps(Result):
     kind: ClassVar[str] = "contribution_maps"
     main_plot: ClassVar[str | None] = "plot_maps"
     measure_names: ClassVar[tuple[str, ...]] = MEASURES
+    array_shapes = {
+        "contribution": "float[batch, head, query, key]", "token": "float[batch, query, key]",
+        "attention": "float[batch, head, query, key]",
+        "value_weighted": "float[batch, head, query, key]",
+        "output_normalized": "float[batch, head, query, key]",
+        "relative_norm": "float[batch, head, query, key]",
+        "cosine": "float[batch, head, query, key]", "value_norm": "float[batch, head, key]",
+        "output_norm": "float[batch, head_or_1, query]", "valid": "bool[batch, head_or_1, query]",
+    }
 
     mode: str
     contribution: Tensor

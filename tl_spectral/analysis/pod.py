@@ -201,6 +201,11 @@ class PODResult(Result):
 
     kind: ClassVar[str] = "pod"
     main_plot: ClassVar[str | None] = "plot_spectrum"
+    array_shapes = {
+        "eigenvalues": "float[_]", "modes": "float[rank, dim]",
+        "coefficients": "float[snapshot, rank]", "mean": "float[dim]",
+    }
+    array_dims = {"dim": "dim", "snapshot": "n_snapshots"}
 
     eigenvalues: Tensor
     modes: Tensor

@@ -121,6 +121,14 @@ class ScalePODLayer(Result):
     """
 
     kind: ClassVar[str] = "scale_pod_layer"
+    array_shapes = {
+        "lags": "int[lag]", "scales": "float[scale]", "scalogram": "float[scale, lag]",
+        "scale_energy": "float[scale]", "full_eigenvalues": "float[_]",
+        "full_modes": "float[_, pos, lag]", "full_coefficients": "float[row, _]",
+        "band_eigenvalues": "float[_]", "band_modes": "float[_, pos, _]",
+        "band_coefficients": "float[row, _]", "band_lags": "int[_]",
+        "coherence": "float[scale, cq, cq]", "coherence_queries": "int[cq]",
+    }  # coefficient rows: one per document, none in a streamed result
 
     layer: int
     causal: bool

@@ -80,6 +80,19 @@ class ScalePODHeadsLayer(Result):
     """
 
     kind: ClassVar[str] = "scale_pod_heads_layer"
+    array_shapes = {
+        "lags": "int[lag]", "scales": "float[scale]", "scalogram": "float[head, scale, lag]",
+        "scale_energy": "float[head, scale]", "band_energy": "float?[head, 3]",
+        "peak_scale": "float?[head]", "centroid_scale": "float?[head]",
+        "band_scales": "float?[head, slot]", "full_eigenvalues": "float[head, doc]",
+        "band_eigenvalues": "float[head, slot, doc]", "H_star": "int[head]",
+        "T_spec": "float?[head]", "band_H_star": "int[head, slot]",
+        "band_T_spec": "float?[head, slot]",
+    }
+    array_dims = {
+        "head": ("n_heads", "active", "centered", "dominant_scales", "full", "bands"),
+        "doc": "n_documents",
+    }
 
     layer: int
     causal: bool

@@ -166,6 +166,22 @@ class SinkGeometry(Result):
     """
 
     kind: ClassVar[str] = "sink_geometry"
+    array_shapes = {
+        "sink_rate": "float[batch, head]", "key_score": "float[batch, head, key]",
+        "sink_head": "bool[batch, head]", "sink_head_share": "float[batch]",
+        "sink_value_norm": "float[batch, head]", "anti_alignment": "float[batch, head, query]",
+        "anti_alignment_valid": "bool[batch, head, query]",
+        "semantic_norm": "float[batch, head, query]",
+        "head_output_norm": "float[batch, head, query]", "curve_valid": "bool[batch, head, query]",
+        "rho_star": "float[batch, head, query]", "min_norm": "float[batch, head, query]",
+        "sbar_minus_sink_norm": "float[batch, head, query]",
+        "rho_star_valid": "bool[batch, head, query]",
+        "head_delta_norm": "float[batch, head, query]",
+        "head_delta_cos": "float[batch, head, query]",
+        "head_delta_cos_valid": "bool[batch, head, query]", "output_norm": "float[batch, query]",
+        "delta_norm": "float[batch, query]", "delta_cos": "float[batch, query]",
+        "delta_cos_valid": "bool[batch, query]", "query_mask": "bool[batch, query]",
+    }
 
     causal: bool
     sink_index: int

@@ -30,6 +30,12 @@ class CascadeResult(Result):
     """
 
     kind: ClassVar[str] = "routing_cascade"
+    array_shapes = {
+        "steps": "int[ckpt]", "rank_R": "float?[ckpt, layer, head]",
+        "routing_fraction_R": "float?[ckpt, layer, head]", "val_loss": "float[ckpt]",
+        "rank_S": "float?[ckpt, layer, head]", "routing_fraction_S": "float?[ckpt, layer, head]",
+    }
+    array_dims = {"layer": "d_head"}
 
     run_name: str
     attention: str

@@ -219,6 +219,21 @@ class QKGeometry(Result):
 
     kind: ClassVar[str] = "qk_geometry"
     main_plot: ClassVar[str | None] = "plot_budget"
+    array_shapes = {
+        "routing_capacity": "int[layer]", "norm_M_sq": "float[layer, head]",
+        "norm_R_sq": "float[layer, head]", "norm_F_sq": "float[layer, head]",
+        "routing_fraction": "float?[layer, head]", "filtering_fraction": "float?[layer, head]",
+        "sv_R": "float[layer, head, k]", "sv_F": "float[layer, head, k]",
+        "sv_valid": "bool[layer, head, k]", "eff_rank_R": "float?[layer, head]",
+        "pr_R": "float?[layer, head]", "rotation_planes": "float?[layer, head]",
+        "eff_rank_F": "float?[layer, head]", "pr_F": "float?[layer, head]",
+        "eig_real": "float[layer, head, e]", "eig_imag": "float[layer, head, e]",
+        "eig_valid": "bool[layer, head, e]", "eig_nonzero": "bool[layer, head, e]",
+        "eig_positive": "bool[layer, head, e]", "positive_share": "float?[layer, head]",
+        "max_real_eig": "float?[layer, head]", "unstable": "bool[layer, head]",
+        "key_bias_norm": "float[layer, head]", "query_bias_norm": "float[layer, head]",
+    }
+    array_dims = {"layer": ("layer_names", "d_head"), "head": "n_heads"}
 
     d_model: int
     d_head: list
@@ -578,6 +593,15 @@ class SDGeometry(Result):
 
     kind: ClassVar[str] = "sd_geometry"
     main_plot: ClassVar[str | None] = "plot_routing_rank"
+    array_shapes = {
+        "sv_S": "float[layer, head, d]", "valid": "bool[layer, head, d]",
+        "eff_rank_S": "float?[layer, head]", "pr_S": "float?[layer, head]",
+        "rotation_planes": "float?[layer, head]", "norm_S_sq": "float[layer, head]",
+        "norm_D_sq": "float[layer, head]", "routing_fraction": "float?[layer, head]",
+        "eig_real": "float[layer, head, d]", "eig_imag": "float[layer, head, d]",
+        "max_real_eig": "float?[layer, head]", "stable": "bool[layer, head]",
+    }
+    array_dims = {"layer": ("layer_names", "d_head"), "head": "n_heads"}
 
     d_head: list
     n_heads: int

@@ -396,6 +396,23 @@ class RotaryQKGeometry(Result):
 
     kind: ClassVar[str] = "rotary_qk_geometry"
     main_plot: ClassVar[str | None] = "plot_routing_vs_offset"
+    array_shapes = {
+        "inv_freq": "float[_]", "offsets": "int[offset]", "norm_M_sq": "float[layer, head, offset]",
+        "norm_R_sq": "float[layer, head, offset]", "norm_F_sq": "float[layer, head, offset]",
+        "routing_fraction": "float?[layer, head, offset]", "sv_R": "float[layer, head, offset, k]",
+        "sv_F": "float[layer, head, offset, k]", "eff_rank_R": "float?[layer, head, offset]",
+        "pr_R": "float?[layer, head, offset]", "eff_rank_F": "float?[layer, head, offset]",
+        "pr_F": "float?[layer, head, offset]", "dist_offsets": "int[support]",
+        "dist_weights": "float[support]", "mean_norm_M_sq": "float[layer, head]",
+        "mean_norm_R_sq": "float[layer, head]", "mean_norm_F_sq": "float[layer, head]",
+        "mean_routing_fraction": "float?[layer, head]",
+        "mean_fraction_of_offsets": "float?[layer, head]", "energy_H": "float[layer, head, pp, pp]",
+        "energy_T": "float[layer, head, pp, pp]", "pair_theta": "float[layer, pair]",
+        "pair_gain": "float[layer, pair]", "mean_eff_rank_R": "float?[layer, head]",
+        "mean_eff_rank_F": "float?[layer, head]", "rank_offsets": "int[rank_support]",
+        "rank_weights": "float[rank_support]",
+    }
+    array_dims = {"layer": ("layer_names", "d_head"), "head": "n_heads"}
 
     d_model: int
     d_head: list

@@ -28,6 +28,12 @@ class AttentionStatsResult(Result):
     """
 
     kind: ClassVar[str] = "attention_stats"
+    array_shapes = {
+        "entropy": "float[layer, head]", "distance": "float[layer, head]",
+        "first_token_mass": "float[layer, head]", "mean_pattern": "float[layer, head, pos, pos]",
+        "n_queries": "int[layer]",
+    }
+    array_dims = {"layer": "layers"}
 
     entropy: Tensor
     distance: Tensor

@@ -242,6 +242,18 @@ class ContributionStats(Result):
 
     kind: ClassVar[str] = "contribution_stats"
     main_plot: ClassVar[str | None] = "plot_source"
+    array_shapes = {
+        "source_mean": "float[layer, head+1, pos]", "source_attention": "float[layer, head, pos]",
+        "source_count": "float[layer, pos]", "lag_mean": "float[layer, head+1, lag]",
+        "lag_attention": "float[layer, head, lag]", "lag_count": "float[layer, lag]",
+        "lags": "int[lag]", "negative_fraction": "float[layer, head+1]",
+        "negative_mass": "float[layer, head+1]",
+        "rank_corr": "float?[layer, head+1, measure, measure]", "rank_rows": "float[layer, head+1]",
+        "kept_docs": "int[kept]", "kept_tokens": "int[kept, kpos]", "kept_mask": "bool[kept, kpos]",
+        "kept_maps": "float[kept, head, kpos, kpos] | float[kept, kpos, kpos]",
+        "negative_fraction_raw": "float[layer, head+1]",
+    }
+    array_dims = {"layer": "layers", "measure": "measures"}
 
     layers: list
     mode: str

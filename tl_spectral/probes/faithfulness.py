@@ -366,6 +366,14 @@ class FaithfulnessResult(Result):
 
     kind: ClassVar[str] = "faithfulness"
     main_plot: ClassVar[str | None] = "plot_curves"
+    array_shapes = {
+        "comprehensiveness": "float?[setting, measure, fraction]",
+        "sufficiency": "float?[setting, measure, fraction]",
+        "comprehensiveness_area": "float?[setting, measure]",
+        "sufficiency_area": "float?[setting, measure]",
+        "doc_stats": "float?[doc, setting, measure, 2, fraction, _]", "clean_doc": "float?[doc, _]",
+    }
+    array_dims = {"setting": "settings", "measure": "measures", "fraction": "fractions"}
 
     metric: str
     measures: list

@@ -70,6 +70,11 @@ class AttentionFields(Result):
 
     kind: ClassVar[str] = "attention_fields"
     main_plot: ClassVar[str | None] = "plot_mean"
+    array_shapes = {
+        "fields": "float[doc, head, pos, lag] if per_head else float[doc, pos, lag]",
+        "mean": "float[head, pos, lag] if per_head else float[pos, lag]",
+        "doc_mask": "int[doc, pos] | bool[doc, pos]", "lags": "int[lag]",
+    }
 
     fields: dict
     mean: dict
@@ -534,6 +539,11 @@ class StreamedAttentionFields(Result):
 
     kind: ClassVar[str] = "streamed_attention_fields"
     main_plot: ClassVar[str | None] = "plot_mean"
+    array_shapes = {
+        "mean": "float[pos, lag]", "moment": "float[lag, lag]", "coherence": "float[scale, cq, cq]",
+        "eigenvalues": "float[_]", "modes": "float[_, _]", "lags": "int[lag]",
+    }
+    array_dims = {"pos": "length"}
 
     mean: dict
     moment: dict

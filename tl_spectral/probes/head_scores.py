@@ -51,6 +51,12 @@ class HeadScoresResult(Result):
 
     kind: ClassVar[str] = "head_scores"
     main_plot: ClassVar[Optional[str]] = "plot"
+    array_shapes = {
+        "previous_token": "float[layer, head]", "induction": "float[layer, head]",
+        "duplicate_token": "float[layer, head]", "first_token": "float[layer, head]",
+        "n_queries": "int[layer]", "set_mass": "float[layer, head]",
+    }
+    array_dims = {"layer": "layers"}
 
     previous_token: Tensor
     induction: Tensor

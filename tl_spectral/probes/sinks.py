@@ -79,6 +79,22 @@ class SinkStats(Result):
 
     kind: ClassVar[str] = "sink_stats"
     main_plot: ClassVar[str | None] = "plot_rates"
+    array_shapes = {
+        "sink_rate": "float[layer, head]", "last_token_rate": "float[layer, head]",
+        "key_score": "float[layer, head]", "sink_head": "bool[layer, head]",
+        "sink_head_doc_share": "float[layer, head]", "sink_head_share": "float[layer]",
+        "doc_sink_head_share": "float[layer]", "anti_hist": "float[layer, head, bin]",
+        "anti_edges": "float[bin+1]", "anti_mean": "float[layer, head]",
+        "rho_hist": "float[layer, head, bin]", "rho_edges": "float[bin+1]",
+        "rho_alpha_hist": "float[layer, bin, bin]", "alpha_edges": "float[bin+1]",
+        "rho_mean": "float[layer, head]", "alpha_on_rho": "float[layer, head]",
+        "rho_in_unit": "float[layer, head]", "over_sink": "float[layer, head]",
+        "sink_value_ratio": "float[layer, head]", "head_delta_norm": "float[layer, head]",
+        "head_rel_delta_norm": "float[layer, head]", "head_delta_cos": "float[layer, head]",
+        "delta_norm": "float[layer]", "rel_delta_norm": "float[layer]", "delta_cos": "float[layer]",
+        "n_queries": "int[layer]",
+    }
+    array_dims = {"layer": "layers"}
 
     layers: list
     causal: bool
@@ -333,6 +349,8 @@ class SinkInterventionResult(Result):
     """
 
     kind: ClassVar[str] = "sink_intervention"
+    array_shapes = {"delta": "float?[setting]"}
+    array_dims = {"setting": "settings"}
 
     metric: str
     settings: list

@@ -122,7 +122,10 @@ class ContributionSection:
             from tl_spectral.probes.faithfulness import faithfulness
 
             ctx.status(f"faithfulness curves on {n_f} documents")
-            res = faithfulness(ctx.view, ctx.tokens[:n_f])
+            toks = ctx.tokens[:n_f]  # every token real unless the context says otherwise:
+            mask = (ctx.mask[:n_f] if ctx.mask is not None  # never inferred from a pad id
+                    else torch.ones(tuple(toks.shape), dtype=torch.bool))
+            res = faithfulness(ctx.view, toks, attention_mask=mask)
             res.save(ctx.results_dir / "faithfulness.safetensors")
             report.figure(res.plot_curves(), "Faithfulness curves: the better measure changes the output more when its "
                       "top sources are removed and less when only they are kept.")

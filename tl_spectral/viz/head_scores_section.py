@@ -71,7 +71,8 @@ class HeadScoresSection:
         rep = repeated_random_tokens(used.tolist(), INDUCTION_SEQS, half, prefix=prefix,
                                      seed=int(ctx.options.meta.get("seed", 0) or 0))
         ctx.status("head scores: induction on repeated random sequences")
-        ind = run_probes(ctx.view, rep, [HeadScores()], progress=False)["head_scores"]
+        ind = run_probes(ctx.view, rep, [HeadScores()], progress=False,  # all real tokens:
+                         attention_mask=torch.ones_like(rep, dtype=torch.bool))["head_scores"]
         ind.save(ctx.results_dir / "head_scores_repeated.safetensors")
         report.text(
             "Per head, the scores of TransformerLens' head detector [TL] "
