@@ -187,6 +187,8 @@ def test_block_sums_equal_the_whole_pattern_sums(T, rows, lengths):
         sums.add(a, e)
     sums.finish()
     torch.testing.assert_close(shared.pattern_source_sums(cap), want_src, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(shared.pattern_doc_source_sums(cap), p.sum(-2), rtol=1e-12,
+                               atol=1e-12)
     pos, neg = shared.pattern_lag_sums(cap, True)
     torch.testing.assert_close(pos, want_lag, rtol=1e-12, atol=1e-12)
     assert not neg.any()

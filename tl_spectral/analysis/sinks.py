@@ -110,8 +110,9 @@ def key_scores(
     return _key_scores(p, qm, causal)
 
 
-def _key_scores(p: Tensor, qm: Tensor, causal: bool) -> Tensor:
-    """:func:`key_scores` of a checked pattern (padded query rows already 0)."""
+def _key_scores(p: Tensor, qm: Tensor, causal: bool, total: Tensor | None = None) -> Tensor:
+    """:func:`key_scores` of a checked pattern (padded query rows already 0); ``total``:
+    ``p.sum(-2)`` when the caller has it already."""
     q, k = p.shape[-2:]
     cnt = qm.to(p.dtype)
     if causal:
@@ -123,7 +124,8 @@ def _key_scores(p: Tensor, qm: Tensor, causal: bool) -> Tensor:
         n = cnt.flip(-1).cumsum(-1).flip(-1)  # [b, k]  #{real i >= j}
     else:
         n = cnt.sum(-1, keepdim=True).expand(-1, k)
-    total = p.sum(-2)  # [b, h, k]
+    if total is None:
+        total = p.sum(-2)  # [b, h, k]
     n = n[:, None, :]
     return torch.where(n > 0, total / n.clamp_min(1.0), 0.0)
 
@@ -336,14 +338,15 @@ def sink_geometry_from_products(
     p: Tensor, vh: Tensor, W: Tensor, qm: Tensor, G: Tensor, vnorm_all: Tensor, w: Tensor,
     s_bound: Tensor, mass: Tensor, z: Tensor, *, causal: bool = True, sink_index: int = 0,
     threshold: float = 0.3, rtol: float | None = None, o: Tensor | None = None,
-    s: Tensor | None = None,
+    s: Tensor | None = None, key_totals: Tensor | None = None,
 ) -> SinkGeometry:
     """:func:`sink_geometry` from its value products (steps 2–4), for callers that formed
     them already (the probes share them, :mod:`tl_spectral.probes.shared`): ``p`` the
     pattern with padded query rows 0, ``vh`` ``[b, H, k, d]``, ``qm`` ``[b, q]`` bool,
     ``G = W_O W_Oᵀ``, ``vnorm_all`` ``[b, H, k]`` = ``‖ṽ_j‖``, ``w``, ``s_bound``, ``mass``
     and ``z`` as in step 1; optionally the layer outputs ``o = Σ_h z^h W_O^h`` and
-    ``s = Σ_h w^h W_O^h`` ``[b, q, d_model]``. No input checks."""
+    ``s = Σ_h w^h W_O^h`` ``[b, q, d_model]``, and the key score's totals ``Σ_i α_ij``
+    ``[b, H, k]`` (``key_totals``). No input checks."""
     if rtol is None:
         rtol = default_rtol(p.dtype)
     a0 = p[..., sink_index]  # [b, H, q]
@@ -409,7 +412,7 @@ def sink_geometry_from_products(
     delta_norm = (s_norm - o_norm) * qm
     delta_cos = torch.where(lay_ok, 1.0 - lay_cos, 0.0)
 
-    ks = _key_scores(p, qm, causal)
+    ks = _key_scores(p, qm, causal, key_totals)
     reason = _sink_reason(real, curve_ok, rho_ok, aa_ok, hcos_ok)
     return SinkGeometry(
         causal=bool(causal),

@@ -81,7 +81,19 @@ def pattern_sum(cap: LayerCapture) -> Tensor:
 
 def pattern_source_sums(cap: LayerCapture) -> Tensor:
     """``Σ_b Σ_q`` of :func:`query_pattern` per head and key: ``[H, k]``."""
-    return memo(cap, "pattern_source_sums", lambda: pattern_sum(cap).sum(1))
+
+    def make() -> Tensor:
+        if "pattern_doc_source_sums" in cap.shared:
+            return cap.shared["pattern_doc_source_sums"].sum(0)
+        return pattern_sum(cap).sum(1)
+
+    return memo(cap, "pattern_source_sums", make)
+
+
+def pattern_doc_source_sums(cap: LayerCapture) -> Tensor:
+    """``Σ_q`` of :func:`query_pattern` per document, head and key: ``[b, H, k]`` (the
+    totals of the Gu key score)."""
+    return memo(cap, "pattern_doc_source_sums", lambda: query_pattern(cap).sum(-2))
 
 
 def pattern_lag_sums(cap: LayerCapture, causal: bool) -> tuple[Tensor, Tensor]:
@@ -123,11 +135,12 @@ class BlockSums:
         b, H, T, K = p.shape
         d = cap.shared
         self.active = (bool(causal) and T == K and T > 1 and "pattern_source_sums" not in d
+                       and "pattern_doc_source_sums" not in d
                        and ("pattern_lag_sums", True) not in d
                        and p.stride() == (H * T * T, T * T, T, 1))
         if self.active:
             self.cap, self.p = cap, p
-            self.src = torch.zeros(H, T, dtype=p.dtype, device=p.device)
+            self.src = torch.zeros(b, H, T, dtype=p.dtype, device=p.device)  # per document
             self.lag = torch.zeros(H, T, dtype=p.dtype, device=p.device)
 
     def add(self, a: int, e: int) -> None:
@@ -135,14 +148,16 @@ class BlockSums:
         if not self.active:
             return
         for d in range(self.p.shape[0]):
-            self.src[:, :e] += self.p[d, :, a:e, :e].sum(1)
+            self.src[d, :, :e] += self.p[d, :, a:e, :e].sum(1)
             add_block_lag_sums(self.p[d], a, e, self.lag)
 
     def finish(self) -> None:
         """Memoise the sums in the capture."""
         if self.active:
-            self.cap.shared["pattern_source_sums"] = self.src
-            self.cap.shared[("pattern_lag_sums", True)] = (self.lag, torch.zeros_like(self.lag))
+            d = self.cap.shared
+            d["pattern_doc_source_sums"] = self.src
+            d["pattern_source_sums"] = self.src[0] if self.src.shape[0] == 1 else self.src.sum(0)
+            d[("pattern_lag_sums", True)] = (self.lag, torch.zeros_like(self.lag))
             self.active = False
 
 

@@ -225,6 +225,7 @@ class SinkProbe(Probe):
             vp.mass, vp.z, causal=causal, sink_index=self.sink_index, threshold=self.threshold,
             o=shared.head_outputs(cap, W, causal, self.sink_index, "o"),
             s=shared.head_outputs(cap, W, causal, self.sink_index, "s"),
+            key_totals=shared.pattern_doc_source_sums(cap),
         )
         b, H, T = g.anti_alignment.shape
         nb = self.n_bins
