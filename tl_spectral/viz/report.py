@@ -100,29 +100,6 @@ function tlUnpack(p){
   }
   return out;
 }
-"""
-
-_SCRIPT = _UNPACK_JS + """
-window.tlViews = {rendered: 0};
-function tlBundle(){
-  if (window.CircuitsVis) return;
-  tlNoWebGL();
-  var b = document.getElementById('cv-bundle');
-  var s = document.createElement('script');
-  s.textContent = b.textContent;
-  document.head.appendChild(s);
-}
-function tlRender(el){
-  if (el.getAttribute('data-done')) return;
-  tlBundle();
-  var d = JSON.parse(document.getElementById(el.getAttribute('data-src')).textContent);
-  (d.packed || []).forEach(function(k){ d.props[k] = tlUnpack(d.props[k]); });
-  CircuitsVis.render(el.id, CircuitsVis[d.element], d.props);
-  el.setAttribute('data-done', '1');
-  window.tlViews.rendered++;
-  tlInk(el);
-  setTimeout(function(){ tlKeyboard(el); }, 300);
-}
 function tlInk(view){
   // circuitsvis writes its head labels and tokens in white on the head's colour or the
   // token's attention shade (1.7:1 on light green). Whenever the view (re)draws, every text
@@ -174,6 +151,28 @@ function tlInk(view){
   }).observe(view, {subtree: true, childList: true, attributes: true,
                     attributeFilter: ['style', 'class']});
   fix();
+}"""
+
+_SCRIPT = _UNPACK_JS + """
+window.tlViews = {rendered: 0};
+function tlBundle(){
+  if (window.CircuitsVis) return;
+  tlNoWebGL();
+  var b = document.getElementById('cv-bundle');
+  var s = document.createElement('script');
+  s.textContent = b.textContent;
+  document.head.appendChild(s);
+}
+function tlRender(el){
+  if (el.getAttribute('data-done')) return;
+  tlBundle();
+  var d = JSON.parse(document.getElementById(el.getAttribute('data-src')).textContent);
+  (d.packed || []).forEach(function(k){ d.props[k] = tlUnpack(d.props[k]); });
+  CircuitsVis.render(el.id, CircuitsVis[d.element], d.props);
+  el.setAttribute('data-done', '1');
+  window.tlViews.rendered++;
+  tlInk(el);
+  setTimeout(function(){ tlKeyboard(el); }, 300);
 }
 function tlKeyboard(el){
   // circuitsvis' head thumbnails answer the mouse only: make them focusable, announce
@@ -664,7 +663,8 @@ class Report:
                     f"<script src='{VIEW_BUNDLE}'></script><script>{_UNPACK_JS}"
                     f"tlNoWebGL(); var d = {js_json(data)};"
                     "(d.packed || []).forEach(function(k){ d.props[k] = tlUnpack(d.props[k]); });"
-                    "CircuitsVis.render('view', CircuitsVis[d.element], d.props);</script>"
+                    "CircuitsVis.render('view', CircuitsVis[d.element], d.props);"
+                    "tlInk(document.getElementById('view'));</script>"
                     "</body></html>")
         n = len(items)
         what = summary or ("Open the interactive view" if n == 1 else
