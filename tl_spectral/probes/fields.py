@@ -343,7 +343,8 @@ class AttentionFieldProbe(Probe):
         V, mu = self._jk_basis[layer]
         assert self._jk_group is not None
         G = self.jackknife_groups  # fixed size: short chunks leave groups empty (dropped at the end)
-        grp = self._jk_group.to(F.device)[doc_index.to(F.device)]
+        grp = self._jk_group.to(F.device)
+        grp = grp[doc_index.to(F.device) % grp.numel()]  # (modulo: runs that accumulate)
         Y = F.reshape(F.shape[0], -1).to(V.dtype) - mu.to(V.dtype)
         c = (Y @ V.T).to(torch.float64)  # [b, K]
         K = int(V.shape[0])
