@@ -76,3 +76,30 @@ def test_the_checks_catch_what_they_should(bad):
     plt.close(fig)
     assert "no y label" in p and "5.0 pt" in p and "overlap" in p and "legend covers" in p
     assert ("backtick" in p) if "`" in bad else ("mid-word" in p)
+
+
+def test_per_layer_figures_of_a_deep_model_are_legible():
+    """More than MAX_LEGEND_LAYERS layers: per-layer lines take a colour bar, not a legend
+    over the data (SmolLM2's 30 layers collapsed the ρ* figure)."""
+    import matplotlib.pyplot as plt
+    import torch
+    from conftest import make_native
+
+    from tl_spectral.probes import AttentionFieldProbe, ContributionProbe, SinkProbe, run_probes
+
+    model = make_native(n_layers=12, n_heads=2, d_model=16, d_head=8, n_ctx=16, d_vocab=20)
+    toks = torch.randint(0, 20, (3, 12), generator=torch.Generator().manual_seed(0))
+    res = run_probes(model, toks, [ContributionProbe(), SinkProbe(), AttentionFieldProbe()],
+                     progress=False)
+    c, s, f = res["contributions"], res["sinks"], res["attention_fields"]
+    problems = []
+    for name, fig in (("plot_source", c.plot_source()), ("plot_lag", c.plot_lag()),
+                      ("plot_rho_star", s.plot_rho_star()),
+                      ("plot_anti_alignment", s.plot_anti_alignment()),
+                      ("plot_mean", f.plot_mean()),
+                      ("plot_scale_energies", f.scale_pod(n_heads=2).plot_scale_energies())):
+        assert not any(ax.get_legend() for ax in fig.axes if ax.get_legend() and len(
+            ax.get_legend().get_texts()) > 8), name
+        problems += figure_problems(fig, name)
+        plt.close(fig)
+    assert not problems, "\n".join(problems)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from tl_spectral.viz.figures import register_plot
+from tl_spectral.viz.figures import layer_key, layer_style, register_plot
 from tl_spectral.viz.sink_plots import plot_rho_star, plot_sink_rates  # noqa: F401
 from tl_spectral.viz.views import contribution_view  # noqa: F401 - re-exported
 
@@ -119,8 +119,10 @@ def contribution_stats_plot_source(res, max_pos: int = 64):
     for li, layer in enumerate(res.layers):
         ok = res.source_count[li, :n] > 0
         x = torch.arange(n)[ok].numpy()
-        axes[0].plot(x, res.source_mean[li, -1, :n][ok].numpy(), label=f"L{layer}")
-        axes[1].plot(x, res.source_attention[li, :, :n].mean(0)[ok].numpy(), label=f"L{layer}")
+        st = layer_style(li, res.layers)
+        axes[0].plot(x, res.source_mean[li, -1, :n][ok].numpy(), label=f"L{layer}", **st)
+        axes[1].plot(x, res.source_attention[li, :, :n].mean(0)[ok].numpy(), label=f"L{layer}",
+                     **st)
     axes[0].axhline(0, color="black", lw=0.6)
     axes[0].set_title("mean token-level contribution C_ij by source j", fontsize=9)
     axes[1].set_title("mean attention α_ij (head mean) by source j", fontsize=9)
@@ -129,7 +131,7 @@ def contribution_stats_plot_source(res, max_pos: int = 64):
     for ax in axes:
         ax.set_xlabel("source position j")
         ax.set_yscale("symlog", linthresh=1e-3)
-    axes[0].legend(fontsize=8)
+    layer_key(axes[1], res.layers)
     fig.tight_layout()
     return fig
 
@@ -144,9 +146,10 @@ def contribution_stats_plot_lag(res, max_lag: int = 64):
     sel = lags.abs() <= max_lag
     for li, layer in enumerate(res.layers):
         ok = sel & (res.lag_count[li] > 0)
-        axes[0].plot(lags[ok].numpy(), res.lag_mean[li, -1][ok].numpy(), label=f"L{layer}")
+        st = layer_style(li, res.layers)
+        axes[0].plot(lags[ok].numpy(), res.lag_mean[li, -1][ok].numpy(), label=f"L{layer}", **st)
         axes[1].plot(lags[ok].numpy(), res.lag_attention[li].mean(0)[ok].numpy(),
-                     label=f"L{layer}")
+                     label=f"L{layer}", **st)
     axes[0].axhline(0, color="black", lw=0.6)
     axes[0].set_title("mean token-level contribution by lag i − j", fontsize=9)
     axes[1].set_title("mean attention (head mean) by lag i − j", fontsize=9)
@@ -155,7 +158,7 @@ def contribution_stats_plot_lag(res, max_lag: int = 64):
     for ax in axes:
         ax.set_xlabel("lag i − j")
         ax.set_yscale("symlog", linthresh=1e-3)
-    axes[0].legend(fontsize=8)
+    layer_key(axes[1], res.layers)
     fig.tight_layout()
     return fig
 

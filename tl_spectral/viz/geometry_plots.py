@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tl_spectral.viz.figures import register_plot
+from tl_spectral.viz.figures import layer_key, register_plot
 
 __all__ = ["plot_budget", "plot_eigenvalues", "plot_routing_rank"]
 
@@ -211,7 +211,7 @@ def routing_cascade_figure(res, ax: Any = None, which: str = "auto"):
     ax.set_xlabel("training step")
     ax.set_ylabel("routing rank of " + ("S" if use_s else "R (W_Q W_Kᵀ)"))
     ax.set_title(res.run_name, fontsize=9)
-    ax.legend(fontsize=8, ncol=2)
+    layer_key(ax, range(L), ncol=2)
     fig.tight_layout()
     return fig
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tl_spectral.viz.figures import register_plot
+from tl_spectral.viz.figures import layer_key, layer_style, register_plot
 
 __all__ = [
     "plot_band_modes",
@@ -216,7 +216,7 @@ def plot_scale_energies(result: Any, *, ax: Any = None):
     ax.set_ylabel("E(a) / max")
     ax.set_ylim(0, 1.05)
     _scale_ticks(ax, np.concatenate([_np(lay.scales) for lay in result.layers]))
-    ax.legend(fontsize=8)
+    layer_key(ax, [lay.layer for lay in result.layers])
     ax.set_title("scale energy by layer")
     return fig
 
@@ -490,15 +490,16 @@ def attention_fields_plot_mean(res):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for layer in res.layers:
+    for li, layer in enumerate(res.layers):
         m = res.mean[str(layer)]
         prof = m.mean(dim=0) if not res.per_head else m.mean(dim=(0, 1))
-        ax.plot(res.lags.numpy(), prof.numpy(), label=f"layer {layer}")
+        ax.plot(res.lags.numpy(), prof.numpy(), label=f"layer {layer}",
+                **layer_style(li, res.layers))
     ax.set_xlabel("lag τ (tokens)")
     ax.set_ylabel("mean attention" if res.field == "attention" else f"mean {res.field}")
     ax.set_yscale("log" if res.field in ("attention", "value_weighted",
                                           "value_weighted_raw") else "symlog")
-    ax.legend(fontsize=8)
+    layer_key(ax, res.layers)
     return fig
 
 
@@ -508,13 +509,14 @@ def streamed_attention_fields_plot_mean(res):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for layer in res.layers:
+    for li, layer in enumerate(res.layers):
         prof = res.mean[str(layer)].mean(dim=0)
-        ax.plot(res.lags.numpy(), prof.numpy(), label=f"layer {layer}")
+        ax.plot(res.lags.numpy(), prof.numpy(), label=f"layer {layer}",
+                **layer_style(li, res.layers))
     ax.set_xlabel("lag τ (tokens)")
     ax.set_ylabel("mean attention")
     ax.set_yscale("log")
-    ax.legend(fontsize=8)
+    layer_key(ax, res.layers)
     return fig
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from tl_spectral.viz.figures import register_plot
+from tl_spectral.viz.figures import layer_key, layer_style, register_plot
 
 
 def plot_sink_rates(sinks: Any):
@@ -46,12 +46,13 @@ def plot_rho_star(sinks: Any):
     centers = 0.5 * (edges[1:] + edges[:-1])
     for li, layer in enumerate(sinks.layers):
         h = sinks.rho_hist[li].sum(0)
-        axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"layer {layer}")
+        axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"layer {layer}",
+                     **layer_style(li, sinks.layers))
     axes[0].axvspan(0, 1, color="grey", alpha=0.1)
     axes[0].set_xlabel("ρ* (end bins collect values outside the range)")
     axes[0].set_ylabel("share of queries")
     axes[0].set_title("optimal sink rate ρ* per query", fontsize=9)
-    axes[0].legend(fontsize=8)
+    layer_key(axes[0], sinks.layers)
     h2 = sinks.rho_alpha_hist.sum(0)
     a_e = sinks.alpha_edges.numpy()
     im = axes[1].imshow(torch.log10(1 + h2).numpy(), origin="lower", aspect="auto",
@@ -82,12 +83,13 @@ def sink_stats_plot_anti_alignment(res):
     centers = 0.5 * (edges[1:] + edges[:-1])
     for li, layer in enumerate(res.layers):
         h = res.anti_hist[li].sum(0)
-        axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"L{layer}")
+        axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"L{layer}",
+                     **layer_style(li, res.layers))
     axes[0].axvline(0, color="black", lw=0.6)
     axes[0].set_xlabel("cos(ṽ_0, s_i)")
     axes[0].set_ylabel("share of queries")
     axes[0].set_title("anti-alignment of the sink value and the semantic vector", fontsize=9)
-    axes[0].legend(fontsize=8)
+    layer_key(axes[0], res.layers)
     im = axes[1].imshow(res.anti_mean.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1)
     axes[1].set_yticks(range(len(res.layers)), [str(x) for x in res.layers])
     axes[1].set_xlabel("head")
