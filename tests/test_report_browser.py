@@ -350,6 +350,19 @@ def test_default_report_in_chromium(browser, default_report):
                    default_report.parent / "top-default.png")
     assert "char-shakespeare" in title
     print("screenshot:", default_report.parent / "top-default.png")
+    # the checks catch what they should: white on light green (1.7:1, the issue's head
+    # label) and an h2 inside the h3 "Interactive view"'s details
+    drv = browser
+    drv.execute_script(
+        "const p = document.createElement('p'); p.id = 'probe'; p.textContent = 'H2';"
+        "p.style.cssText = 'color:#fff;background:rgb(157,217,38)';"
+        "document.querySelector('details.lazyview').appendChild(p);"
+        "const h = document.createElement('h2'); h.id = 'probe2'; h.textContent = 'x';"
+        "document.querySelector('details.lazyview').appendChild(h);")
+    res = [r for r in drv.execute_script(CONTRAST_JS) if r["text"] == "H2" and not r["inView"]]
+    assert res and 1.6 < res[0]["ratio"] < 1.8, res
+    problems = drv.execute_script(HEADINGS_JS)[1]
+    assert any(p.startswith('H2 "x" inside a details') for p in problems), problems
 
 
 def test_minilm_report_in_chromium(browser, minilm_report):
