@@ -350,8 +350,11 @@ class AttentionFieldProbe(Probe):
         K = int(V.shape[0])
         Y64 = Y.to(torch.float64)
         dev = F.device
-        self.accumulate(f"{layer}.jk.C", torch.zeros(G, K, K, dtype=torch.float64, device=dev)
-                        .index_add_(0, grp, c[:, :, None] * c[:, None, :]))
+        C = torch.zeros(G, K, K, dtype=torch.float64, device=dev)
+        for g in torch.unique(grp).tolist():  # Σ c cᵀ per group: one [K, b_g] × [b_g, K]
+            cg = c[grp == g]
+            C[g] = cg.T @ cg
+        self.accumulate(f"{layer}.jk.C", C)
         self.accumulate(f"{layer}.jk.c", torch.zeros(G, K, dtype=torch.float64, device=dev)
                         .index_add_(0, grp, c))
         self.accumulate(f"{layer}.jk.n", torch.zeros(G, dtype=torch.float64, device=dev)
