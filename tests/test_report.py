@@ -329,3 +329,26 @@ def test_streamed_report_shows_jackknife_intervals(tmp_path):
     assert "not kept with" not in html
     rows = (out / "tables" / "scale-pod-intervals-attention.csv").read_text().splitlines()
     assert rows[0].startswith("layer,H_star,H_star_interval") and len(rows) >= 3
+
+
+def test_streamed_jackknife_moments_merge_only_in_one_basis():
+    """Two streaming probes whose first passes differ (different documents) took their
+    per-group moments in different bases: merged, the moments are dropped (no wrong interval);
+    two probes of the same first pass keep them."""
+    from tl_spectral.cli import random_reference_model
+    from tl_spectral.probes import AttentionFieldProbe, run_probes
+
+    m, _ = random_reference_model()
+    g = torch.Generator().manual_seed(1)
+    kw = dict(streaming=True, rank=16, band_options={"coherence_queries": None})
+    a, b = AttentionFieldProbe(**kw), AttentionFieldProbe(**kw)
+    run_probes(m, torch.randint(0, 60, (6, 16), generator=g), [a], progress=False)
+    run_probes(m, torch.randint(0, 60, (6, 16), generator=g), [b], progress=False)
+    a._selection = b._selection  # same windows, so the merge itself is allowed
+    assert a.merge(b).result().jackknife == {}
+    toks = torch.randint(0, 60, (6, 16), generator=g)
+    c, d = AttentionFieldProbe(**kw), AttentionFieldProbe(**kw)
+    run_probes(m, toks, [c], progress=False)
+    run_probes(m, toks, [d], progress=False)
+    jk = c.merge(d).result().jackknife
+    assert jk and float(jk["0.n"].sum()) == 12

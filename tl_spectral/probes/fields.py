@@ -486,6 +486,17 @@ class AttentionFieldProbe(Probe):
                         "different first passes); merge the first passes, then run the "
                         "second pass on each shard with the merged probe's windows"
                     )
+            # the jackknife's per-group moments add up only in one basis (the merged first
+            # pass's): moments taken in different first passes' bases are dropped
+            for layer in self.layers or []:
+                a, b = self._jk_basis.get(layer), o._jk_basis.get(layer)
+                same = (a is not None and b is not None and a[0].shape == b[0].shape
+                        and torch.allclose(a[0], b[0].to(a[0].device), atol=1e-6))
+                if not same:
+                    for st in (self.state, o.state):
+                        for k in [k for k in st if k.startswith(f"{layer}.jk.")]:
+                            del st[k]
+                    self._jk_basis.pop(layer, None)
         if self.layers is not None:
             for layer in self.layers:
                 self._flush(layer)

@@ -262,7 +262,11 @@ def _uncertainty(report: Report, fields: Any, pod: Any, ctx: ReportContext, what
         return
     ctx.status(f"scale POD ({what}): jackknife over documents")
     if streamed:
-        jk = streamed_pod_jackknife(fields, pod)
+        try:
+            jk = streamed_pod_jackknife(fields, pod)
+        except ValueError as exc:  # moments of some layers dropped (merged different bases)
+            report.text(f"No intervals over documents: {exc}.")
+            return
     else:
         jk = pod_jackknife(fields, pod, seed=int(ctx.options.meta.get("seed", 0) or 0))
     meta = jk["meta"]
