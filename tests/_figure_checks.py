@@ -33,32 +33,12 @@ _SHORT_WORDS = {"a", "an", "the", "of", "on", "in", "to", "by", "vs", "per", "an
 
 
 def _texts(fig):
-    """(text artist, role) of every visible, non-empty text in the figure."""
+    """Every visible, non-empty text artist of the figure (tick labels included; the drawn
+    ones are picked by :func:`_drawn_tick_labels`)."""
     from matplotlib.text import Text
 
-    out = []
-    for t in fig.findobj(Text):
-        if not t.get_visible() or not t.get_text().strip():
-            continue
-        # skip texts whose ancestors are invisible (hidden tick labels)
-        a = t
-        hidden = False
-        while a is not None:
-            if not a.get_visible():
-                hidden = True
-                break
-            a = getattr(a, "axes", None) if a is t else None
-        if hidden:
-            continue
-        out.append(t)
-    return out
-
-
-def _is_tick(t) -> bool:
-    from matplotlib.axis import Tick
-
-    p = getattr(t, "_tl_parent", None)
-    return isinstance(p, Tick)
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()
+            and (t.axes is None or t.axes.get_visible())]
 
 
 def _tick_texts(fig):
@@ -73,9 +53,9 @@ def _tick_texts(fig):
 
 
 def _drawn_tick_labels(fig):
-    """Per axis, the tick labels actually drawn (matplotlib keeps spare Tick objects)."""
+    """Per axis, the tick labels actually drawn (matplotlib keeps spare Tick objects;
+    ``Axis._update_ticks`` returns the ones inside the view, as ``draw`` uses them)."""
     out = []
-    renderer = fig.canvas.get_renderer()
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
             ticks = axis._update_ticks()
@@ -83,7 +63,6 @@ def _drawn_tick_labels(fig):
                 for lab in (tick.label1, tick.label2):
                     if lab.get_visible() and lab.get_text().strip():
                         out.append(lab)
-    del renderer
     return out
 
 
