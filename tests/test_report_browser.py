@@ -8,7 +8,8 @@ opened every view renders (the contribution view's heat map at full size), the d
 layer selectors (layers 0 → L−1) switch views; every visible text, inside the views too
 (head labels, tokens, before and after a head is picked), has a WCAG contrast of at least
 4.5:1 (3:1 large) against its effective background, and the headings of the rendered page
-(views included) never skip a level downward nor sit inside a lower-level heading's part
+(views included) never skip a level downward nor sit inside a lower-level heading's part,
+and no word of a table header, caption, heading or summary breaks across lines
 (the smallest contrast is printed). The time to the first interactive selector is
 printed (not asserted: no test depends on timing). Screenshots of the top of each report are
 saved in the test's temporary folder (CI artifacts). scripts/setup_env.sh installs
@@ -208,6 +209,30 @@ return [hs.length, problems];
 """
 
 
+#: words broken across two lines in headers, captions, headings, summaries
+MIDWORD_JS = r"""
+// Words broken across lines ("lay/er") in table headers, captions, headings and summaries:
+// a word whose Range has client rects on two lines.
+const out = [];
+const sel = 'th, caption, figcaption, h1, h2, h3, h4, h5, summary, .selector label';
+for (const el of document.querySelectorAll(sel)) {
+  if (!el.getClientRects().length) continue;
+  const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const re = /\S+/g;
+    let m;
+    while ((m = re.exec(n.textContent)) !== null) {
+      if (m[0].length < 4) continue;
+      const r = document.createRange();
+      r.setStart(n, m.index); r.setEnd(n, m.index + m[0].length);
+      const tops = new Set(Array.from(r.getClientRects()).filter(x => x.width > 0).map(x => Math.round(x.top)));
+      if (tops.size > 1 && !/[\/\-–—_.,]/.test(m[0])) out.push(el.tagName + ': ' + m[0]);
+    }
+  }
+}
+return out;
+"""
+
 def _contrast(drv) -> float:
     """Open every <details> (the lazy views already rendered), measure every visible text's
     contrast, assert it; returns the smallest ratio."""
@@ -309,6 +334,8 @@ def _check(drv, index, shot):
         low = min(low, _contrast(drv))
     print(f"{index.parent.name}: smallest text contrast {low:.2f}:1, "
           f"{_headings(drv)} headings in order")
+    broken = drv.execute_script(MIDWORD_JS)
+    assert not broken, broken
     # accessibility: head thumbnails keyboard-focusable, every select labelled, tables
     # with a caption and column scopes, a way back to the contents
     n_focus = drv.execute_script(
@@ -363,6 +390,11 @@ def test_default_report_in_chromium(browser, default_report):
     assert res and 1.6 < res[0]["ratio"] < 1.8, res
     problems = drv.execute_script(HEADINGS_JS)[1]
     assert any(p.startswith('H2 "x" inside a details') for p in problems), problems
+    drv.execute_script(
+        "const t = document.querySelector('table th');"
+        "t.insertAdjacentHTML('beforeend', '<span style=\"display:inline-block;width:2.5em;"
+        "overflow-wrap:anywhere\">layerwise</span>');")
+    assert "SPAN: layerwise" in drv.execute_script(MIDWORD_JS.replace("th, caption", "th span, caption"))
 
 
 def test_minilm_report_in_chromium(browser, minilm_report):
