@@ -262,3 +262,93 @@ def test_one_number_shown_once(random_report):
     # head scores: the first-token score is the position-0 mass, not repeated
     head = (random_report / "tables" / "head-scores.csv").read_text().splitlines()[0]
     assert "first_token" not in head.split(",")
+
+
+def test_streamed_jackknife_equals_the_in_memory_one():
+    """--stream-rank keeps per-group second moments in the first pass's POD directions: with
+    the rank cap above the ensemble's rank, the streamed jackknife's H*, T_spec, intervals and
+    head ranges equal the in-memory jackknife's (same groups, same seed); the per-group
+    spectrum of every subset of groups equals the exact POD of those documents."""
+    from tl_spectral.analysis.pod import pod
+    from tl_spectral.analysis.streaming_pod import document_groups, projected_group_spectrum
+    from tl_spectral.cli import random_reference_model
+    from tl_spectral.probes import AttentionFieldProbe, run_probes
+    from tl_spectral.viz.uncertainty import pod_jackknife, streamed_pod_jackknife
+
+    m, _ = random_reference_model()
+    toks = torch.randint(0, 60, (12, 16), generator=torch.Generator().manual_seed(0))
+    res = run_probes(m, toks, [AttentionFieldProbe(name="exact"),
+                               AttentionFieldProbe(name="streamed", streaming=True, rank=16,
+                                                   jackknife_groups=4, jackknife_seed=3,
+                                                   band_options={"coherence_queries": None})],
+                     progress=False)
+    f, s = res["exact"], res["streamed"]
+    assert {k.split(".")[0] for k in s.jackknife} == {str(layer) for layer in s.layers}
+    # one subset of groups against the exact POD of its documents
+    groups = document_groups(12, 4, 3)
+    keep = [0, 2, 3]
+    idx = torch.cat([groups[g] for g in keep])
+    X = f.fluctuations(0)[idx].reshape(len(idx), -1).to(torch.float64)
+    exact = pod(X, center=True).eigenvalues
+    lam, total, n = projected_group_spectrum(
+        {k: s.jackknife[f"0.{k}"] for k in ("C", "c", "n", "sumsq", "gram")}, keep)
+    assert n == len(idx)
+    k = min(lam.numel(), exact.numel())
+    torch.testing.assert_close(lam[:k], exact[:k], rtol=1e-4, atol=1e-7 * float(exact[0]))
+    assert abs(total - float(exact.sum())) <= 1e-4 * total
+    # the report's rows
+    p_exact = f.scale_pod(n_heads=8, coherence_queries=None)
+    p_stream = s.scale_pod(n_heads=8, coherence_queries=None)
+    a = pod_jackknife(f, p_exact, seed=3, n_groups=4)
+    b = streamed_pod_jackknife(s, p_stream)
+    assert b["meta"]["n_groups"] == a["meta"]["n_groups"] == 4 and b["meta"]["streamed"]
+    for ra, rb in zip(a["rows"], b["rows"]):
+        for key in ("H_star", "H_star_low", "H_star_high", "heads", "heads_min", "heads_max"):
+            assert abs(ra[key] - rb[key]) < 1e-6, (key, ra, rb)
+        for key in ("T_spec", "T_spec_low", "T_spec_high"):
+            assert abs(ra[key] - rb[key]) <= 1e-3 * max(1.0, abs(ra[key])), (key, ra, rb)
+    # off: no per-group moments, a clear error
+    off = run_probes(m, toks, [AttentionFieldProbe(streaming=True, rank=16, jackknife_groups=0,
+                                                   band_options={"coherence_queries": None})],
+                     progress=False)["attention_fields"]
+    assert off.jackknife == {}
+    with pytest.raises(ValueError, match="jackknife_groups"):
+        streamed_pod_jackknife(off, off.scale_pod(n_heads=8, coherence_queries=None))
+
+
+def test_streamed_report_shows_jackknife_intervals(tmp_path):
+    """--stream-rank: the scale-POD section still carries the jackknife intervals table."""
+    from tl_spectral.cli import main
+
+    out = tmp_path / "streamed"
+    assert main(["analyze", "--model", "random", "--n-docs", "8", "--length", "32",
+                 "--sections", "scale_pod", "--stream-rank", "12", "--out", str(out),
+                 "--no-progress"]) == 0
+    html = (out / "index.html").read_text()
+    assert "jackknife intervals" in html and "per-group second moments" in html
+    assert "not kept with" not in html
+    rows = (out / "tables" / "scale-pod-intervals-attention.csv").read_text().splitlines()
+    assert rows[0].startswith("layer,H_star,H_star_interval") and len(rows) >= 3
+
+
+def test_streamed_jackknife_moments_merge_only_in_one_basis():
+    """Two streaming probes whose first passes differ (different documents) took their
+    per-group moments in different bases: merged, the moments are dropped (no wrong interval);
+    two probes of the same first pass keep them."""
+    from tl_spectral.cli import random_reference_model
+    from tl_spectral.probes import AttentionFieldProbe, run_probes
+
+    m, _ = random_reference_model()
+    g = torch.Generator().manual_seed(1)
+    kw = dict(streaming=True, rank=16, band_options={"coherence_queries": None})
+    a, b = AttentionFieldProbe(**kw), AttentionFieldProbe(**kw)
+    run_probes(m, torch.randint(0, 60, (6, 16), generator=g), [a], progress=False)
+    run_probes(m, torch.randint(0, 60, (6, 16), generator=g), [b], progress=False)
+    a._selection = b._selection  # same windows, so the merge itself is allowed
+    assert a.merge(b).result().jackknife == {}
+    toks = torch.randint(0, 60, (6, 16), generator=g)
+    c, d = AttentionFieldProbe(**kw), AttentionFieldProbe(**kw)
+    run_probes(m, toks, [c], progress=False)
+    run_probes(m, toks, [d], progress=False)
+    jk = c.merge(d).result().jackknife
+    assert jk and float(jk["0.n"].sum()) == 12

@@ -5,7 +5,12 @@ console errors, no request other than file:/data:, every image loaded, nothing w
 1,280 px viewport, every table-of-contents link resolves; the views are LAZY (at load no
 circuitsvis view is compiled, not even the bundle: the page is usable at once), and once
 opened every view renders (the contribution view's heat map at full size), the document and
-layer selectors (layers 0 → L−1) switch views. The time to the first interactive selector is
+layer selectors (layers 0 → L−1) switch views; every visible text, inside the views too
+(head labels, tokens, before and after a head is picked), has a WCAG contrast of at least
+4.5:1 (3:1 large) against its effective background, and the headings of the rendered page
+(views included) never skip a level downward nor sit inside a lower-level heading's part,
+and no word of a table header, caption, heading or summary breaks across lines
+(the smallest contrast is printed). The time to the first interactive selector is
 printed (not asserted: no test depends on timing). Screenshots of the top of each report are
 saved in the test's temporary folder (CI artifacts). scripts/setup_env.sh installs
 ``chromium`` and ``chromium-driver`` with apt when missing; without them these tests skip.
@@ -109,6 +114,145 @@ def _open_views(drv):
     assert drv.execute_script("return HTMLCanvasElement.prototype.tlNoWebGL === true")
 
 
+#: WCAG 2 contrast of every visible text element (its own text nodes) against its effective
+#: background: the background colours of the element and its ancestors composited (alpha
+#: over alpha) onto the white canvas, the text colour (times the elements' opacity) over
+#: that. Text drawn into a <canvas> has no DOM colour and cannot be measured this way; the
+#: report draws none (circuitsvis' head thumbnails are canvases without text; head labels,
+#: tokens and selectors are elements) and ``_contrast`` asserts no text sits on a
+#: background image. Large text (≥ 24 px, or ≥ 18.66 px bold) needs 3:1, the rest 4.5:1.
+CONTRAST_JS = r"""
+// WCAG 2 contrast of every visible text element against its effective background.
+const parse = (c) => {
+  const m = c.match(/rgba?\(([^)]+)\)/);
+  if (!m) return null;
+  const p = m[1].split(/[ ,\/]+/).filter(s => s.length).map(Number);
+  return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+};
+const over = (fg, bg) => {  // composite fg (with alpha) over an opaque bg
+  const a = fg[3];
+  return [0, 1, 2].map(i => fg[i] * a + bg[i] * (1 - a)).concat([1]);
+};
+const lum = (c) => {
+  const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+  return 0.2126 * f(c[0]) + 0.7152 * f(c[1]) + 0.0722 * f(c[2]);
+};
+const ratio = (a, b) => { const x = lum(a), y = lum(b); return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05); };
+const background = (el) => {
+  const chain = [];
+  for (let e = el; e && e.nodeType === 1; e = e.parentElement) chain.push(e);
+  let bg = [255, 255, 255, 1];  // the canvas
+  let image = null;
+  for (let i = chain.length - 1; i >= 0; i--) {
+    const cs = getComputedStyle(chain[i]);
+    const c = parse(cs.backgroundColor);
+    if (c && c[3] > 0) bg = over(c, bg);
+    if (cs.backgroundImage && cs.backgroundImage !== 'none') image = chain[i];
+  }
+  return [bg, image];
+};
+const out = [];
+const all = document.body.querySelectorAll('*');
+for (const el of all) {
+  if (['SCRIPT', 'STYLE', 'NOSCRIPT', 'TEMPLATE', 'CANVAS', 'svg', 'SVG'].includes(el.tagName)) continue;
+  const own = Array.from(el.childNodes).filter(n => n.nodeType === 3 && n.textContent.trim().length);
+  if (!own.length) continue;
+  const rects = el.getClientRects();
+  if (!rects.length) continue;
+  const r = el.getBoundingClientRect();
+  if (r.width < 1 || r.height < 1) continue;
+  const cs = getComputedStyle(el);
+  if (cs.visibility !== 'visible') continue;
+  let op = 1;
+  for (let e = el; e && e.nodeType === 1; e = e.parentElement) op *= parseFloat(getComputedStyle(e).opacity);
+  if (op === 0) continue;
+  const [bg, image] = background(el);
+  let fg = parse(cs.color);
+  if (!fg) { out.push({tag: el.tagName, text: own[0].textContent.trim().slice(0, 40), ratio: 0, why: 'colour ' + cs.color}); continue; }
+  fg = [fg[0], fg[1], fg[2], fg[3] * op];
+  const size = parseFloat(cs.fontSize), bold = parseInt(cs.fontWeight) >= 700;
+  const large = size >= 24 || (size >= 18.66 && bold);
+  out.push({tag: el.tagName, cls: String(el.className).slice(0, 40),
+            text: own.map(n => n.textContent.trim()).join(' ').slice(0, 40),
+            ratio: ratio(over(fg, bg), bg), need: large ? 3 : 4.5,
+            inView: !!el.closest('.cvview'), image: image ? image.tagName : null,
+            fg: cs.color, bg: 'rgb(' + bg.slice(0, 3).map(Math.round).join(',') + ')'});
+}
+return out;
+"""
+
+#: heading order over the rendered document, views included
+HEADINGS_JS = r"""
+// Heading order over the whole rendered document (views included): levels never skip
+// downward (h2 → h4), and no heading inside a container (section, details, figure, view)
+// has a level at or above that of the section the container sits in (an h2 in an h3's part).
+const hs = Array.from(document.querySelectorAll('h1, h2, h3, h4, h5, h6'));
+const lvl = (h) => parseInt(h.tagName[1]);
+const problems = [];
+let prev = 0;
+for (const h of hs) {
+  if (lvl(h) > prev + 1) problems.push(`skip h${prev} → ${h.tagName} "${h.textContent.trim().slice(0, 40)}"`);
+  prev = lvl(h);
+}
+for (const c of document.querySelectorAll('section, article, aside, details, figure, .cvview')) {
+  let outer = null;  // the last heading before the container, outside it
+  for (const h of hs) {
+    if (c.contains(h)) continue;
+    if (h.compareDocumentPosition(c) & Node.DOCUMENT_POSITION_FOLLOWING) outer = h; else break;
+  }
+  if (!outer) continue;
+  for (const h of c.querySelectorAll('h1, h2, h3, h4, h5, h6')) {
+    if (lvl(h) <= lvl(outer)) problems.push(`${h.tagName} "${h.textContent.trim().slice(0, 40)}" inside a ${c.tagName.toLowerCase()} of the ${outer.tagName} "${outer.textContent.trim().slice(0, 40)}"`);
+  }
+}
+return [hs.length, problems];
+"""
+
+
+#: words broken across two lines in headers, captions, headings, summaries
+MIDWORD_JS = r"""
+// Words broken across lines ("lay/er") in table headers, captions, headings and summaries:
+// a word whose Range has client rects on two lines.
+const out = [];
+const sel = 'th, caption, figcaption, h1, h2, h3, h4, h5, summary, .selector label';
+for (const el of document.querySelectorAll(sel)) {
+  if (!el.getClientRects().length) continue;
+  const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const re = /\S+/g;
+    let m;
+    while ((m = re.exec(n.textContent)) !== null) {
+      if (m[0].length < 4) continue;
+      const r = document.createRange();
+      r.setStart(n, m.index); r.setEnd(n, m.index + m[0].length);
+      const tops = new Set(Array.from(r.getClientRects()).filter(x => x.width > 0).map(x => Math.round(x.top)));
+      if (tops.size > 1 && !/[\/\-–—_.,]/.test(m[0])) out.push(el.tagName + ': ' + m[0]);
+    }
+  }
+}
+return out;
+"""
+
+def _contrast(drv) -> float:
+    """Open every <details> (the lazy views already rendered), measure every visible text's
+    contrast, assert it; returns the smallest ratio."""
+    import time
+
+    drv.execute_script("document.querySelectorAll('details').forEach(d => d.open = true)")
+    time.sleep(0.3)  # the views' ink fix runs on the next animation frame
+    res = drv.execute_script(CONTRAST_JS)
+    assert len(res) > 100 and sum(r["inView"] for r in res) > 10, len(res)
+    bad = [r for r in res if r["ratio"] < r["need"] or r["image"]]
+    assert not bad, bad[:10]
+    return min(r["ratio"] for r in res)
+
+
+def _headings(drv) -> int:
+    n, problems = drv.execute_script(HEADINGS_JS)
+    assert n >= 8 and not problems, problems
+    return n
+
+
 def _requests(drv) -> tuple[list[str], list[str]]:
     """(requests made for the report's page, http(s)/ws requests of any target)."""
     page, net = [], []
@@ -178,11 +322,22 @@ def _check(drv, index, shot):
         ".filter(d => d.style.display !== 'none').map(d => Math.max(...Array.from("
         "d.querySelectorAll('canvas')).map(c => c.width)))")
     assert big and min(big) >= 500, big
-    # accessibility: head thumbnails keyboard-focusable, every select labelled, tables
-    # with a caption and column scopes, a way back to the contents
     import time
 
     time.sleep(0.5)  # tlKeyboard runs just after a view renders
+    # contrast of every text (views included, before and after a head is picked, which
+    # recolours the tokens) and the heading order (views included)
+    low = _contrast(drv)
+    heads = drv.find_elements(By.CSS_SELECTOR, ".cvview [tabindex='0'][role=button]")
+    if heads:
+        drv.execute_script("arguments[0].scrollIntoView(); arguments[0].click()", heads[-1])
+        low = min(low, _contrast(drv))
+    print(f"{index.parent.name}: smallest text contrast {low:.2f}:1, "
+          f"{_headings(drv)} headings in order")
+    broken = drv.execute_script(MIDWORD_JS)
+    assert not broken, broken
+    # accessibility: head thumbnails keyboard-focusable, every select labelled, tables
+    # with a caption and column scopes, a way back to the contents
     n_focus = drv.execute_script(
         "return document.querySelectorAll('.cvview [tabindex=\"0\"][role=button]').length")
     assert n_focus >= 2, n_focus
@@ -222,6 +377,24 @@ def test_default_report_in_chromium(browser, default_report):
                    default_report.parent / "top-default.png")
     assert "char-shakespeare" in title
     print("screenshot:", default_report.parent / "top-default.png")
+    # the checks catch what they should: white on light green (1.7:1, the issue's head
+    # label) and an h2 inside the h3 "Interactive view"'s details
+    drv = browser
+    drv.execute_script(
+        "const p = document.createElement('p'); p.id = 'probe'; p.textContent = 'H2';"
+        "p.style.cssText = 'color:#fff;background:rgb(157,217,38)';"
+        "document.querySelector('details.lazyview').appendChild(p);"
+        "const h = document.createElement('h2'); h.id = 'probe2'; h.textContent = 'x';"
+        "document.querySelector('details.lazyview').appendChild(h);")
+    res = [r for r in drv.execute_script(CONTRAST_JS) if r["text"] == "H2" and not r["inView"]]
+    assert res and 1.6 < res[0]["ratio"] < 1.8, res
+    problems = drv.execute_script(HEADINGS_JS)[1]
+    assert any(p.startswith('H2 "x" inside a details') for p in problems), problems
+    drv.execute_script(
+        "const t = document.querySelector('table th');"
+        "t.insertAdjacentHTML('beforeend', '<span style=\"display:inline-block;width:2.5em;"
+        "overflow-wrap:anywhere\">layerwise</span>');")
+    assert "SPAN: layerwise" in drv.execute_script(MIDWORD_JS.replace("th, caption", "th span, caption"))
 
 
 def test_minilm_report_in_chromium(browser, minilm_report):

@@ -483,3 +483,40 @@ def scale_pod_layer_streamed(
         coherence_queries=coherence_queries,
         config=dict(config),
     )
+
+
+# ----------------------------------------------------------------- jackknife when streamed
+def document_groups(n_docs: int, n_groups: int, seed: int = 0) -> list[Tensor]:
+    """The delete-a-group jackknife's groups of documents: ``randperm(n_docs)`` (seeded)
+    cut into ``min(n_groups, n_docs)`` chunks (fewer when the chunks come out short). The
+    in-memory jackknife (:func:`tl_spectral.viz.uncertainty.group_jackknife`) and the
+    streaming probe's per-group statistics use this one split."""
+    g = torch.Generator().manual_seed(int(seed))
+    return list(torch.randperm(int(n_docs), generator=g).chunk(max(1, min(int(n_groups), int(n_docs)))))
+
+
+def projected_group_spectrum(stats: dict, keep: Sequence[int]) -> tuple[Tensor, float, int]:
+    """Eigenvalues, exact total energy (both per document) and count of the whole-field POD
+    of the documents in the groups ``keep``, from the per-group statistics the streaming
+    probe gathers in its second pass (``AttentionFieldProbe(streaming=True)``).
+
+    stats: ``C [G, K, K]`` = Σ c cᵀ, ``c [G, K]`` = Σ c, ``n [G]``, ``sumsq [G]`` = Σ ‖y‖²,
+    ``gram [G, G]`` = the Gram of the groups' sums Σ y, where ``y = x − x̄`` is a document's
+    field about the whole-ensemble mean and ``c = V y`` its coordinates in the first pass's
+    ``K`` POD directions ``V``. The subset's centred scatter in those coordinates is
+    ``Σ C − (Σ c)(Σ c)ᵀ / n``; its total scatter ``Σ sumsq − 1ᵀ gram 1 / n`` is exact. The
+    eigenvalues are exact when the ensemble's fluctuations lie in the span of ``V`` (rank
+    ``≤ K``: the streamed spectrum is complete); otherwise they are those of the projection
+    on the top-``K`` subspace, and the energy outside it is ``total − Σ eigenvalues``.
+    """
+    k = torch.as_tensor(list(keep), dtype=torch.long)
+    n = float(stats["n"][k].sum())
+    cs = stats["c"][k].sum(0).to(torch.float64)
+    S = stats["C"][k].sum(0).to(torch.float64) - torch.outer(cs, cs) / max(n, 1.0)
+    S = 0.5 * (S + S.T)
+    lam = torch.linalg.eigvalsh(S).flip(0).clamp_min(0.0) / max(n, 1.0)
+    tol = float(lam[0]) * max(1, lam.numel()) * 1e-12 if lam.numel() else 0.0
+    lam = lam[lam > tol]
+    total = (float(stats["sumsq"][k].sum())
+             - float(stats["gram"][k][:, k].sum()) / max(n, 1.0)) / max(n, 1.0)
+    return lam, max(total, float(lam.sum())), int(round(n))

@@ -147,7 +147,8 @@ class AttentionFieldProbe(Probe):
                  max_lag: Optional[int] = None, name: Optional[str] = None,
                  offload: bool = False, field: str = "attention", streaming: bool = False,
                  rank: int = 128, n_modes: int = 8, fold_every: int = 128,
-                 band_options: Optional[dict] = None):
+                 band_options: Optional[dict] = None, jackknife_groups: int = 8,
+                 jackknife_seed: int = 0):
         """field: the per-pair map captured (see :mod:`tl_spectral.probes.pair_fields`).
         streaming: keep constant-memory statistics instead of every document's field (two
         passes; full windows only, head mean only). rank: the rank cap K of every streamed
@@ -158,7 +159,13 @@ class AttentionFieldProbe(Probe):
         more memory). band_options: the :func:`~tl_spectral.analysis.scale_pod.scale_pod_layer`
         options that choose the band windows and coherence queries (``scales``, ``wavelet``,
         ``max_dominant``, ``min_ratio``, ``min_peak_fraction``, ``window_threshold``,
-        ``lag_window``, ``coherence_queries``), fixed before the second pass."""
+        ``lag_window``, ``coherence_queries``), fixed before the second pass.
+        jackknife_groups, jackknife_seed (streaming only): the second pass also keeps, per
+        group of documents (:func:`~tl_spectral.analysis.streaming_pod.document_groups`),
+        the whole field's second moments in the first pass's ``K`` POD directions — ``G (K² +
+        K + d)`` floats per layer and one ``[b, d] × [d, K]`` product per batch — so the
+        delete-a-group jackknife of H* and T_spec needs no per-document field
+        (:func:`~tl_spectral.viz.uncertainty.streamed_pod_jackknife`); 0 turns it off."""
         super().__init__()
         self.field = field
         self._values = needs_values(field)  # validates the kind
@@ -189,6 +196,14 @@ class AttentionFieldProbe(Probe):
         elif band_options is not None:
             raise ValueError("band_options applies to streaming=True only; pass the options to "
                              ".scale_pod() instead")
+        if isinstance(jackknife_groups, bool) or not isinstance(jackknife_groups, int) \
+                or jackknife_groups < 0 or jackknife_groups == 1:
+            raise ValueError(f"jackknife_groups must be 0 (off) or an int >= 2 (got "
+                             f"{jackknife_groups!r})")
+        self.jackknife_groups = int(jackknife_groups)
+        self.jackknife_seed = int(jackknife_seed)
+        self._jk_group: Optional[Tensor] = None
+        self._jk_basis: dict = {}
         self.rank = int(rank)
         self.n_modes = min(int(n_modes), self.rank)
         self.fold_every = int(fold_every)
@@ -201,6 +216,7 @@ class AttentionFieldProbe(Probe):
         self._phase = 0
         self._pass1 = {}
         self._selection = {}
+        self._jk_basis = {}
 
     def requires(self, view) -> dict[int, set[str]]:
         if self.layers is None:
@@ -232,6 +248,16 @@ class AttentionFieldProbe(Probe):
                 f"pass max_lag <= {length - 1}"
             )
         self.length = length
+        if self.streaming and self.jackknife_groups and n_docs >= 2:
+            from tl_spectral.analysis.streaming_pod import document_groups
+
+            grp = torch.zeros(int(n_docs), dtype=torch.long)
+            for g, idx in enumerate(document_groups(n_docs, self.jackknife_groups,
+                                                    self.jackknife_seed)):
+                grp[idx] = g
+            self._jk_group = grp
+        else:
+            self._jk_group = None
 
     def update(self, cap: LayerCapture) -> None:
         assert cap.pattern is not None and self.layers is not None and self.view is not None
@@ -258,7 +284,7 @@ class AttentionFieldProbe(Probe):
             count = (mask[:, :, None] & key_real).to(F.dtype)
         layer = cap.layer
         if self.streaming:  # constant-memory statistics instead of every document's field
-            self._stream(layer, F, mask, count)
+            self._stream(layer, F, mask, count, cap.doc_index)
             return
         self.accumulate(f"{layer}.sum", F.sum(dim=0))
         self.accumulate(f"{layer}.count", count.sum(dim=0))
@@ -305,7 +331,8 @@ class AttentionFieldProbe(Probe):
             self._count_cache = cached = (key, ((j >= 0) & (j < T)).to(like.dtype))
         return cached[1]
 
-    def _stream(self, layer: int, F: Tensor, mask: Tensor, count: Tensor) -> None:
+    def _stream(self, layer: int, F: Tensor, mask: Tensor, count: Tensor,
+                doc_index: Optional[Tensor] = None) -> None:
         """Fold one batch's lag fields ``F [b, T, n_lags]`` into the streamed statistics."""
         if not bool(mask.all()):
             raise ValueError(
@@ -324,9 +351,39 @@ class AttentionFieldProbe(Probe):
         elif self._phase != 1:
             raise RuntimeError("this streaming probe has finished both passes; reset it (run "
                                "run_probes again) to start over")
+        elif layer in self._jk_basis and doc_index is not None:
+            self._jackknife_moments(layer, F, doc_index)
         self.accumulate(f"{layer}.pending", F.to("cpu") if self.offload else F.contiguous())
         if int(self.state[f"{layer}.pending"].shape[0]) >= self.fold_every:
             self._flush(layer)
+
+    def _jackknife_moments(self, layer: int, F: Tensor, doc_index: Tensor) -> None:
+        """Second pass: per group of documents, the moments of the whole field's
+        coordinates ``c = V (x − x̄)`` in the first pass's POD directions ``V`` and the
+        exact energy (see :func:`~tl_spectral.analysis.streaming_pod.projected_group_spectrum`)."""
+        V, mu = self._jk_basis[layer]
+        assert self._jk_group is not None
+        G = self.jackknife_groups  # fixed size: short chunks leave groups empty (dropped at the end)
+        grp = self._jk_group.to(F.device)
+        grp = grp[doc_index.to(F.device) % grp.numel()]  # (modulo: runs that accumulate)
+        Y = F.reshape(F.shape[0], -1).to(V.dtype) - mu.to(V.dtype)
+        c = (Y @ V.T).to(torch.float64)  # [b, K]
+        K = int(V.shape[0])
+        Y64 = Y.to(torch.float64)
+        dev = F.device
+        C = torch.zeros(G, K, K, dtype=torch.float64, device=dev)
+        for g in torch.unique(grp).tolist():  # Σ c cᵀ per group: one [K, b_g] × [b_g, K]
+            cg = c[grp == g]
+            C[g] = cg.T @ cg
+        self.accumulate(f"{layer}.jk.C", C)
+        self.accumulate(f"{layer}.jk.c", torch.zeros(G, K, dtype=torch.float64, device=dev)
+                        .index_add_(0, grp, c))
+        self.accumulate(f"{layer}.jk.n", torch.zeros(G, dtype=torch.float64, device=dev)
+                        .index_add_(0, grp, torch.ones_like(grp, dtype=torch.float64)))
+        self.accumulate(f"{layer}.jk.sumsq", torch.zeros(G, dtype=torch.float64, device=dev)
+                        .index_add_(0, grp, Y64.pow(2).sum(1)))
+        self.accumulate(f"{layer}.jk.sums", torch.zeros(G, Y.shape[1], dtype=torch.float64,
+                                                        device=dev).index_add_(0, grp, Y64))
 
     def _factors(self, prefix: str, dim: int, device) -> Any:
         from tl_spectral.analysis.streaming_pod import StreamingFactors
@@ -396,6 +453,13 @@ class AttentionFieldProbe(Probe):
                 n_lags = int(C.shape[0])
                 lags = self._lags(n_lags)
                 self._selection[layer] = select_bands(C.cpu(), lags, self.length, self.band_options)
+                if self._jk_group is not None:  # the jackknife's basis: the full field's POD
+                    from tl_spectral.analysis.streaming_pod import spectrum
+
+                    st = self._factors_from(self.state, f"{layer}.full").fold(self.rank)
+                    dev = self.state[f"{layer}.full.W"].device
+                    V = spectrum(st, self.rank)[1]
+                    self._jk_basis[layer] = (V.to(dev, torch.float32), st.mean.to(dev, torch.float32))
                 for m in range(len(self._selection[layer]["a_star"])):
                     for k in ("W", "sums", "ns"):
                         self.reductions[f"{layer}.band{m}.{k}"] = "cat"  # type: ignore[index]
@@ -443,6 +507,17 @@ class AttentionFieldProbe(Probe):
                         "different first passes); merge the first passes, then run the "
                         "second pass on each shard with the merged probe's windows"
                     )
+            # the jackknife's per-group moments add up only in one basis (the merged first
+            # pass's): moments taken in different first passes' bases are dropped
+            for layer in self.layers or []:
+                a, b = self._jk_basis.get(layer), o._jk_basis.get(layer)
+                same = (a is not None and b is not None and a[0].shape == b[0].shape
+                        and torch.allclose(a[0], b[0].to(a[0].device), atol=1e-6))
+                if not same:
+                    for st in (self.state, o.state):
+                        for k in [k for k in st if k.startswith(f"{layer}.jk.")]:
+                            del st[k]
+                    self._jk_basis.pop(layer, None)
         if self.layers is not None:
             for layer in self.layers:
                 self._flush(layer)
@@ -469,7 +544,7 @@ class AttentionFieldProbe(Probe):
         p1 = {k: v.cpu() for k, v in self._pass1.items()}
         N = float(p1["n_docs"])
         T = self.length
-        means, moments, coh, eig, modes, pods = {}, {}, {}, {}, {}, {}
+        means, moments, coh, eig, modes, pods, jk = {}, {}, {}, {}, {}, {}, {}
         for layer in self.layers:
             key = str(layer)
             cnt = p1[f"{layer}.count"].to(torch.float64)
@@ -494,6 +569,14 @@ class AttentionFieldProbe(Probe):
                 eig[pk], modes[pk] = lam, md.float()
                 pods[pk] = {"dim": st.dim, "dropped": float(st.dropped) / N,
                             "scatter": st.total_scatter / N}
+            if f"{layer}.jk.C" in self.state:
+                s = {k: self.state[f"{layer}.jk.{k}"].cpu().to(torch.float64)
+                     for k in ("C", "c", "n", "sumsq", "sums")}
+                used = s["n"] > 0  # document_groups makes fewer groups when chunks run short
+                s = {k: v[used] for k, v in s.items()}
+                sums = s.pop("sums")
+                s["gram"] = sums @ sums.T
+                jk.update({f"{key}.{k}": v for k, v in s.items()})
         return StreamedAttentionFields(
             mean=means, moment=moments, coherence=coh, eigenvalues=eig, modes=modes, pods=pods,
             lags=self._lags(int(moments[str(self.layers[0])].shape[0])), layers=list(self.layers),
@@ -501,6 +584,9 @@ class AttentionFieldProbe(Probe):
             causal=self.view.causal if self.view is not None else True, rank=self.rank,
             band_options=_jsonable(self.band_options),
             model_name=self.view.name if self.view is not None else "",
+            jackknife=jk,
+            jackknife_meta=({"n_groups": int(self.jackknife_groups), "seed": self.jackknife_seed}
+                            if jk else {}),
         )
 
     @staticmethod
@@ -534,7 +620,10 @@ class StreamedAttentionFields(Result):
     eigenvalues: ``{"L.full" | "L.band<m>": [k <= rank]}`` top POD eigenvalues; modes: same
     keys, ``[n_modes, dim]``; pods: same keys, ``{"dim", "dropped", "scatter"}`` (energy the
     rank cap dropped, exact total energy, both per document). ``band_options``: the options
-    that chose the band windows (``.scale_pod`` refuses others).
+    that chose the band windows (``.scale_pod`` refuses others). jackknife: ``{"L.C" | "L.c" | "L.n" |
+    "L.sumsq" | "L.gram": tensor}`` per layer ``L`` and group of documents (``jackknife_meta``:
+    groups, seed), the input of :func:`~tl_spectral.analysis.streaming_pod.projected_group_spectrum`
+    (empty with ``jackknife_groups=0``).
     """
 
     kind: ClassVar[str] = "streamed_attention_fields"
@@ -559,6 +648,8 @@ class StreamedAttentionFields(Result):
     rank: int = 0
     band_options: dict = field(default_factory=dict)
     model_name: str = ""
+    jackknife: dict = field(default_factory=dict)
+    jackknife_meta: dict = field(default_factory=dict)
 
     @property
     def n_docs(self) -> int:

@@ -53,7 +53,7 @@ def plot_mean_patterns(res: Any, layer_index: int, max_pos: int = 64, caption: s
         m = np.where(keep, mp[h], np.nan)
         im = ax.imshow(m, cmap="viridis", norm=norm, interpolation="nearest")
         ax.set_title(f"head {h}", fontsize=9)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=8)
         if h % cols == 0:
             ax.set_ylabel("query i", fontsize=8)
         if h // cols == rows - 1:
@@ -63,7 +63,7 @@ def plot_mean_patterns(res: Any, layer_index: int, max_pos: int = 64, caption: s
     if bounds is not None:
         cb.set_ticks(bounds[:: max(1, len(bounds) // 6)])
         cb.ax.set_yticklabels([f"{b:.2g}" for b in bounds[:: max(1, len(bounds) // 6)]],
-                              fontsize=7)
+                              fontsize=8)
     lay = res.layers[layer_index]
     fig.suptitle(f"layer {lay}: mean attention pattern (first {mp.shape[1]} positions)"
                  + (f"\n{caption}" if caption else ""), fontsize=10)
@@ -87,7 +87,8 @@ def plot_attention_stats(res: Any, caption: str = ""):
         ax.set_ylabel("layer")
         ax.set_xticks(range(a.shape[1]))
         ax.set_yticks(range(len(res.layers)), [str(x) for x in res.layers])
-        fig.colorbar(im, ax=ax, shrink=0.85)
+        fig.colorbar(im, ax=ax, shrink=0.85, label=title.split(" (")[-1].rstrip(")")
+                     if "(" in title else "share of attention")
     if caption:
         fig.suptitle(caption, fontsize=9)
     return fig
@@ -121,17 +122,17 @@ def attention_stats_figure(res):
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), constrained_layout=True)
     panels = [
-        (res.entropy, "mean attention entropy (nats)", "viridis"),
-        (res.distance, "mean attention distance (tokens)", "magma"),
-        (res.first_token_mass, "attention mass on first token", "cividis"),
+        (res.entropy, "mean attention entropy (nats)", "viridis", "entropy (nats)"),
+        (res.distance, "mean attention distance (tokens)", "magma", "distance (tokens)"),
+        (res.first_token_mass, "attention mass on first token", "cividis", "share of attention"),
     ]
-    for ax, (m, title, cmap) in zip(axes, panels):
+    for ax, (m, title, cmap, unit) in zip(axes, panels):
         im = ax.imshow(m.numpy(), aspect="auto", cmap=cmap)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_yticks(range(len(res.layers)), [str(x) for x in res.layers])
-        fig.colorbar(im, ax=ax, shrink=0.85)
+        fig.colorbar(im, ax=ax, shrink=0.85, label=unit)
     fig.suptitle(f"AttentionStats — {res.model_name}", fontsize=11)
     return fig
 
@@ -142,7 +143,8 @@ def attention_stats_plot_patterns(res, max_pos: int = 64):
     import matplotlib.pyplot as plt
 
     L, H = res.mean_pattern.shape[:2]
-    fig, axes = plt.subplots(L, H, figsize=(1.3 * H, 1.3 * L), squeeze=False)
+    fig, axes = plt.subplots(L, H, figsize=(1.3 * H + 0.4, 1.3 * L + 0.5), squeeze=False,
+                             constrained_layout=True)
     for li in range(L):
         for h in range(H):
             ax = axes[li][h]

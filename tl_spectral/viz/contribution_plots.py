@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from tl_spectral.viz.figures import register_plot
+from tl_spectral.viz.figures import layer_key, layer_style, register_plot
 from tl_spectral.viz.sink_plots import plot_rho_star, plot_sink_rates  # noqa: F401
 from tl_spectral.viz.views import contribution_view  # noqa: F401 - re-exported
 
@@ -46,7 +46,7 @@ def plot_faithfulness_areas(res: Any):
         ax.set_ylabel("area")
         if bool((areas < 0).any()):
             ax.set_yscale("symlog", linthresh=1e-3)
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -68,6 +68,7 @@ def plot_spearman(stats: Any, skip: tuple = ()):
     im = ax.imshow(mat, vmin=-1, vmax=1, cmap="RdBu_r", aspect="auto")
     ax.set_xticks(range(len(others)), [f"{short.get(m, m)} vs c" for m in others], fontsize=9)
     ax.set_yticks(range(L), [str(x) for x in stats.layers], fontsize=9)
+    ax.set_xlabel("attention-only measure")
     ax.set_ylabel("layer")
     for a in range(L):
         for b in range(len(others)):
@@ -118,15 +119,19 @@ def contribution_stats_plot_source(res, max_pos: int = 64):
     for li, layer in enumerate(res.layers):
         ok = res.source_count[li, :n] > 0
         x = torch.arange(n)[ok].numpy()
-        axes[0].plot(x, res.source_mean[li, -1, :n][ok].numpy(), label=f"L{layer}")
-        axes[1].plot(x, res.source_attention[li, :, :n].mean(0)[ok].numpy(), label=f"L{layer}")
+        st = layer_style(li, res.layers)
+        axes[0].plot(x, res.source_mean[li, -1, :n][ok].numpy(), label=f"L{layer}", **st)
+        axes[1].plot(x, res.source_attention[li, :, :n].mean(0)[ok].numpy(), label=f"L{layer}",
+                     **st)
     axes[0].axhline(0, color="black", lw=0.6)
     axes[0].set_title("mean token-level contribution C_ij by source j", fontsize=9)
     axes[1].set_title("mean attention α_ij (head mean) by source j", fontsize=9)
+    axes[0].set_ylabel("mean contribution C_ij")
+    axes[1].set_ylabel("mean attention α_ij")
     for ax in axes:
         ax.set_xlabel("source position j")
         ax.set_yscale("symlog", linthresh=1e-3)
-    axes[0].legend(fontsize=7)
+    layer_key(axes[1], res.layers)
     fig.tight_layout()
     return fig
 
@@ -141,16 +146,19 @@ def contribution_stats_plot_lag(res, max_lag: int = 64):
     sel = lags.abs() <= max_lag
     for li, layer in enumerate(res.layers):
         ok = sel & (res.lag_count[li] > 0)
-        axes[0].plot(lags[ok].numpy(), res.lag_mean[li, -1][ok].numpy(), label=f"L{layer}")
+        st = layer_style(li, res.layers)
+        axes[0].plot(lags[ok].numpy(), res.lag_mean[li, -1][ok].numpy(), label=f"L{layer}", **st)
         axes[1].plot(lags[ok].numpy(), res.lag_attention[li].mean(0)[ok].numpy(),
-                     label=f"L{layer}")
+                     label=f"L{layer}", **st)
     axes[0].axhline(0, color="black", lw=0.6)
     axes[0].set_title("mean token-level contribution by lag i − j", fontsize=9)
     axes[1].set_title("mean attention (head mean) by lag i − j", fontsize=9)
+    axes[0].set_ylabel("mean contribution C_ij")
+    axes[1].set_ylabel("mean attention α_ij")
     for ax in axes:
         ax.set_xlabel("lag i − j")
         ax.set_yscale("symlog", linthresh=1e-3)
-    axes[0].legend(fontsize=7)
+    layer_key(axes[1], res.layers)
     fig.tight_layout()
     return fig
 
@@ -161,21 +169,25 @@ def contribution_stats_plot_rank_corr(res):
     import matplotlib.pyplot as plt
 
     L = len(res.layers)
-    fig, axes = plt.subplots(1, L, figsize=(2.6 * L + 1, 2.9), squeeze=False)
+    fig, axes = plt.subplots(1, L, figsize=(2.6 * L + 1.4, 3.4), squeeze=False,
+                             constrained_layout=True)
     short = {"attention": "α", "value_weighted": "α‖ṽ‖", "output_normalized": "α‖ṽ‖/‖o‖",
              "contribution": "c"}
     labels = [short.get(m, m) for m in res.measures]
     for li, layer in enumerate(res.layers):
         ax = axes[0][li]
         im = ax.imshow(res.rank_corr[li, -1].numpy(), vmin=-1, vmax=1, cmap="RdBu_r")
-        ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
-        ax.set_yticks(range(len(labels)), labels if li == 0 else [""] * len(labels), fontsize=7)
+        ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=8)
+        ax.set_yticks(range(len(labels)), labels if li == 0 else [""] * len(labels), fontsize=8)
         ax.set_title(f"layer {layer}", fontsize=9)
+        ax.set_xlabel("measure")
+        if li == 0:
+            ax.set_ylabel("measure")
         for a in range(len(labels)):
             for b in range(len(labels)):
                 ax.text(b, a, f"{float(res.rank_corr[li, -1, a, b]):.2f}", ha="center",
-                        va="center", fontsize=6)
-    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
+                        va="center", fontsize=8)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="Spearman ρ")
     fig.suptitle("Spearman rank correlation between measures (token level)", fontsize=10)
     return fig
 
@@ -193,12 +205,13 @@ def contribution_stats_plot_negative(res):
     for ax, (m, title) in zip(axes, ((res.negative_fraction, what),
                                      (res.negative_mass, "negative mass Σ|c⁻| / Σ|c|"))):
         im = ax.imshow(m.numpy(), aspect="auto", cmap="viridis", vmin=0)
-        ax.set_xticks(range(H + 1), xt, fontsize=7)
+        ax.set_xticks(range(H + 1), xt, fontsize=8)
         ax.set_yticks(range(len(res.layers)), [str(x) for x in res.layers])
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_title(title, fontsize=9)
-        fig.colorbar(im, ax=ax, shrink=0.85)
+        fig.colorbar(im, ax=ax, shrink=0.85, label="share" if m is res.negative_fraction
+                     else "share of |c|")
     return fig
 
 
@@ -225,7 +238,7 @@ def faithfulness_plot_curves(res):
             ax.set_ylabel(ylabel)
             if res.metric == "delta_ppl":
                 ax.set_yscale("symlog", linthresh=max(1e-3, 0.01 * res.clean))
-    axes[0][0].legend(fontsize=7)
+    axes[0][0].legend(fontsize=8)
     fig.suptitle(f"faithfulness — {res.model_name} ({res.mode}, {res.level} level)",
                  fontsize=10)
     fig.tight_layout()
@@ -261,7 +274,7 @@ def contribution_maps_plot_maps(res, batch: int = 0, head: int | None = None, *,
         full = res.token_level(name) if head is None else res.measure(name)
         m = full[batch, 0 if head is None else head]
         m = m[:max_tokens, :max_tokens].detach().cpu().float()
-        _signed_imshow(ax, m)
+        _signed_imshow(ax, m, name.replace("_", " "))
         ax.set_title(name.replace("_", " "))
         ax.set_xlabel("source j (key)")
     axes[0].set_ylabel("query i")
@@ -296,7 +309,7 @@ def contribution_maps_plot_factorization(res, batch: int = 0, head: int = 0, que
     return fig
 
 
-def _signed_imshow(ax, m: torch.Tensor) -> None:
+def _signed_imshow(ax, m: torch.Tensor, label: str = "value") -> None:
     """Diverging, zero-centred colormap if ``m`` has negative entries, else sequential."""
     lo, hi = float(m.min()), float(m.max())
     if lo < 0:
@@ -304,4 +317,4 @@ def _signed_imshow(ax, m: torch.Tensor) -> None:
         im = ax.imshow(m.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
     else:
         im = ax.imshow(m.numpy(), cmap="viridis", vmin=0.0, vmax=hi or 1.0)
-    ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=label)

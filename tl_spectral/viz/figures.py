@@ -19,3 +19,34 @@ def register_plot(kind: str, name: str) -> Callable[[Callable[..., Any]], Callab
         return fn
 
     return deco
+
+
+#: more layers than this: per-layer lines are coloured by layer with a colour bar instead of
+#: a legend (a 30-entry legend covers the data or collapses the figure)
+MAX_LEGEND_LAYERS = 8
+
+
+def layer_style(i: int, layers: Any) -> dict:
+    """Line style of the ``i``-th of ``layers``: the colour cycle (empty dict) for a few
+    layers, a viridis colour by depth beyond :data:`MAX_LEGEND_LAYERS`."""
+    n = len(layers)
+    if n <= MAX_LEGEND_LAYERS:
+        return {}
+    import matplotlib.pyplot as plt
+
+    return {"color": plt.get_cmap("viridis")(i / max(1, n - 1)), "lw": 1.0}
+
+
+def layer_key(ax: Any, layers: Any, **legend_kw: Any) -> None:
+    """The key of per-layer lines drawn with :func:`layer_style`: a legend for a few layers,
+    else a colour bar labelled "layer"."""
+    layers = [int(x) for x in layers]
+    if len(layers) <= MAX_LEGEND_LAYERS:
+        ax.legend(fontsize=8, **legend_kw)
+        return
+    import matplotlib.pyplot as plt
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    sm = ScalarMappable(norm=Normalize(min(layers), max(layers)), cmap=plt.get_cmap("viridis"))
+    ax.figure.colorbar(sm, ax=ax, shrink=0.85, label="layer")

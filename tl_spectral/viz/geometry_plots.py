@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tl_spectral.viz.figures import register_plot
+from tl_spectral.viz.figures import layer_key, register_plot
 
 __all__ = ["plot_budget", "plot_eigenvalues", "plot_routing_rank"]
 
@@ -119,7 +119,7 @@ def plot_routing_rank(
     kind = "entropy eff. rank" if measure == "entropy" else "participation ratio"
     ax.set_ylabel(f"rotation planes of {what}" if planes else f"{kind} of {what}")
     ax.set_title("Routing rank per layer (spectral cascade)")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -211,7 +211,7 @@ def routing_cascade_figure(res, ax: Any = None, which: str = "auto"):
     ax.set_xlabel("training step")
     ax.set_ylabel("routing rank of " + ("S" if use_s else "R (W_Q W_Kᵀ)"))
     ax.set_title(res.run_name, fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
+    layer_key(ax, range(L), ncol=2)
     fig.tight_layout()
     return fig
 
@@ -239,6 +239,6 @@ def rotary_qk_geometry_plot_routing_vs_offset(res, *, ax: Any = None, lag: bool 
         ax.set_xlabel("offset Δ = j − i")
     ax.set_ylabel("routing fraction ‖R‖²/‖M‖²")
     ax.axhline(0.5, color="0.6", lw=0.8, ls="--")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     return fig

@@ -32,6 +32,7 @@ def routing_ablation_figure(res, ax: Any = None):
     a0.set_yscale("log")
     a0.set_xticks(range(len(allrows)))
     a0.set_xticklabels([r["ablation"].replace("_", "\n") for r in allrows], fontsize=8)
+    a0.set_xlabel("ablation (all layers)")
     a0.set_ylabel("ΔPPL (all layers)")
     a0.set_title(f"{res.model_name}: baseline PPL {res.baseline_ppl:.3g}", fontsize=9)
     if len(axes) > 1:
@@ -43,7 +44,8 @@ def routing_ablation_figure(res, ax: Any = None):
         a1.set_yscale("log")
         a1.set_xlabel("ablated layer")
         a1.set_ylabel("ΔPPL (one layer)")
-        a1.legend(fontsize=7)
+        if a1.get_legend_handles_labels()[0]:
+            a1.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -73,7 +75,7 @@ def cascade_allocation_figure(res, ax: Any = None):
     """Routing rank and allocated d_head per layer (bars: uniform vs allocated)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = (plt.subplots(figsize=(6, 3.4)) if ax is None else (ax.figure, ax))
+    fig, ax = (plt.subplots(figsize=(8, 3.4)) if ax is None else (ax.figure, ax))
     x = torch.arange(len(res.rank)).numpy()
     ax.bar(x - 0.2, res.d_head_uniform, 0.4, color="lightgray", label="uniform d_head")
     ax.bar(x + 0.2, res.d_head, 0.4, color="tab:blue", label="allocated d_head")
@@ -83,7 +85,8 @@ def cascade_allocation_figure(res, ax: Any = None):
     ax.set_ylabel("dimension")
     ax.set_title(f"{res.model_name}: {100 * res.saving:.0f}% fewer attention parameters",
                  fontsize=9)
-    ax.legend(fontsize=7)
+    # beside the axes: over the bars it would hide the layers' dimensions
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     return fig
 
@@ -98,7 +101,7 @@ def allocation_study_figure(res, ax: Any = None):
     for i, r in enumerate(res.rows):
         ax.scatter(r["attention_params"], r["ppl"], s=50, color=f"C{i}", zorder=3)
         ax.annotate(f"{r['name']}\n[{' '.join(str(d) for d in r['d_head'])}]",
-                    (r["attention_params"], r["ppl"]), fontsize=7,
+                    (r["attention_params"], r["ppl"]), fontsize=8,
                     textcoords="offset points", xytext=(6, 4))
     ax.set_xlabel("attention parameters (thousands)")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x / 1000:g}"))
@@ -146,7 +149,7 @@ def plot_collapse(curves: Sequence[Any], ax: Any = None,
             ft_line(c)
     for t in thresholds:
         ax.axhline(100 * t, color="gray", lw=0.8, ls=":")
-        ax.text(0, 100 * t, f" {100 * t:g}%", va="bottom", fontsize=7, color="gray")
+        ax.text(0, 100 * t, f" {100 * t:g}%", va="bottom", fontsize=8, color="gray")
     ax.set_yscale("symlog", linthresh=1.0)
     ticks = [t for t in (-1, 0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
              if t >= ax.get_ylim()[0] and t <= ax.get_ylim()[1]]
@@ -155,7 +158,7 @@ def plot_collapse(curves: Sequence[Any], ax: Any = None,
     ax.set_xlabel("k (leading layers linearized)")
     ax.set_ylabel("ΔPPL / PPL (%)")
     ax.set_title("linearization of the first k layers (ELU+1)", fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 

@@ -128,7 +128,7 @@ def heads_by_layer_figure(panels: Sequence[dict], layers: Sequence[Any], *, ncol
                        cbar_label=p.get("cbar", ""), marks=p.get("marks"),
                        mark_label=p.get("mark_label", ""))
         if p.get("marks") is not None and p["marks"].any() and p.get("mark_label"):
-            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.5 / h),
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.5 / h),
                       frameon=False)
     for ax in axes.ravel()[n:]:
         ax.axis("off")
@@ -346,8 +346,10 @@ def modes_mosaic(pod: Any, max_rows: int = 48):
     ax.xaxis.set_ticks_position("top")
     ax.tick_params(length=0)
     ax.set_ylabel("layer (each panel: query ↓)", fontsize=9)
-    ax.set_title(f"first POD mode per band (each panel: lag 0–{m - 1} →; own scale "
-                 "±max)", fontsize=9, pad=18)
+    ax.xaxis.set_label_position("top")
+    ax.set_xlabel(f"whole field or band (each panel: lag 0–{m - 1} →)", fontsize=9)
+    ax.set_title("first POD mode per band (each panel on its own scale ±max)", fontsize=9,
+                 pad=8)
     cb = fig.colorbar(im, ax=ax, pad=0.02, shrink=min(0.9, 5 / fig_h + 0.2))
     cb.set_label("mode / max |mode| (full range [−1, 1])", fontsize=8)
     cb.ax.tick_params(labelsize=TICK_PT)

@@ -40,7 +40,8 @@ figure{margin:1em 0;max-width:100%}
 figure img{max-width:100%;height:auto;border:1px solid #ddd}
 figcaption{font-size:.9em;color:#444}
 .cvview [tabindex]:focus{outline:2px solid #1a4f9c}
-.cvview button{text-shadow:0 0 2px rgba(0,0,0,.85),0 0 1px #000}
+.cvview h4{font-size:1.17em}
+.cvview h5{font-size:1em}
 .tablewrap{max-width:100%;overflow-x:auto;margin:.6em 0}
 table{border-collapse:collapse;font-size:.85em}
 th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right;white-space:nowrap}
@@ -99,7 +100,58 @@ function tlUnpack(p){
   }
   return out;
 }
-"""
+function tlInk(view){
+  // circuitsvis writes its head labels and tokens in white on the head's colour or the
+  // token's attention shade (1.7:1 on light green). Whenever the view (re)draws, every text
+  // below 4.5:1 (WCAG AA) against its background takes black or white, whichever contrasts
+  // more (at least 4.58:1 on any background): a real colour change, not a shadow. Text
+  // drawn into a canvas is not reachable this way; circuitsvis draws none (its head
+  // thumbnails are canvases without text, labels and tokens are elements).
+  function rgba(c){
+    var m = /rgba?\\(([^)]+)\\)/.exec(c || '');
+    if (!m) return null;
+    var p = m[1].split(/[ ,\\/]+/).filter(function(x){ return x.length; }).map(Number);
+    return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+  }
+  function over(f, b){ return [0, 1, 2].map(function(i){ return f[i] * f[3] + b[i] * (1 - f[3]); }); }
+  function lum(c){
+    return [0.2126, 0.7152, 0.0722].reduce(function(s, w, i){
+      var v = c[i] / 255;
+      return s + w * (v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4));
+    }, 0);
+  }
+  function ratio(a, b){ var x = lum(a), y = lum(b); return (Math.max(x, y) + 0.05) / (Math.min(x, y) + 0.05); }
+  function back(e){
+    var chain = [], bg = [255, 255, 255];
+    for (; e && e.nodeType === 1; e = e.parentElement) chain.push(e);
+    for (var i = chain.length - 1; i >= 0; i--) {
+      var c = rgba(getComputedStyle(chain[i]).backgroundColor);
+      if (c && c[3] > 0) bg = over(c, bg);
+    }
+    return bg;
+  }
+  var pending = false;
+  function fix(){
+    pending = false;
+    view.querySelectorAll('*').forEach(function(e){
+      var own = Array.prototype.some.call(e.childNodes, function(n){
+        return n.nodeType === 3 && n.textContent.trim();
+      });
+      if (!own) return;
+      var fg = rgba(getComputedStyle(e).color);
+      if (!fg) return;
+      var bg = back(e), ink = over(fg, bg);
+      if (ratio(ink, bg) >= 4.5) return;
+      var best = ratio([0, 0, 0], bg) >= ratio([255, 255, 255], bg) ? '#000' : '#fff';
+      e.style.setProperty('color', best, 'important');
+    });
+  }
+  new MutationObserver(function(){
+    if (!pending) { pending = true; requestAnimationFrame(fix); }
+  }).observe(view, {subtree: true, childList: true, attributes: true,
+                    attributeFilter: ['style', 'class']});
+  fix();
+}"""
 
 _SCRIPT = _UNPACK_JS + """
 window.tlViews = {rendered: 0};
@@ -119,6 +171,7 @@ function tlRender(el){
   CircuitsVis.render(el.id, CircuitsVis[d.element], d.props);
   el.setAttribute('data-done', '1');
   window.tlViews.rendered++;
+  tlInk(el);
   setTimeout(function(){ tlKeyboard(el); }, 300);
 }
 function tlKeyboard(el){
@@ -334,7 +387,22 @@ def circuitsvis_bundle() -> str:
     p = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
     js = p.read_text(encoding="utf-8")
     js = re.sub(r"//# sourceMappingURL=\S*\s*$", "", js)  # no request for a .map file
+    js = _view_heading_levels(js)
     return js.replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def _view_heading_levels(js: str) -> str:
+    """circuitsvis' heading levels -> the report's. Its views sit under an h3 ("Interactive
+    view"); circuitsvis' ``attention_heads`` writes h3 "Head Selector", an h4 label on each
+    head thumbnail (absolutely positioned), h3 "H0 Zoomed" and an h2 badge with the zoomed
+    head's name — an h2 inside the h3's view; ``attention_patterns`` writes h4 "Attention
+    Patterns" and "Tokens". Within a view: section titles h4, head labels h5 (the page's
+    CSS keeps their look). Rewrites the ``createElement("h…", …)`` calls of its React
+    components."""
+    js = js.replace('createElement("h4",{style:{position:"absolute"',
+                    'createElement("h5",{style:{position:"absolute"')
+    js = js.replace('createElement("h3",', 'createElement("h4",')
+    return js.replace('createElement("h2",', 'createElement("h5",')
 
 
 VIEW_BUNDLE = "circuitsvis.js"
@@ -595,7 +663,8 @@ class Report:
                     f"<script src='{VIEW_BUNDLE}'></script><script>{_UNPACK_JS}"
                     f"tlNoWebGL(); var d = {js_json(data)};"
                     "(d.packed || []).forEach(function(k){ d.props[k] = tlUnpack(d.props[k]); });"
-                    "CircuitsVis.render('view', CircuitsVis[d.element], d.props);</script>"
+                    "CircuitsVis.render('view', CircuitsVis[d.element], d.props);"
+                    "tlInk(document.getElementById('view'));</script>"
                     "</body></html>")
         n = len(items)
         what = summary or ("Open the interactive view" if n == 1 else

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tl_spectral.viz.figures import register_plot
+from tl_spectral.viz.figures import layer_key, layer_style, register_plot
 
 __all__ = [
     "plot_band_modes",
@@ -39,6 +39,37 @@ def _new_axes(ax: Any, figsize: tuple[float, float]):
     else:
         fig = ax.figure
     return fig, ax
+
+
+def _scale_ticks(ax: Any, values: Any, axis: str = "x") -> None:
+    """Plain-number ticks (1, 2, 5 × 10^k) on a log scale axis spanning ``values``: no
+    crowded minor labels such as ``2×10⁰ 3×10⁰ 4×10⁰`` on a short range."""
+    from matplotlib.ticker import NullFormatter
+
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if v.size == 0:
+        return
+    lo, hi = float(v.min()), float(v.max())
+    cand = [m * 10.0 ** e for e in range(int(np.floor(np.log10(lo))) - 1,
+                                         int(np.ceil(np.log10(hi))) + 1) for m in (1, 2, 5)]
+    ticks = [t for t in cand if lo * 0.999 <= t <= hi * 1.001]
+    if len(ticks) < 2:
+        ticks = sorted({lo, hi})
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    a.set_minor_formatter(NullFormatter())
+    (ax.set_xticks if axis == "x" else ax.set_yticks)(ticks, [f"{t:.3g}" for t in ticks])
+
+
+def _lag_extent(mode: np.ndarray, lags: np.ndarray, share: float = 0.02) -> tuple[float, float]:
+    """Lag range where a mode ``[T, L]`` (or profile ``[L]``) holds any entry above
+    ``share`` of its largest |entry|, padded by two lags: the part worth drawing."""
+    a = np.abs(mode).reshape(-1, mode.shape[-1]).max(0)
+    big = np.nonzero(a > share * (a.max() or 1.0))[0]
+    if big.size == 0:
+        return float(lags[0]) - 0.5, float(lags[-1]) + 0.5
+    i0, i1 = max(0, int(big[0]) - 2), min(len(lags) - 1, int(big[-1]) + 2)
+    return float(lags[i0]) - 0.5, float(lags[i1]) + 0.5
 
 
 def _np(t) -> np.ndarray:
@@ -78,7 +109,7 @@ def plot_eigen_spectrum(result: Any, *, ax: Any = None):
     ax.set_xlabel("mode k")
     ax.set_ylabel("eigenvalue λ_k")
     ax.set_title("POD spectrum")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
     return fig
 
 
@@ -114,7 +145,8 @@ def plot_scalogram(layer: Any, *, ax: Any = None, log: bool = True):
     ax.set_xlabel("lag τ")
     ax.set_ylabel("scale a (tokens)")
     ax.set_title(f"layer {layer.layer}: scalogram E(a, τ)")
-    fig.colorbar(mesh, ax=ax)
+    _scale_ticks(ax, s, "y")
+    fig.colorbar(mesh, ax=ax, label="energy E(a, τ)" + (" (log colour)" if norm else ""))
     return fig
 
 
@@ -137,7 +169,7 @@ def plot_scale_energy(layer: Any, *, ax: Any = None, normalize: bool = True):
         ax.annotate(
             f"a*={a:.1f}",
             (a, 1.0 if normalize else E.max()),
-            fontsize=7,
+            fontsize=8,
             color="tab:red",
             rotation=90,
             va="top",
@@ -153,6 +185,8 @@ def plot_scale_energy(layer: Any, *, ax: Any = None, normalize: bool = True):
     )
     ax.set_xlabel("scale a (tokens)")
     ax.set_ylabel("E(a)" + (" / max" if normalize else ""))
+    ax.set_ylim(0, 1.05 * (1.0 if normalize else max(float(E.max()), 1e-300)))  # zero baseline
+    _scale_ticks(ax, s)
     return fig
 
 
@@ -180,7 +214,9 @@ def plot_scale_energies(result: Any, *, ax: Any = None):
         ax.axvline(edge, color="0.6", ls=":", lw=1)
     ax.set_xlabel("scale a (tokens)")
     ax.set_ylabel("E(a) / max")
-    ax.legend(fontsize=7)
+    ax.set_ylim(0, 1.05)
+    _scale_ticks(ax, np.concatenate([_np(lay.scales) for lay in result.layers]))
+    layer_key(ax, [lay.layer for lay in result.layers])
     ax.set_title("scale energy by layer")
     return fig
 
@@ -210,7 +246,7 @@ def plot_layer_spectra(layer: Any, *, ax: Any = None):
     ax.set_xlabel("mode k")
     ax.set_ylabel("eigenvalue λ_k")
     ax.set_title(f"layer {layer.layer}: POD spectra")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
     return fig
 
 
@@ -239,8 +275,10 @@ def plot_band_modes(layer: Any, *, n_modes: int = 3, include_full: bool = True):
         ax.axis("off")
         return fig
     fig, axes = plt.subplots(
-        len(rows), n_modes, figsize=(3.1 * n_modes, 2.4 * len(rows)), squeeze=False
+        len(rows), n_modes, figsize=(3.1 * n_modes + 0.8, 2.4 * len(rows) + 0.4), squeeze=False,
+        constrained_layout=True,
     )
+    im = None
     for r, (_, modes, lags, title) in enumerate(rows):
         for c in range(n_modes):
             ax = axes[r, c]
@@ -250,25 +288,26 @@ def plot_band_modes(layer: Any, *, n_modes: int = 3, include_full: bool = True):
             m = _np(modes[c])  # [T, L]
             v = np.abs(m).max() or 1.0
             im = ax.imshow(
-                m,
+                m / v,  # each mode over its largest |entry|: one colour bar for the figure
                 aspect="auto",
                 origin="lower",
                 cmap="RdBu_r",
-                vmin=-v,
-                vmax=v,
+                vmin=-1.0,
+                vmax=1.0,
                 extent=(lags[0] - 0.5, lags[-1] + 0.5, -0.5, m.shape[0] - 0.5),
                 interpolation="nearest",
             )
-            cb = fig.colorbar(im, ax=ax, fraction=0.05, pad=0.03)
-            cb.ax.tick_params(labelsize=6)
-            ax.tick_params(labelsize=7)
+            ax.set_xlim(*_lag_extent(m, lags))  # the lags where the mode lives
+            ax.tick_params(labelsize=8)
             ax.set_title(f"{title} · mode {c + 1}", fontsize=8)
             if c == 0:
                 ax.set_ylabel("query i")
             if r == len(rows) - 1:
                 ax.set_xlabel("lag τ")
+    if im is not None:
+        cb = fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.9)
+        cb.set_label("amplitude / max |amplitude| of the mode", fontsize=9)
     fig.suptitle(f"layer {layer.layer}: POD modes (query × lag)", fontsize=10)
-    fig.tight_layout()
     return fig
 
 
@@ -289,14 +328,18 @@ def plot_mode_profiles(layer: Any, *, n_modes: int = 3, include_full: bool = Fal
         ax.text(0.5, 0.5, "no dominant scale", ha="center", va="center")
         ax.axis("off")
         return fig
-    fig, axes = plt.subplots(1, len(rows), figsize=(3.6 * len(rows), 3.0), squeeze=False)
+    fig, axes = plt.subplots(1, len(rows), figsize=(3.6 * len(rows), 3.0), squeeze=False,
+                             sharey=True)
     for ax, (_, modes, lags, title) in zip(axes[0], rows):
-        for c in range(min(n_modes, modes.shape[0])):
-            ax.plot(lags, _np(modes[c]).mean(0), label=f"mode {c + 1}")
+        prof = [_np(modes[c]).mean(0) for c in range(min(n_modes, modes.shape[0]))]
+        for c, p in enumerate(prof):
+            ax.plot(lags, p, label=f"mode {c + 1}")
+        if prof:
+            ax.set_xlim(*_lag_extent(np.stack(prof), np.asarray(lags)))
         ax.axhline(0, color="0.7", lw=0.8)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("lag τ")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8)
     axes[0, 0].set_ylabel("mean over queries")
     fig.suptitle(f"layer {layer.layer}: mode lag profiles", fontsize=10)
     fig.tight_layout()
@@ -333,11 +376,12 @@ def plot_coherence(layer: Any, *, scales: list[float] | None = None):
         ax.set_title(f"γ(a={s[i]:.1f})", fontsize=9)
         ax.set_xlabel("query j")
     axes[0, 0].set_ylabel("query i")
-    fig.colorbar(im, ax=axes[0, len(idx) - 1])
+    fig.colorbar(im, ax=axes[0, len(idx) - 1], label="coherence γ")
     ax = axes[0, -1]
     Q = g.shape[-1]
     off = g[:, ~np.eye(Q, dtype=bool)].mean(-1) if Q > 1 else np.zeros(len(s))
     ax.semilogx(s, off, color="k")
+    _scale_ticks(ax, s)
     ax.set_ylim(0, 1)
     ax.set_xlabel("scale a")
     ax.set_ylabel("mean γ (i ≠ j)")
@@ -365,7 +409,7 @@ def plot_tspec_hstar(result: Any):
     for xi, t, r in zip(x, ts, r2):
         if math.isfinite(t):  # the last label to the left of its point (clear of the bar)
             ax.annotate(
-                f"R²={r:.2f}", (xi, t), fontsize=7, textcoords="offset points",
+                f"R²={r:.2f}", (xi, t), fontsize=8, textcoords="offset points",
                 xytext=(-30, 5) if xi == x[-1] else (2, 4),
             )
     # band values are markers only: band b of one layer and band b of the next are at
@@ -384,8 +428,8 @@ def plot_tspec_hstar(result: Any):
                         norm=LogNorm(vmin=min(bs), vmax=max(max(bs), min(bs) * 1.01)),
                         label="band (colour: scale a*)")
         cb = fig.colorbar(sc, ax=ax, fraction=0.06, pad=0.02)
-        cb.set_label("band scale a* (tokens)", fontsize=7)
-        cb.ax.tick_params(labelsize=7)
+        cb.set_label("band scale a* (tokens)", fontsize=8)
+        cb.ax.tick_params(labelsize=8)
     ax.set_title("spectral concentration T_spec = 1/β", fontsize=9)
     ax.set_ylabel("T_spec")
     ax = axes[1]
@@ -408,7 +452,7 @@ def plot_tspec_hstar(result: Any):
         ax.set_ylim(0, n_av * 1.08)
     ax.set_title(f"effective rank H*(ε={eps:g})", fontsize=9)
     ax.set_ylabel("H* (modes for 90% energy)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
     ax = axes[2]
     rec = [row["recommended"] for row in result.allocation]
     uni = [row["uniform"] for row in result.allocation]
@@ -417,12 +461,12 @@ def plot_tspec_hstar(result: Any):
     ax.set_title(f"heads per layer (budget {result.head_budget})", fontsize=9)
     ax.set_ylabel("heads")
     ax.set_ylim(0, 1.35 * max([*uni, *rec, 1]))  # room above the bars for the legend
-    ax.legend(fontsize=7, loc="upper center", ncol=2)
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
     for a in axes:
         a.set_xticks(x)
         a.set_xticklabels(layers)
         a.set_xlabel("layer")
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -446,15 +490,16 @@ def attention_fields_plot_mean(res):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for layer in res.layers:
+    for li, layer in enumerate(res.layers):
         m = res.mean[str(layer)]
         prof = m.mean(dim=0) if not res.per_head else m.mean(dim=(0, 1))
-        ax.plot(res.lags.numpy(), prof.numpy(), label=f"layer {layer}")
+        ax.plot(res.lags.numpy(), prof.numpy(), label=f"layer {layer}",
+                **layer_style(li, res.layers))
     ax.set_xlabel("lag τ (tokens)")
     ax.set_ylabel("mean attention" if res.field == "attention" else f"mean {res.field}")
     ax.set_yscale("log" if res.field in ("attention", "value_weighted",
                                           "value_weighted_raw") else "symlog")
-    ax.legend(fontsize=8)
+    layer_key(ax, res.layers)
     return fig
 
 
@@ -464,13 +509,14 @@ def streamed_attention_fields_plot_mean(res):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for layer in res.layers:
+    for li, layer in enumerate(res.layers):
         prof = res.mean[str(layer)].mean(dim=0)
-        ax.plot(res.lags.numpy(), prof.numpy(), label=f"layer {layer}")
+        ax.plot(res.lags.numpy(), prof.numpy(), label=f"layer {layer}",
+                **layer_style(li, res.layers))
     ax.set_xlabel("lag τ (tokens)")
     ax.set_ylabel("mean attention")
     ax.set_yscale("log")
-    ax.legend(fontsize=8)
+    layer_key(ax, res.layers)
     return fig
 
 
@@ -488,7 +534,7 @@ def scale_pod_heads_layer_figure(res, ax: Any = None):
     ax.set_xlabel("scale a (tokens of lag)")
     ax.set_ylabel("E(a) / max")
     ax.set_title(f"layer {res.layer}: scale energy per head", fontsize=9)
-    ax.legend(fontsize=6, ncol=2)
+    ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     return fig
 

@@ -71,8 +71,10 @@ class ScalePODSection:
     def probes(self, ctx: ReportContext) -> list[Probe]:
         rank = ctx.options.stream_rank
         if rank:  # constant-memory statistics (two passes; H* above the cap reads "> K")
+            seed = int(ctx.options.meta.get("seed", 0) or 0)
             return [AttentionFieldProbe(field=f, name=_probe_name(f), streaming=True,
-                                        rank=int(rank)) for f in report_fields(ctx)]
+                                        rank=int(rank), jackknife_seed=seed)
+                    for f in report_fields(ctx)]
         return [AttentionFieldProbe(field=f, name=_probe_name(f)) for f in report_fields(ctx)]
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
@@ -237,7 +239,7 @@ def _scalogram_pair(layer: Any):
 def _uncertainty(report: Report, fields: Any, pod: Any, ctx: ReportContext, what: str) -> None:
     """Jackknife intervals over documents of H*, T_spec and the heads per layer, and a
     finding when the number of documents bounds H*."""
-    from tl_spectral.viz.uncertainty import n_bound, pod_jackknife
+    from tl_spectral.viz.uncertainty import n_bound, pod_jackknife, streamed_pod_jackknife
 
     N = int(fields.n_docs)
     hs = [float(lay.H_star) for lay in pod.layers]
@@ -252,18 +254,31 @@ def _uncertainty(report: Report, fields: Any, pod: Any, ctx: ReportContext, what
             f"{max(hs[i] for i in bound):.0f} of them, so it says nothing about the layer; "
             f"rerun with --n-docs {n_try} or more (H*, T_spec and the head advice below are "
             "bounded too).")
-    if getattr(fields, "streaming", False) or not hasattr(fields, "fluctuations") or N < 4:
-        report.text("Intervals over documents need the per-document fields (not kept with "
-                    "--stream-rank) and at least 4 documents.")
+    streamed = bool(getattr(fields, "jackknife", None))
+    if N < 4 or not (streamed or hasattr(fields, "fluctuations")):
+        report.text("Intervals over documents need at least 4 documents"
+                    + ("" if N < 4 else " and the streaming probe's per-group moments "
+                       "(AttentionFieldProbe(streaming=True, jackknife_groups=8))") + ".")
         return
     ctx.status(f"scale POD ({what}): jackknife over documents")
-    jk = pod_jackknife(fields, pod, seed=int(ctx.options.meta.get("seed", 0) or 0))
+    if streamed:
+        try:
+            jk = streamed_pod_jackknife(fields, pod)
+        except ValueError as exc:  # moments of some layers dropped (merged different bases)
+            report.text(f"No intervals over documents: {exc}.")
+            return
+    else:
+        jk = pod_jackknife(fields, pod, seed=int(ctx.options.meta.get("seed", 0) or 0))
     meta = jk["meta"]
     report.text(
         f"Uncertainty: {100 * meta['level']:.0f}% delete-a-group jackknife intervals over the "
         f"{N} documents ({meta['n_groups']} groups, seeded; t quantile {meta['t_quantile']:.2f}) "
         "of each layer's H* and T_spec, and the smallest and largest recommended heads over "
-        "the replicates. An interval of zero width for H* means every replicate gave the same "
+        "the replicates"
+        + (" (streamed: each replicate's spectrum from per-group second moments in the "
+           f"first pass's {int(fields.rank)} POD directions, exact while the ensemble's rank "
+           "is within the cap)" if streamed else "")
+        + ". An interval of zero width for H* means every replicate gave the same "
         "value (H* bounded by N gives N' − 1 in every replicate: see the finding above).")
     rows = [{"layer": r["layer"], "H_star": r["H_star"],
              "H_star_interval": f"{r['H_star_low']:.3g}–{r['H_star_high']:.3g}",

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from tl_spectral.viz.figures import register_plot
+from tl_spectral.viz.figures import layer_key, layer_style, register_plot
 
 
 def plot_sink_rates(sinks: Any):
@@ -17,8 +17,9 @@ def plot_sink_rates(sinks: Any):
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), constrained_layout=True)
     pos = int(getattr(sinks, "sink_index", 0))
-    for ax, (m, title) in zip(axes, ((sinks.sink_rate, f"sink rate  mean_i α_i{pos}"),
-                                     (sinks.key_score, f"Gu key score of position {pos}"))):
+    for ax, (m, title, unit) in zip(axes, (
+            (sinks.sink_rate, f"sink rate  mean_i α_i{pos}", "share of attention"),
+            (sinks.key_score, f"Gu key score of position {pos}", "key score"))):
         a = m.float().numpy()
         lo, hi = float(a.min()), float(a.max())
         im = ax.imshow(a, aspect="auto", cmap="magma", vmin=lo, vmax=hi if hi > lo else lo + 1e-9)
@@ -30,8 +31,8 @@ def plot_sink_rates(sinks: Any):
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_title(title, fontsize=9)
-        fig.colorbar(im, ax=ax, shrink=0.85)
-    axes[1].legend(fontsize=7, loc="upper right")
+        fig.colorbar(im, ax=ax, shrink=0.85, label=unit)
+    axes[1].legend(fontsize=8, loc="upper right")
     return fig
 
 
@@ -45,12 +46,13 @@ def plot_rho_star(sinks: Any):
     centers = 0.5 * (edges[1:] + edges[:-1])
     for li, layer in enumerate(sinks.layers):
         h = sinks.rho_hist[li].sum(0)
-        axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"layer {layer}")
+        axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"layer {layer}",
+                     **layer_style(li, sinks.layers))
     axes[0].axvspan(0, 1, color="grey", alpha=0.1)
     axes[0].set_xlabel("ρ* (end bins collect values outside the range)")
     axes[0].set_ylabel("share of queries")
     axes[0].set_title("optimal sink rate ρ* per query", fontsize=9)
-    axes[0].legend(fontsize=7)
+    layer_key(axes[0], sinks.layers)
     h2 = sinks.rho_alpha_hist.sum(0)
     a_e = sinks.alpha_edges.numpy()
     im = axes[1].imshow(torch.log10(1 + h2).numpy(), origin="lower", aspect="auto",
@@ -61,7 +63,7 @@ def plot_rho_star(sinks: Any):
     axes[1].set_xlabel("observed α_i0")
     axes[1].set_ylabel("ρ*")
     axes[1].set_title("ρ* vs observed sink rate", fontsize=9)
-    axes[1].legend(fontsize=7)
+    axes[1].legend(fontsize=8)
     return fig
 
 
@@ -81,18 +83,19 @@ def sink_stats_plot_anti_alignment(res):
     centers = 0.5 * (edges[1:] + edges[:-1])
     for li, layer in enumerate(res.layers):
         h = res.anti_hist[li].sum(0)
-        axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"L{layer}")
+        axes[0].plot(centers, (h / h.sum().clamp_min(1)).numpy(), label=f"L{layer}",
+                     **layer_style(li, res.layers))
     axes[0].axvline(0, color="black", lw=0.6)
     axes[0].set_xlabel("cos(ṽ_0, s_i)")
     axes[0].set_ylabel("share of queries")
     axes[0].set_title("anti-alignment of the sink value and the semantic vector", fontsize=9)
-    axes[0].legend(fontsize=7)
+    layer_key(axes[0], res.layers)
     im = axes[1].imshow(res.anti_mean.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1)
     axes[1].set_yticks(range(len(res.layers)), [str(x) for x in res.layers])
     axes[1].set_xlabel("head")
     axes[1].set_ylabel("layer")
     axes[1].set_title("mean cos(ṽ_0, s_i)", fontsize=9)
-    fig.colorbar(im, ax=axes[1], shrink=0.85)
+    fig.colorbar(im, ax=axes[1], shrink=0.85, label="mean cosine")
     fig.tight_layout()
     return fig
 
@@ -106,6 +109,7 @@ def sink_intervention_figure(res, ax=None):
     ax.bar(range(len(res.settings)), res.delta.float().numpy(), color="tab:purple")
     ax.set_xticks(range(len(res.settings)), res.settings, rotation=30, ha="right",
                   fontsize=8)
+    ax.set_xlabel("sink value zeroed in")
     ax.set_ylabel("ΔPPL" if res.metric == "delta_ppl" else "1 − cos(e', e)")
     ax.set_title(f"{res.model_name or 'model'}: zero the sink's value "
                  f"(clean {res.clean:.4g})", fontsize=9)
@@ -141,7 +145,7 @@ def plot_norm_curve(
     ax.set_xlabel("imposed sink rate ρ")
     ax.set_ylabel("‖ρ ṽ_0 + (1 − ρ) s̄_i‖")
     ax.set_title(f"batch {batch}, head {head} (× = ρ*)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -160,7 +164,8 @@ def sink_geometry_plot_rates(res):
     ax.bar(x + 0.2, ks, width=0.4, label="key score (Gu)")
     ax.axhline(res.threshold, color="black", ls="--", lw=0.8, label="threshold")
     ax.set_xlabel("head")
+    ax.set_ylabel("rate / score (batch mean)")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     return fig

@@ -37,8 +37,9 @@ def group_jackknife(statistic: Callable[[torch.Tensor], Any], n_docs: int, *,
     n_docs = int(n_docs)
     if n_docs < 2:
         raise ValueError(f"the jackknife needs at least 2 documents, got {n_docs}")
-    g = torch.Generator().manual_seed(int(seed))
-    groups = torch.randperm(n_docs, generator=g).chunk(min(int(n_groups), n_docs))
+    from tl_spectral.analysis.streaming_pod import document_groups
+
+    groups = document_groups(n_docs, n_groups, seed)
     est = torch.as_tensor(statistic(torch.arange(n_docs)), dtype=torch.float64)
     reps = []
     for grp in groups:
@@ -119,6 +120,69 @@ def pod_jackknife(fields: Any, pod: Any, *, seed: int = 0,
             "heads_max": int(max(est[2 * L + i], R[:, 2 * L + i].max())),
         })
     return {"rows": rows, "meta": jk["meta"], "n_docs": N}
+
+
+def streamed_pod_jackknife(fields: Any, pod: Any) -> dict[str, Any]:
+    """:func:`pod_jackknife` for a :class:`~tl_spectral.probes.fields.StreamedAttentionFields`
+    (``--stream-rank``): each replicate's whole-field spectrum comes from the per-group
+    moments the streaming probe kept in its second pass
+    (:func:`~tl_spectral.analysis.streaming_pod.projected_group_spectrum`), H* and T_spec
+    as the streamed POD computes them (:func:`~tl_spectral.analysis.streaming_pod.
+    pod_from_spectrum`). Equal to the in-memory jackknife when the ensemble's rank is within
+    the rank cap; the same groups (same seed). Raises ValueError when the probe kept no
+    per-group moments (``jackknife_groups=0``)."""
+    from tl_spectral.analysis.scale_pod import allocate_heads
+    from tl_spectral.analysis.streaming_pod import pod_from_spectrum, projected_group_spectrum
+
+    flat = getattr(fields, "jackknife", None) or {}
+    parts = ("C", "c", "n", "sumsq", "gram")
+    stats = {str(lay): {k: flat[f"{lay}.{k}"] for k in parts} for lay in fields.layers
+             if all(f"{lay}.{k}" in flat for k in parts)}
+    missing = [lay for lay in fields.layers if str(lay) not in stats]
+    if missing:
+        raise ValueError(f"the streamed fields carry no per-group moments for layers {missing}; "
+                         "run AttentionFieldProbe(streaming=True, jackknife_groups=8)")
+    eps = float(pod.config.get("epsilon", 0.1))
+    L = len(fields.layers)
+    budget = int(pod.head_budget)
+    G = int(stats[str(fields.layers[0])]["n"].numel())
+    meta_in = dict(getattr(fields, "jackknife_meta", {}) or {})
+
+    def stat(keep: list[int]) -> torch.Tensor:
+        hs, ts = [], []
+        for lay in fields.layers:
+            s = stats[str(lay)]
+            lam, total, n = projected_group_spectrum(s, keep)
+            p = pod_from_spectrum(lam, torch.zeros(0, 1, dtype=torch.float64),
+                                  total_energy=total, n_snapshots=n, dim=1,
+                                  dropped=max(0.0, total - float(lam.sum())), epsilon=eps)
+            hs.append(float(p.H_star))
+            ts.append(float(p.T_spec))
+        heads = allocate_heads(hs, budget) if sum(hs) > 0 else [0] * L
+        return torch.tensor(hs + ts + list(heads), dtype=torch.float64)
+
+    from scipy.stats import t as student_t
+
+    level = 0.95
+    est = stat(list(range(G)))
+    R = torch.stack([stat([h for h in range(G) if h != g]) for g in range(G)])
+    se = torch.sqrt((G - 1) / G * ((R - R.mean(0)) ** 2).sum(0))
+    q = float(student_t.ppf(0.5 + level / 2, G - 1))
+    lo, hi = est - q * se, est + q * se
+    rows = []
+    for i, lay in enumerate(pod.layers):
+        rows.append({
+            "layer": lay.layer,
+            "H_star": float(est[i]), "H_star_low": float(lo[i]), "H_star_high": float(hi[i]),
+            "T_spec": float(est[L + i]), "T_spec_low": float(lo[L + i]),
+            "T_spec_high": float(hi[L + i]),
+            "heads": int(est[2 * L + i]),
+            "heads_min": int(min(est[2 * L + i], R[:, 2 * L + i].min())),
+            "heads_max": int(max(est[2 * L + i], R[:, 2 * L + i].max())),
+        })
+    meta = {"n_groups": G, "seed": int(meta_in.get("seed", 0)), "level": level,
+            "t_quantile": q, "streamed": True}
+    return {"rows": rows, "meta": meta, "n_docs": int(fields.n_docs)}
 
 
 def n_bound(h_star: Sequence[float], n_docs: int) -> tuple[list[int], int]:
