@@ -631,6 +631,8 @@ class StreamedAttentionFields(Result):
     array_shapes = {
         "mean": "float[pos, lag]", "moment": "float[lag, lag]", "coherence": "float[scale, cq, cq]",
         "eigenvalues": "float[_]", "modes": "float[_, _]", "lags": "int[lag]",
+        # per group of documents: C [G, K, K], c [G, K], gram [G, G], n and sumsq [G]
+        "jackknife": "float[jkgroup, _, _] | float[jkgroup, _] | float[jkgroup]",
     }
     array_dims = {"pos": "length"}
 
