@@ -101,3 +101,23 @@ def test_scale_pod_from_probe(native_ln):
     assert pod.n_layers == 3
     assert sum(row["recommended"] for row in pod.allocation) == 12
     assert all(row["uniform"] == 4 and row["recommended"] >= 1 for row in pod.allocation)
+
+
+@pytest.mark.parametrize("T", [2, 5, 130, 257])
+@pytest.mark.parametrize("max_lag", [None, 1, "half"])
+def test_causal_mean_lag_field_equals_the_general_path(T, max_lag):
+    """The fast path of full causal windows (head mean in lag coordinates read from the
+    pattern's lower triangle, block by block) equals lag_fields of the head mean, brute
+    force, exactly where the blocks tile the queries and at every max_lag."""
+    from tl_spectral.analysis.scale_pod import lag_fields
+    from tl_spectral.probes.fields import _causal_mean_lag_field
+
+    g = torch.Generator().manual_seed(T)
+    scores = torch.randn(2, 3, T, T, generator=g)
+    scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    p = scores.softmax(-1)
+    L = (T - 1) // 2 if max_lag == "half" else max_lag
+    F, lags = _causal_mean_lag_field(p, L)
+    want, want_lags = lag_fields(p.mean(1), causal=True, max_lag=L)
+    assert lags.tolist() == want_lags.tolist()
+    torch.testing.assert_close(F, want, rtol=1e-6, atol=1e-7)

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from tl_spectral.analysis.scale_pod import lag_fields
+from tl_spectral.probes import shared
 from tl_spectral.probes.base import LayerCapture, Probe, merge_tensor
 from tl_spectral.probes.pair_fields import needs_values, pair_field
 from tl_spectral.results import Result, register_result
@@ -55,6 +56,32 @@ def _lag_fields(A: Tensor, *, causal: bool, max_lag: Optional[int]) -> tuple[Ten
     X[:, :, :T] = A.reshape(n, T, T).flip(-1)
     F = X.as_strided((n, T, L + 1), (2 * T * T, 2 * T - 1, 1), T - 1).clone()
     return F.reshape(*lead, T, L + 1), torch.arange(0, L + 1)
+
+
+def _causal_mean_lag_field(p: Tensor, max_lag: Optional[int]) -> tuple[Tensor, Tensor]:
+    """``_lag_fields(p.mean(1), causal=True, max_lag)`` of a causal pattern ``p [b, H, T, T]``
+    with standard strides, without forming the ``T × T`` head mean: ``F[b, i, τ] = mean_h
+    p[b, h, i, i − τ]`` (0 where ``τ > i``), ``[b, T, L + 1]``, and the lags.
+
+    Per block of query rows ``a … e − 1`` (:func:`tl_spectral.probes.shared.query_blocks`),
+    row ``i`` of every head read from ``e − 1`` entries before its diagonal (stride
+    ``T + 1`` between rows) holds ``p[i, i − τ]`` at column ``e − 1 − τ`` (where ``τ > i``
+    the view reaches into the zero upper triangle of row ``i − 1``): only the lower
+    triangle is read, half of what the head mean reads. The first block (``a = 0``), which
+    would reach before the tensor, goes through :func:`_lag_fields` on its corner."""
+    b, H, T, _ = p.shape
+    L = T - 1 if max_lag is None else int(max_lag)
+    F = torch.zeros(b, T, T, dtype=p.dtype, device=p.device)
+    for a, e, _ in shared.query_blocks(T, True):
+        for d in range(b):
+            pd = p[d]
+            if a == 0:
+                F[d, :e, :e] = _lag_fields(pd[:, :e, :e].mean(0), causal=True, max_lag=None)[0]
+                continue
+            rows = pd.as_strided((H, e - a, e), (T * T, T + 1, 1),
+                                 pd.storage_offset() + a * (T + 1) - (e - 1))
+            F[d, a:e, :e] = rows.mean(0).flip(-1)
+    return F[..., : L + 1], torch.arange(0, L + 1)
 
 
 @register_result
@@ -262,16 +289,25 @@ class AttentionFieldProbe(Probe):
     def update(self, cap: LayerCapture) -> None:
         assert cap.pattern is not None and self.layers is not None and self.view is not None
         T = self.length
-        # the field A [b, (h,) q, k]; padded pairs are 0 (never count)
-        A = pair_field(cap, self.field, W_O=self._w_o(cap.layer, cap.pattern.device),
-                       per_head=self.per_head).float()
-        T_b = A.shape[-1]
         mask = cap.mask
-        if T_b < T:  # a batch whose trailing padding was trimmed: pad back to the corpus length
-            pad = T - T_b
-            A = torch.nn.functional.pad(A, (0, pad, 0, pad))
-            mask = torch.nn.functional.pad(mask, (0, pad), value=False)
-        F, lags = _lag_fields(A, causal=self.view.causal, max_lag=self.max_lag)
+        p = cap.pattern
+        b, H, T_b, K = p.shape
+        if (self.field == "attention" and not self.per_head and self.view.causal and T_b == T
+                and K == T and T > 1 and p.dtype in (torch.float32, torch.float64)
+                and p.stride() == (H * T * T, T * T, T, 1) and bool(mask.all())):
+            # full causal windows: the head mean in lag coordinates straight from the
+            # pattern's lower triangle (the same values as the general path below)
+            F, lags = _causal_mean_lag_field(p, self.max_lag)
+        else:
+            # the field A [b, (h,) q, k]; padded pairs are 0 (never count)
+            A = pair_field(cap, self.field, W_O=self._w_o(cap.layer, cap.pattern.device),
+                           per_head=self.per_head).float()
+            T_b = A.shape[-1]
+            if T_b < T:  # a batch whose trailing padding was trimmed: pad back to T
+                pad = T - T_b
+                A = torch.nn.functional.pad(A, (0, pad, 0, pad))
+                mask = torch.nn.functional.pad(mask, (0, pad), value=False)
+            F, lags = _lag_fields(A, causal=self.view.causal, max_lag=self.max_lag)
         # counts per (query, lag): a real query and a real key inside the document
         if bool(mask.all()):  # full windows: every document's count is the same
             count = self._full_count(T, lags, F).expand(mask.shape[0], -1, -1)
