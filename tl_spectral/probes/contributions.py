@@ -570,16 +570,18 @@ class ContributionProbe(Probe):
         rows = torch.zeros(H + 1, dtype=torch.float64, device=p.device)
         al_h = allowed[:, None].expand(-1, H, -1, -1)
         al_t = allowed[:, None]
-        r_t = [_row_ranks(measures[m].sum(1, keepdim=True), al_t) for m in MEASURES]  # [b, 1, n, k]
-        r_h = [_row_ranks(measures[m], al_h) for m in MEASURES] if self.rank_per_head else []
-        for a in range(M):
-            for bb in range(a, M):
-                rho, ok = _spearman_rows(r_t[a], r_t[bb], al_t)
-                sums[H, a, bb] = sums[H, bb, a] = (rho * ok).sum()
-                if r_h:
-                    rho, ok = _spearman_rows(r_h[a], r_h[bb], al_h)
-                    sums[:H, a, bb] = sums[:H, bb, a] = (rho * ok).sum((0, 2))
-        if r_h:
+        # the four measures stacked on a leading axis: one sort for all, and every pair of
+        # measures at once by broadcasting ([M, 1, …] against [1, M, …])
+        r_t = _row_ranks(torch.stack([measures[m].sum(1, keepdim=True) for m in MEASURES]),
+                         al_t)  # [M, b, 1, n, k]
+        rho, ok = _spearman_rows(r_t[:, None], r_t[None, :], al_t)  # [M, M, b, 1, n]
+        sums[H] = (rho * ok).sum((2, 3, 4))
+        r_h = None
+        if self.rank_per_head:
+            r_h = _row_ranks(torch.stack([measures[m] for m in MEASURES]), al_h)  # [M, b, H, n, k]
+            rho, ok = _spearman_rows(r_h[:, None], r_h[None, :], al_h)  # [M, M, b, H, n]
+            sums[:H] = (rho * ok).sum((2, 4)).permute(2, 0, 1)
+        if r_h is not None:
             rows[:H] = (al_h.sum(-1) >= 3).sum((0, 2)).double()
         rows[H] = (al_t.sum(-1) >= 3).sum().double()
         self.accumulate(f"{layer}.rank_sum", sums)
