@@ -339,5 +339,5 @@ def build_report(
     doc = json.loads(rj.read_text(encoding="utf-8"))
     doc["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
     rj.write_text(json.dumps(doc, indent=2), encoding="utf-8")
-    ctx.status(f"done: {index}")
+    ctx.status(f"done: {index.name} written")  # (the CLI prints its final path after the swap)
     return index
