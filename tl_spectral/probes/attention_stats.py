@@ -137,8 +137,7 @@ class AttentionStats(Probe):
             self.name = name  # type: ignore[misc]
 
     def requires(self, view) -> dict[int, set[str]]:
-        layers = self.layers if self.layers is not None else list(range(view.n_layers))
-        self.layers = layers
+        layers = self._read_layers(view)
         return {layer: {"pattern"} for layer in layers}
 
     def update(self, cap: LayerCapture) -> None:

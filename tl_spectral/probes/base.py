@@ -133,6 +133,13 @@ class Probe:
         """Layers this probe reads, each with the capture kinds it needs."""
         raise NotImplementedError
 
+    def _read_layers(self, view: "ModelView") -> list[int]:
+        """The probe's ``layers`` (every layer of ``view`` when None), stored back on it: the
+        layers a ``requires`` of a probe with a ``layers`` argument reads."""
+        layers = getattr(self, "layers", None)
+        self.layers = list(range(view.n_layers)) if layers is None else layers
+        return self.layers
+
     def update(self, cap: LayerCapture) -> None:
         """Fold one layer's capture of one batch into ``self.state``."""
         raise NotImplementedError

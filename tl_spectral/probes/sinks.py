@@ -199,8 +199,7 @@ class SinkProbe(Probe):
         self._W: dict[int, Tensor] = {}
 
     def requires(self, view: ModelView) -> dict[int, set[str]]:
-        layers = self.layers if self.layers is not None else list(range(view.n_layers))
-        self.layers = layers
+        layers = self._read_layers(view)
         self._W = {}  # W_O is read from this run's model (weights edited in place between runs)
         return {layer: {"pattern", "v"} for layer in layers}
 

@@ -360,8 +360,6 @@ def modes_mosaic(pod: Any, max_rows: int = 48):
 def coherence_map(pod: Any):
     """Rows = layers: the mean off-diagonal cross-coherence ``γ_ij(a)`` (i ≠ j) against the
     scale ``a`` (log axis, full range [0, 1]). Returns None when no layer has coherence."""
-    import matplotlib.pyplot as plt
-
     lays = [lay for lay in pod.layers if lay.coherence is not None]
     if not lays:
         return None
@@ -372,24 +370,36 @@ def coherence_map(pod: Any):
         rows.append(g[:, ~np.eye(Q, dtype=bool)].mean(-1) if Q > 1 else np.zeros(g.shape[0]))
     C = np.stack(rows)
     s = _np(lays[0].scales)
-    L = len(lays)
     edges = np.concatenate([[s[0] / math.sqrt(s[1] / s[0])], np.sqrt(s[1:] * s[:-1]),
                             [s[-1] * math.sqrt(s[-1] / s[-2])]]) if s.size > 1 else \
         np.array([s[0] * 0.9, s[0] * 1.1])
+    return layer_log_mesh(edges, C, [str(lay.layer) for lay in lays], cmap="viridis",
+                          xlabel="scale a (tokens, log)",
+                          title="mean cross-coherence γ_ij(a) between different queries (i ≠ j)",
+                          cbar_label="mean γ (full range [0, 1])")
+
+
+def layer_log_mesh(edges: Any, values: Any, layer_labels: list[str], *, cmap: str, xlabel: str,
+                   title: str, cbar_label: str):
+    """Layers (rows, top to bottom) × a log-scaled axis (cell ``edges``) heat map of a
+    quantity on the full range [0, 1], with its colour bar; one row per layer."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    L = len(layer_labels)
     h = max(2.8, 0.2 * L + 1.3)
     fig, ax = plt.subplots(figsize=(7.5, h))
-    mesh = ax.pcolormesh(edges, np.arange(L + 1) - 0.5, C, cmap="viridis", vmin=0, vmax=1)
+    mesh = ax.pcolormesh(edges, np.arange(L + 1) - 0.5, values, cmap=cmap, vmin=0, vmax=1)
     ax.set_xscale("log")
     ax.invert_yaxis()
     step = max(1, math.ceil(L / 32))
-    ax.set_yticks(range(0, L, step), [str(lays[i].layer) for i in range(0, L, step)],
-                  fontsize=TICK_PT)
+    ax.set_yticks(range(0, L, step), layer_labels[::step], fontsize=TICK_PT)
     ax.tick_params(axis="x", labelsize=TICK_PT)
-    ax.set_xlabel("scale a (tokens, log)", fontsize=9)
+    ax.set_xlabel(xlabel, fontsize=9)
     ax.set_ylabel("layer", fontsize=9)
-    ax.set_title("mean cross-coherence γ_ij(a) between different queries (i ≠ j)", fontsize=9)
+    ax.set_title(title, fontsize=9)
     cb = fig.colorbar(mesh, ax=ax, pad=0.02)
-    cb.set_label("mean γ (full range [0, 1])", fontsize=8)
+    cb.set_label(cbar_label, fontsize=8)
     cb.ax.tick_params(labelsize=TICK_PT)
     fig.subplots_adjust(left=0.1, right=0.95, top=1 - 0.45 / h, bottom=0.6 / h)
     return fig

@@ -174,27 +174,13 @@ def _write_head_csv(geo: Any, path: Any) -> None:
 def _routing_vs_offset(lags: list, rf: Any):
     """Layers × lag heat map of the head-mean routing fraction ``rf [layer, lag]`` (lag on a
     log axis, full range [0, 1])."""
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    from tl_spectral.viz.multiples import TICK_PT
+    from tl_spectral.viz.multiples import layer_log_mesh
 
     x = np.asarray(lags, dtype=float) + 1
-    L = rf.shape[0]
     edges = np.concatenate([[x[0] / 1.25], np.sqrt(x[1:] * x[:-1]), [x[-1] * 1.25]])
-    h = max(2.8, 0.2 * L + 1.3)
-    fig, ax = plt.subplots(figsize=(7.5, h))
-    mesh = ax.pcolormesh(edges, np.arange(L + 1) - 0.5, rf, cmap="RdBu_r", vmin=0, vmax=1)
-    ax.set_xscale("log")
-    ax.invert_yaxis()
-    step = max(1, int(np.ceil(L / 32)))
-    ax.set_yticks(range(0, L, step), [str(i) for i in range(0, L, step)], fontsize=TICK_PT)
-    ax.tick_params(axis="x", labelsize=TICK_PT)
-    ax.set_xlabel("lag i − j + 1 (tokens, log)", fontsize=9)
-    ax.set_ylabel("layer", fontsize=9)
-    ax.set_title("head-mean routing fraction ‖R_skew(Δ)‖²/‖M(Δ)‖² against the lag", fontsize=9)
-    cb = fig.colorbar(mesh, ax=ax, pad=0.02)
-    cb.set_label("routing fraction (full range [0, 1])", fontsize=8)
-    cb.ax.tick_params(labelsize=TICK_PT)
-    fig.subplots_adjust(left=0.1, right=0.95, top=1 - 0.45 / h, bottom=0.6 / h)
-    return fig
+    return layer_log_mesh(edges, rf, [str(i) for i in range(rf.shape[0])], cmap="RdBu_r",
+                          xlabel="lag i − j + 1 (tokens, log)",
+                          title="head-mean routing fraction ‖R_skew(Δ)‖²/‖M(Δ)‖² against the lag",
+                          cbar_label="routing fraction (full range [0, 1])")

@@ -32,8 +32,6 @@ def group_jackknife(statistic: Callable[[torch.Tensor], Any], n_docs: int, *,
                     level: float = 0.95) -> dict[str, Any]:
     """Delete-a-group jackknife of ``statistic(idx) -> Tensor`` over documents (module doc).
     Returns ``{"estimate", "low", "high", "se", "replicates"}`` tensors and ``"meta"``."""
-    from scipy.stats import t as student_t
-
     n_docs = int(n_docs)
     if n_docs < 2:
         raise ValueError(f"the jackknife needs at least 2 documents, got {n_docs}")
@@ -47,7 +45,16 @@ def group_jackknife(statistic: Callable[[torch.Tensor], Any], n_docs: int, *,
         keep[grp] = False
         reps.append(torch.as_tensor(statistic(torch.nonzero(keep).flatten()),
                                     dtype=torch.float64))
-    R = torch.stack(reps)
+    return jackknife_interval(est, torch.stack(reps), seed=seed, level=level)
+
+
+def jackknife_interval(est: torch.Tensor, replicates: torch.Tensor, *, seed: int = 0,
+                       level: float = 0.95) -> dict[str, Any]:
+    """The delete-a-group interval of an estimate from its ``G`` replicates ``[G, …]``
+    (module doc): ``{"estimate", "low", "high", "se", "replicates", "meta"}``."""
+    from scipy.stats import t as student_t
+
+    R = replicates
     G = R.shape[0]
     se = torch.sqrt((G - 1) / G * ((R - R.mean(0)) ** 2).sum(0))
     q = float(student_t.ppf(0.5 + level / 2, G - 1))
@@ -55,6 +62,26 @@ def group_jackknife(statistic: Callable[[torch.Tensor], Any], n_docs: int, *,
             "replicates": R,
             "meta": {"n_groups": int(G), "seed": int(seed), "level": float(level),
                      "t_quantile": q}}
+
+
+def _advice_rows(pod: Any, jk: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per layer of ``pod``: H* and T_spec with their intervals, and the recommended heads
+    with their range over the whole ensemble and every replicate (statistic layout
+    ``[H* per layer, T_spec per layer, heads per layer]``)."""
+    est, lo, hi, R = jk["estimate"], jk["low"], jk["high"], jk["replicates"]
+    L = len(pod.layers)
+    rows = []
+    for i, lay in enumerate(pod.layers):
+        rows.append({
+            "layer": lay.layer,
+            "H_star": float(est[i]), "H_star_low": float(lo[i]), "H_star_high": float(hi[i]),
+            "T_spec": float(est[L + i]), "T_spec_low": float(lo[L + i]),
+            "T_spec_high": float(hi[L + i]),
+            "heads": int(est[2 * L + i]),
+            "heads_min": int(min(est[2 * L + i], R[:, 2 * L + i].min())),
+            "heads_max": int(max(est[2 * L + i], R[:, 2 * L + i].max())),
+        })
+    return rows
 
 
 def field_grams(fluctuations: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -106,20 +133,7 @@ def pod_jackknife(fields: Any, pod: Any, *, seed: int = 0,
                             dtype=torch.float64)
 
     jk = group_jackknife(stat, N, n_groups=n_groups, seed=seed)
-    est, lo, hi, R = jk["estimate"], jk["low"], jk["high"], jk["replicates"]
-    rows = []
-    for i, lay in enumerate(pod.layers):
-        rows.append({
-            "layer": lay.layer,
-            "H_star": float(est[i]), "H_star_low": float(lo[i]), "H_star_high": float(hi[i]),
-            "T_spec": float(est[L + i]), "T_spec_low": float(lo[L + i]),
-            "T_spec_high": float(hi[L + i]),
-            # the range over the whole ensemble and every replicate
-            "heads": int(est[2 * L + i]),
-            "heads_min": int(min(est[2 * L + i], R[:, 2 * L + i].min())),
-            "heads_max": int(max(est[2 * L + i], R[:, 2 * L + i].max())),
-        })
-    return {"rows": rows, "meta": jk["meta"], "n_docs": N}
+    return {"rows": _advice_rows(pod, jk), "meta": jk["meta"], "n_docs": N}
 
 
 def streamed_pod_jackknife(fields: Any, pod: Any) -> dict[str, Any]:
@@ -161,28 +175,10 @@ def streamed_pod_jackknife(fields: Any, pod: Any) -> dict[str, Any]:
         heads = allocate_heads(hs, budget) if sum(hs) > 0 else [0] * L
         return torch.tensor(hs + ts + list(heads), dtype=torch.float64)
 
-    from scipy.stats import t as student_t
-
-    level = 0.95
-    est = stat(list(range(G)))
     R = torch.stack([stat([h for h in range(G) if h != g]) for g in range(G)])
-    se = torch.sqrt((G - 1) / G * ((R - R.mean(0)) ** 2).sum(0))
-    q = float(student_t.ppf(0.5 + level / 2, G - 1))
-    lo, hi = est - q * se, est + q * se
-    rows = []
-    for i, lay in enumerate(pod.layers):
-        rows.append({
-            "layer": lay.layer,
-            "H_star": float(est[i]), "H_star_low": float(lo[i]), "H_star_high": float(hi[i]),
-            "T_spec": float(est[L + i]), "T_spec_low": float(lo[L + i]),
-            "T_spec_high": float(hi[L + i]),
-            "heads": int(est[2 * L + i]),
-            "heads_min": int(min(est[2 * L + i], R[:, 2 * L + i].min())),
-            "heads_max": int(max(est[2 * L + i], R[:, 2 * L + i].max())),
-        })
-    meta = {"n_groups": G, "seed": int(meta_in.get("seed", 0)), "level": level,
-            "t_quantile": q, "streamed": True}
-    return {"rows": rows, "meta": meta, "n_docs": int(fields.n_docs)}
+    jk = jackknife_interval(stat(list(range(G))), R, seed=int(meta_in.get("seed", 0)))
+    return {"rows": _advice_rows(pod, jk), "meta": {**jk["meta"], "streamed": True},
+            "n_docs": int(fields.n_docs)}
 
 
 def n_bound(h_star: Sequence[float], n_docs: int) -> tuple[list[int], int]:
