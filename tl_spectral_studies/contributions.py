@@ -802,9 +802,9 @@ def tables(results_dir: str | Path, *, smol_verdicts: str | Path | None = None
     verdict.insert(-4, "| downstream benchmarks (MMLU, Winogrande, BoolQ) and GSM8K / "
                        "FineWeb-Edu perplexity (seed 003 §2) | — | — | out of scope offline: "
                        "no network at run time and no 7–8 B model |")
-    smol = smol_column.load(smol_verdicts or smol_column.verdicts_path(results_dir))
-    out["contributions/verdict"] = smol_column.add_column(
-        "\n".join(verdict), smol_column.ids_from(SMOL_IDS, "docs/contributions.md"), smol)
+    out["contributions/verdict"] = smol_column.add_columns(
+        "\n".join(verdict), smol_column.ids_from(SMOL_IDS, "docs/contributions.md"),
+        results_dir, smol_verdicts)
     for slug, s in sums.items():
         k = f"contributions/{slug}"
         rerun = (f"No intervals in this summary (written before they existed); needs rerun: "

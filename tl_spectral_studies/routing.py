@@ -853,13 +853,12 @@ def verdict_markdown(results_dir: str | Path, *,
     from tl_spectral_studies import smol_column
     from tl_spectral_studies.verdicts import table
 
-    smol = smol_column.load(smol_verdicts or smol_column.verdicts_path(results_dir))
-    return smol_column.add_column(
+    return smol_column.add_columns(
         table(claim_rows(results_dir),
               ["paper's claim (SPEC B; seed 002; GPT-2 / BERT / Pythia heads, S–D models "
                "7 M–355 M)", "ours: model", "ours: number [95% CI]", "verdict"])
         + "\n\n" + HEADS_NOTE,
-        smol_column.ids_from(SMOL_IDS, "docs/routing_filtering.md"), smol)
+        smol_column.ids_from(SMOL_IDS, "docs/routing_filtering.md"), results_dir, smol_verdicts)
 
 
 def _sd_runs_verdict_rows(s: dict[str, Any] | None) -> list[Any]:

@@ -440,13 +440,14 @@ def _smol_ids(cells: Sequence[str]) -> tuple[str, ...] | None:
 
 
 def verdict_markdown(runs: dict[tuple[str, int], dict[str, Any]],
-                     smol: dict[str, dict[str, Any]] | None = None) -> str:
+                     results_dir: str | Path | None = None,
+                     smol_verdicts: str | Path | None = None) -> str:
     """The claim table of docs/scale_pod.md: the paper's headline results (SPEC A, seed 000),
     one row per claim, one column per run of :data:`VERDICT_RUNS` (the paper's width beside
     ours, validation windows only), each cell the number with its 95% interval and the
-    verdict; a run not yet made says how to make it. ``smol`` (records of the real-decoder
-    study's verdicts.json, :func:`~tl_spectral_studies.smol_column.load`) adds the SmolLM2
-    column through :data:`SMOL_IDS`."""
+    verdict; a run not yet made says how to make it. With ``results_dir``, every
+    real-decoder model of the claims registry adds a column through :data:`SMOL_IDS`
+    (SmolLM2 from ``smol_verdicts`` when given)."""
     from tl_spectral_studies import smol_column
 
     present = [(key, label) for key, label in VERDICT_RUNS if key in runs]
@@ -490,7 +491,10 @@ def verdict_markdown(runs: dict[tuple[str, int], dict[str, Any]],
                     "correction for the several layers and runs: they are read together only "
                     "where every interval is far from the threshold. The paper gives no "
                     "uncertainty.")
-    md = smol_column.add_column("\n".join(rows), _smol_ids, smol)
+    if results_dir is None:
+        return "\n".join(rows)
+    md = smol_column.add_columns("\n".join(rows), _smol_ids, results_dir, smol_verdicts)
+    smol = smol_column.records_for(results_dir, smol_verdicts)
     if smol is not None and "A.alloc" in smol:
         md += ("\n\nSmolLM2-135M head allocation (SPEC A.10; no claim row above): "
                + smol_column.record_text(smol["A.alloc"]) + ".")
@@ -505,8 +509,7 @@ def tables(results_dir: str | Path, *, smol_verdicts: str | Path | None = None
     from tl_spectral_studies import smol_column
 
     runs = _runs(results_dir)
-    smol = smol_column.load(smol_verdicts or smol_column.verdicts_path(results_dir))
-    out = {"scale_pod/verdict": verdict_markdown(runs, smol),
+    out = {"scale_pod/verdict": verdict_markdown(runs, results_dir, smol_verdicts),
            "scale_pod/tspec": tspec_markdown(runs)}
     for (model, n), s in runs.items():
         out[f"scale_pod/{model}_N{n}/table"] = table_markdown(s)

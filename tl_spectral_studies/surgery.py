@@ -932,9 +932,9 @@ def verdict_markdown(d: Path, *, smol_verdicts: str | Path | None = None) -> str
                    f"2,600 steps | {nums} | {unc} | {v} |")
     if len(out) <= 2:
         return ""
-    smol = smol_column.load(smol_verdicts or smol_column.verdicts_path(d))
-    return smol_column.add_column("\n".join(out),
-                                  smol_column.ids_from(SMOL_IDS, "docs/surgery.md"), smol)
+    return smol_column.add_columns("\n".join(out),
+                                   smol_column.ids_from(SMOL_IDS, "docs/surgery.md"), d,
+                                   smol_verdicts)
 
 
 def tables(results_dir: str | Path, *, smol_verdicts: str | Path | None = None
