@@ -504,12 +504,9 @@ from tl_spectral_studies.verdicts import DESCRIPTIVE  # noqa: E402
 def _verdict(iv: dict, claim_positive: bool = True) -> str:
     """``reproduced`` when the interval excludes the opposite of the claim, ``opposite``
     when it excludes the claim, else not distinguishable."""
-    lo, hi = (iv["low"], iv["high"]) if claim_positive else (-iv["high"], -iv["low"])
-    if lo > 0:
-        return "reproduced"
-    if hi < 0:
-        return "**not reproduced**: the interval excludes the claim"
-    return "not distinguishable at this size"
+    from tl_spectral_studies.verdicts import side
+
+    return side(iv, 0.0, below=not claim_positive)
 
 
 def _load_summaries(results_dir: str | Path) -> dict[str, dict]:
@@ -620,16 +617,18 @@ def _verdict_rows(slug: str, s: dict | None) -> list[str]:
     neg = [str(r["layer"]) for r in sk if r["cos_v0_s"]["high"] < 0]
     pos = [str(r["layer"]) for r in sk if r["cos_v0_s"]["low"] > 0]
     no_sink = all(r["sink_head_share"]["high"] <= 0 for r in sk)
+    from tl_spectral_studies.claims import seed003  # the rule of claims C.anti and C.norm
+    from tl_spectral_studies.verdicts import paper_label
+
+    ids = [r["layer"] for r in sk]
     if no_sink:
         anti = ("does not apply: this model has no sink (no sink head in any layer), so there "
                 "is no sink value to be anti-aligned")
-    elif len(neg) == len(sk):
-        anti = "reproduced in every layer"
-    elif not neg:
-        anti = ("**not reproduced**: the interval lies above 0 in layers " + ", ".join(pos)
-                if pos else "not distinguishable at this size")
     else:
-        anti = "reproduced in layers " + ", ".join(neg) + " only"
+        m = seed003.over_layers(ids, [r["cos_v0_s"] for r in sk], 0.0, above=False,
+                                what="cos(ṽ_0, s) < 0")
+        anti = f"{paper_label(m.label)} (C.anti: {m.number})"
+    del neg, pos
     rows.append(f"| sink value anti-aligned, cos(ṽ_0, s) < 0 (seed 003 §3.2–3.3) | {who} | "
                 + "; ".join(f"layer {r['layer']} {fmt_interval(r['cos_v0_s'])}" for r in sk)
                 + f" | {anti} |")
@@ -639,13 +638,14 @@ def _verdict_rows(slug: str, s: dict | None) -> list[str]:
                 f"with 0 < ρ* < 1: " + ", ".join(f"layer {r['layer']} {x:.2f}" for r, x in
                                                  zip(sr, shares) if x is not None)
                 + f" | {rho_star_label(shares)} |")
-    grow = [r for r in sk if r["rel_delta_norm"]["low"] > 0]
     shrink = [r for r in sk if r["rel_delta_norm"]["high"] < 0]
+    nm = seed003.over_layers(ids, [r["rel_delta_norm"] for r in sk], 0.0, above=True,
+                             what="Δ‖o‖/‖o‖ > 0")
     rows.append(f"| sinks suppress the output norm: zeroing the sink value raises ‖o‖ (seed 003 "
                 f"§3.3) | {who} | Δ‖o‖/‖o‖ {fmt_interval(sk[0]['rel_delta_norm'])} (layer "
                 f"{sk[0]['layer']}) … {fmt_interval(sk[-1]['rel_delta_norm'])} (layer "
                 f"{sk[-1]['layer']}); below 0 in {len(shrink)} of {len(sk)} layers | "
-                f"{'**not reproduced**: ‖o‖ falls' if len(shrink) == len(sk) else ('reproduced' if len(grow) == len(sk) else 'not distinguishable at this size')} |")
+                f"{paper_label(nm.label)} (C.norm: {nm.number}) |")
     dc = [r["delta_cos"] for r in sr if "delta_cos" in r]
     si = {x["setting"]: x for x in s.get("sink_intervention", [])}
     allx = si.get("all layers", {})

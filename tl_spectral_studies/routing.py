@@ -512,9 +512,7 @@ def _per_layer(rows: list[dict[str, Any]], col: str) -> list[list[float]]:
 #: standard-heads claim then gets its row from the same rule.
 STANDARD_MODELS = {"minilm": "gaussian_384_12_32", "char-shakespeare": "gaussian_128_8_16",
                    "char-shakespeare-noln": "gaussian_128_8_16"}
-FAR_BELOW_CAPACITY = 0.5
-"""Routing rank "far below capacity": the head mean is at most this share of min(2·d_head,
-d_model) (*choice*; the paper gives no number)."""
+from tl_spectral_studies.claims.seed002 import FAR_BELOW_CAPACITY  # noqa: E402  (one rule)
 LATE_RANK = 10.0
 """The paper's late-layer routing rank ("up to 10+ rotation planes")."""
 MINIMAL_RANK = 3.0
@@ -552,11 +550,12 @@ def claim_rows(results_dir: str | Path) -> list[Any]:
         rk = _head_mean(h, "eff_rank_R")
         cap = float(h[0]["routing_capacity"])
         g = B[STANDARD_MODELS[n]]["rank_R_mean"]
-        below, far = rk["high"] < g, rk["high"] <= FAR_BELOW_CAPACITY * cap
-        label = (REPRODUCED if below and far else
-                 f"partly: below a random kernel's rank (interval excludes it), but not far "
-                 f"below capacity (upper end {rk['high'] / cap:.0%} of it)" if below else
-                 NOT_REPRODUCED + ": not below a random kernel's rank")
+        from tl_spectral_studies.claims.seed002 import rank_label
+
+        lab, st = rank_label(rk, g, cap)  # the one rule of claim B.rank, every model
+        label = (lab if lab != "not reproduced" else NOT_REPRODUCED) + (
+            f" (below a random kernel's rank: {st[0]}; at most {FAR_BELOW_CAPACITY:.0%} of "
+            f"capacity: {st[1]}, upper end {rk['high'] / cap:.0%}; claim B.rank)")
         rows.append(Row("routing_rank", "standard heads: routing at low rank, far below the "
                         "capacity min(2·d_head, d_model)", n,
                         f"rank of R {fmt_interval(rk)} of {cap:.0f} "

@@ -324,14 +324,9 @@ def tspec_markdown(runs: dict[tuple[str, int], dict[str, Any]]) -> str:
 
 
 def _sign_verdict(iv: dict[str, Any] | None, positive: bool = True) -> str:
-    if iv is None:
-        return "—"
-    lo, hi = (iv["low"], iv["high"]) if positive else (-iv["high"], -iv["low"])
-    if lo > 0:
-        return "reproduced"
-    if hi < 0:
-        return "**not reproduced** (the interval excludes the claim)"
-    return "not distinguishable at this size"
+    from tl_spectral_studies.verdicts import side
+
+    return "—" if iv is None else side(iv, 0.0, below=not positive)
 
 
 VERDICT_RUNS: tuple[tuple[tuple[str, int], str], ...] = (

@@ -778,9 +778,9 @@ def first_k_beyond(rel: Sequence[float], threshold: float) -> int | None:
 def collapse_k(rel: Sequence[float]) -> int | None:
     """The first k at which the model collapses: relative ΔPPL ≥ +100% (the PPL doubles;
     :data:`~tl_spectral_studies.verdicts.CATASTROPHIC_REL`)."""
-    from tl_spectral_studies.verdicts import CATASTROPHIC_REL
+    from tl_spectral_studies.claims.rules import first_collapse
 
-    return next((k for k, x in enumerate(rel) if k and x >= CATASTROPHIC_REL), None)
+    return first_collapse(dict(enumerate(rel)))
 
 
 def collapse_label(with_ln: int | None, without_ln: int | None, paper_k: int = 3) -> str:

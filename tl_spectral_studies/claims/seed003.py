@@ -139,10 +139,22 @@ def little(res: Results) -> Measurement | None:
               res.json("sinks")["n_docs"])
 
 
+NO_SINK = "does not apply: this model has no sink (no sink head in any layer)"
+
+
+def no_sink(res: Results) -> bool:
+    """Paper layout: no layer's interval of the sink-head share lies above 0."""
+    s = _summary(res) if _setting(res) is None else None
+    return s is not None and all(r["sink_head_share"]["high"] <= 0 for r in s["sink_intervals"])
+
+
 def anti(res: Results) -> Measurement | None:
     pl = _per_layer(res, "cos_v0_s")
     if pl is None:
         return None
+    if no_sink(res):
+        return Measurement(over_layers(*pl, 0.0, above=False, what="cos(ṽ_0, s) < 0").number,
+                           NO_SINK, n=len(pl[0]))
     m = over_layers(*pl, 0.0, above=False, what="cos(ṽ_0, s) < 0")
     r = _pooled(res, "cos_v0_s")
     extra = f"; pooled over the sink layers {fmt_interval(r, '{:+.3g}')}" if r else ""
@@ -192,6 +204,7 @@ def cone(res: Results) -> Measurement | None:
     up = [i for i, x in zip(ids, dc) if x > 0]
     return Measurement(f"Δcos(o, s̄) > 0 in {len(up)} of {len(dc)} layers ({layer_list(up)}; "
                        "point estimates, no interval in the summary)",
+                       NO_SINK if no_sink(res) else
                        f"{rules.DESCRIPTIVE}: " + rules.count([x > 0 for x in dc]), n=len(dc))
 
 
