@@ -184,12 +184,14 @@ def run_sinks(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> dict:
         # of the windows by the documented interval rule and the pooled numbers computed on
         # the other half (documents resampled together), so no selection is tested on the
         # windows that chose it
-        sel_docs, test_docs = rules.split_windows(int(toks.shape[0]), seed)
+        nd = int(toks.shape[0])  # a split needs 2 windows a side for the intervals
+        sel_docs, test_docs = (rules.split_windows(nd, seed) if nd >= 4 else
+                               (list(range(nd)), list(range(nd))))
         sel_iv = doc_iv(brute["attn0"][sel_docs], seed=seed)
         chosen = rules.select_layers(
             [{"low": lo, "high": hi} for lo, hi in zip(sel_iv["low"], sel_iv["high"])],
             SINK_LAYER_MIN, list(range(len(lay))))
-        s["selection"] = {"rule": "interval", "threshold": SINK_LAYER_MIN, "split": True,
+        s["selection"] = {"rule": "interval", "threshold": SINK_LAYER_MIN, "split": nd >= 4,
                           "select_windows": sel_docs, "test_windows": test_docs}
         s["sink_layers"] = [lay[i] for i in chosen]
         if chosen:

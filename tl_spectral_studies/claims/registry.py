@@ -155,7 +155,8 @@ def all_claims() -> dict[str, Claim]:
     """Every declared claim (importing the part modules declares them)."""
     from tl_spectral_studies.claims import seed000, seed002, seed003  # noqa: F401
 
-    return CLAIMS
+    order = list(CLAIMS)  # by paper part (A, B, C), then as declared: import order is no input
+    return dict(sorted(CLAIMS.items(), key=lambda kv: (kv[0][0], order.index(kv[0]))))
 
 
 def provenance(res: Results) -> dict[str, Any]:
@@ -173,7 +174,9 @@ def provenance(res: Results) -> dict[str, Any]:
                 c = (d.get("provenance") or {}).get("commit")
                 if c:
                     commits.add(c)
-    return {"command": m.command, "results": m.results,
+    rel = res.dir.relative_to(res.root).as_posix() if res.dir.is_relative_to(res.root) \
+        else res.dir.name
+    return {"command": m.command, "results": rel,
             "commit": ", ".join(sorted(commits)) or "not recorded (run before issue 38)",
             "seeds": sorted(seeds)}
 
