@@ -130,10 +130,13 @@ def sink_count(res: Results) -> Measurement | None:
                        rules.at_least_one([True] * len(sel)), n=n)
 
 
+NO_SINK_LAYER = Measurement("no sink layer selected", f"{rules.NOT_TESTED}: no sink layer")
+
+
 def little(res: Results) -> Measurement | None:
     r = _pooled(res, "C0_over_attn0")
     if r is None:
-        return None
+        return None if _setting(res) is None else NO_SINK_LAYER
     return _m(r, f"C_i0 / α_i0 over the sink layers {fmt_interval(r)}",
               rules.sign(r, 0.5, above=False), selection_note(res),
               res.json("sinks")["n_docs"])
@@ -220,7 +223,7 @@ def norm(res: Results) -> Measurement | None:
 def split(res: Results) -> Measurement | None:
     r1, r2 = _pooled(res, "v0_over_vothers"), _pooled(res, "cos_minus_others")
     if r1 is None or r2 is None:
-        return None
+        return None if _setting(res) is None else NO_SINK_LAYER
     l1, l2 = rules.sign(r1, 1.0, above=False), rules.sign(r2, 0.0, above=False)
     return _m(r1, f"‖ṽ_0‖ / mean ‖ṽ_j‖ {fmt_interval(r1)} (norm factor: {l1}); "
               f"cos(o, ṽ_0) − cos(o, ṽ_j) {fmt_interval(r2, '{:+.3g}')} (cosine factor: {l2})",
@@ -230,7 +233,7 @@ def split(res: Results) -> Measurement | None:
 def tail(res: Results) -> Measurement | None:
     r = _pooled(res, "tail_C_minus_attn")
     if r is None:
-        return None
+        return None if _setting(res) is None else NO_SINK_LAYER
     return _m(r, f"contribution share − attention share of tail tokens "
               f"{fmt_interval(r, '{:+.3g}')} (practical margin ±{TAIL_MARGIN})",
               rules.two_sided(r, 0.0, practical=TAIL_MARGIN), selection_note(res),
