@@ -297,8 +297,9 @@ def hierarchy(kind: int, setting_name: str):
 
 P = "seed 003"
 claim(Claim("C.sink", f"{P} §3.2", "C.4", "decoders with a start token form attention sinks",
-            f"at least one layer selected by the documented rule ({rules.SELECT_RULE}; "
-            f"threshold {SINK_LAYER_MIN})", sink_count))
+            f"a count over layers (no interval of its own): reproduced when at least one layer "
+            f"is selected by the documented rule ({rules.SELECT_RULE}; threshold "
+            f"{SINK_LAYER_MIN})", sink_count))
 claim(Claim("C.little", f"{P} §3.2", "C.4",
             "the sink draws attention but contributes little to the output",
             "sign rule on C_i0 / α_i0 pooled over the sink layers against 0.5 (the sink "
