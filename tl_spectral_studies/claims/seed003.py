@@ -336,5 +336,6 @@ for _k, _kn in ((0, "comprehensiveness"), (1, "sufficiency")):
                     "faithfulness hierarchy attention < value-weighted < output-normalized < "
                     f"contribution ({_kn}, {_sn})",
                     "every step by the sign rule on the area difference (comprehensiveness: "
-                    "above 0; sufficiency: below 0), then " + rules.STEPS_RULE,
+                    "above 0; sufficiency: below 0), then " + rules.STEPS_RULE
+                    + "; the step intervals are in the number column",
                     hierarchy(_k, _s)))
