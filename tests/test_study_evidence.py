@@ -307,4 +307,6 @@ def test_sink_rows_do_not_apply_without_a_sink():
     for r in s2["sink_intervals"]:
         r["sink_head_share"] = {"estimate": 0.5, "low": 0.4, "high": 0.6}
     anti2 = next(r for r in _verdict_rows("char_shakespeare", s2) if "anti-aligned" in r)
-    assert anti2.endswith("| reproduced in layers 0 only |")
+    # one rule for C.anti in every doc (issue 38): holds in layer 0, reversed in 2–5 → mixed
+    assert "| mixed (C.anti: cos(ṽ_0, s) < 0: holds in 1 of 6 layers (0), reversed in 4 (2–5))" \
+        in anti2

@@ -45,16 +45,16 @@ def _docs() -> dict[str, tuple[str, Callable[[Path], dict[str, str]], str]]:
 
 def claims_tables(results_dir: Path) -> dict[str, str]:
     """The blocks of docs/claims.md: the claims matrix (every claim × every model)."""
-    from tl_spectral_studies.claims import registry, render
+    from tl_spectral_studies.claims import catalog, render
 
-    return {"claims/matrix": render.matrix_markdown(registry.records(results_dir.parents[2]))}
+    return {"claims/matrix": render.matrix_markdown(catalog.records(results_dir.parents[2]))}
 
 
 def prose_differences(root: Path = ROOT) -> list[str]:
     """Checked prose spans and records files that disagree with the records."""
-    from tl_spectral_studies.claims import registry, render
+    from tl_spectral_studies.claims import catalog, render
 
-    recs = registry.records(root)
+    recs = catalog.records(root)
     out = render.result_differences(root, recs)
     for doc in _docs():
         out += render.check_prose((root / doc).read_text(encoding="utf-8"), recs, doc)
@@ -86,9 +86,9 @@ def differences(root: Path = ROOT) -> list[str]:
 def write(root: Path = ROOT, docs: Sequence[str] | None = None) -> list[str]:
     """Rewrite every generated block of the docs (default all) in place, and the records
     files; the docs changed."""
-    from tl_spectral_studies.claims import registry, render
+    from tl_spectral_studies.claims import catalog, render
 
-    render.write_results(root, registry.records(root))
+    render.write_results(root, catalog.records(root))
     changed = []
     for doc, (res, fn, prefix) in _docs().items():
         if docs is not None and doc not in docs:

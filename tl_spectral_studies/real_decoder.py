@@ -36,13 +36,13 @@ from typing import Any
 import torch
 
 from tl_spectral.usage import ArgumentParser
-from tl_spectral_studies.claims import rules
 from tl_spectral_studies._common import (
     add_run_arguments,
     fmt_interval,
     prepare_out,
     require_data_dir,
 )
+from tl_spectral_studies.claims import rules
 
 NAME = "real-decoder"
 MODEL = "smollm2-135m"
@@ -58,7 +58,6 @@ QUICK = {"n_docs": 2, "length": 32, "faith_docs": 2, "faith_length": 16,
          "ks": [0, 1, 2], "removal_layers": [0, 1], "layers": [0, 1], "per_head_layers": [0]}
 from tl_spectral_studies.claims.seed003 import (  # noqa: E402  (one declaration of each)
     FAITH_MEASURES,
-    HIERARCHY,
     SINK_LAYER_MIN,
 )
 
@@ -457,11 +456,10 @@ def verdicts(results_dir: str | Path, model: str = "smollm2-135m") -> list[dict]
     Every label comes from :mod:`tl_spectral_studies.claims.rules`."""
     import dataclasses
 
-    from tl_spectral_studies.claims import models as _models  # noqa: F401
-    from tl_spectral_studies.claims import registry, render
+    from tl_spectral_studies.claims import catalog, registry, render
 
     m = dataclasses.replace(registry.MODELS[model], results=str(Path(results_dir).resolve()))
-    recs = registry.records(registry.ROOT, {m.key: m})
+    recs = catalog.records(registry.ROOT, {m.key: m})
     return render.model_records(recs, m.key)
 
 
@@ -606,13 +604,12 @@ def tables(results_dir: str | Path) -> dict[str, str]:
     """Every generated block of docs/real_decoder.md, by key."""
     import dataclasses
 
-    from tl_spectral_studies.claims import models as _models  # noqa: F401
-    from tl_spectral_studies.claims import registry, render
+    from tl_spectral_studies.claims import catalog, registry, render
 
     d = Path(results_dir)
     out = {"real_decoder/verdict": verdict_markdown(verdicts(d))}
     m = dataclasses.replace(registry.MODELS["smollm2-135m"], results=str(d.resolve()))
-    out["real_decoder/in_short"] = render.in_short(registry.records(registry.ROOT, {m.key: m}))
+    out["real_decoder/in_short"] = render.in_short(catalog.records(registry.ROOT, {m.key: m}))
     for step, fn in (("sinks", sinks_markdown), ("faithfulness", faith_markdown),
                      ("routing", routing_markdown), ("scales", scales_markdown),
                      ("interventions", interventions_markdown)):

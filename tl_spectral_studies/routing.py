@@ -507,12 +507,13 @@ def _per_layer(rows: list[dict[str, Any]], col: str) -> list[list[float]]:
 
 
 #: The standard-attention models of the claim table, in row order, with the Gaussian kernel
-#: of the same shape (``summary.json`` "baselines"). A new model (e.g. a SmolLM2 column) is
-#: one entry here plus its ``<name>_heads.csv`` / summary entry from ``run_study``: every
-#: standard-heads claim then gets its row from the same rule.
-STANDARD_MODELS = {"minilm": "gaussian_384_12_32", "char-shakespeare": "gaussian_128_8_16",
-                   "char-shakespeare-noln": "gaussian_128_8_16"}
-from tl_spectral_studies.claims.seed002 import FAR_BELOW_CAPACITY  # noqa: E402  (one rule)
+#: of the same shape: one declaration, in the claims registry (claim B.rank's rule and
+#: FAR_BELOW_CAPACITY too).
+from tl_spectral_studies.claims.seed002 import (  # noqa: E402
+    FAR_BELOW_CAPACITY,
+    STANDARD_MODELS,
+)
+
 LATE_RANK = 10.0
 """The paper's late-layer routing rank ("up to 10+ rotation planes")."""
 MINIMAL_RANK = 3.0

@@ -95,7 +95,7 @@ def group_jackknife(statistic, n_docs: int, *, n_groups: int = 20, seed: int = 0
     keeps (1 − 1/G) of the documents, all distinct. Returns ``{"estimate", "low", "high",
     "se"}`` tensors and ``"meta"``."""
     # the library's jackknife (the report's intervals) — one implementation for both
-    from tl_spectral.viz.uncertainty import group_jackknife as _library_jackknife
+    from tl_spectral.analysis.bootstrap import group_jackknife as _library_jackknife
 
     out = _library_jackknife(statistic, n_docs, n_groups=n_groups, seed=seed, level=level)
     out.pop("replicates", None)
@@ -501,7 +501,6 @@ def tables(results_dir: str | Path, *, smol_verdicts: str | Path | None = None
     """Every generated block of docs/scale_pod.md, by key, from the committed runs; the claim
     table's SmolLM2 column from ``smol_verdicts`` (default: the real-decoder study's
     verdicts.json beside ``results_dir``)."""
-    from tl_spectral_studies import smol_column
 
     runs = _runs(results_dir)
     out = {"scale_pod/verdict": verdict_markdown(runs, results_dir, smol_verdicts),

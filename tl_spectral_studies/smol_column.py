@@ -117,7 +117,7 @@ def add_columns(md: str, ids_for: IdsFor, results_dir: str | Path,
     of ``md``: SmolLM2 from ``smol_verdicts`` when given (else its records), every other
     measured model from its records; a model not yet measured has no column here (it is a
     column of the claims matrix, docs/claims.md)."""
-    from tl_spectral_studies.claims import registry
+    from tl_spectral_studies.claims import catalog
 
     root = Path(results_dir).resolve().parents[2]
     recs = None
@@ -126,7 +126,7 @@ def add_columns(md: str, ids_for: IdsFor, results_dir: str | Path,
             rs = load(smol_verdicts)
         else:
             if recs is None:
-                recs = registry.records(root)
+                recs = catalog.records(root)
             rs = {r.claim: _as_dict(r) for r in recs if r.model == m.key}
         if m.key == "smollm2-135m":
             md = add_column(md, ids_for, rs)
@@ -137,8 +137,7 @@ def add_columns(md: str, ids_for: IdsFor, results_dir: str | Path,
 
 
 def _column_models() -> list[Any]:
-    from tl_spectral_studies.claims import models  # noqa: F401  (declares the models)
-    from tl_spectral_studies.claims.registry import MODELS
+    from tl_spectral_studies.claims.catalog import MODELS
 
     return [m for m in MODELS.values() if m.layout == "real_decoder" and m.results]
 
@@ -169,8 +168,8 @@ def records_for(results_dir: str | Path, smol_verdicts: str | Path | None = None
     """``id -> record`` of one model column (SmolLM2: ``smol_verdicts`` when given)."""
     if model == "smollm2-135m" and smol_verdicts is not None:
         return load(smol_verdicts)
-    from tl_spectral_studies.claims import registry
+    from tl_spectral_studies.claims import catalog
 
-    recs = [r for r in registry.records(Path(results_dir).resolve().parents[2])
+    recs = [r for r in catalog.records(Path(results_dir).resolve().parents[2])
             if r.model == model]
     return {r.claim: _as_dict(r) for r in recs} or None

@@ -33,7 +33,6 @@ decided by these docs.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -104,16 +103,7 @@ def t_quantile(dof: int, level: float = LEVEL) -> float:
     return float(student_t.ppf(0.5 + level / 2, dof))
 
 
-def t_interval(values: Sequence[float], level: float = LEVEL) -> dict[str, float]:
-    """Mean of ``values`` with its t-interval (n ≥ 2): mean ± t(0.5 + level/2, n − 1) · sd/√n."""
-    v = [float(x) for x in values]
-    n = len(v)
-    if n < 2:
-        raise ValueError(f"a t-interval needs at least 2 values, got {n}")
-    m = sum(v) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in v) / (n - 1))
-    half = t_quantile(n - 1, level) * sd / math.sqrt(n)
-    return {"estimate": m, "low": m - half, "high": m + half, "n": n}
+from tl_spectral.analysis.bootstrap import t_interval  # noqa: E402,F401  (statistics floor)
 
 
 def side(iv: dict[str, float], threshold: float, *, below: bool = True) -> str:

@@ -9,7 +9,9 @@ model and returns one :class:`Record` per (claim, model, setting): number, inter
 rule, label, provenance.
 
 Adding a model is one entry in :data:`MODELS`; adding a claim is one declaration in a part
-module (:mod:`~tl_spectral_studies.claims.seed000`, ``seed002``, ``seed003``).
+module (:mod:`~tl_spectral_studies.claims.seed000`, ``seed002``, ``seed003``). The part
+modules and :mod:`~tl_spectral_studies.claims.models` import this one;
+:mod:`~tl_spectral_studies.claims.catalog` imports them all and evaluates.
 """
 
 from __future__ import annotations
@@ -151,14 +153,6 @@ def claim(c: Claim) -> Claim:
     return c
 
 
-def all_claims() -> dict[str, Claim]:
-    """Every declared claim (importing the part modules declares them)."""
-    from tl_spectral_studies.claims import seed000, seed002, seed003  # noqa: F401
-
-    order = list(CLAIMS)  # by paper part (A, B, C), then as declared: import order is no input
-    return dict(sorted(CLAIMS.items(), key=lambda kv: (kv[0][0], order.index(kv[0]))))
-
-
 def provenance(res: Results) -> dict[str, Any]:
     """command, commit, seeds of a model's results (what the files themselves record)."""
     m = res.model
@@ -202,17 +196,6 @@ def evaluate(c: Claim, res: Results) -> Record:
     if meas is None:
         return rec("—", rules.NOT_MEASURED)
     return rec(meas.number, meas.label, meas)
-
-
-def records(root: Path = ROOT, models: Mapping[str, Model] | None = None) -> list[Record]:
-    """Every (claim, model) record from the committed results under ``root``."""
-    from tl_spectral_studies.claims import models as _models  # noqa: F401  (declares MODELS)
-
-    out = []
-    for m in (MODELS if models is None else models).values():
-        res = Results(root, m)
-        out += [evaluate(c, res) for c in all_claims().values()]
-    return out
 
 
 def by_key(recs: list[Record]) -> dict[tuple[str, str], Record]:

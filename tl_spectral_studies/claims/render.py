@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tl_spectral_studies.claims import registry, rules
+from tl_spectral_studies.claims import catalog, registry, rules
 from tl_spectral_studies.claims.registry import Record
 
 CHECK_RE = re.compile(r"<!-- check: (\S+) (\S+) -->(.*?)<!-- /check -->", re.S)
@@ -46,13 +46,13 @@ def matrix_markdown(recs: Sequence[Record], models: dict[str, registry.Model] | 
     by = registry.by_key(list(recs))
     head = "| claim | paper; SPEC | " + " | ".join(m.label for m in models.values()) + " |"
     out = [head, "|" + "---|" * (2 + len(models))]
-    for c in registry.all_claims().values():
+    for c in catalog.all_claims().values():
         cells = [_esc(rules.display(by[(c.id, k)].label)) if (c.id, k) in by else "—"
                  for k in models]
         out.append(f"| `{c.id}`: {_esc(c.text)} | {c.paper}; {c.spec} | " + " | ".join(cells)
                    + " |")
     out += ["", "Rules (one per claim, from `tl_spectral_studies.claims`):", ""]
-    for c in registry.all_claims().values():
+    for c in catalog.all_claims().values():
         thr = f" Practical threshold {c.threshold[0]}: {c.threshold[1]}." if c.threshold else ""
         nc = f" Not comparable on other attention: {c.not_comparable}." if c.not_comparable \
             else ""

@@ -37,23 +37,31 @@ def _m(iv: dict | None, number: str, label: str, n: int | None = None) -> Measur
                        None if iv is None else (float(iv["low"]), float(iv["high"])), n)
 
 
+#: The standard-attention models of the routing study with the Gaussian kernel of the same
+#: shape (``docs/results/routing/summary.json`` "baselines").
+STANDARD_MODELS = {"minilm": "gaussian_384_12_32", "char-shakespeare": "gaussian_128_8_16",
+                   "char-shakespeare-noln": "gaussian_128_8_16"}
+
+
 def _paper_heads(res: Results) -> tuple[list[dict], dict] | None:
     """(per-head rows, Gaussian baseline) of a paper-layout model."""
-    from tl_spectral_studies.routing import STANDARD_MODELS, _heads
+    import csv
 
     name = res.model.slugs.get("routing")
-    if name is None:
+    if name is None or name not in STANDARD_MODELS:
         return None
     d = res.path("routing")
-    h = _heads(d, name)
-    if h is None or name not in STANDARD_MODELS:
+    p = d / f"{name}_heads.csv"
+    if not p.is_file():
         return None
+    with p.open(newline="") as fh:
+        h = list(csv.DictReader(fh))
     s = json.loads((d / "summary.json").read_text(encoding="utf-8"))
     return h, s["baselines"][STANDARD_MODELS[name]]
 
 
 def _head_iv(h: list[dict], col: str) -> dict:
-    from tl_spectral_studies.verdicts import t_interval
+    from tl_spectral.analysis.bootstrap import t_interval
 
     return t_interval([float(r[col]) for r in h])
 
