@@ -402,3 +402,26 @@ def test_verdicts_json_is_the_registry_records():
     want = render.model_records(catalog.records(ROOT), SMOL)
     assert committed == json.loads(json.dumps(want, ensure_ascii=False))
     assert copy.deepcopy(committed)[0]["provenance"]["command"].startswith("tl-spectral")
+
+
+def test_no_module_global_is_rebound_at_run_time():
+    """surgery.main used to rebind ROOT/OUT/FIG/PUB that six commands read; no studies module
+    has a ``global`` statement now."""
+    for p in sorted((ROOT / "tl_spectral_studies").rglob("*.py")):
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Global)], p.name
+
+
+def test_surgery_paths_come_from_the_arguments(tmp_path):
+    import argparse
+
+    from tl_spectral_studies.surgery import Paths
+
+    a = argparse.Namespace(root=str(tmp_path), work=None, fig_dir=None, publish=None)
+    p = Paths.from_args(a)
+    assert p.out == tmp_path / "runs" / "surgery" and p.fig == p.out / "figures"
+    assert p.pub is None
+    b = argparse.Namespace(root=".", work=str(tmp_path / "w"), fig_dir=str(tmp_path / "f"),
+                           publish=str(tmp_path / "p"))
+    q = Paths.from_args(b)
+    assert (q.out, q.fig, q.pub) == (tmp_path / "w", tmp_path / "f", tmp_path / "p")

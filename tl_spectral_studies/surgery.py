@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +51,26 @@ from tl_spectral.usage import ArgumentParser
 from tl_spectral.usage import seed as seed_arg
 
 NAME = "surgery"
-# Set by main() from --root / --work / --fig-dir / --publish (the subcommands read them).
-ROOT = Path(".")
-OUT = ROOT / "runs" / "surgery"
-FIG = OUT / "figures"
-PUB: Path | None = None
 N_WINDOWS = 32
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the subcommands read and write (from --root / --work / --fig-dir / --publish):
+    built once by :func:`main` and passed to each command as ``a.paths`` — no module global
+    is rebound at run time."""
+
+    root: Path = Path(".")
+    out: Path = Path("runs") / "surgery"
+    fig: Path = Path("runs") / "surgery" / "figures"
+    pub: Path | None = None
+
+    @classmethod
+    def from_args(cls, a: Any) -> Paths:
+        root = Path(a.root)
+        out = Path(a.work) if a.work else root / "runs" / "surgery"
+        return cls(root, out, Path(a.fig_dir) if a.fig_dir else out / "figures",
+                   Path(a.publish) if getattr(a, "publish", None) else None)
 
 MODELS = {  # name -> run directory of the routing/filtering issue
     "softmax-ln": "runs/char-shakespeare",
@@ -76,10 +91,10 @@ RECIPE = {"steps": 300, "batch_size": 16, "lr": 0.0015, "min_lr": 0.00015, "warm
           "log_every": 10}
 
 
-def _rel(d: Path) -> str:
-    """``d`` relative to ROOT when it lies under it (as recorded in the result files)."""
+def _rel(d: Path, root: Path) -> str:
+    """``d`` relative to ``root`` when it lies under it (as recorded in the result files)."""
     try:
-        return str(Path(d).resolve().relative_to(ROOT.resolve()))
+        return str(Path(d).resolve().relative_to(Path(root).resolve()))
     except ValueError:
         return str(d)
 
@@ -95,24 +110,24 @@ def _char_data(model_dir: Path):
     return torch.tensor(tok.encode(tr)), torch.tensor(tok.encode(va)), meta
 
 
-def _latest(run: str) -> tuple[Path, int, bool]:
+def _latest(run: str, root: Path) -> tuple[Path, int, bool]:
     from tl_spectral.geometry.cascade import latest_model_dir
 
-    return latest_model_dir(ROOT / run)
+    return latest_model_dir(Path(root) / run)
 
 
 def cmd_allocate(a) -> None:
     from tl_spectral.models.gpt import load_model
     from tl_spectral.models.surgery import cascade_allocation
 
-    d, step, fin = _latest(a.model)
+    d, step, fin = _latest(a.model, a.paths.root)
     m = load_model(d)
     alloc = cascade_allocation(m, a.budget, multiple=a.multiple, source=a.source,
                                name=f"{Path(a.model).name}@{step}")
-    OUT.mkdir(parents=True, exist_ok=True)
-    alloc.save(OUT / f"allocation{_tag(a)}.safetensors", overwrite=True)
-    (OUT / f"allocation{_tag(a)}.json").write_text(json.dumps(
-        {"model_dir": _rel(d), "step": step, "finished": fin,
+    a.paths.out.mkdir(parents=True, exist_ok=True)
+    alloc.save(a.paths.out / f"allocation{_tag(a)}.safetensors", overwrite=True)
+    (a.paths.out / f"allocation{_tag(a)}.json").write_text(json.dumps(
+        {"model_dir": _rel(d, a.paths.root), "step": step, "finished": fin,
          "rank": alloc.rank, "d_head": alloc.d_head, "saving": alloc.saving}, indent=2) + "\n")
     print(json.dumps({"d_head": alloc.d_head, "saving": alloc.saving, "rank": alloc.rank}))
 
@@ -134,9 +149,9 @@ def cmd_train_alloc(a) -> None:
     from tl_spectral.models.train import TrainConfig
 
     torch.set_num_threads(1)
-    alloc = CascadeAllocation.load(OUT / f"allocation{_tag(a)}.safetensors")
-    info = json.loads((OUT / f"allocation{_tag(a)}.json").read_text())
-    train_ids, val_ids, meta = _char_data(ROOT / info["model_dir"])
+    alloc = CascadeAllocation.load(a.paths.out / f"allocation{_tag(a)}.safetensors")
+    info = json.loads((a.paths.out / f"allocation{_tag(a)}.json").read_text())
+    train_ids, val_ids, meta = _char_data(a.paths.root / info["model_dir"])
     from tl_spectral.models.gpt import GPTConfig
 
     base = GPTConfig.from_dict(alloc.model_config)
@@ -148,7 +163,7 @@ def cmd_train_alloc(a) -> None:
         cfg = base
     recipe = {**RECIPE, "steps": a.steps, "warmup_steps": a.warmup, "eval_every": a.eval_every,
               "seed": a.seed}
-    out = OUT / f"alloc{_tag(a)}-{a.which}{f'-s{a.seed}' if a.seed else ''}"
+    out = a.paths.out / f"alloc{_tag(a)}-{a.which}{f'-s{a.seed}' if a.seed else ''}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.json").write_text(json.dumps(recipe, indent=1) + "\n")
     tc = TrainConfig.from_dict({**recipe, "out_dir": str(out)})
@@ -174,14 +189,15 @@ def cmd_curves(a) -> None:
     from tl_spectral.models.surgery import FineTune, linearization_curve
 
     torch.set_num_threads(1)
-    OUT.mkdir(parents=True, exist_ok=True)
+    a.paths.out.mkdir(parents=True, exist_ok=True)
     names = a.models.split(",") if a.models else list(MODELS)
     ft_names = set(a.ft_models.split(",")) if a.ft_models else set()
     for name in names:
         if a.step:
-            d, step, fin = ROOT / MODELS[name] / "checkpoints" / f"step_{a.step:07d}", a.step, False
+            d = a.paths.root / MODELS[name] / "checkpoints" / f"step_{a.step:07d}"
+            step, fin = a.step, False
         else:
-            d, step, fin = _latest(MODELS[name])
+            d, step, fin = _latest(MODELS[name], a.paths.root)
         m = load_model(d)
         train_ids, _, _ = _char_data(d)
         W = _windows(d)
@@ -189,10 +205,10 @@ def cmd_curves(a) -> None:
         ks = [int(k) for k in a.ks.split(",")] if a.ks else None
         c = linearization_curve(m, W, ks=ks, train_tokens=train_ids, fine_tune=ft,
                                 control=a.control and ft is not None, name=name, progress=True)
-        c.note = f"{_rel(d)} (step {step}{', final' if fin else ''})"
+        c.note = f"{_rel(d, a.paths.root)} (step {step}{', final' if fin else ''})"
         suffix = (f"@{step}" if a.step else "") + ("_ft" if ft is not None else "")
         c.model_name = f"{name}{'@' + str(step) if a.step else ''}"
-        c.save(OUT / f"curve_{name}{suffix}.safetensors", overwrite=True)
+        c.save(a.paths.out / f"curve_{name}{suffix}.safetensors", overwrite=True)
 
 
 def cmd_cascade(a) -> None:
@@ -207,20 +223,21 @@ def cmd_cascade(a) -> None:
 
     torch.set_num_threads(1)
     name = Path(a.model).name
-    res = cascade_over_training(ROOT / a.model, name=name)
-    res.save(OUT / f"cascade_{name}.safetensors", overwrite=True)
+    res = cascade_over_training(a.paths.root / a.model, name=name)
+    res.save(a.paths.out / f"cascade_{name}.safetensors", overwrite=True)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     res.plot(ax=axes[0])
     res.plot(ax=axes[1], which="R")
     axes[0].set_title(f"{name}: entropy rank of S (d_head × d_head)", fontsize=9)
     axes[1].set_title(f"{name}: rank of the effective routing W_P S W_Pᵀ", fontsize=9)
     fig.tight_layout()
-    FIG.mkdir(parents=True, exist_ok=True)
+    a.paths.fig.mkdir(parents=True, exist_ok=True)
     steps = res.steps.tolist()
-    _caption(fig, f"{name}: every checkpoint of the training run {_rel(ROOT / a.model)} "
+    run = _rel(a.paths.root / a.model, a.paths.root)
+    _caption(fig, f"{name}: every checkpoint of the training run {run} "
              f"(steps {steps[0]}–{steps[-1]}, {len(steps)} checkpoints), weights only; training "
              "seed: see the run's config.json (tl-spectral study surgery cascade)")
-    fig.savefig(FIG / f"surgery_cascade_{name}.png", dpi=120, bbox_inches="tight")
+    fig.savefig(a.paths.fig / f"surgery_cascade_{name}.png", dpi=120, bbox_inches="tight")
     last = res.rank().double().mean(-1)[-1].tolist()
     frac = (res.routing_fraction_S if res.routing_fraction_S is not None
             else res.routing_fraction_R).double().mean(-1)[-1].tolist()
@@ -235,15 +252,15 @@ def cmd_evaluate(a) -> None:
     from tl_spectral.models.surgery import AllocationStudy, attention_param_count, perplexity
 
     torch.set_num_threads(1)
-    info = json.loads((OUT / f"allocation{_tag(a)}.json").read_text())
-    W = _windows(ROOT / info["model_dir"])
+    info = json.loads((a.paths.out / f"allocation{_tag(a)}.json").read_text())
+    W = _windows(a.paths.root / info["model_dir"])
     rows = []
     recipe = RECIPE
-    runs = [("uniform", p) for p in [OUT / f"alloc{_tag(a)}-uniform"]
-            + sorted(OUT.glob(f"alloc{_tag(a)}-uniform-s*")) if p.is_dir()]
+    runs = [("uniform", p) for p in [a.paths.out / f"alloc{_tag(a)}-uniform"]
+            + sorted(a.paths.out.glob(f"alloc{_tag(a)}-uniform-s*")) if p.is_dir()]
     recipes = []
     for which in ("cascade", "matched"):
-        runs += [(which, p) for p in sorted(OUT.glob(f"alloc{_tag(a)}-{which}*"))
+        runs += [(which, p) for p in sorted(a.paths.out.glob(f"alloc{_tag(a)}-{which}*"))
                  if p.is_dir() and not p.name.endswith("-check")]
     for which, run in runs:
         seed = run.name.rsplit("-s", 1)[1] if "-s" in run.name.split(which)[-1] else ""
@@ -269,7 +286,7 @@ def cmd_evaluate(a) -> None:
     st = AllocationStudy(rows=rows, recipe=recipe, n_windows=int(W.shape[0]),
                          seq_len=int(W.shape[1] - 1),
                          note=f"allocation from {info['model_dir']} (step {info['step']})")
-    st.save(OUT / f"allocation_study{_tag(a)}.safetensors", overwrite=True)
+    st.save(a.paths.out / f"allocation_study{_tag(a)}.safetensors", overwrite=True)
     print(json.dumps(st.to_rows(), indent=1))
 
 
@@ -313,18 +330,19 @@ def cmd_figures(a) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    figures_from_results(OUT, FIG)
-    (OUT / "summary.md").write_text(markdown(OUT))
-    print((OUT / "summary.md").read_text())
-    if PUB is None:
+    figures_from_results(a.paths.out, a.paths.fig)
+    (a.paths.out / "summary.md").write_text(markdown(a.paths.out))
+    print((a.paths.out / "summary.md").read_text())
+    if a.paths.pub is None:
         return
     # publish the (small) result files with the repository (docs/results/surgery)
     import shutil
 
-    PUB.mkdir(parents=True, exist_ok=True)
-    for p in [*OUT.glob("curve_*.safetensors"), *OUT.glob("allocation*.safetensors"),
-              *OUT.glob("allocation*.json"), OUT / "summary.md"]:
-        shutil.copy2(p, PUB / p.name)
+    a.paths.pub.mkdir(parents=True, exist_ok=True)
+    out = a.paths.out
+    for p in [*out.glob("curve_*.safetensors"), *out.glob("allocation*.safetensors"),
+              *out.glob("allocation*.json"), out / "summary.md"]:
+        shutil.copy2(p, a.paths.pub / p.name)
 
 
 def _caption(fig: Any, text: str) -> None:
@@ -1045,7 +1063,6 @@ def run_study(out_dir: str | Path, *, quick: bool = False, budget: float = 0.5,
 
 
 def main(argv: Sequence[str], prog: str = "tl-spectral study surgery") -> int:
-    global ROOT, OUT, FIG, PUB
     from tl_spectral_studies._common import add_run_arguments, prepare_out
 
     ap = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
@@ -1096,10 +1113,7 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study surgery") -> int:
                          default=float))
         print(out.resolve())
         return 0
-    ROOT = Path(a.root)
-    OUT = Path(a.work) if a.work else ROOT / "runs" / "surgery"
-    FIG = Path(a.fig_dir) if a.fig_dir else OUT / "figures"
-    PUB = Path(a.publish) if getattr(a, "publish", None) else None
+    a.paths = Paths.from_args(a)
     {"allocate": cmd_allocate, "train-alloc": cmd_train_alloc, "curves": cmd_curves,
      "cascade": cmd_cascade,
      "evaluate": cmd_evaluate, "figures": cmd_figures}[a.cmd](a)
