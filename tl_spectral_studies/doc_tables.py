@@ -29,7 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _docs() -> dict[str, tuple[str, Callable[[Path], dict[str, str]], str]]:
     """doc path -> (results folder, tables function, block-key prefix)."""
-    from tl_spectral_studies import contributions, real_decoder, routing, scale_pod, surgery
+    from tl_spectral_studies import (
+        contributions,
+        real_decoder,
+        routing_tables,
+        scale_pod,
+        surgery,
+    )
 
     return {
         "docs/claims.md": ("docs/results/claims", claims_tables, "claims/"),
@@ -37,7 +43,8 @@ def _docs() -> dict[str, tuple[str, Callable[[Path], dict[str, str]], str]]:
                                   "contributions/"),
         "docs/scale_pod.md": ("docs/results/scale_pod", scale_pod.tables, "scale_pod/"),
         "docs/surgery.md": ("docs/results/surgery", surgery.tables, "surgery/"),
-        "docs/routing_filtering.md": ("docs/results/routing", routing.tables, "routing/"),
+        "docs/routing_filtering.md": ("docs/results/routing", routing_tables.tables,
+                                      "routing/"),
         "docs/real_decoder.md": ("docs/results/real_decoder", real_decoder.tables,
                                  "real_decoder/"),
     }
