@@ -30,19 +30,19 @@ ROOT = Path(__file__).resolve().parents[1]
 def _docs() -> dict[str, tuple[str, Callable[[Path], dict[str, str]], str]]:
     """doc path -> (results folder, tables function, block-key prefix)."""
     from tl_spectral_studies import (
-        contributions,
+        contributions_tables,
         real_decoder,
         routing_tables,
         scale_pod,
-        surgery,
+        surgery_tables,
     )
 
     return {
         "docs/claims.md": ("docs/results/claims", claims_tables, "claims/"),
-        "docs/contributions.md": ("docs/results/contributions", contributions.tables,
+        "docs/contributions.md": ("docs/results/contributions", contributions_tables.tables,
                                   "contributions/"),
         "docs/scale_pod.md": ("docs/results/scale_pod", scale_pod.tables, "scale_pod/"),
-        "docs/surgery.md": ("docs/results/surgery", surgery.tables, "surgery/"),
+        "docs/surgery.md": ("docs/results/surgery", surgery_tables.tables, "surgery/"),
         "docs/routing_filtering.md": ("docs/results/routing", routing_tables.tables,
                                       "routing/"),
         "docs/real_decoder.md": ("docs/results/real_decoder", real_decoder.tables,
