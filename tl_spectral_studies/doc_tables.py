@@ -31,7 +31,7 @@ def _docs() -> dict[str, tuple[str, Callable[[Path], dict[str, str]], str]]:
     """doc path -> (results folder, tables function, block-key prefix)."""
     from tl_spectral_studies import (
         contributions_tables,
-        real_decoder,
+        real_decoder_tables,
         routing_tables,
         scale_pod,
         surgery_tables,
@@ -45,7 +45,7 @@ def _docs() -> dict[str, tuple[str, Callable[[Path], dict[str, str]], str]]:
         "docs/surgery.md": ("docs/results/surgery", surgery_tables.tables, "surgery/"),
         "docs/routing_filtering.md": ("docs/results/routing", routing_tables.tables,
                                       "routing/"),
-        "docs/real_decoder.md": ("docs/results/real_decoder", real_decoder.tables,
+        "docs/real_decoder.md": ("docs/results/real_decoder", real_decoder_tables.tables,
                                  "real_decoder/"),
     }
 

@@ -68,22 +68,25 @@ MINIMAL_RANK = 3.0
 def claim_rows(results_dir: str | Path) -> list[Any]:
     """Every row of the claim table of docs/routing_filtering.md (SPEC B, seed 002), each
     label computed from the committed numbers by a rule of
-    :mod:`tl_spectral_studies.verdicts` (stated under the table)."""
-    from tl_spectral_studies.verdicts import (
-        DESCRIPTIVE,
-        NOT_REPRODUCED,
-        REPRODUCED,
-        Row,
-        layer0_minimum,
-        removal_class,
-        side,
-    )
-
+    :mod:`tl_spectral_studies.claims.rules` (stated under the table): one builder per claim
+    group, in table order."""
     d = Path(results_dir)
     s = json.loads((d / "summary.json").read_text())
     M, B = s["models"], s.get("baselines", {})
-    rows: list[Row] = []
     std = [n for n in STANDARD_MODELS if n in M and _heads(d, n) is not None]
+    sdn = [n for n in M if n.startswith("sd-") and "qk" in M[n]]
+    runs_sd = (json.loads((d / "sd_runs" / "summary.json").read_text())
+               if (d / "sd_runs" / "summary.json").is_file() else None)
+    return (_budget_rows(d, std, B) + _rank_rows(d, std, B) + _stability_rows(std, sdn, M, B)
+            + _cascade_rows(d) + _sd_runs_verdict_rows(runs_sd) + _ablation_rows(sdn, M)
+            + _inversion_rows(d, M) + _scale_rows(sdn, M))
+
+
+def _budget_rows(d: Path, std: list[str], B: dict) -> list[Any]:
+    """Filtering dominates the spectral budget: the sign rule against 0.5 over heads."""
+    from tl_spectral_studies.verdicts import Row, side
+
+    rows = []
     for n in std:
         h = _heads(d, n)
         rf = _head_mean(h, "routing_fraction")
@@ -92,15 +95,22 @@ def claim_rows(results_dir: str | Path) -> list[Any]:
                         "budget (routing fraction < 0.5)", f"{n} ({len(h)} heads)",
                         f"routing fraction {fmt_interval(rf)}; Gaussian kernel "
                         f"{g['routing_fraction_mean']:.3f}", side(rf, 0.5, below=True)))
+    return rows
+
+
+def _rank_rows(d: Path, std: list[str], B: dict) -> list[Any]:
+    """Routing at low rank: claim B.rank's rule (the registry's), every model."""
+    from tl_spectral_studies.claims.seed002 import rank_label
+    from tl_spectral_studies.verdicts import Row, paper_label
+
+    rows = []
     for n in std:
         h = _heads(d, n)
         rk = _head_mean(h, "eff_rank_R")
         cap = float(h[0]["routing_capacity"])
         g = B[STANDARD_MODELS[n]]["rank_R_mean"]
-        from tl_spectral_studies.claims.seed002 import rank_label
-
-        lab, st = rank_label(rk, g, cap)  # the one rule of claim B.rank, every model
-        label = (lab if lab != "not reproduced" else NOT_REPRODUCED) + (
+        lab, st = rank_label(rk, g, cap)
+        label = paper_label(lab).split(" (")[0] + (
             f" (below a random kernel's rank: {st[0]}; at most {FAR_BELOW_CAPACITY:.0%} of "
             f"capacity: {st[1]}, upper end {rk['high'] / cap:.0%}; claim B.rank)")
         rows.append(Row("routing_rank", "standard heads: routing at low rank, far below the "
@@ -108,6 +118,14 @@ def claim_rows(results_dir: str | Path) -> list[Any]:
                         f"rank of R {fmt_interval(rk)} of {cap:.0f} "
                         f"({100 * rk['estimate'] / cap:.0f}% of capacity); Gaussian kernel "
                         f"{g:.1f}", label))
+    return rows
+
+
+def _stability_rows(std: list[str], sdn: list[str], M: dict, B: dict) -> list[Any]:
+    """Standard heads unstable, LayerNorm containing it (not tested), S–D stable."""
+    from tl_spectral_studies.verdicts import NOT_REPRODUCED, REPRODUCED, Row
+
+    rows = []
     if std:
         unst = [M[n]["qk"]["unstable_heads"] == M[n]["qk"]["n_heads_total"] for n in std]
         g_all = all(B[STANDARD_MODELS[n]]["unstable_heads"] == B[STANDARD_MODELS[n]]
@@ -122,10 +140,8 @@ def claim_rows(results_dir: str | Path) -> list[Any]:
                         + " (a count over all heads: no interval applies)"
                         + ("; uninformative: every untrained Gaussian head is unstable too"
                            if g_all else "")))
-        pairs = [(a, b) for a, b in (("char-shakespeare", "char-shakespeare-noln"),) if
-                 a in std and b in std]
-        if pairs:
-            a, b = pairs[0]
+        if "char-shakespeare" in std and "char-shakespeare-noln" in std:
+            a, b = "char-shakespeare", "char-shakespeare-noln"
             rows.append(Row("ln_contains", "standard heads rely on LayerNorm to contain their "
                             "instability (seed 002)", f"{a} vs {b}",
                             f"unstable heads with LayerNorm {M[a]['qk']['unstable_heads']} of "
@@ -135,7 +151,6 @@ def claim_rows(results_dir: str | Path) -> list[Any]:
                             "shows LayerNorm containing the instability; the eigenvalues of "
                             "W_Q W_Kᵀ do not see LayerNorm, and the LN and no-LN models "
                             "differ in training too"))
-    sdn = [n for n in M if n.startswith("sd-") and "qk" in M[n]]
     if sdn:
         st = [M[n]["qk"]["unstable_heads"] == 0 for n in sdn]
         rows.append(Row("sd_stable", "Re λ(S − D) ≤ 0 for any S, D", ", ".join(sdn),
@@ -143,26 +158,43 @@ def claim_rows(results_dir: str | Path) -> list[Any]:
                                   f" of {M[n]['qk']['n_heads_total']} stable" for n in sdn),
                         (REPRODUCED if all(st) else NOT_REPRODUCED)
                         + " (a theorem, tested on every head; no interval applies)"))
-    runs_sd = (json.loads((d / "sd_runs" / "summary.json").read_text())
-               if (d / "sd_runs" / "summary.json").is_file() else None)
+    return rows
+
+
+def _cascade_rows(d: Path) -> list[Any]:
+    """The cascade of the unnormalized S–D model (rank 2 at layer 0, rising with depth)."""
+    from tl_spectral_studies.verdicts import Row, layer0_minimum
+
     n = "sd-char-shakespeare-noln"
     h = _heads(d, n)
-    if h is not None:
-        per = _per_layer(h, "eff_rank_R")
-        L = len(per)
-        ivs = [_head_mean(h, "eff_rank_R", i) for i in range(L)]
-        means = [iv["estimate"] for iv in ivs]
-        hs = _heads(d, n, sd=True)
-        s0 = _head_mean(hs, "eff_rank_S", 0) if hs else None
-        mini = layer0_minimum(per)
-        rows.append(Row("cascade", "unnormalized S–D: routing rank 2 (one rotation plane) at "
-                        "layer 0, rising with depth to 10+ in the late layers",
-                        f"{n} (1,000 steps, default initial A)",
-                        "effective routing W_P S W_Pᵀ: "
-                        + ", ".join(f"layer {i} {fmt_interval(iv)}" for i, iv in enumerate(ivs))
-                        + (f"; rank of S at layer 0 {fmt_interval(s0)} of 16" if s0 else ""),
-                        _cascade_label(ivs[0]["high"] <= MINIMAL_RANK, mini, means)))
-    rows += _sd_runs_verdict_rows(runs_sd)
+    if h is None:
+        return []
+    per = _per_layer(h, "eff_rank_R")
+    ivs = [_head_mean(h, "eff_rank_R", i) for i in range(len(per))]
+    means = [iv["estimate"] for iv in ivs]
+    hs = _heads(d, n, sd=True)
+    s0 = _head_mean(hs, "eff_rank_S", 0) if hs else None
+    return [Row("cascade", "unnormalized S–D: routing rank 2 (one rotation plane) at "
+                "layer 0, rising with depth to 10+ in the late layers",
+                f"{n} (1,000 steps, default initial A)",
+                "effective routing W_P S W_Pᵀ: "
+                + ", ".join(f"layer {i} {fmt_interval(iv)}" for i, iv in enumerate(ivs))
+                + (f"; rank of S at layer 0 {fmt_interval(s0)} of 16" if s0 else ""),
+                _cascade_label(ivs[0]["high"] <= MINIMAL_RANK, layer0_minimum(per), means))]
+
+
+def _ablation_rows(sdn: list[str], M: dict) -> list[Any]:
+    """Filtering collapse nearly free; routing removal catastrophic (S–D, descriptive)."""
+    from tl_spectral_studies.sd_runs import FREE_REL
+    from tl_spectral_studies.verdicts import (
+        DESCRIPTIVE,
+        NOT_REPRODUCED,
+        REPRODUCED,
+        Row,
+        removal_class,
+    )
+
+    rows = []
     for kind, claim in (("filtering_collapse", "filtering collapse (D → mean scalar per head) "
                          "is nearly free (paper: +0.3 PPL)"),
                         ("routing_removal", "routing removal (S = 0) is catastrophic in S–D "
@@ -178,8 +210,6 @@ def claim_rows(results_dir: str | Path) -> list[Any]:
         if not vals:
             continue
         if kind == "filtering_collapse":
-            from tl_spectral_studies.sd_runs import FREE_REL
-
             free = [abs(x) <= FREE_REL for _, x in cls]
             label = (f"{DESCRIPTIVE} (no interval: the ablation files hold the PPL of the 64 "
                      f"windows together): within ±{FREE_REL:.0%} of the base PPL in "
@@ -193,18 +223,23 @@ def claim_rows(results_dir: str | Path) -> list[Any]:
                      + ", ".join(f"{x} in {m}" for m, x in c))
         rows.append(Row(kind, claim, f"{', '.join(sdn)}; 64 validation windows × 256",
                         f"ΔPPL {'; '.join(vals)}", label))
-    rows += _inversion_rows(d, M)
+    return rows
+
+
+def _scale_rows(sdn: list[str], M: dict) -> list[Any]:
+    """The share of minimal-rank layers grows with scale: not testable at one size."""
+    from tl_spectral_studies.verdicts import Row
+
     shares = {m: M[m]["sd"]["minimal_rank_layer_share"] for m in sdn if "sd" in M[m]}
     sizes = {round(M[m]["n_params"] / 1e5) / 10 for m in shares if M[m].get("n_params")}
-    rows.append(Row("scale", "share of minimal-rank layers grows with scale (33% at 18 M, 92% "
-                    "at 355 M parameters)", "S–D char models ("
-                    + ", ".join(f"{x:.1f} M" for x in sorted(sizes))
-                    + ")", "by the rank of S: " + ", ".join(f"{m}: {v:.0%}"
-                                                           for m, v in shares.items()),
-                    "not tested, because a trend with scale needs models of two or more sizes; "
-                    f"these have {len(sizes)}" if len(sizes) < 2 else
-                    "not comparable: below the paper's smallest scale"))
-    return rows
+    return [Row("scale", "share of minimal-rank layers grows with scale (33% at 18 M, 92% "
+                "at 355 M parameters)", "S–D char models ("
+                + ", ".join(f"{x:.1f} M" for x in sorted(sizes))
+                + ")", "by the rank of S: " + ", ".join(f"{m}: {v:.0%}"
+                                                       for m, v in shares.items()),
+                "not tested, because a trend with scale needs models of two or more sizes; "
+                f"these have {len(sizes)}" if len(sizes) < 2 else
+                "not comparable: below the paper's smallest scale")]
 
 
 def _cascade_label(rank2: bool, minimum: str, means: Sequence[float]) -> str:
