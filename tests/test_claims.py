@@ -425,3 +425,20 @@ def test_surgery_paths_come_from_the_arguments(tmp_path):
                            publish=str(tmp_path / "p"))
     q = Paths.from_args(b)
     assert (q.out, q.fig, q.pub) == (tmp_path / "w", tmp_path / "f", tmp_path / "p")
+
+
+def test_no_long_function_without_a_stated_reason():
+    """No studies function over 80 lines unless its docstring says why."""
+    long = []
+    for p in sorted((ROOT / "tl_spectral_studies").rglob("*.py")):
+        for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(n, ast.FunctionDef) and n.end_lineno - n.lineno + 1 > 80:
+                if "Longer than 80 lines on purpose" not in (ast.get_docstring(n) or ""):
+                    long.append(f"{p.name}:{n.name}")
+    assert not long, long
+
+
+def test_no_studies_file_over_600_lines():
+    big = [p.name for p in (ROOT / "tl_spectral_studies").rglob("*.py")
+           if len(p.read_text(encoding="utf-8").splitlines()) > 600]
+    assert not big, big

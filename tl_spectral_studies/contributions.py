@@ -323,7 +323,9 @@ def contribution_study(
 
     Returns a JSON-able summary with the markdown tables. ``run_faithfulness=False`` keeps
     the saved faithfulness result of an earlier run (the slow part) and redoes the rest.
-    """
+
+    Longer than 80 lines on purpose: one run from windows to summary; its steps share the run's
+    tensors, and splitting would pass a dozen locals between pieces."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -182,6 +182,13 @@ def _verdict_rows(slug: str, s: dict | None) -> list[str]:
             rows.append(f"| full order α < value-weighted < output-normalized < C, {crit} (seed "
                         f"003 §3.1) | {who}; {setting} | better − worse area per step: {nums} | "
                         f"{v} |")
+    return rows + _sink_rows(who, s)
+
+
+def _sink_rows(who: str, s: dict) -> list[str]:
+    """The sink rows of one model's summary (seed 003 §3.2–3.3): C.anti and C.norm by the
+    claims registry's per-layer rule."""
+    rows = []
     st, sk = s["stats_intervals"], s["sink_intervals"]
     li = max(range(len(sk)), key=lambda i: sk[i]["sink_rate"]["estimate"])
     a0, c0 = st[li]["attn_on_first_token"], st[li]["C_on_first_token"]

@@ -173,7 +173,10 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
               n_resamples: int = 1000, bootstrap_seed: int = 0,
               fig_dir: str | Path | None = None) -> dict[str, Any]:
     """Capture every field in one pass, scale-POD each, bootstrap; write JSON and figures.
-    Returns the summary (also in ``out_dir/field_pod_<model>_N<n_docs>.json``)."""
+    Returns the summary (also in ``out_dir/field_pod_<model>_N<n_docs>.json``).
+
+    Longer than 80 lines on purpose: the study's steps in order over one loaded model and its
+    windows."""
     import matplotlib
 
     matplotlib.use("Agg")

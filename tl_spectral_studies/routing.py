@@ -147,7 +147,10 @@ def run_study(out_dir: str | Path, *, runs_dir: str | Path | None = None,
     Results go to ``out_dir`` (one ``.safetensors`` per result and ``summary.json``; with
     ``merge`` an existing summary is updated, so the study can run in parts), figures (of
     everything in ``out_dir``) to ``fig_dir/routing_*.png`` (default ``out_dir/figures``).
-    Returns the summary."""
+    Returns the summary.
+
+    Longer than 80 lines on purpose: the study's steps in order over the models it loads once;
+    each step is a few lines."""
     from tl_spectral.models import load_model, zoo
 
     if quick:
@@ -289,7 +292,9 @@ def study_figures(geos: dict[str, QKGeometry], sds: dict[str, SDGeometry],
                   fig_dir: str | Path, caption: str = "tl-spectral study routing"
                   ) -> list[Path]:
     """Write the study's figures (``routing_*.png``) into ``fig_dir``, each with ``caption``
-    (the run: models, windows); returns the paths."""
+    (the run: models, windows); returns the paths.
+
+    Longer than 80 lines on purpose: one panel after another of the study's figures."""
     import matplotlib.pyplot as plt
 
     fig_dir = Path(fig_dir)
@@ -390,6 +395,8 @@ def study_figures(geos: dict[str, QKGeometry], sds: dict[str, SDGeometry],
 
 # ------------------------------------------------------------------------------- CLI
 def main(argv: Sequence[str], prog: str = "tl-spectral study routing") -> int:
+    """Longer than 80 lines on purpose: the argument parser of every subcommand, then the
+    dispatch."""
     ap = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd")
     add_run_arguments(ap, default_out="tl_spectral_study_routing")

@@ -411,7 +411,9 @@ def _sd_runs_verdict_rows(s: dict[str, Any] | None) -> list[Any]:
     — and filtering collapse (per-run rule of
     :func:`~tl_spectral_studies.sd_runs.filtering_collapse_verdict`) beside how far D moved;
     routing removal by :func:`~tl_spectral_studies.verdicts.removal_class` on the lower end of
-    each paired interval."""
+    each paired interval.
+
+    Longer than 80 lines on purpose: one row per S–D-run claim, in the table's order."""
     if not s:
         return []
     from tl_spectral_studies.sd_runs import (

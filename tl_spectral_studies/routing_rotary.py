@@ -44,7 +44,8 @@ def rotary_study(model_dir: str | Path, results_dir: str | Path, *,
     fraction is listed beside it. Writes ``results_dir/summary.json`` and
     ``results_dir/rotary_qk.safetensors``; the figure to ``fig_path`` when given. Existing
     outputs are refused (``FileExistsError``) unless ``overwrite``. Returns the summary.
-    """
+
+    Longer than 80 lines on purpose: the experiment's steps in order on one loaded checkpoint."""
     from tl_spectral.geometry.model import model_rotary_geometry
     from tl_spectral.models.gpt import load_model
 

@@ -43,7 +43,9 @@ def _fmt(x: Any, nd: int = 3) -> str:
 
 def study_markdown(summary: dict[str, Any]) -> str:
     """Markdown tables of a study summary (``summary.json`` of :func:`run_study`): overview,
-    routing rank per layer, ablations, the cascade over training, Gaussian baselines."""
+    routing rank per layer, ablations, the cascade over training, Gaussian baselines.
+
+    Longer than 80 lines on purpose: one table per section of the summary, in the doc's order."""
     L: list[str] = []
     models = summary["models"]
     L.append("| model | attention | LN | params | step (finished) | val PPL | heads | unstable "

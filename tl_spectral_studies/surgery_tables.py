@@ -366,7 +366,9 @@ SMOL_IDS: dict[str, tuple[str, ...] | None] = {
 def verdict_markdown(d: Path, *, smol_verdicts: str | Path | None = None) -> str:
     """The claim table of docs/surgery.md (SPEC B.5–B.6, seed 002) from the committed
     results in ``d``, with the SmolLM2 column from ``smol_verdicts`` (default: the
-    real-decoder study's verdicts.json beside ``d``) through :data:`SMOL_IDS`."""
+    real-decoder study's verdicts.json beside ``d``) through :data:`SMOL_IDS`.
+
+    Longer than 80 lines on purpose: one row per claim of the table, in the doc's order."""
     from tl_spectral_studies import smol_column
 
     curves = _curves(d)
