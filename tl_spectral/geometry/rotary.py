@@ -534,10 +534,26 @@ class RotaryQKGeometry(Result):
 
 
 # ------------------------------------------------------------------------- entry point
+def _layer_specs(spec: Any, n_layers: int) -> list[RotarySpec]:
+    """One :class:`RotarySpec` per layer from ``spec`` (one for all, or a sequence)."""
+    specs = [spec] * n_layers if isinstance(spec, RotarySpec) else list(spec) \
+        if isinstance(spec, (list, tuple)) else None
+    if specs is None or not all(isinstance(s, RotarySpec) for s in specs):
+        raise TypeError(f"spec must be a RotarySpec or a list of them (one per layer), got "
+                        f"{type(spec).__name__}; build one with "
+                        "RotarySpec.from_base(rotary_dim, base, pairing)")
+    if len(specs) != n_layers:
+        raise ValueError(f"{len(specs)} rotary specs for {n_layers} layers; pass one per layer")
+    if len({(s.pairing, s.rotary_dim) for s in specs}) > 1:
+        raise ValueError("the layers' rotary specs differ in pairing or rotary_dim; analyse "
+                         "such layers apart")
+    return specs
+
+
 def rotary_qk_geometry(
     W_Q: Any,
     W_K: Any,
-    spec: RotarySpec,
+    spec: RotarySpec | Sequence[RotarySpec],
     *,
     offsets: Any = None,
     distribution: Any = "causal",
@@ -555,7 +571,10 @@ def rotary_qk_geometry(
             (un-rotated, normalization folded as for :func:`~tl_spectral.geometry.qk.qk_geometry`).
         W_K: ``[layer, kv_head, d_model, d_head]`` (grouped-query: each key head serves
             ``head // kv_head`` consecutive query heads).
-        spec: the model's :class:`RotarySpec` (frequencies, pairing, scaling).
+        spec: the model's :class:`RotarySpec` (frequencies, pairing, scaling), or one per
+            layer (e.g. Gemma 3's θ = 10⁴ local and 10⁶ global layers; same pairing and
+            rotary_dim). Each layer's frequencies are in ``pair_theta``/``pair_gain``; the
+            result's ``inv_freq``/``attention_scaling`` are the first layer's.
         offsets: where energies and spectra are reported (``[n]`` ints); default
             :func:`default_offsets` of ``n_ctx`` (0, −1, −2, −4, …), or ``[0]`` if no n_ctx.
         distribution: the offset distribution for the averages (:func:`offset_distribution`;
@@ -584,13 +603,12 @@ def rotary_qk_geometry(
     """
     # Long on purpose: one pass per layer that validates, forms the energy forms and the
     # spectra and (optionally) the averaged ranks; splitting it would thread ten arrays.
-    if not isinstance(spec, RotarySpec):
-        raise TypeError(f"spec must be a RotarySpec, got {type(spec).__name__}; build one with "
-                        "RotarySpec.from_base(rotary_dim, base, pairing)")
     q_layers = as_layers(W_Q, "W_Q", 3, "head, d_model, d_head")
     k_layers = as_layers(W_K, "W_K", 3, "kv_head, d_model, d_head")
     if len(q_layers) != len(k_layers):
         raise ValueError(f"W_Q has {len(q_layers)} layers but W_K has {len(k_layers)}")
+    specs = _layer_specs(spec, len(q_layers))
+    spec = specs[0]
     names = resolve_layer_names(layer_names, len(q_layers))
     n_heads, n_kv, d_model = q_layers[0].shape[0], k_layers[0].shape[0], q_layers[0].shape[1]
     if offsets is None:
@@ -631,7 +649,7 @@ def rotary_qk_geometry(
         check_finite(wq, f"W_Q[{i}]")
         check_finite(wk, f"W_K[{i}]")
         d = int(wq.shape[2])
-        a, b, theta, gain = spec.pairs(d)
+        a, b, theta, gain = specs[i].pairs(d)
         wq = wq.to(dtype)
         wk = wk.to(dtype).repeat_interleave(n_heads // n_kv, dim=0)
         H, T = _energy_forms(wq, wk, a, b)
