@@ -126,3 +126,116 @@ def test_patterns_are_zero_beyond_the_window_in_local_layers(gemma):
         else:
             assert float(p[..., lag >= w].abs().max()) == 0.0
             assert float(p[..., (lag >= 0) & (lag < w)].min()) > 0
+
+
+# --------------------------------------------------------------------- QK-norm and RoPE
+def test_rotary_metadata_is_read_per_layer_type(gemma):
+    bridge, hf = gemma
+    metas = layer_rotary_metadata(bridge)
+    want = {"sliding_attention": 10_000.0, "full_attention": 1_000_000.0}
+    for layer, m in enumerate(metas):
+        theta = want[TYPES[layer]]
+        ref = 1.0 / theta ** (torch.arange(0, DH, 2, dtype=torch.float64) / DH)
+        torch.testing.assert_close(m["inv_freq"], ref, rtol=1e-6, atol=0)
+        assert m["source"].endswith(f"{TYPES[layer]}_inv_freq")
+    with pytest.raises(ValueError, match="layer_rotary_metadata"):  # never one silent θ
+        ModelView(bridge).rotary_metadata()
+
+
+def test_qk_norm_gains_are_one_plus_w(gemma):
+    from tl_spectral.geometry.model import qk_norm_gains
+
+    bridge, hf = gemma
+    gq, gk = qk_norm_gains(ModelView(bridge))
+    for layer in range(4):
+        a = hf.model.layers[layer].self_attn
+        torch.testing.assert_close(gq[layer], 1.0 + a.q_norm.weight.double(), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(gk[layer], 1.0 + a.k_norm.weight.double(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("layer", [LOCAL, GLOBAL])
+def test_folded_bilinear_form_reproduces_the_scores(gemma, layer):
+    """s_ij = scaling / (r_q(i) r_k(j)) · n(h_i) W_Q' R(j − i) W_K'ᵀ n(h_j)ᵀ with the
+    ln1 and QK-norm gains folded into W_Q', W_K' (the geometry's weights) and R the
+    layer's own rotary kernel; r = sqrt(mean(q²) + eps) of the un-normalized head vector."""
+    from tl_spectral.geometry.model import _fold_qk_norm
+    from tl_spectral.geometry.rotary import RotarySpec, rotary_matrix
+
+    bridge, hf = gemma
+    v = ModelView(bridge)
+    toks = _tokens(n=2, T=13)
+    with torch.no_grad():
+        h = hf(toks, output_hidden_states=True).hidden_states[layer]
+    parts = _hf_parts(hf, layer, h)
+    st = _fold_qk_norm(v, v.stacked_weights(fold_ln=True))
+    WQ, WK = st["W_Q"][layer].double(), st["W_K"][layer].double()  # [H, m, d]
+    n = v.ln1_affine(layer).normalize(h.double())  # [b, T, m]
+    m = layer_rotary_metadata(bridge)[layer]
+    spec = RotarySpec(m["inv_freq"], m["pairing"], m["attention_scaling"])
+    T = toks.shape[1]
+    delta = torch.arange(T)[None, :] - torch.arange(T)[:, None]  # j − i
+    R = rotary_matrix(spec, DH, delta)  # [T, T, d, d]
+    qf = torch.einsum("btm,hmd->bhtd", n, WQ)
+    kf = torch.einsum("btm,hmd->bhtd", n, WK)
+    B = torch.einsum("bhid,ijde,bhje->bhij", qf, R, kf)
+    eps = hf.model.layers[layer].self_attn.q_norm.eps
+    r_q = (parts["q"].double().pow(2).mean(-1) + eps).sqrt()  # [b, H, T]
+    r_k = (parts["k"].double().pow(2).mean(-1) + eps).sqrt()  # [b, 1, T]
+    scaling = hf.model.layers[layer].self_attn.scaling
+    assert scaling == pytest.approx(hf.config.query_pre_attn_scalar ** -0.5)
+    factor = scaling / (r_q[..., :, None] * r_k[..., None, :])
+    torch.testing.assert_close(factor * B, parts["scores"].double(), rtol=1e-4, atol=1e-5)
+    # and the bridge's own pre-softmax scores on the allowed pairs (its mask sets the rest)
+    _, cache = bridge.run_with_cache(toks, names_filter=f"blocks.{layer}.attn.hook_attn_scores")
+    got = cache[f"blocks.{layer}.attn.hook_attn_scores"].double()
+    w = layer_windows(bridge)[layer]
+    lag = -delta
+    ok = (lag >= 0) & (lag < (w or T))
+    torch.testing.assert_close(got[..., ok], parts["scores"].double()[..., ok], rtol=1e-4,
+                               atol=1e-5)
+
+
+def _hf_kernels(hf, layer: int, deltas, base: int = 40):
+    """M_h(Δ) [len(deltas), H, d_model, d_model] from the HF modules: q and k projections of
+    the (1 + w)-folded identity, scaled by the q/k norm gains (1 + w) and rotated by the
+    model's own rotary embedding for the layer's type at positions base (query) and
+    base + Δ (key) — everything of the score but the per-token factor 1 / (r_q r_k)."""
+    from transformers.models.gemma3.modeling_gemma3 import apply_rotary_pos_emb
+
+    blk = hf.model.layers[layer]
+    a = blk.self_attn
+    E = torch.diag(1.0 + blk.input_layernorm.weight.detach().float())
+    with torch.no_grad():
+        q = a.q_proj(E).view(-1, H, DH).transpose(0, 1) * (1.0 + a.q_norm.weight)
+        k = a.k_proj(E).view(-1, 1, DH).transpose(0, 1) * (1.0 + a.k_norm.weight)
+        k = k.repeat_interleave(H, dim=0)
+        out = []
+        for delta in deltas:
+            cos, sin = hf.model.rotary_emb(q, torch.tensor([[base, base + delta]]), a.layer_type)
+            qr, _ = apply_rotary_pos_emb(q[None].double(), q[None].double(),
+                                         cos[:, :1].double(), sin[:, :1].double())
+            _, kr = apply_rotary_pos_emb(k[None].double(), k[None].double(),
+                                         cos[:, 1:].double(), sin[:, 1:].double())
+            out.append(qr[0] @ kr[0].transpose(-1, -2))
+    return torch.stack(out)
+
+
+def test_rotary_geometry_uses_each_layers_theta(gemma):
+    """Offset-resolved geometry of a local (θ 10⁴) and a global (θ 10⁶) layer against the
+    kernels built with the model's own rotary embedding (as tests/test_smollm2.py)."""
+    from tl_spectral.geometry.model import model_rotary_geometry
+
+    bridge, hf = gemma
+    deltas = [0, -1, -5, -7, -37, -200]
+    g = model_rotary_geometry(bridge, offsets=deltas, average_ranks=False, n_ctx=64)
+    for layer in (LOCAL, GLOBAL):
+        M = _hf_kernels(hf, layer, deltas)
+        R = 0.5 * (M - M.transpose(-1, -2))
+        F = 0.5 * (M + M.transpose(-1, -2))
+        nr, nf = R.square().sum((-2, -1)), F.square().sum((-2, -1))
+        torch.testing.assert_close(g.routing_fraction[layer].double(), (nr / (nr + nf)).T,
+                                   rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(g.norm_M_sq[layer].double(), (nr + nf).T, rtol=1e-4, atol=0)
+    theta_local, theta_global = g.pair_theta[LOCAL, 1], g.pair_theta[GLOBAL, 1]
+    assert float(theta_local) == pytest.approx(1e4 ** (-2 / DH))
+    assert float(theta_global) == pytest.approx(1e6 ** (-2 / DH))
