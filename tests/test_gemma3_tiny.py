@@ -239,3 +239,137 @@ def test_rotary_geometry_uses_each_layers_theta(gemma):
     theta_local, theta_global = g.pair_theta[LOCAL, 1], g.pair_theta[GLOBAL, 1]
     assert float(theta_local) == pytest.approx(1e4 ** (-2 / DH))
     assert float(theta_global) == pytest.approx(1e6 ** (-2 / DH))
+
+
+# ----------------------------------------------------- contributions and sinks (multi-query)
+def _hf_layer(hf, toks, layer):
+    """(pattern [b, H, T, T], values repeated to the query heads [b, T, H, d], W_O [H, d, m])
+    of ``layer`` from the HF modules: one value head read by the four query heads."""
+    with torch.no_grad():
+        out = hf(toks, output_attentions=True, output_hidden_states=True)
+        parts = _hf_parts(hf, layer, out.hidden_states[layer])
+    v = parts["v"]  # [b, 1, T, d]: the single key-value head
+    assert v.shape[1] == 1
+    val = v.transpose(1, 2).repeat_interleave(H, dim=2).double()  # [b, T, H, d]
+    W_O = hf.model.layers[layer].self_attn.o_proj.weight.detach().T.reshape(H, DH, -1).double()
+    return out.attentions[layer].double(), val, W_O
+
+
+def _brute_c(pattern, v, W_O):
+    """c_ij^h = ⟨o_i, α_ij ṽ_j^h⟩ / ‖o_i‖² with the [b, q, k, H, d_model] terms formed."""
+    vt = torch.einsum("bkhd,hdm->bkhm", v, W_O)
+    terms = pattern.permute(0, 2, 3, 1)[..., None] * vt[:, None]
+    o = terms.sum(dim=(2, 3))
+    return torch.einsum("bqm,bqkhm->bhqk", o, terms) / (o * o).sum(-1)[:, None, :, None]
+
+
+def _allowed(T: int, w):
+    lag = torch.arange(T)[:, None] - torch.arange(T)[None, :]
+    return (lag >= 0) & (lag < (w if w is not None else T))
+
+
+def _ordinal(x):
+    """Ordinal ranks (ties by position) along the last axis."""
+    order = torch.sort(x, dim=-1, stable=True).indices
+    r = torch.empty_like(order)
+    r.scatter_(-1, order, torch.arange(x.shape[-1]).expand_as(order).contiguous())
+    return r.double()
+
+
+@pytest.mark.parametrize("layer", [LOCAL, GLOBAL])
+def test_contributions_match_brute_force_inside_the_window(gemma, layer):
+    from tl_spectral.probes import ContributionProbe, run_probes
+    from tl_spectral.probes.contributions import rank_query_positions
+
+    bridge, hf = gemma
+    toks = _tokens(n=3, T=3 * WINDOW - 3)
+    b, T = toks.shape
+    res = run_probes(bridge, toks, ContributionProbe(layers=[layer], keep_docs=[0, 2],
+                                                     rank_stride=1, rank_queries=6,
+                                                     negative_rtol=0.0),
+                     batch_size=3, progress=False)["contributions"]
+    pat, val, W_O = _hf_layer(hf, toks, layer)
+    c = _brute_c(pat, val, W_O)  # [b, H, T, T]
+    kept = res.kept_maps[f"{layer}.contribution"].double()
+    torch.testing.assert_close(kept, c[[0, 2]], rtol=1e-4, atol=1e-6)
+    w = layer_windows(bridge)[layer]
+    ok = _allowed(T, w)
+    assert float(c[..., ~ok].abs().max()) == 0.0  # nothing outside the window
+    C = c.sum(1)  # token level [b, T, T]
+    n_src = ok.sum(0).double() * b  # queries per key, in the window
+    torch.testing.assert_close(res.source_count[0].double(), n_src)
+    torch.testing.assert_close(res.source_mean[0, -1].double(), C.sum((0, 1)) / n_src,
+                               rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(res.source_attention[0].double(),
+                               pat.sum((0, 2)) / n_src, rtol=1e-4, atol=1e-6)
+    lag = torch.arange(T)[:, None] - torch.arange(T)[None, :]
+    n_lag = torch.stack([(ok & (lag == x)).sum() for x in range(T)]).double() * b
+    torch.testing.assert_close(res.lag_count[0].double(), n_lag)
+    want_lag = torch.stack([C[:, ok & (lag == x)].sum() for x in range(T)]) / n_lag.clamp_min(1)
+    torch.testing.assert_close(res.lag_mean[0, -1].double(), want_lag, rtol=1e-4, atol=1e-6)
+    n_pairs = ok.sum() * b
+    neg = torch.stack([(c[:, h][:, ok] < 0).sum() for h in range(H)] + [(C[:, ok] < 0).sum()])
+    torch.testing.assert_close(res.negative_fraction[0].double(), neg.double() / n_pairs,
+                               rtol=1e-6, atol=1e-7)
+    # token-level Spearman of attention vs contribution over each sampled query's window
+    qidx, _ = rank_query_positions([T] * b, 6)
+    rhos = []
+    for d in range(b):
+        for i in qidx[d].tolist():
+            keys = ok[i].nonzero().flatten()
+            ra, rc = _ordinal(pat[d, :, i, keys].sum(0)), _ordinal(C[d, i, keys])
+            n = keys.numel()
+            rhos.append(1 - 6 * ((ra - rc) ** 2).sum() / (n * (n * n - 1)))
+    mi, ci = res.measures.index("attention"), res.measures.index("contribution")
+    assert float(res.rank_corr[0, -1, mi, ci]) == pytest.approx(float(torch.stack(rhos).mean()),
+                                                                abs=1e-5)
+
+
+@pytest.mark.parametrize("layer", [LOCAL, GLOBAL])
+def test_contribution_counts_with_padding_respect_the_window(gemma, layer):
+    from tl_spectral.probes import ContributionProbe, run_probes
+
+    bridge, hf = gemma
+    toks = _tokens(n=2, T=20)
+    mask = torch.ones_like(toks, dtype=torch.bool)
+    mask[1, 13:] = False
+    res = run_probes(bridge, toks, ContributionProbe(layers=[layer], rank_queries=0),
+                     attention_mask=mask, batch_size=2, progress=False)["contributions"]
+    ok = _allowed(20, layer_windows(bridge)[layer])
+    short = torch.nn.functional.pad(ok[:13, :13].sum(0), (0, 7))  # the padded document
+    n = (ok.sum(0) + short).double()
+    torch.testing.assert_close(res.source_count[0].double(), n)
+
+
+def _brute_rho(pat, val, W_O, sink: int = 0):
+    """ρ*_i = ⟨s̄, s̄ − ṽ_0⟩ / ‖s̄ − ṽ_0‖² in d_model space, s̄ = Σ_{j≠0} α_ij ṽ_j / m_i."""
+    vt = torch.einsum("bkhd,hdm->bhkm", val, W_O)  # [b, H, k, m]
+    p = pat.clone()
+    p[..., sink] = 0
+    m = p.sum(-1)  # [b, H, q]
+    sbar = (p @ vt) / m.clamp_min(1e-300)[..., None]
+    d = sbar - vt[:, :, sink][:, :, None]
+    return (sbar * d).sum(-1) / (d * d).sum(-1), m
+
+
+@pytest.mark.parametrize("layer", [LOCAL, GLOBAL])
+def test_sinks_match_brute_force_inside_the_window(gemma, layer):
+    from tl_spectral.probes import SinkProbe, run_probes
+
+    bridge, hf = gemma
+    toks = _tokens(n=3, T=3 * WINDOW - 3)
+    b, T = toks.shape
+    res = run_probes(bridge, toks, SinkProbe(layers=[layer]), batch_size=3,
+                     progress=False)["sinks"]
+    pat, val, W_O = _hf_layer(hf, toks, layer)
+    w = layer_windows(bridge)[layer]
+    torch.testing.assert_close(res.sink_rate[0].double(), pat[..., 0].mean((0, 2)), rtol=1e-4,
+                               atol=1e-6)
+    n0 = min(T, w or T)  # the queries whose window holds key 0
+    torch.testing.assert_close(res.key_score[0].double(), pat[..., 0].sum(-1).mean(0) / n0,
+                               rtol=1e-4, atol=1e-6)
+    rho, m = _brute_rho(pat, val, W_O)
+    sees = torch.arange(T) < (w or T)
+    valid = sees[None, None, :] & (m > 0)
+    want = (rho.clamp(0, 1) * valid).sum((0, 2)) / valid.sum((0, 2))
+    torch.testing.assert_close(res.rho_mean[0].double(), want, rtol=1e-4, atol=1e-5)
