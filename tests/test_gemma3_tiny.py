@@ -373,3 +373,119 @@ def test_sinks_match_brute_force_inside_the_window(gemma, layer):
     valid = sees[None, None, :] & (m > 0)
     want = (rho.clamp(0, 1) * valid).sum((0, 2)) / valid.sum((0, 2))
     torch.testing.assert_close(res.rho_mean[0].double(), want, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------ fields and lag counts
+@pytest.mark.parametrize("padded", [False, True])
+def test_field_means_and_counts_use_the_window(gemma, padded):
+    from tl_spectral.analysis.lags import lag_fields
+    from tl_spectral.probes import AttentionFieldProbe, run_probes
+
+    bridge, hf = gemma
+    toks = _tokens(n=3, T=2 * WINDOW + 4)
+    b, T = toks.shape
+    mask = torch.ones_like(toks, dtype=torch.bool)
+    if padded:
+        mask[2, T - 5:] = False
+    probe = AttentionFieldProbe(layers=[LOCAL, GLOBAL])
+    res = run_probes(bridge, toks, probe, attention_mask=mask, batch_size=3,
+                     progress=False)["attention_fields"]
+    with torch.no_grad():
+        att = hf(toks, output_attentions=True).attentions
+    pm = mask[:, None, :, None] & mask[:, None, None, :]
+    for layer in (LOCAL, GLOBAL):
+        w = layer_windows(bridge)[layer]
+        A = (att[layer] * pm).mean(1).double()  # head mean, padded pairs 0
+        F, lags = lag_fields(A, causal=True, window=w)
+        torch.testing.assert_close(res.fields[str(layer)].double(), F, rtol=1e-5, atol=1e-7)
+        i = torch.arange(T)[:, None]
+        key = i - lags[None, :]
+        ok = (key >= 0) & (lags[None, :] < (w or T))
+        real = mask[:, :, None] & mask[:, key.clamp(0, T - 1)] & ok[None]
+        cnt = real.sum(0).double()
+        torch.testing.assert_close(probe.state[f"{layer}.count"].double(), cnt)
+        want = torch.where(cnt > 0, (F * real).sum(0) / cnt.clamp_min(1), 0.0)
+        torch.testing.assert_close(res.mean[str(layer)].double(), want, rtol=1e-5, atol=1e-7)
+        if w is not None:  # the model's own field is 0 beyond the window: nothing was cut
+            F_all, _ = lag_fields(A, causal=True)
+            torch.testing.assert_close(F_all, F)
+
+
+def test_lag_fields_window_cuts_other_maps():
+    from tl_spectral.analysis.lags import lag_fields
+
+    A = torch.rand(2, 9, 9)
+    F, lags = lag_fields(A, window=3)
+    F0, _ = lag_fields(A)
+    assert torch.equal(F[..., :3], F0[..., :3]) and float(F[..., 3:].abs().max()) == 0.0
+    with pytest.raises(ValueError, match="window"):
+        lag_fields(A, window=0)
+
+
+# -------------------------------------------------------------------------- memory (logits)
+@pytest.fixture(scope="module")
+def big_vocab(tmp_path_factory):
+    """A 2-layer Gemma3 with a 200,000-token vocabulary and d_model 64: its logits at
+    batch 2 × 24 tokens are 38 MB of float32, the rest of the model 51 MB of embedding."""
+    folder = save_gemma3(tmp_path_factory.mktemp("gemma3_vocab"), vocab=200_000, n_layers=2,
+                         types=["sliding_attention", "full_attention"])
+    return boot(folder)
+
+
+def _count_calls(module):
+    calls = []
+    handle = module.register_forward_hook(lambda m, i, o: calls.append(tuple(o.shape)))
+    return calls, handle
+
+
+@pytest.mark.parametrize("layers", [[0], [0, 1]])
+def test_a_probe_pass_never_forms_the_logits(big_vocab, layers):
+    """A probe pass stops after the last layer it reads: the unembedding (lm_head) never
+    runs, so no [batch, T, 200,000] float32 logits exist; layers after the last one read
+    never run either."""
+    from tl_spectral.probes import (AttentionFieldProbe, AttentionStats, ContributionProbe,
+                                    SinkProbe, run_probes)
+
+    bridge = big_vocab
+    hf = bridge.original_model
+    lm_calls, h1 = _count_calls(hf.lm_head)
+    layer_calls, h2 = _count_calls(hf.model.layers[1].mlp)
+    toks = torch.randint(1, 200_000, (2, 24), generator=torch.Generator().manual_seed(0))
+    try:
+        res = run_probes(bridge, toks, [AttentionStats(layers=layers),
+                                        ContributionProbe(layers=layers),
+                                        SinkProbe(layers=layers),
+                                        AttentionFieldProbe(layers=layers)],
+                         batch_size=2, progress=False)
+        assert lm_calls == [] and layer_calls == []
+        assert set(res) == {"attention_stats", "contributions", "sinks", "attention_fields"}
+        # asked for, the logits are formed (the hook sees the [b, T, vocab] tensor)
+        run_probes(bridge, toks, AttentionStats(layers=layers), batch_size=2, progress=False,
+                   on_logits=lambda start, lg: None)
+        assert lm_calls == [(2, 24, 200_000)]
+    finally:
+        h1.remove()
+        h2.remove()
+
+
+def test_hooked_runs_without_logits_stop_after_the_last_hooked_block(big_vocab):
+    """ModelView.run(return_type=None) with block hooks only (layer_maps, the faithfulness
+    captures) never runs the unembedding; a hook past the blocks keeps the whole pass."""
+    from tl_spectral.probes.contributions import layer_maps
+
+    bridge = big_vocab
+    hf = bridge.original_model
+    lm_calls, h1 = _count_calls(hf.lm_head)
+    toks = torch.randint(1, 200_000, (2, 16), generator=torch.Generator().manual_seed(1))
+    try:
+        maps = layer_maps(bridge, toks, layers=[0, 1])
+        assert set(maps) == {0, 1} and lm_calls == []
+        seen = []
+        ModelView(bridge).run(toks, fwd_hooks=[("blocks.0.attn.hook_pattern",
+                                                lambda t, hook: seen.append(1)),
+                                               ("ln_final.hook_normalized",
+                                                lambda t, hook: seen.append(2))],
+                              return_type=None)
+        assert seen == [1, 2] and lm_calls == [(2, 16, 200_000)]
+    finally:
+        h1.remove()

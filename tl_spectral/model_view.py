@@ -46,6 +46,23 @@ _HOOK_NAMES = {
 }
 
 
+class _BlocksDone(Exception):
+    """Raised by :meth:`ModelView.run` once the last hooked block has run (nothing after it
+    is wanted)."""
+
+
+def _last_hooked_block(fwd_hooks: list) -> Optional[int]:
+    """The largest ``l`` of hook names ``blocks.{l}.…``, or None when some hook is not on a
+    block (a name filter, the embedding, the final norm, the unembedding) or there is none."""
+    last = None
+    for name, _ in fwd_hooks:
+        parts = name.split(".") if isinstance(name, str) else []
+        if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit():
+            return None
+        last = max(int(parts[1]), -1 if last is None else last)
+    return last
+
+
 class PatternsNotExposedError(RuntimeError):
     """The model runs its attention fused (e.g. SDPA) and never exposes the pattern."""
 
@@ -473,6 +490,11 @@ class ModelView:
         """One forward pass with ``fwd_hooks`` attached for its duration.
 
         tokens: [batch, pos] int64; attention_mask: [batch, pos] (1 = real token).
+
+        ``return_type=None`` with hooks on blocks only: the pass stops once the last hooked
+        block has run (after its ``hook_resid_post`` hooks), so the final norm and the
+        unembedding never run — no ``[batch, pos, d_vocab]`` logits (Gemma 3: 262,144 per
+        token) are formed where nothing reads them. Returns None then.
         """
         kwargs: dict[str, Any] = {}
         if attention_mask is not None:
@@ -486,8 +508,18 @@ class ModelView:
             kwargs["one_zero_attention_mask"] = attention_mask.to(self.device)
         if return_type is not None:
             kwargs["return_type"] = return_type
-        with self.model.hooks(fwd_hooks=fwd_hooks or []):
-            return self.model(tokens, **kwargs)
+        hooks = list(fwd_hooks or [])
+        last = _last_hooked_block(hooks) if return_type is None else None
+        if last is not None and self.has_hook(f"blocks.{last}.hook_resid_post"):
+            def stop(t: Tensor, hook: Any = None) -> Tensor:
+                raise _BlocksDone
+
+            hooks.append((f"blocks.{last}.hook_resid_post", stop))  # after the caller's hooks
+        try:
+            with self.model.hooks(fwd_hooks=hooks):
+                return self.model(tokens, **kwargs)
+        except _BlocksDone:
+            return None
 
     def check_patterns(self) -> None:
         """Raise :class:`PatternsNotExposedError` unless layer 0's pattern hook fires.
