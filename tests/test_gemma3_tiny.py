@@ -489,3 +489,24 @@ def test_hooked_runs_without_logits_stop_after_the_last_hooked_block(big_vocab):
         assert seen == [1, 2] and lm_calls == [(2, 16, 200_000)]
     finally:
         h1.remove()
+
+
+def test_half_precision_underflow_check_ignores_keys_outside_the_window(tmp_path):
+    """bfloat16: the exact zeros beyond a local layer's window are the mask, not softmax
+    underflow, so no UnderflowWarning (it counts zeros among the pairs the layer can see)."""
+    import warnings
+
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from tl_spectral.probes import AttentionStats, run_probes
+    from tl_spectral.probes.runner import UnderflowWarning
+
+    folder = save_gemma3(tmp_path / "m", n_layers=2, types=TYPES[:2])
+    bridge = TransformerBridge.boot_transformers(
+        str(folder), device="cpu", dtype=torch.bfloat16,
+        hf_config_overrides={"attn_implementation": "eager"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnderflowWarning)
+        res = run_probes(bridge, _tokens(n=2, T=4 * WINDOW), AttentionStats(), batch_size=2,
+                         progress=False)
+    assert res["attention_stats"].entropy.shape == (2, H)
