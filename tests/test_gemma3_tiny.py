@@ -510,3 +510,27 @@ def test_half_precision_underflow_check_ignores_keys_outside_the_window(tmp_path
         res = run_probes(bridge, _tokens(n=2, T=4 * WINDOW), AttentionStats(), batch_size=2,
                          progress=False)
     assert res["attention_stats"].entropy.shape == (2, H)
+
+
+def test_rotary_averages_of_a_local_layer_stay_inside_its_window(gemma, tmp_path):
+    """The causal offset average of a sliding-window layer runs over |Δ| < W only
+    (P(Δ) ∝ n_ctx − |Δ| there, renormalised); a global layer's over the whole window."""
+    from tl_spectral.geometry.model import model_rotary_geometry
+    from tl_spectral.results import Result
+
+    bridge, hf = gemma
+    n_ctx = 24
+    g = model_rotary_geometry(bridge, offsets=[0, -1], n_ctx=n_ctx, rank_offsets=None)
+    assert g.windows == [WINDOW, None, WINDOW, WINDOW]
+    for layer, w in ((LOCAL, WINDOW), (GLOBAL, n_ctx)):
+        deltas = list(range(0, -w, -1))
+        M = _hf_kernels(hf, layer, deltas)
+        R = 0.5 * (M - M.transpose(-1, -2))
+        e_r, e_m = R.square().sum((-2, -1)), M.square().sum((-2, -1))  # [Δ, H]
+        p = torch.tensor([n_ctx - abs(d) for d in deltas], dtype=torch.float64)
+        p = p / p.sum()
+        torch.testing.assert_close(g.mean_norm_M_sq[layer].double(), p @ e_m, rtol=1e-4, atol=0)
+        torch.testing.assert_close(g.mean_routing_fraction[layer].double(),
+                                   (p @ e_r) / (p @ e_m), rtol=1e-4, atol=1e-7)
+    back = Result.load(g.save(tmp_path / "geo"))
+    assert back.windows == g.windows

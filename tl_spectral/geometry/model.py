@@ -261,7 +261,10 @@ def model_rotary_geometry(
     fold_ln: fold the pre-attention normalization and, for QK-norm models, the query and
         key norm gains (``W_Q D_q R(Δ) D_k W_Kᵀ``; see :func:`model_qk_geometry`). Each layer
         is rotated by its own rotary embedding (:func:`~tl_spectral.model_view.
-        layer_rotary_metadata`: Gemma 3's local and global θ).
+        layer_rotary_metadata`: Gemma 3's local and global θ), and a sliding-window
+        layer's averages use the offset distribution restricted to the offsets it attends
+        to, ``|Δ| < W`` (:func:`~tl_spectral.model_view.layer_windows`; the result's
+        ``windows``).
     average_ranks: also average the effective ranks over the distribution.
     rank_offsets: the offsets of that average (default ``"auto"``: every offset of the
         distribution when that is cheap, else an equal-mass quantile sample within a ~10 s
@@ -285,14 +288,17 @@ def model_rotary_geometry(
         # θ_k = base^(−2k / rotary_dim), as models.attention.rotary_inv_freq (adjacent pairs)
         spec = RotarySpec.from_base(model.cfg.rotary_dim, model.cfg.rotary_base, "adjacent")
         ctx = model.cfg.n_ctx
+        windows = None
     else:
         from tl_spectral.model_view import ModelView, PatternsNotExposedError
 
         view = model if isinstance(model, ModelView) else ModelView(model)
-        from tl_spectral.model_view import layer_rotary_metadata
+        from tl_spectral.model_view import layer_rotary_metadata, layer_windows
 
         try:
             metas = layer_rotary_metadata(view)
+            windows = layer_windows(view)  # sliding-window layers: averages over |Δ| < W
+            windows = None if all(w is None for w in windows) else windows
             st = view.stacked_weights(fold_ln=fold_ln)
         except (PatternsNotExposedError, ValueError) as e:
             raise UnreadableHeadsError(f"cannot read the rotary heads of {view.name}: {e}") from e
@@ -309,7 +315,8 @@ def model_rotary_geometry(
     try:
         return rotary_qk_geometry(WQ, WK, spec, offsets=offsets, distribution=distribution,
                                   n_ctx=n_ctx, average_ranks=average_ranks,
-                                  rank_offsets=rank_offsets, progress=progress)
+                                  rank_offsets=rank_offsets, progress=progress,
+                                  windows=windows)
     except ValueError as e:
         raise UnreadableHeadsError(f"the model's rotary heads cannot be analysed: {e}") from e
 
