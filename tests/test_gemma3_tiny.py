@@ -443,8 +443,13 @@ def test_a_probe_pass_never_forms_the_logits(big_vocab, layers):
     """A probe pass stops after the last layer it reads: the unembedding (lm_head) never
     runs, so no [batch, T, 200,000] float32 logits exist; layers after the last one read
     never run either."""
-    from tl_spectral.probes import (AttentionFieldProbe, AttentionStats, ContributionProbe,
-                                    SinkProbe, run_probes)
+    from tl_spectral.probes import (
+        AttentionFieldProbe,
+        AttentionStats,
+        ContributionProbe,
+        SinkProbe,
+        run_probes,
+    )
 
     bridge = big_vocab
     hf = bridge.original_model
