@@ -539,3 +539,30 @@ def test_rotary_averages_of_a_local_layer_stay_inside_its_window(gemma, tmp_path
                                    (p @ e_r) / (p @ e_m), rtol=1e-4, atol=1e-7)
     back = Result.load(g.save(tmp_path / "geo"))
     assert back.windows == g.windows
+
+
+def test_q_and_k_captures_are_before_the_norm_and_the_rotation(gemma):
+    """hook_q / hook_k (the runner's ``q``/``k`` captures) hold x W_Q and x W_K as the
+    projections give them: before QK-norm and RoPE (the un-normalized head vectors whose
+    RMS is the per-token factor of the score); the bridge's hook_q_normed and hook_rot_q
+    hold the normalized and the rotated ones. The single key head stays single in the hook."""
+    bridge, hf = gemma
+    toks = _tokens(n=1, T=10)
+    names = {n: f"blocks.{LOCAL}.attn.{n}" for n in
+             ("hook_q", "hook_k", "hook_q_normed", "hook_rot_q", "hook_rot_k")}
+    _, cache = bridge.run_with_cache(toks, names_filter=lambda n: n in names.values())
+    with torch.no_grad():
+        h = hf(toks, output_hidden_states=True).hidden_states[LOCAL]
+    p = _hf_parts(hf, LOCAL, h)
+    a = hf.model.layers[LOCAL].self_attn
+    with torch.no_grad():
+        qn = a.q_norm(p["q"])
+
+    def heads_first(x):
+        return x.transpose(1, 2) if x.shape[1] == toks.shape[1] else x
+
+    for name, ref in (("hook_q", p["q"]), ("hook_k", p["k"]), ("hook_q_normed", qn),
+                      ("hook_rot_q", p["qr"]), ("hook_rot_k", p["kr"])):
+        got = heads_first(cache[names[name]])
+        assert got.shape == ref.shape, name
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)

@@ -21,7 +21,9 @@ batch, whatever the number of probes reading it).
 - ``attn_in``: ``[batch, pos, d_model]`` the input of the attention (after ln1 when the
   model is pre-LN; the residual stream for post-LN encoders such as BERT).
 - ``q``, ``k``, ``v``: ``[batch, pos, head, d_head]`` queries, keys and values; keys and
-  values are repeated to the query heads for grouped-query models.
+  values are repeated to the query heads for grouped-query models. Queries and keys are the
+  projections ``x W_Q + b_Q``, ``x W_K + b_K`` before any QK-norm and before rotary positions
+  (Gemma 3's bridge: ``hook_q_normed`` / ``hook_rot_q`` hold the normalized and rotated ones).
 - ``pattern``: ``[batch, head, query, key]`` post-softmax attention pattern.
 - ``z``: ``[batch, pos, head, d_head]`` each head's pattern-weighted values (before W_O).
 - ``mlp_out``: ``[batch, pos, d_model]`` the MLP's output (what it adds to the residual).
