@@ -566,3 +566,39 @@ def test_q_and_k_captures_are_before_the_norm_and_the_rotation(gemma):
         got = heads_first(cache[names[name]])
         assert got.shape == ref.shape, name
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------- layer_windows elsewhere
+def _stub(cls_name: str, hf_config=None, **cfg):
+    """A stand-in TransformerLens model: ModelView reads only its class name and cfg (and a
+    bridge's original_model.config)."""
+    from types import SimpleNamespace
+
+    base = dict(n_layers=2, n_heads=4, d_model=64, d_head=16, n_ctx=32, d_vocab=10,
+                normalization_type="LN", positional_embedding_type="standard")
+    model = type(cls_name, (), {})()
+    model.cfg = SimpleNamespace(**(base | cfg))
+    if hf_config is not None:
+        model.original_model = SimpleNamespace(config=hf_config)
+    return model
+
+
+def test_layer_windows_of_other_configs():
+    import transformers as tr
+
+    ht = _stub("HookedTransformer", attn_types=["global", "local"], window_size=256)
+    assert layer_windows(ht) == [None, 256]  # GPT-Neo style (TL 3.9)
+    assert layer_windows(_stub("HookedTransformer")) == [None, None]
+    mistral = tr.MistralConfig(num_hidden_layers=2, sliding_window=4096)
+    assert layer_windows(_stub("TransformerBridge", mistral)) == [4096, 4096]
+    mistral_full = tr.MistralConfig(num_hidden_layers=2, sliding_window=None)
+    assert layer_windows(_stub("TransformerBridge", mistral_full)) == [None, None]
+    qwen = tr.Qwen2Config(num_hidden_layers=2, use_sliding_window=False)
+    assert layer_windows(_stub("TransformerBridge", qwen)) == [None, None]
+    g3 = gemma3_config(n_layers=2, types=["sliding_attention", "full_attention"])
+    assert layer_windows(_stub("TransformerBridge", g3)) == [WINDOW, None]
+    odd = gemma3_config(n_layers=2, types=["chunked_attention", "full_attention"])
+    with pytest.raises(ValueError, match="chunked_attention"):
+        layer_windows(_stub("TransformerBridge", odd))
+    enc = _stub("HookedEncoder", attn_types=["local", "local"], window_size=4)
+    assert layer_windows(enc) == [None, None]  # bidirectional: no causal window
