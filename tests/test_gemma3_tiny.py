@@ -602,3 +602,24 @@ def test_layer_windows_of_other_configs():
         layer_windows(_stub("TransformerBridge", odd))
     enc = _stub("HookedEncoder", attn_types=["local", "local"], window_size=4)
     assert layer_windows(enc) == [None, None]  # bidirectional: no causal window
+
+
+def test_key_scores_with_a_window_against_brute_force():
+    """n_j = #{real i : j ≤ i < j + W} (padding included), hypothesis-free grid."""
+    from tl_spectral.analysis.sinks import key_scores, sink_heads
+
+    g = torch.Generator().manual_seed(3)
+    b, h, T = 2, 3, 11
+    p = torch.rand(b, h, T, T, generator=g).tril()
+    mask = torch.ones(b, T, dtype=torch.bool)
+    mask[1, 7:] = False
+    for w in (1, 4, T, None):
+        got = key_scores(p, True, mask, window=w)
+        i = torch.arange(T)[:, None]
+        j = torch.arange(T)[None, :]
+        ok = (i >= j) & (i - j < (w or T))
+        pm = p * mask[:, None, :, None]
+        n = (ok[None] & mask[:, :, None]).sum(1).double()  # [b, k]
+        want = torch.where(n[:, None] > 0, pm.sum(2) / n[:, None].clamp_min(1), 0.0)
+        torch.testing.assert_close(got.double(), want.double(), rtol=1e-6, atol=1e-7)
+        assert torch.equal(sink_heads(p, True, 0.3, mask, window=w), got[..., 0] > 0.3)

@@ -141,9 +141,11 @@ def sink_heads(
     causal: bool = True,
     threshold: float = 0.3,
     query_mask: Bool[Tensor, "batch query"] | None = None,
+    window: int | None = None,
 ) -> Bool[Tensor, "batch head"]:
-    """Heads whose Gu key score of the first token exceeds ``threshold``. [batch, head]."""
-    return key_scores(pattern, causal, query_mask)[..., 0] > threshold
+    """Heads whose Gu key score of the first token exceeds ``threshold`` (``window``: the
+    layer's sliding window, see :func:`key_scores`). [batch, head]."""
+    return key_scores(pattern, causal, query_mask, window=window)[..., 0] > threshold
 
 
 def sink_head_share(
@@ -151,9 +153,10 @@ def sink_head_share(
     causal: bool = True,
     threshold: float = 0.3,
     query_mask: Bool[Tensor, "batch query"] | None = None,
+    window: int | None = None,
 ) -> Float[Tensor, " batch"]:
     """Share of the layer's heads that are sink heads (``sink_heads``), per batch element."""
-    return sink_heads(pattern, causal, threshold, query_mask).float().mean(-1)
+    return sink_heads(pattern, causal, threshold, query_mask, window=window).float().mean(-1)
 
 
 # ----------------------------------------------------------------------------- geometry
