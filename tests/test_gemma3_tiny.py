@@ -482,9 +482,12 @@ def test_hooked_runs_without_logits_stop_after_the_last_hooked_block(big_vocab):
     hf = bridge.original_model
     lm_calls, h1 = _count_calls(hf.lm_head)
     toks = torch.randint(1, 200_000, (2, 16), generator=torch.Generator().manual_seed(1))
+    mlp1, h2 = _count_calls(hf.model.layers[1].mlp)
     try:
+        maps = layer_maps(bridge, toks, layers=[0])  # stops after block 0
+        assert set(maps) == {0} and lm_calls == [] and mlp1 == []
         maps = layer_maps(bridge, toks, layers=[0, 1])
-        assert set(maps) == {0, 1} and lm_calls == []
+        assert set(maps) == {0, 1} and lm_calls == [] and len(mlp1) == 1
         seen = []
         ModelView(bridge).run(toks, fwd_hooks=[("blocks.0.attn.hook_pattern",
                                                 lambda t, hook: seen.append(1)),
@@ -494,6 +497,7 @@ def test_hooked_runs_without_logits_stop_after_the_last_hooked_block(big_vocab):
         assert seen == [1, 2] and lm_calls == [(2, 16, 200_000)]
     finally:
         h1.remove()
+        h2.remove()
 
 
 def test_half_precision_underflow_check_ignores_keys_outside_the_window(tmp_path):

@@ -735,19 +735,37 @@ def layer_maps(
     """Contribution maps of one batch, on request: ``{layer: ContributionMaps}``.
 
     tokens: ``[batch, pos]``; attention_mask: ``[batch, pos]`` (1 = real, right padded).
-    One forward pass with pattern and value hooks; the maps come from
+    One forward pass with pattern and value hooks on the wanted layers only, stopped after
+    the last of them (no later block, no logits); the maps come from
     ``contribution_weights`` (batch axis = the rows of ``tokens``).
     """
-    from tl_spectral.probes.faithfulness import capture_layers
+    from tl_spectral.model_view import PatternsNotExposedError
 
     view = model if isinstance(model, ModelView) else ModelView(model)
     if tokens.ndim == 1:
         tokens = tokens[None]
     mask = torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    caps, _ = capture_layers(view, tokens, mask)
-    wanted = range(view.n_layers) if layers is None else layers
+    wanted = sorted({int(x) for x in (range(view.n_layers) if layers is None else layers)})
+    caps: dict[int, dict[str, Tensor]] = {l: {} for l in wanted}
+
+    def grab(layer: int, kind: str):
+        def hook(t: Tensor, hook: Any = None) -> Tensor:
+            caps[layer][kind] = t.detach()
+            return t
+
+        return hook
+
+    hooks = [(view.hook_name(kind, l), grab(l, kind)) for l in wanted for kind in ("v", "pattern")]
+    # causal decoders never see right padding; encoders need the padding mask of the keys
+    am = None if (view.causal or bool(mask.all())) else mask.long()
+    with torch.no_grad():
+        view.run(tokens, attention_mask=am, fwd_hooks=hooks, return_type=None)
+    for l in wanted:
+        if "pattern" not in caps[l]:
+            raise PatternsNotExposedError(view.patterns_not_exposed_message(l))
     qm = mask.to(view.device)
     return {
-        l: contribution_weights(caps[l][0], caps[l][1], view.weights(l).W_O.to(view.device), mode, qm)
+        l: contribution_weights(caps[l]["pattern"], view.repeat_kv(caps[l]["v"], 2),
+                                view.weights(l).W_O.to(view.device), mode, qm)
         for l in wanted
     }
