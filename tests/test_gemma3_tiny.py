@@ -627,3 +627,20 @@ def test_key_scores_with_a_window_against_brute_force():
         want = torch.where(n[:, None] > 0, pm.sum(2) / n[:, None].clamp_min(1), 0.0)
         torch.testing.assert_close(got.double(), want.double(), rtol=1e-6, atol=1e-7)
         assert torch.equal(sink_heads(p, True, 0.3, mask, window=w), got[..., 0] > 0.3)
+
+
+def test_offset_zero_qk_geometry_folds_the_qk_norm(gemma):
+    """model_qk_geometry(allow_rotary=True): the routing fraction of W_Q D_q D_k W_Kᵀ equals
+    the HF kernel's at Δ = 0; without the QK-norm gains (fold_ln=False leaves every gain
+    out) it is another number."""
+    from tl_spectral.geometry.model import model_qk_geometry
+
+    bridge, hf = gemma
+    g = model_qk_geometry(bridge, allow_rotary=True)
+    raw = model_qk_geometry(bridge, allow_rotary=True, fold_ln=False)
+    for layer in (LOCAL, GLOBAL):
+        M = _hf_kernels(hf, layer, [0])[0]  # [H, m, m]
+        R = 0.5 * (M - M.transpose(-1, -2))
+        want = R.square().sum((-2, -1)) / M.square().sum((-2, -1))
+        torch.testing.assert_close(g.routing_fraction[layer].double(), want, rtol=1e-4, atol=1e-6)
+        assert float((raw.routing_fraction[layer].double() - want).abs().max()) > 1e-3
