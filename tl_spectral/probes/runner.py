@@ -36,7 +36,13 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence, Unio
 import torch
 from torch import Tensor
 
-from tl_spectral.model_view import CAPTURE_KINDS, ModelView, PatternsNotExposedError
+from tl_spectral.model_view import (
+    CAPTURE_KINDS,
+    ModelView,
+    PatternsNotExposedError,
+    layer_windows,
+    window_allowed,
+)
 from tl_spectral.probes.base import LayerCapture, Probe, StopForward, reduce_state
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -773,6 +779,17 @@ class _BatchContext:
                 allowed = allowed & torch.ones(T_b, T_b, dtype=torch.bool, device=device).tril()
             self.allowed = allowed
 
+    def _layer_allowed(self, layer: int) -> Tensor:
+        """``allowed`` cut to the layer's sliding window (:func:`layer_windows`)."""
+        assert self.allowed is not None
+        if getattr(self, "_windows", None) is None:
+            self._windows = layer_windows(self.view)
+        w = self._windows[layer]
+        if w is None or w >= self.allowed.shape[-1]:
+            return self.allowed
+        T_b = self.allowed.shape[-1]
+        return self.allowed & window_allowed(T_b, w, device=self.allowed.device)
+
     def new_capture(self, layer: int, doc_index: Tensor) -> LayerCapture:
         return LayerCapture(layer=layer, mask=self.mask, tokens=self.tokens,
                             doc_index=doc_index, model_dtype=self.model_dtype)
@@ -781,9 +798,11 @@ class _BatchContext:
         """Detach, count underflow, cast to the analysis dtype, repeat kv heads, check rows."""
         x = t.detach()
         if kind == "pattern" and self.allowed is not None and self.underflow is not None:
-            # exact zeros where the model could attend: underflow in its own softmax
-            n_zero = ((x == 0) & self.allowed).sum()
-            n_all = self.allowed.sum() * x.shape[1]
+            # exact zeros where the model could attend (inside a sliding-window layer's
+            # window): underflow in its own softmax
+            allowed = self._layer_allowed(layer)
+            n_zero = ((x == 0) & allowed).sum()
+            n_all = allowed.sum() * x.shape[1]
             prev = self.underflow.get(layer)
             cur = torch.stack([n_zero, n_all]).double()
             self.underflow[layer] = cur if prev is None else prev + cur
