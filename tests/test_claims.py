@@ -221,14 +221,32 @@ def test_split_windows_are_disjoint_and_cover():
 
 
 def test_selection_is_not_tested_on_the_windows_that_chose_it():
-    """The study's code path selects on one half and pools on the other."""
-    import inspect
+    """The study's code path selects sink layers on one half of the windows (interval rule)
+    and pools on the other: a layer that is a sink only in the testing half is not chosen,
+    and the pooled numbers are the testing half's."""
+    import torch
 
-    from tl_spectral_studies import real_decoder
+    from tl_spectral_studies.real_decoder import SINK_KEYS_POOLED, select_and_pool
 
-    src = inspect.getsource(real_decoder.run_sinks)
-    assert "split_windows" in src and "select_layers" in src
-    assert "test_docs" in src.split("_pooled(")[1]
+    n, L = 8, 3
+    sel, test = rules.split_windows(n, 0)
+    attn0 = torch.full((n, L), 0.1, dtype=torch.float64)
+    attn0[:, 0] = 0.9                      # a sink in every window
+    attn0[test, 1] = 0.9                   # a sink only where it would be tested
+    attn0[sel, 2] = torch.tensor([0.6, 0.55, 0.62, 0.58], dtype=torch.float64)[:len(sel)]
+    brute = {k: torch.rand(n, L, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+             for k in SINK_KEYS_POOLED}
+    brute["attn0"] = attn0
+    pr = {k: torch.rand(n, L, dtype=torch.float64) for k in ("cos_v0_s", "rho_star_in_0_1")}
+    out = select_and_pool(pr, brute, [10, 11, 12], seed=0)
+    assert out["selection"]["split"] and out["selection"]["test_windows"] == test
+    assert out["sink_layers"] == [10, 12]  # layer 11 only sinks in the testing half
+    want = brute["rel_norm_change"][test][:, [0, 2]].mean(1).mean()
+    assert out["pooled"]["rel_norm_change"]["estimate"] == pytest.approx(float(want))
+    # three windows: no split, said so
+    few = select_and_pool({k: v[:3] for k, v in pr.items()},
+                          {k: v[:3] for k, v in brute.items()}, [10, 11, 12])
+    assert few["selection"]["split"] is False
 
 
 # ------------------------------------------------------------------ prose and tables

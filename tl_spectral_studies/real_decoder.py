@@ -179,23 +179,7 @@ def run_sinks(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> dict:
         for key, pk in (("C0", "C_on_first_token"), ("attn0", "attn_on_first_token")):
             incl = (1.0 + (Tn - 1) * brute[key]) / Tn
             s[f"probe_vs_brute_max_abs_diff_{key}"] = float((pr[pk] - incl).abs().max())
-        # pooled over the sink layers of this setting: the layers are selected on one half
-        # of the windows by the documented interval rule and the pooled numbers computed on
-        # the other half (documents resampled together), so no selection is tested on the
-        # windows that chose it
-        nd = int(toks.shape[0])  # a split needs 2 windows a side for the intervals
-        sel_docs, test_docs = (rules.split_windows(nd, seed) if nd >= 4 else
-                               (list(range(nd)), list(range(nd))))
-        sel_iv = doc_iv(brute["attn0"][sel_docs], seed=seed)
-        chosen = rules.select_layers(
-            [{"low": lo, "high": hi} for lo, hi in zip(sel_iv["low"], sel_iv["high"])],
-            SINK_LAYER_MIN, list(range(len(lay))))
-        s["selection"] = {"rule": "interval", "threshold": SINK_LAYER_MIN, "split": nd >= 4,
-                          "select_windows": sel_docs, "test_windows": test_docs}
-        s["sink_layers"] = [lay[i] for i in chosen]
-        if chosen:
-            s["pooled"] = _pooled(pr, brute, torch.tensor(chosen), torch.tensor(test_docs),
-                                  seed)
+        s.update(select_and_pool(pr, brute, lay, seed))
         clean = window_nll(hf, toks)
         zero = window_nll(hf, toks, {li: "zero_sink" for li in lay})
         s["zero_sink_ppl"] = relative_ppl_change(clean, zero, T - 1, seed=seed)
@@ -203,6 +187,44 @@ def run_sinks(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> dict:
     res["seconds"] = round(time.perf_counter() - t0, 1)
     _write(out / "sinks.json", res)
     return res
+
+
+SINK_KEYS_POOLED = ("C0", "attn0", "v0_over_vothers", "cos_factor", "cos_factor_others",
+                    "cone_zeroed", "cone_clean", "rel_norm_change", "tail_C_share",
+                    "tail_attn_share")
+"""The brute-force keys :func:`select_and_pool` reads."""
+
+
+def select_and_pool(pr: dict, brute: dict, lay: Sequence[int], seed: int = 0) -> dict:
+    """The sink layers and the numbers pooled over them, without testing a selection on the
+    windows that chose it: the layers are selected on one half of the windows by the
+    documented interval rule (:func:`~tl_spectral_studies.claims.rules.select_layers`, the
+    bootstrap interval of mean α_i0 above :data:`SINK_LAYER_MIN`) and the pooled numbers
+    computed on the other half (documents resampled together). Fewer than 4 windows: no
+    split (recorded as ``"split": False``; the records then say the numbers are provisional).
+
+    Args:
+        pr: the probe's per-document rows (``[docs, layers]`` tensors).
+        brute: the brute-force sink decomposition (``[docs, layers]`` tensors).
+        lay: the layer ids of the columns.
+
+    Returns:
+        ``{"selection", "sink_layers"}`` and ``"pooled"`` when a layer is selected.
+    """
+    nd = int(brute["attn0"].shape[0])  # a split needs 2 windows a side for the intervals
+    sel_docs, test_docs = (rules.split_windows(nd, seed) if nd >= 4 else
+                           (list(range(nd)), list(range(nd))))
+    sel_iv = doc_iv(brute["attn0"][sel_docs], seed=seed)
+    chosen = rules.select_layers(
+        [{"low": lo, "high": hi} for lo, hi in zip(sel_iv["low"], sel_iv["high"])],
+        SINK_LAYER_MIN, list(range(len(lay))))
+    out: dict[str, Any] = {
+        "selection": {"rule": "interval", "threshold": SINK_LAYER_MIN, "split": nd >= 4,
+                      "select_windows": sel_docs, "test_windows": test_docs},
+        "sink_layers": [lay[i] for i in chosen]}
+    if chosen:
+        out["pooled"] = _pooled(pr, brute, torch.tensor(chosen), torch.tensor(test_docs), seed)
+    return out
 
 
 def _pooled(pr: dict, brute: dict, idx: torch.Tensor, docs: torch.Tensor, seed: int) -> dict:
