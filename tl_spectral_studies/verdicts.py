@@ -22,13 +22,13 @@ files, and every claim it has data for gets its cell from the same rule —
 - surgery: the claims are about trained S–D / softmax pairs of one recipe; a pretrained
   model has no row there.
 
-A model whose study writes its own verdicts as data enters every claim table as one more
-*column* instead: SmolLM2-135M (``real_decoder``, ``docs/results/real_decoder/verdicts.json``)
-fills the last column of the four tables through an explicit ``SMOL_IDS`` (claim row →
-verdict ids, None = not measured) next to each generator (``contributions``, ``routing``,
-``scale_pod``, ``surgery``); :mod:`tl_spectral_studies.smol_column` renders the records
-verbatim (number with its interval, the study's own label and claim), so no label there is
-decided by these docs.
+A real decoder (SmolLM2-135M, and the next one) is a *column* instead: one entry in
+``tl_spectral_studies/claims/models.py``; the claims registry (:mod:`tl_spectral_studies.
+claims`) evaluates every declared claim on its results, and
+:func:`tl_spectral_studies.smol_column.add_columns` appends one column per such model to the
+four claim tables through each doc's ``SMOL_IDS`` (claim row → claim ids, None = not
+measured). The routing rows' ``STANDARD_MODELS`` and the B.rank rule are the registry's
+(:mod:`tl_spectral_studies.claims.seed002`).
 """
 
 from __future__ import annotations
