@@ -39,6 +39,13 @@ def _esc(s: str) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
+def _cell(label: str) -> str:
+    """A matrix cell: the label (a "not comparable" reason is under the table)."""
+    if rules.base(label) == rules.NOT_COMPARABLE:
+        return rules.NOT_COMPARABLE
+    return _esc(rules.display(label))
+
+
 def matrix_markdown(recs: Sequence[Record], models: dict[str, registry.Model] | None = None
                     ) -> str:
     """The claims matrix: one row per claim, one column per model, each cell its label."""
@@ -47,8 +54,7 @@ def matrix_markdown(recs: Sequence[Record], models: dict[str, registry.Model] | 
     head = "| claim | paper; SPEC | " + " | ".join(m.label for m in models.values()) + " |"
     out = [head, "|" + "---|" * (2 + len(models))]
     for c in catalog.all_claims().values():
-        cells = [_esc(rules.display(by[(c.id, k)].label)) if (c.id, k) in by else "—"
-                 for k in models]
+        cells = [_cell(by[(c.id, k)].label) if (c.id, k) in by else "—" for k in models]
         out.append(f"| `{c.id}`: {_esc(c.text)} | {c.paper}; {c.spec} | " + " | ".join(cells)
                    + " |")
     out += ["", "Rules (one per claim, from `tl_spectral_studies.claims`):", ""]
