@@ -276,7 +276,10 @@ def global_order_rows(r: dict) -> list[str]:
 ORDER_RULE = ("the order is reproduced only when every step can be tested and each step's "
               "paired interval lies on the claimed side; partly when at least one step holds "
               "and none is reversed; not reproduced when a step is reversed")
-from tl_spectral_studies.claims.seed003 import RHO_SHARE  # noqa: E402  (one declaration)
+from tl_spectral_studies.claims.seed003 import (  # noqa: E402  (one declaration)
+    LAYERS_RULE,
+    RHO_SHARE,
+)
 
 
 def order_label(step_verdicts: Sequence[str], n_ties: int) -> str:
@@ -379,7 +382,9 @@ def tables(results_dir: str | Path, *, smol_verdicts: str | Path | None = None
                    "the 6 layers: they describe where the sign is resolved, and a claim \"in "
                    "every layer\" is read off them only when every interval is far from 0 "
                    "(the files hold 95% intervals only, so a Holm or Bonferroni call, which "
-                   "needs 99.2% intervals for 6 layers, cannot be made from them). Full order: "
+                   "needs 99.2% intervals for 6 layers, cannot be made from them). Over the "
+                   "layers (claims C.anti, C.norm, the same rule for every model in "
+                   "[claims.md](claims.md)): " + LAYERS_RULE + ". Full order: "
                    + ORDER_RULE + ".")
     scope = [json.loads(p.read_text()) for p in
              sorted((Path(results_dir).parent / "faithfulness_scope").glob("*.json"))]
