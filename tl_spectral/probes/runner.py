@@ -24,11 +24,18 @@ the layers where statistics of small weights are then not meaningful.
 Device: captures, masks, token ids and probe states stay on the model's device (CUDA when
 the model is on a GPU); nothing is copied to the CPU in the per-batch path. Results move to
 the CPU when they are built (``probe.result()``), i.e. for saving and plotting.
+
+Threads: the capture hooks are attached to the model, so every pass on a model sees every
+hook added to it. Runs on one model are therefore sequential: a second thread calling
+:func:`run_probes` on a model another thread is running probes on gets a ``RuntimeError``
+at once (nothing of either run is touched). Use one model per thread.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+import threading
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence, Union
@@ -483,6 +490,44 @@ def _validate_user_hooks(view: ModelView, fwd_hooks: Optional[Sequence]) -> list
     return [tuple(h) for h in hooks]  # type: ignore[misc]
 
 
+#: id(model) -> (thread ident, depth) of the run_probes call holding the model. Entries are
+#: removed when that call returns, so the ids never outlive their models here.
+_RUNNING: dict[int, tuple[int, int]] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+def _one_run_per_model(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: the call holds its model (first argument) for its duration; another
+    thread's call on the same model raises a one-line ``RuntimeError`` before it starts.
+    The capture hooks live on the model, so two concurrent passes would each see the other's
+    batches (and the first to finish would remove the other's hooks). The same thread may
+    re-enter (e.g. from ``on_logits``)."""
+
+    @functools.wraps(fn)
+    def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+        key = id(model.model if isinstance(model, ModelView) else model)
+        me = threading.get_ident()
+        with _RUNNING_LOCK:
+            owner, depth = _RUNNING.get(key, (me, 0))
+            if owner != me:
+                raise RuntimeError(
+                    f"run_probes: another thread is running probes on this model "
+                    f"({type(model).__name__}); runs on one model must be sequential: use one "
+                    "model per thread, or wait for the other run to finish")
+            _RUNNING[key] = (me, depth + 1)
+        try:
+            return fn(model, *args, **kwargs)
+        finally:
+            with _RUNNING_LOCK:
+                if depth:
+                    _RUNNING[key] = (me, depth)
+                else:
+                    del _RUNNING[key]
+
+    return wrapper
+
+
+@_one_run_per_model
 def run_probes(
     model: Any,
     data: Any,
@@ -537,6 +582,10 @@ def run_probes(
     more than one process). Each process then runs its contiguous shard of the corpus and
     the probe states are reduced across processes before the results are built, so every
     rank returns the whole-corpus results.
+
+    Threads: runs on one model must be sequential (the hooks live on the model); a call
+    while another thread runs probes on the same model raises ``RuntimeError``. Use one
+    model per thread.
     """
     # Long on purpose: the public entry (checks, the pass loop with extra passes for streaming
     # probes, the logits); each step inside is a helper already.
