@@ -715,8 +715,12 @@ def run_probes_on_cache(
     built with ``names_filter`` that lacks some gets an error listing them). model: the
     model (or ModelView) that produced it; default ``cache.model``. attention_mask:
     ``[batch, pos]`` (1 = real token) when the cached batch is right-padded; pass the same
-    mask the model ran with. tokens: the ``[batch, pos]`` token ids, only stored by probes
-    that keep them (e.g. ContributionProbe's ``keep_docs``); −1 when not given.
+    mask the model ran with. tokens: the ``[batch, pos]`` token ids, stored by probes
+    that keep them (e.g. ContributionProbe's ``keep_docs``; −1 when not given) and, without
+    a mask, read for padding as :func:`run_probes` does. With neither, the padding is read
+    from the cache's ``hook_embed`` (positions holding the pad token's embedding), with the
+    same :class:`PaddingInferredWarning`; a cache without ``hook_embed`` gets a
+    :class:`PaddingUnknownWarning` (every position counted as a token).
     accumulate, check_finite, check_patterns: as for :func:`run_probes`.
     """
     if model is None:
@@ -748,6 +752,8 @@ def run_probes_on_cache(
     B = int(t0.shape[0])
     T = int(t0.shape[-1] if first_kind == "pattern" else t0.shape[1])
     device = t0.device
+    if attention_mask is None and tokens is None:
+        attention_mask = _cache_padding(view, entries, batched, B, T)
     if attention_mask is None and tokens is not None:
         tokens = _as_token_tensor(tokens)
         if isinstance(tokens, Tensor) and tokens.dim() == 2 and tuple(tokens.shape) == (B, T):
@@ -788,6 +794,45 @@ def run_probes_on_cache(
     for p in probe_list:
         p._docs_seen = p.docs_seen + B
     return {p.name: p.result() for p in probe_list}
+
+
+class PaddingUnknownWarning(UserWarning):
+    """A cached batch of several rows, passed without ``tokens`` or ``attention_mask``, whose
+    padding cannot be read from the cache: every position is taken as a real token."""
+
+
+def _cache_padding(view: ModelView, entries: Any, batched: bool, B: int,
+                   T: int) -> Optional[Tensor]:
+    """The padding of a cached batch passed without ``tokens`` or ``attention_mask``, inferred
+    as :func:`run_probes` infers it from tokens (:func:`infer_padding`, with its warning): the
+    pad-id positions are those where the cache's ``hook_embed`` is the pad token's embedding
+    (the row of ``W_E``, exactly). Without ``hook_embed`` (a ``names_filter`` cache) a
+    :class:`PaddingUnknownWarning` says the padding could not be checked. Nothing is done
+    for one row or a model whose tokenizer has no special pad id (as in run_probes)."""
+    tok = getattr(view.model, "tokenizer", None)
+    pad = getattr(tok, "pad_token_id", None)
+    added = getattr(tok, "added_tokens_decoder", None) or {}
+    if B < 2 or not isinstance(pad, int) or not getattr(added.get(pad), "special", False):
+        return None
+    emb = entries["hook_embed"] if "hook_embed" in entries else None
+    W_E = getattr(view.model, "W_E", None)
+    if emb is not None and not batched:
+        emb = emb.unsqueeze(0)
+    if emb is None or not isinstance(W_E, Tensor) or tuple(emb.shape[:2]) != (B, T) \
+            or not 0 <= pad < W_E.shape[0] or emb.shape[-1] != W_E.shape[-1]:
+        warnings.warn(
+            f"run_probes_on_cache: a batch of {B} rows without tokens= or attention_mask=, "
+            "and a cache without hook_embed to read the padding from: every position is "
+            "taken as a real token. Pass attention_mask (1 = real token; torch.ones(batch, "
+            "pos) if nothing is padded) or tokens= (the padding is then inferred)",
+            PaddingUnknownWarning, stacklevel=3)
+        return None
+    row = W_E[pad].detach().to(emb.device, emb.dtype)
+    is_pad = (emb.detach() == row).all(dim=-1)
+    proxy = torch.where(is_pad, pad, -1).long().cpu()  # the pad id where the cache shows it
+    _, mask = infer_padding(view, proxy, what="run_probes_on_cache (padding read from the "
+                            "cache's hook_embed)", shift=False)
+    return mask
 
 
 def _update(readers: list[Probe], cap: LayerCapture, offsets: dict[int, int]) -> None:
