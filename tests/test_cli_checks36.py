@@ -85,6 +85,22 @@ def test_a_full_disk_is_one_line_and_exit_2(capsys, monkeypatch, which):
     assert err.startswith("tl-spectral analyze: error: the disk is full") and "internal" not in err
 
 
+def test_a_full_disk_error_with_its_own_advice_keeps_it(capsys, monkeypatch):
+    """The model cache's builder says where and what to do (TL_SPECTRAL_CACHE): kept, and
+    no second, contradicting advice is added."""
+    exc = OSError("no space left on the disk for the x.gguf cache in /c (needs 300 MB); free "
+                  "some space or set TL_SPECTRAL_CACHE to a folder on another disk")
+    exc.errno = errno.ENOSPC
+
+    def analyze(argv):
+        raise exc
+
+    monkeypatch.setitem(cli.COMMANDS, "analyze", analyze)
+    code, err = _run(capsys, "analyze")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "TL_SPECTRAL_CACHE" in err and "--out" not in err
+
+
 def test_other_internal_errors_keep_exit_1(capsys, monkeypatch):
     def analyze(argv):
         raise RuntimeError("a bug")

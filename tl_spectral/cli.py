@@ -917,7 +917,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (UsageError, ValueError, OSError) as e:
         if debug:
             raise
-        if _disk_full(e):
+        if not isinstance(e, UsageError) and _disk_full(e):
             print(f"tl-spectral {cmd}: error: {_disk_full_message(e)}", file=sys.stderr)
             return 2
         msg = _one_line(e)
@@ -958,18 +958,22 @@ def _disk_full(e: BaseException) -> bool:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
             return True
-        text = str(e)
-        if "No space left" in text or "Disk quota exceeded" in text:
+        text = str(e).lower()
+        if "no space left" in text or "disk quota exceeded" in text:
             return True
         e = e.__cause__ or e.__context__
     return False
 
 
 def _disk_full_message(e: BaseException) -> str:
+    """One line: what filled up, and (unless the error already says how) what to do."""
     where = getattr(e, "filename", None)
-    at = f" while writing {where}" if where else ""
-    return (f"the disk is full or over quota{at} ({_one_line(e)}); free some space or pass "
-            "an output folder (--out, -o) on another disk, and run again")
+    msg = _one_line(e)
+    at = f" while writing {where}" if where and str(where) not in msg else ""
+    advice = "" if "free" in msg.lower() else (
+        "; free some space or pass an output folder (--out, -o) on another disk, and run "
+        "again")
+    return f"the disk is full or over quota{at}: {msg}{advice}"
 
 
 def _one_line(e: BaseException) -> str:
