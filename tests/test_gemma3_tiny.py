@@ -241,6 +241,23 @@ def test_rotary_geometry_uses_each_layers_theta(gemma):
     assert float(theta_global) == pytest.approx(1e6 ** (-2 / DH))
 
 
+def test_rotary_geometry_layers_select_theta_and_window_with_the_row(gemma):
+    """``layers=`` keeps each chosen layer's own θ and window (the selection and the
+    per-layer specs merged): the rows equal the full result's rows."""
+    from tl_spectral.geometry.model import model_rotary_geometry
+
+    bridge, _ = gemma
+    deltas = [0, -1, -5, -37]
+    full = model_rotary_geometry(bridge, offsets=deltas, average_ranks=False, n_ctx=64)
+    for keep in ([GLOBAL], [LOCAL, GLOBAL], [GLOBAL, LOCAL]):
+        part = model_rotary_geometry(bridge, offsets=deltas, average_ranks=False, n_ctx=64,
+                                     layers=keep)
+        for row, layer in enumerate(keep):
+            torch.testing.assert_close(part.routing_fraction[row], full.routing_fraction[layer])
+            torch.testing.assert_close(part.pair_theta[row], full.pair_theta[layer])
+            assert part.windows[row] == full.windows[layer]
+
+
 # ----------------------------------------------------- contributions and sinks (multi-query)
 def _hf_layer(hf, toks, layer):
     """(pattern [b, H, T, T], values repeated to the query heads [b, T, H, d], W_O [H, d, m])

@@ -11,7 +11,7 @@ TransformerLens model (normalization folded) or of a native :class:`~tl_spectral
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -235,12 +235,34 @@ def model_qk_geometry(
         raise UnreadableHeadsError(f"the model's heads cannot be analysed: {e}") from e
 
 
+#: The default window of :func:`model_rotary_geometry`: the analysed window when you pass it
+#: (``n_ctx=``; ``tl-spectral analyze`` passes its ``--length``), else the model's context
+#: capped at this many positions (SmolLM2's 8,192 took 133 s, 256 took 38 s).
+DEFAULT_ROTARY_CTX = 1024
+
+
+def _layer_selection(layers: Any, n_layers: int) -> list[int]:
+    """``layers=`` as a list of distinct layer indices in ``[0, n_layers)`` (None = all)."""
+    if layers is None:
+        return list(range(n_layers))
+    if isinstance(layers, (int, str)) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        raise ValueError(f"layers must be a list of layer indices, got {layers!r}")
+    out = list(layers)
+    bad = [i for i in out if not 0 <= i < n_layers]
+    if not out or bad or len(set(out)) != len(out):
+        raise ValueError(f"layers={layers!r}: pass distinct indices in [0, {n_layers - 1}] "
+                         f"(the model has {n_layers} layers)")
+    return out
+
+
 def model_rotary_geometry(
     model: Any,
     *,
     offsets: Any = None,
     distribution: Any = "causal",
     n_ctx: int | None = None,
+    layers: Sequence[int] | None = None,
     fold_ln: bool = True,
     average_ranks: bool = True,
     rank_offsets: Any = "auto",
@@ -257,7 +279,13 @@ def model_rotary_geometry(
     offsets: where energies and spectra are reported (default 0, −1, −2, −4, … −(n_ctx − 1)).
     distribution: the offset distribution of the averages (``"causal"``: Δ of a uniform causal
         pair in a window of n_ctx positions; ``"uniform"``; or ``{Δ: weight}``).
-    n_ctx: the window (default the model's context length).
+    n_ctx: the window of the offset distribution and the default offsets: pass the length
+        of the windows you analyse (the report passes its ``--length``); default
+        ``min(model context, DEFAULT_ROTARY_CTX)`` = at most 1,024 positions (the whole
+        8,192-token context of SmolLM2 took 133 s and averages over offsets no window of
+        yours holds).
+    layers: the layers to analyse (indices; default all). The result's rows are those
+        layers' rows of the full result, named ``L{index}``.
     fold_ln: fold the pre-attention normalization and, for QK-norm models, the query and
         key norm gains (``W_Q D_q R(Δ) D_k W_Kᵀ``; see :func:`model_qk_geometry`). Each layer
         is rotated by its own rotary embedding (:func:`~tl_spectral.model_view.
@@ -311,12 +339,18 @@ def model_rotary_geometry(
                                 for s in specs}) == 1 else specs
         WQ, WK = st["W_Q"], st["W_K"]
         ctx = view.n_ctx
-    n_ctx = ctx if n_ctx is None else n_ctx
+    n_ctx = min(int(ctx), DEFAULT_ROTARY_CTX) if n_ctx is None else n_ctx
+    keep = _layer_selection(layers, len(WQ))
+    WQ, WK = [WQ[i] for i in keep], [WK[i] for i in keep]
+    if isinstance(spec, list):
+        spec = [spec[i] for i in keep]
+    if windows is not None:
+        windows = [windows[i] for i in keep]
     try:
         return rotary_qk_geometry(WQ, WK, spec, offsets=offsets, distribution=distribution,
                                   n_ctx=n_ctx, average_ranks=average_ranks,
                                   rank_offsets=rank_offsets, progress=progress,
-                                  windows=windows)
+                                  windows=windows, layer_names=[f"L{i}" for i in keep])
     except ValueError as e:
         raise UnreadableHeadsError(f"the model's rotary heads cannot be analysed: {e}") from e
 
