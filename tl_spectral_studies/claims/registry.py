@@ -42,6 +42,11 @@ class Measurement:
     interval: tuple[float, float] | None = None
     n: int | None = None
     note: str = ""
+    mde: float | None = None
+    """The minimum detectable effect at n (:func:`~tl_spectral_studies.claims.rules.mde`)."""
+    sensitivity: str = ""
+    """The panel's robustness label (:func:`~tl_spectral_studies.claims.rules.sensitivity`);
+    empty where no panel was run."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,8 @@ class Record:
     label: str
     provenance: dict[str, Any]
     note: str = ""
+    mde: float | None = None
+    sensitivity: str = ""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -185,7 +192,9 @@ def evaluate(c: Claim, res: Results) -> Record:
                       None if meas is None else meas.estimate,
                       None if meas is None else meas.interval,
                       None if meas is None else meas.n, c.rule, label, prov,
-                      "" if meas is None else meas.note)
+                      "" if meas is None else meas.note,
+                      None if meas is None else meas.mde,
+                      "" if meas is None else meas.sensitivity)
 
     if m.results is None:
         return rec("—", rules.NOT_YET_MEASURED)

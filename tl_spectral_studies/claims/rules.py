@@ -219,3 +219,70 @@ def display(label: str, *, bold_negative: bool = True) -> str:
     if bold_negative and label.startswith(NOT_REPRODUCED):
         return f"**{NOT_REPRODUCED}**" + label[len(NOT_REPRODUCED):]
     return label
+
+
+# ------------------------------------------------------------ evidence (issue 39)
+ROBUST = "robust"
+MDE_RULE = ("minimum detectable effect at the sample's n: MDE = (z_{1−α/2} + z_{power}) · SE, "
+            "α = 0.05, power 0.80 (z sum 2.80), with SE = (high − low) / (2 · z_{0.975}) "
+            "from the 95% bootstrap interval")
+SENSITIVITY_RULE = ("robust when the label is the same in every panel cell; else "
+                    "\"depends on F\", naming every factor F whose levels change the label "
+                    "while the other factors are held fixed")
+
+
+def _z(p: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(p)
+
+
+def se_from_interval(iv: Mapping[str, Any], level: float = LEVEL) -> float:
+    """The standard error a normal interval of ``level`` of width ``high − low`` implies."""
+    lo, hi = _lo_hi(iv)
+    return (hi - lo) / (2.0 * _z(0.5 + level / 2.0))
+
+
+def mde(iv: Mapping[str, Any] | None = None, *, se: float | None = None, alpha: float = 0.05,
+        power: float = 0.80) -> float | None:
+    """:data:`MDE_RULE`: the smallest true effect a two-sided test at ``alpha`` detects with
+    probability ``power``, ``(z_{1−α/2} + z_{power}) · SE``; ``SE`` given or read from a 95%
+    interval. None without either."""
+    if not 0 < alpha < 1 or not 0 < power < 1:
+        raise ValueError(f"alpha and power must lie in (0, 1), got {alpha}, {power}")
+    if se is None:
+        if iv is None:
+            return None
+        se = se_from_interval(iv)
+    if se < 0 or math.isnan(se):
+        raise ValueError(f"a standard error must be >= 0, got {se}")
+    return (_z(1 - alpha / 2) + _z(power)) * se
+
+
+def sensitivity(cells: Sequence[tuple[Mapping[str, Any], str]]) -> str:
+    """:data:`SENSITIVITY_RULE` over ``(factors, label)`` pairs, one per panel cell (labels
+    compared by their rule word, :func:`base`).
+
+    A factor is named when two cells that differ in that factor only carry different labels;
+    when the labels differ but no such pair exists (an incomplete panel), every factor that
+    varies among the cells is named."""
+    if not cells:
+        return NOT_TESTED
+    labels = {base(lab) for _, lab in cells}
+    if len(labels) == 1:
+        return ROBUST
+    names = list(cells[0][0])
+    for f, _ in cells:
+        if list(f) != names:
+            raise ValueError(f"every cell needs the same factors {names}, got {list(f)}")
+    hits = []
+    for name in names:
+        groups: dict[tuple, set] = {}
+        for f, lab in cells:
+            rest = tuple((k, f[k]) for k in names if k != name)
+            groups.setdefault(rest, set()).add((f[name], base(lab)))
+        if any(len({lab for _, lab in g}) > 1 for g in groups.values()):
+            hits.append(name)
+    if not hits:
+        hits = [n for n in names if len({f[n] for f, _ in cells}) > 1]
+    return "depends on " + ", ".join(hits)

@@ -1,0 +1,199 @@
+"""The evidence runner (issue 39): the minimum-detectable-effect and sensitivity rules, the
+zero-sink hook, the brute-force sink rows against an independent computation, resumable jobs
+on a tiny random Llama, and the panel summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from statistics import NormalDist
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from tl_spectral_studies import evidence as ev  # noqa: E402
+from tl_spectral_studies import evidence_summary as es  # noqa: E402
+from tl_spectral_studies.claims import rules  # noqa: E402
+
+
+# ------------------------------------------------------------------ rules: MDE
+def test_mde_is_the_effect_detected_with_80_percent_power():
+    se = 0.037
+    m = rules.mde(se=se)
+    z = NormalDist()
+    # a true effect of size m: the estimate ~ N(m, se); power = P(estimate/se > z_.975)
+    power = 1 - z.cdf(z.inv_cdf(0.975) - m / se)
+    assert power == pytest.approx(0.80, abs=1e-9)
+    assert m == pytest.approx(2.8016 * se, rel=1e-4)
+
+
+def test_mde_reads_the_standard_error_from_a_95_interval():
+    se = 0.5
+    iv = {"low": 1.0 - 1.959964 * se, "high": 1.0 + 1.959964 * se}
+    assert rules.se_from_interval(iv) == pytest.approx(se, rel=1e-6)
+    assert rules.mde(iv) == pytest.approx(rules.mde(se=se), rel=1e-6)
+    assert rules.mde(None) is None
+    with pytest.raises(ValueError, match="alpha and power"):
+        rules.mde(se=1.0, power=1.0)
+
+
+# ---------------------------------------------------------- rules: sensitivity
+def _panel(label_of):
+    return [({"first token": f, "corpus": c, "draw": d}, label_of(f, c, d))
+            for f in ("none", "<|im_start|>", "<|endoftext|>") for c in ("wiki", "austen")
+            for d in (0, 1, 2)]
+
+
+def test_sensitivity_robust_only_when_every_cell_agrees():
+    assert rules.sensitivity(_panel(lambda f, c, d: rules.REPRODUCED)) == rules.ROBUST
+    # a reason after the rule word does not make a different label
+    cells = _panel(lambda f, c, d: "not comparable: x" if d else "not comparable: y")
+    assert rules.sensitivity(cells) == rules.ROBUST
+
+
+def test_sensitivity_names_the_factor_that_flips_the_label():
+    cells = _panel(lambda f, c, d: rules.REPRODUCED if f == "none" else rules.NOT_DISTINGUISHABLE)
+    assert rules.sensitivity(cells) == "depends on first token"
+    cells = _panel(lambda f, c, d: rules.REPRODUCED if d == 2 else rules.NOT_DISTINGUISHABLE)
+    assert rules.sensitivity(cells) == "depends on draw"
+    cells = _panel(lambda f, c, d: rules.REPRODUCED if (c == "wiki" and f != "none")
+                   else rules.NOT_REPRODUCED)
+    assert rules.sensitivity(cells) == "depends on first token, corpus"
+
+
+def test_sensitivity_incomplete_panel_names_the_varying_factors():
+    cells = [({"first token": "none", "draw": 0}, rules.REPRODUCED),
+             ({"first token": "<bos>", "draw": 1}, rules.NOT_REPRODUCED)]
+    assert rules.sensitivity(cells) == "depends on first token, draw"
+    assert rules.sensitivity([]) == rules.NOT_TESTED
+    with pytest.raises(ValueError, match="same factors"):
+        rules.sensitivity([({"a": 1}, "reproduced"), ({"b": 1}, "partly")])
+
+
+# ------------------------------------------------------------------ hook, jobs
+def test_zero_sink_hook_includes_or_excludes_the_sinks_self_attention():
+    p = torch.rand(2, 3, 5, 5)
+    inc = ev.zero_sink_hook(True)(p)
+    exc = ev.zero_sink_hook(False)(p)
+    assert (inc[..., 0] == 0).all()
+    assert torch.equal(exc[..., 0, 0], p[..., 0, 0]) and (exc[..., 1:, 0] == 0).all()
+    assert torch.equal(inc[..., 1:], p[..., 1:]) and torch.equal(exc[..., 1:], p[..., 1:])
+    assert (p[..., 0] > 0).all()  # the input is not modified
+
+
+def test_write_atomic_and_is_done(tmp_path):
+    conf = {"a": 1}
+    path = tmp_path / "x" / "job.json"
+    assert not ev.is_done(path, conf)
+    ev.write_atomic(path, {"config_hash": ev.config_hash(conf)})
+    assert ev.is_done(path, conf) and not ev.is_done(path, {"a": 2})
+    assert [p.name for p in path.parent.iterdir()] == ["job.json"]
+    path.write_text('{"config_hash": "', encoding="utf-8")  # a half-written file
+    assert not ev.is_done(path, conf)
+
+
+def test_panel_cells_and_keys():
+    cells = ev.panel("smollm2-135m")
+    assert len(cells) == 3 * 2 * 3 and len({c.key for c in cells}) == 18
+    assert len(ev.panel("gemma3-270m", "faithfulness")) == 2 * 1 * 3
+    assert ev.Cell("<|im_start|>", "wiki", 1).key == "first=im_start.corpus=wiki.draw=1"
+    with pytest.raises(ValueError, match="no panel"):
+        ev.panel("gpt2")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from _tiny_hf import boot, char_tokenizer, save_tiny
+
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    save_tiny("llama", folder, n_layers=2, n_ctx=64)
+    data = tmp_path_factory.mktemp("data")
+    words = "the quick brown fox jumps over a lazy dog. " * 200
+    for name in ev.CORPORA.values():
+        (data / name).write_text(words, encoding="utf-8")
+    return folder, boot(folder), char_tokenizer(), data
+
+
+def test_sink_rows_match_an_independent_computation(tiny):
+    from tl_spectral.model_view import ModelView
+
+    _, model, _, _ = tiny
+    view = ModelView(model)
+    toks = torch.randint(1, 60, (3, 12))
+    rows = ev.sink_rows(view, toks, batch_size=2)
+    _, cache = model.run_with_cache(toks)
+    for li in range(view.n_layers):
+        p = cache[f"blocks.{li}.attn.hook_pattern"].double()  # [b, H, T, T]
+        assert torch.allclose(rows["attn0"][:, li], p[:, :, 1:, 0].mean((1, 2)), atol=1e-6)
+        o = cache[f"blocks.{li}.hook_attn_out"].double()  # [b, T, m] (Llama: no b_O)
+        v = cache[f"blocks.{li}.attn.hook_v"].double()  # [b, T, H_kv, d]
+        W = view.weights(li).W_O.double()  # [H, d, m]
+        g = W.shape[0] // v.shape[2]
+        v0 = torch.einsum("bhd,hdm->bhm", v[:, 0].repeat_interleave(g, 1), W)
+        c0 = (p[:, :, :, 0, None] * torch.einsum("btm,bhm->bht", o, v0)[..., None]).squeeze(-1)
+        c0 = c0 / (o.norm(dim=-1) ** 2)[:, None, :]
+        assert torch.allclose(rows["C0"][:, li], c0[:, :, 1:].sum(1).mean(1), atol=1e-5)
+
+
+def test_zero_sink_matches_the_hf_reimplementation(tiny):
+    from transformers import LlamaForCausalLM
+
+    from tl_spectral.model_view import ModelView
+    from tl_spectral_studies.real_decoder_ops import window_nll as hf_nll
+
+    folder, model, _, _ = tiny
+    hf = LlamaForCausalLM.from_pretrained(str(folder), attn_implementation="eager").eval()
+    view = ModelView(model)
+    toks = torch.randint(1, 60, (2, 10))
+    hooks = [(view.hook_pattern(li), ev.zero_sink_hook(True)) for li in range(2)]
+    ours = ev.window_nll(view, toks, hooks, batch_size=1)
+    ref = hf_nll(hf, toks, {0: "zero_sink", 1: "zero_sink"})
+    assert torch.allclose(ours, ref, rtol=1e-4)
+    assert torch.allclose(ev.window_nll(view, toks), hf_nll(hf, toks), rtol=1e-4)
+    exc = ev.window_nll(view, toks, [(view.hook_pattern(li), ev.zero_sink_hook(False))
+                                     for li in range(2)])
+    assert not torch.allclose(exc, ours)  # the sink's own row matters downstream
+
+
+def test_runner_resumes_and_summarizes(tiny, tmp_path, monkeypatch):
+    _, model, tok, data = tiny
+    monkeypatch.setitem(ev.FIRST_TOKENS, "tiny", ("none", "<pad>"))
+    cells = [ev.Cell("none", "wiki", 0), ev.Cell("<pad>", "wiki", 0)]
+    cfg = {"windows": 4, "length": 16, "batch_size": 2}
+    kw = {"cfg": cfg, "cells": cells, "loaded": (model, tok), "log": lambda s: None}
+    rows = ev.run("tiny", tmp_path, data, steps=("sinks", "zero_sink"), **kw)
+    assert [r["ran"] for r in rows] == [True] * 4
+    rows = ev.run("tiny", tmp_path, data, steps=("sinks", "zero_sink"), **kw)
+    assert [r["ran"] for r in rows] == [False] * 4  # resumed: nothing recomputed
+    job = json.loads(ev.job_path(tmp_path, "tiny", "sinks", cells[1]).read_text())
+    sel = job["selection"]
+    assert set(sel["select_windows"]).isdisjoint(sel["test_windows"])
+    assert len(job["per_window"]["attn0"]) == 4
+    ev.job_path(tmp_path, "tiny", "zero_sink", cells[0]).write_text("{", encoding="utf-8")
+    rows = ev.run("tiny", tmp_path, data, steps=("zero_sink",), **kw)
+    assert [r["ran"] for r in rows] == [True, False]  # the broken file is redone
+    s = es.summarize(tmp_path, "tiny")
+    zp = s["claims"]["C.zero_ppl"]
+    assert len(zp["cells"]) == 4 and not zp["complete"]
+    assert {c["factors"]["sink self-attention"] for c in zp["cells"]} == {"included",
+                                                                           "excluded"}
+    assert all(c["mde"] > 0 and math.isfinite(c["mde"]) for c in zp["cells"])
+
+
+def test_summary_names_the_first_token_when_it_flips_the_label(tmp_path, monkeypatch):
+    monkeypatch.setitem(ev.FIRST_TOKENS, "fake", ("none", "<bos>"))
+    for first, lo in (("none", 0.1), ("<bos>", -0.1)):
+        for corpus in ("wiki", "austen"):
+            for draw in (0, 1, 2):
+                cell = ev.Cell(first, corpus, draw)
+                conf = ev.job_config("fake", "zero_sink", cell, ev.DEFAULTS)
+                iv = {"estimate": lo + 0.2, "low": lo, "high": lo + 0.4}
+                ev.write_atomic(ev.job_path(tmp_path, "fake", "zero_sink", cell),
+                                {"config": conf, "include_self": iv, "exclude_self": iv})
+    zp = es.summarize(tmp_path, "fake")["claims"]["C.zero_ppl"]
+    assert zp["complete"] and zp["sensitivity"] == "depends on first token"
+    assert zp["mde_max"] == pytest.approx(rules.mde({"low": 0.0, "high": 0.4}))

@@ -1,0 +1,338 @@
+"""Evidence that survives resampling (issue 39): the real-decoder claims on a sensitivity panel,
+at samples sized for the claim, resumable.
+
+    python -m tl_spectral_studies.evidence --model smollm2-135m --data-dir ../shared/data \\
+        --out docs/results/real_decoder/evidence
+    python -m tl_spectral_studies.evidence --model gemma3-270m --windows 8 --step sinks ...   # a small run
+    python -m tl_spectral_studies.evidence --summarize --out docs/results/real_decoder/evidence
+
+The panel of a model (:func:`panel`) crosses the first token (none, and each start/special
+token of the model's own conventions: SmolLM2 ``<|im_start|>``, ``<|endoftext|>``; Gemma-3
+``<bos>``), the corpus (the Wikipedia excerpt, Austen; validation split, the last 10%) and
+three window draws (seeds 0, 1, 2). Each (model, step, cell) is one job writing its own file
+``OUT/<model>/<step>/<cell>.json`` atomically (a temporary file renamed into place); a job
+whose file exists with the same configuration (:func:`job_config`) is skipped, so a killed
+run resumes where it stopped. Steps (:data:`STEPS`):
+
+* ``sinks``: per window and layer, by brute force from the model's captured attention
+  patterns and values (:func:`~tl_spectral_studies.real_decoder_ops.sink_decomposition`):
+  α_i0, C_i0 and the other sink keys; the sink layers are *selected* on one half of the
+  windows by the documented interval rule and the pooled numbers *tested* on the other
+  (:func:`~tl_spectral_studies.real_decoder.select_and_pool`);
+* ``zero_sink``: per-window NLL clean, with the sink's value zeroed in every layer for every
+  query (the sink's own self-attention α_00 included) and for queries i ≥ 1 only (excluded);
+* ``faithfulness``: per-window NLL sums of the paper's four measures under the layer-wide
+  ranking (first token and draw only on the Wikipedia excerpt: the faithfulness claims are
+  about one corpus in the paper).
+
+Per-window numbers are stored, so a verdict can be recomputed on any subset; the summary
+(:mod:`tl_spectral_studies.evidence_summary`) gives per claim and cell the interval, the
+label, the minimum detectable effect at that n and the panel's robustness label.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+NAME = "evidence"
+STEPS = ("sinks", "zero_sink", "faithfulness")
+CORPORA = {"wiki": "wiki_excerpt.txt", "austen": "austen.txt"}
+DRAWS = (0, 1, 2)
+FIRST_TOKENS = {
+    "smollm2-135m": ("none", "<|im_start|>", "<|endoftext|>"),
+    "gemma3-270m": ("none", "<bos>"),
+}
+DEFAULTS = {"windows": 64, "length": 256, "faith_docs": 32, "faith_length": 32,
+            "pod_docs": 150, "batch_size": 4}
+"""Sample sizes of the full plan (issue 39): 64 windows × 256 tokens for sinks and the
+interventions, 32 documents for faithfulness, N = 150 for the scale POD."""
+VERSION = 1
+"""Bumped when a step's computation changes (part of every job's configuration)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One panel cell: first token, corpus, window draw."""
+
+    first: str
+    corpus: str
+    draw: int
+
+    @property
+    def key(self) -> str:
+        """A file-name-safe key, e.g. ``first=im_start.corpus=wiki.draw=0``."""
+        f = "".join(ch for ch in self.first if ch.isalnum() or ch == "_") or "none"
+        return f"first={f}.corpus={self.corpus}.draw={self.draw}"
+
+    def factors(self) -> dict[str, Any]:
+        return {"first token": self.first, "corpus": self.corpus, "draw": self.draw}
+
+
+def panel(model: str, step: str = "sinks", draws: Sequence[int] = DRAWS) -> list[Cell]:
+    """The cells of ``model``'s panel for ``step`` (faithfulness: the Wikipedia excerpt only)."""
+    if model not in FIRST_TOKENS:
+        raise ValueError(f"no panel for model {model!r}; use one of {sorted(FIRST_TOKENS)}")
+    corpora = ["wiki"] if step == "faithfulness" else list(CORPORA)
+    return [Cell(f, c, d) for f in FIRST_TOKENS[model] for c in corpora for d in draws]
+
+
+def job_config(model: str, step: str, cell: Cell, cfg: dict) -> dict:
+    """What a job's result depends on; a stored file is reused only when this matches."""
+    sizes = ({"n": cfg["faith_docs"], "length": cfg["faith_length"]} if step == "faithfulness"
+             else {"n": cfg["windows"], "length": cfg["length"]})
+    return {"version": VERSION, "model": model, "step": step, **cell.factors(), **sizes}
+
+
+def config_hash(conf: dict) -> str:
+    return hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def job_path(out: Path, model: str, step: str, cell: Cell) -> Path:
+    return Path(out) / model / step / f"{cell.key}.json"
+
+
+def is_done(path: Path, conf: dict) -> bool:
+    """The job's file exists, is complete JSON and was made with configuration ``conf``."""
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and d.get("config_hash") == config_hash(conf)
+
+
+def write_atomic(path: Path, obj: dict) -> None:
+    """Write JSON to ``path`` through a temporary file renamed into place (a killed run
+    leaves either the old file or the new one, never half of one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------- data
+def start_id(tok: Any, first: str) -> int | None:
+    """The token id of ``first`` (None for ``"none"``); a clear error when the tokenizer does
+    not know it as one token."""
+    if first == "none":
+        return None
+    ids = tok.convert_tokens_to_ids([first])
+    if not ids or ids[0] is None or tok.convert_ids_to_tokens(ids)[0] != first:
+        raise ValueError(f"the tokenizer has no single token {first!r}")
+    return int(ids[0])
+
+
+def cell_windows(data_dir: Path, tok: Any, cell: Cell, n: int, length: int) -> torch.Tensor:
+    """``[n, length]`` windows of the cell: the validation split of its corpus, draw
+    ``cell.draw``, with the first token in front (the window's last token dropped)."""
+    from tl_spectral.data import document_windows, train_val_split
+
+    text = (Path(data_dir) / CORPORA[cell.corpus]).read_text(encoding="utf-8")
+    _, val = train_val_split(text)
+    w = document_windows(val, tok, n, length, seed=cell.draw).tokens
+    sid = start_id(tok, cell.first)
+    if sid is None:
+        return w
+    return torch.cat([torch.full((w.shape[0], 1), sid, dtype=w.dtype), w[:, :-1]], 1)
+
+
+# -------------------------------------------------------------------------- forwards
+def zero_sink_hook(include_self: bool):
+    """A ``hook_pattern`` hook setting α_i0 to 0 without renormalizing (the sink's value
+    zeroed), for every query (``include_self``: the sink's own α_00 too) or queries i ≥ 1."""
+    first = 0 if include_self else 1
+
+    def hook(p: torch.Tensor, hook: Any = None) -> torch.Tensor:
+        p = p.clone()
+        p[..., first:, 0] = 0.0
+        return p
+
+    return hook
+
+
+def window_nll(view: Any, tokens: torch.Tensor, hooks: Sequence = (), batch_size: int = 4
+               ) -> torch.Tensor:
+    """Summed next-token NLL ``[n]`` (float64) of every window under ``hooks``."""
+    import torch.nn.functional as F
+
+    out = []
+    with torch.no_grad():
+        for s in range(0, tokens.shape[0], batch_size):
+            w = tokens[s:s + batch_size]
+            logits = view.run(w, fwd_hooks=list(hooks))[:, :-1].float()
+            nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
+                                  reduction="none").view(w.shape[0], -1).sum(1)
+            out.append(nll.double())
+    return torch.cat(out)
+
+
+def sink_rows(view: Any, tokens: torch.Tensor, batch_size: int = 4) -> dict[str, torch.Tensor]:
+    """:data:`~tl_spectral_studies.real_decoder_ops.SINK_KEYS` ``[n, L]`` by brute force from
+    the captured pattern and values of every layer (computed layer by layer in the hooks, so
+    no ``[L, b, H, T, T]`` stack is held)."""
+    from tl_spectral_studies.real_decoder_ops import SINK_KEYS, sink_decomposition
+
+    L = view.n_layers
+    W_O = {li: view.weights(li).W_O for li in range(L)}
+    rows: dict[str, list] = {k: [] for k in SINK_KEYS}
+    for s in range(0, tokens.shape[0], batch_size):
+        got: dict[int, dict] = {li: {} for li in range(L)}
+        per: dict[int, dict] = {}
+
+        def grab(kind: str, li: int):
+            def hook(t: torch.Tensor, hook: Any = None) -> None:
+                got[li][kind] = t.detach()
+                if len(got[li]) == 2:
+                    v = view.repeat_kv(got[li]["v"], 2).transpose(1, 2)  # [b, H, T, d]
+                    per[li] = sink_decomposition(got[li]["pattern"], v, W_O[li])
+                    got[li].clear()
+            return hook
+
+        hooks = [(view.hook_v(li), grab("v", li)) for li in range(L)]
+        hooks += [(view.hook_pattern(li), grab("pattern", li)) for li in range(L)]
+        with torch.no_grad():
+            view.run(tokens[s:s + batch_size], fwd_hooks=hooks, return_type=None)
+        for k in SINK_KEYS:
+            rows[k].append(torch.stack([per[li][k] for li in range(L)], 1))
+    return {k: torch.cat(v, 0) for k, v in rows.items()}
+
+
+# ------------------------------------------------------------------------------ steps
+def step_sinks(view: Any, tokens: torch.Tensor, cfg: dict, seed: int) -> dict:
+    """Per-window sink rows, the split selection and the pooled numbers on the test half."""
+    from tl_spectral_studies.real_decoder import select_and_pool
+
+    brute = sink_rows(view, tokens, cfg["batch_size"])
+    pr = {"cos_v0_s": brute["cos_factor"] * 0, "rho_star_in_0_1": brute["attn0"] * 0}
+    sel = select_and_pool(pr, brute, list(range(view.n_layers)), seed)
+    pooled = sel.get("pooled", {})
+    for k in ("cos_v0_s", "rho_star_in_0_1"):  # library-probe keys, not measured here
+        pooled.pop(k, None)
+    return {"per_window": {k: v.tolist() for k, v in brute.items()}, **sel}
+
+
+def step_zero_sink(view: Any, tokens: torch.Tensor, cfg: dict, seed: int) -> dict:
+    """Per-window NLL clean and with the sink's value zeroed in every layer, the sink's own
+    self-attention included or not, with the paired relative ΔPPL intervals."""
+    from tl_spectral_studies.real_decoder_ops import relative_ppl_change
+
+    L, bs = view.n_layers, cfg["batch_size"]
+    clean = window_nll(view, tokens, (), bs)
+    out: dict[str, Any] = {"nll_clean": clean.tolist(), "n_pred": int(tokens.shape[1]) - 1}
+    for name, incl in (("include_self", True), ("exclude_self", False)):
+        hooks = [(view.hook_pattern(li), zero_sink_hook(incl)) for li in range(L)]
+        nll = window_nll(view, tokens, hooks, bs)
+        out[f"nll_{name}"] = nll.tolist()
+        out[name] = relative_ppl_change(clean, nll, out["n_pred"], seed=seed)
+    return out
+
+
+def step_faithfulness(view: Any, tokens: torch.Tensor, cfg: dict, seed: int) -> dict:
+    """Per-window log-NLL sums of the four measures' comprehensiveness / sufficiency curves
+    (layer-wide ranking), as the real-decoder study computes them."""
+    from tl_spectral.probes.faithfulness import faithfulness
+    from tl_spectral_studies.claims.seed003 import FAITH_MEASURES
+
+    sums, counts, meta = [], [], {}
+    for d in range(int(tokens.shape[0])):
+        f = faithfulness(view.model, tokens[d:d + 1], measures=FAITH_MEASURES, scope="layer",
+                         batch_size=1, seed=seed + d, rows_per_pass=64)
+        curves = torch.stack([f.comprehensiveness, f.sufficiency], 2).double()
+        sums.append((float(f.n_tokens) * torch.log(curves + f.clean)).tolist())
+        counts.append(float(f.n_tokens))
+        meta = {"settings": list(f.settings), "fractions": list(f.fractions),
+                "measures": list(FAITH_MEASURES)}
+    return {"per_window_nll_sums": sums, "per_window_tokens": counts, **meta}
+
+
+STEP_FUNCS = {"sinks": step_sinks, "zero_sink": step_zero_sink,
+              "faithfulness": step_faithfulness}
+
+
+# ------------------------------------------------------------------------------ runner
+def run_job(view: Any, tok: Any, out: Path, data_dir: Path, model: str, step: str, cell: Cell,
+            cfg: dict, provenance: dict) -> tuple[Path, bool, float]:
+    """One (model, step, cell) job: skipped when its file is done with the same
+    configuration. Returns (path, ran, seconds)."""
+    conf = job_config(model, step, cell, cfg)
+    path = job_path(out, model, step, cell)
+    if is_done(path, conf):
+        return path, False, 0.0
+    n, T = conf["n"], conf["length"]
+    t0 = time.perf_counter()
+    tokens = cell_windows(data_dir, tok, cell, n, T)
+    res = STEP_FUNCS[step](view, tokens, cfg, cell.draw)
+    secs = round(time.perf_counter() - t0, 2)
+    write_atomic(path, {"config": conf, "config_hash": config_hash(conf), "seconds": secs,
+                        "threads": torch.get_num_threads(), "provenance": provenance, **res})
+    return path, True, secs
+
+
+def run(model_name: str, out: Path, data_dir: Path, *, steps: Sequence[str] = STEPS,
+        cfg: dict | None = None, cells: Sequence[Cell] | None = None, log: Any = print,
+        loaded: tuple[Any, Any] | None = None) -> list[dict]:
+    """Run every job of ``model_name``'s panel not yet done; returns one row per job."""
+    from tl_spectral.model_view import ModelView
+    from tl_spectral_studies.real_decoder import _provenance
+
+    cfg = {**DEFAULTS, **(cfg or {})}
+    if loaded is None:
+        from tl_spectral.models import zoo
+
+        loaded = zoo.load(model_name)
+    model, tok = loaded
+    view = ModelView(model)
+    prov = _provenance(None)
+    prov["command"] = prov["command"].replace("real-decoder", "evidence")
+    rows = []
+    for step in steps:
+        for cell in (cells if cells is not None else panel(model_name, step)):
+            if step == "faithfulness" and cell.corpus != "wiki":
+                continue
+            path, ran, secs = run_job(view, tok, Path(out), Path(data_dir), model_name, step,
+                                      cell, cfg, prov)
+            rows.append({"step": step, "cell": cell.key, "ran": ran, "seconds": secs})
+            log(json.dumps(rows[-1]))
+    return rows
+
+
+def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.evidence") -> int:
+    from tl_spectral.usage import ArgumentParser
+    from tl_spectral_studies._common import require_data_dir
+
+    ap = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=sorted(FIRST_TOKENS), default="smollm2-135m")
+    ap.add_argument("--out", default="docs/results/real_decoder/evidence")
+    ap.add_argument("--data-dir", default=None, help="folder with wiki_excerpt.txt, austen.txt")
+    ap.add_argument("--step", action="append", choices=STEPS)
+    for k in ("windows", "length", "faith_docs", "faith_length", "batch_size"):
+        ap.add_argument("--" + k.replace("_", "-"), type=int, default=DEFAULTS[k])
+    ap.add_argument("--draws", type=int, nargs="+", default=list(DRAWS))
+    ap.add_argument("--summarize", action="store_true",
+                    help="only write OUT/<model>/summary.json from the stored jobs")
+    a = ap.parse_args(list(argv))
+    from tl_spectral_studies.evidence_summary import write_summary
+
+    if not a.summarize:
+        data = require_data_dir(a.data_dir, "wiki_excerpt.txt and austen.txt")
+        cfg = {k: getattr(a, k) for k in DEFAULTS if k != "pod_docs"}
+        cells = [c for s in (a.step or STEPS) for c in panel(a.model, s, a.draws)]
+        run(a.model, Path(a.out), data, steps=a.step or STEPS, cfg=cfg,
+            cells=sorted(set(cells), key=lambda c: c.key))
+    print(json.dumps(write_summary(Path(a.out), a.model), indent=1)[:4000])
+    return 0
+
+
+if __name__ == "__main__":  # python -m tl_spectral_studies.evidence ...
+    import sys
+
+    sys.exit(main(sys.argv[1:], prog="python -m tl_spectral_studies.evidence"))

@@ -1,0 +1,144 @@
+"""The evidence panel's verdicts (issue 39): per claim and panel cell the interval, n, label and
+minimum detectable effect, and per claim the panel's robustness label.
+
+Reads the job files of :mod:`tl_spectral_studies.evidence` (``OUT/<model>/<step>/<cell>.json``)
+and writes ``OUT/<model>/summary.json``. Labels come from
+:mod:`tl_spectral_studies.claims.rules` only: the claim's own rule per cell
+(:func:`~tl_spectral_studies.claims.rules.sign` and friends), the minimum detectable effect
+(:func:`~tl_spectral_studies.claims.rules.mde`, :data:`~tl_spectral_studies.claims.rules.MDE_RULE`)
+and the robustness across the panel
+(:func:`~tl_spectral_studies.claims.rules.sensitivity`). A claim whose panel is incomplete
+says so (``"complete": False``) and its robustness covers only the cells present.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tl_spectral_studies.claims import rules
+from tl_spectral_studies.claims.seed003 import SINK_LAYER_MIN, TAIL_MARGIN
+
+
+@dataclass(frozen=True)
+class PanelClaim:
+    """A claim read from one step's job files: ``extract`` gives ``{variant: interval}`` of
+    one job (a variant, e.g. the sink's self-attention included or not, is one more panel
+    factor named ``variant_factor``); ``rule`` labels an interval."""
+
+    id: str
+    step: str
+    text: str
+    extract: Callable[[dict], dict[str, Mapping[str, Any] | None]]
+    rule: Callable[[Mapping[str, Any] | None], str]
+    rule_text: str
+    variant_factor: str = ""
+
+
+def _pooled(key: str) -> Callable[[dict], dict]:
+    return lambda job: {"": (job.get("pooled") or {}).get(key)}
+
+
+def _no_pool_label(rule: Callable) -> Callable:
+    """A pooled claim whose cell selected no sink layer: "not tested" (nothing to pool)."""
+    return lambda iv: rules.NOT_TESTED if iv is None else rule(iv)
+
+
+PANEL_CLAIMS = (
+    PanelClaim("C.little", "sinks", "the sink contributes little: C_i0/α_i0 pooled over the "
+               "sink layers (selected on one half of the windows, tested on the other) < 0.5",
+               _pooled("C0_over_attn0"),
+               _no_pool_label(lambda iv: rules.sign(iv, 0.5, above=False)),
+               "sign rule against 0.5, below"),
+    PanelClaim("C.norm", "sinks", "zeroing the sink's value raises the output norm "
+               "(Δ‖o‖/‖o‖ > 0, pooled over the sink layers, test half)",
+               _pooled("rel_norm_change"),
+               _no_pool_label(lambda iv: rules.sign(iv, 0.0, above=True)),
+               "sign rule against 0, above"),
+    PanelClaim("C.tail", "sinks", "tail tokens: contribution share − attention share differs "
+               "from 0 by more than the practical margin (pooled, test half)",
+               _pooled("tail_C_minus_attn"),
+               _no_pool_label(lambda iv: rules.two_sided(iv, 0.0, practical=TAIL_MARGIN)),
+               f"two-sided, practical margin ±{TAIL_MARGIN}"),
+    PanelClaim("C.zero_ppl", "zero_sink", "removing the sink's value (every layer) raises "
+               "perplexity: relative ΔPPL > 0, paired over windows",
+               lambda job: {"included": job.get("include_self"),
+                            "excluded": job.get("exclude_self")},
+               lambda iv: rules.sign(iv, 0.0, above=True), "sign rule against 0, above",
+               variant_factor="sink self-attention"),
+)
+
+
+def load_jobs(out: Path, model: str, step: str) -> list[dict]:
+    """The complete job files of one step (temporary files of a killed run are ignored)."""
+    d = Path(out) / model / step
+    jobs = []
+    for p in sorted(d.glob("first=*.json")) if d.is_dir() else []:
+        try:
+            jobs.append(json.loads(p.read_text(encoding="utf-8")))
+        except ValueError:
+            continue
+    return jobs
+
+
+def _cell_row(job: dict, claim: PanelClaim, variant: str, iv: Mapping | None) -> dict:
+    conf = job["config"]
+    factors = {k: conf[k] for k in ("first token", "corpus", "draw")}
+    if claim.variant_factor:
+        factors[claim.variant_factor] = variant
+    row: dict[str, Any] = {"factors": factors, "n": _n(job, claim), "label": claim.rule(iv)}
+    if iv is not None:
+        row.update({k: float(iv[k]) for k in ("estimate", "low", "high")})
+        row["mde"] = rules.mde(iv)
+    return row
+
+
+def _n(job: dict, claim: PanelClaim) -> int:
+    """The windows behind the cell's interval (the test half for pooled sink numbers)."""
+    if claim.step == "sinks":
+        return len((job.get("selection") or {}).get("test_windows") or [])
+    return int(job["config"]["n"])
+
+
+def summarize_claim(claim: PanelClaim, jobs: list[dict], expected_cells: int) -> dict:
+    """One claim over the panel: per-cell rows, the robustness label, the sample and MDE."""
+    cells = [_cell_row(job, claim, v, iv) for job in jobs
+             for v, iv in claim.extract(job).items()]
+    n_var = max(1, len(claim.extract(jobs[0])) if jobs else 1)
+    mdes = [c["mde"] for c in cells if c.get("mde") is not None]
+    return {"id": claim.id, "text": claim.text, "rule": claim.rule_text,
+            "mde_rule": rules.MDE_RULE, "sensitivity_rule": rules.SENSITIVITY_RULE,
+            "cells": cells, "complete": len(jobs) >= expected_cells,
+            "cells_expected": expected_cells * n_var,
+            "sensitivity": rules.sensitivity([(c["factors"], c["label"]) for c in cells]),
+            "labels": sorted({c["label"] for c in cells}),
+            "mde_max": max(mdes) if mdes else None}
+
+
+def summarize(out: Path, model: str) -> dict:
+    """Every panel claim of ``model`` from the stored jobs."""
+    from tl_spectral_studies.evidence import panel
+
+    res: dict[str, Any] = {"model": model, "claims": {}, "selection": {}}
+    for claim in PANEL_CLAIMS:
+        jobs = load_jobs(out, model, claim.step)
+        if jobs:
+            res["claims"][claim.id] = summarize_claim(claim, jobs, len(panel(model, claim.step)))
+    for job in load_jobs(out, model, "sinks"):
+        c = job["config"]
+        key = f"first={c['first token']} corpus={c['corpus']} draw={c['draw']}"
+        res["selection"][key] = {"sink_layers": job.get("sink_layers"),
+                                 "threshold": SINK_LAYER_MIN, **(job.get("selection") or {})}
+    return res
+
+
+def write_summary(out: Path, model: str) -> dict:
+    """:func:`summarize` written to ``OUT/<model>/summary.json`` (atomically)."""
+    from tl_spectral_studies.evidence import write_atomic
+
+    s = summarize(out, model)
+    write_atomic(Path(out) / model / "summary.json", s)
+    return s
