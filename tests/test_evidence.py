@@ -197,3 +197,21 @@ def test_summary_names_the_first_token_when_it_flips_the_label(tmp_path, monkeyp
     zp = es.summarize(tmp_path, "fake")["claims"]["C.zero_ppl"]
     assert zp["complete"] and zp["sensitivity"] == "depends on first token"
     assert zp["mde_max"] == pytest.approx(rules.mde({"low": 0.0, "high": 0.4}))
+
+
+def test_records_carry_mde_and_the_panels_sensitivity(tmp_path):
+    from tl_spectral_studies.claims import registry
+
+    m = registry.Model("fake", "Fake", registry.STANDARD, "real_decoder", "res", "cmd", "s",
+                       evidence="ev/summary.json")
+    (tmp_path / "res").mkdir()
+    c = registry.Claim("X.1", "paper", "C.0", "words", "rule", lambda r: registry.Measurement(
+        "1.0 [0.5, 1.5]", rules.REPRODUCED, 1.0, (0.5, 1.5), 8))
+    rec = registry.evaluate(c, registry.Results(tmp_path, m))
+    assert rec.mde == pytest.approx(rules.mde({"low": 0.5, "high": 1.5}))
+    assert rec.sensitivity == ""  # no panel
+    ev.write_atomic(tmp_path / "ev" / "summary.json", {"claims": {"X.1": {
+        "sensitivity": "depends on first token", "complete": False}}})
+    rec = registry.evaluate(c, registry.Results(tmp_path, m))
+    assert rec.sensitivity == "depends on first token (panel incomplete)"
+    assert rec.to_json()["mde"] == rec.mde

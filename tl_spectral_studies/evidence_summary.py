@@ -120,7 +120,7 @@ def summarize_claim(claim: PanelClaim, jobs: list[dict], expected_cells: int) ->
 
 def summarize(out: Path, model: str) -> dict:
     """Every panel claim of ``model`` from the stored jobs."""
-    from tl_spectral_studies.evidence import panel
+    from tl_spectral_studies.evidence_panel import panel
 
     res: dict[str, Any] = {"model": model, "claims": {}, "selection": {}}
     for claim in PANEL_CLAIMS:
@@ -137,7 +137,7 @@ def summarize(out: Path, model: str) -> dict:
 
 def write_summary(out: Path, model: str) -> dict:
     """:func:`summarize` written to ``OUT/<model>/summary.json`` (atomically)."""
-    from tl_spectral_studies.evidence import write_atomic
+    from tl_spectral_studies.evidence_panel import write_atomic
 
     s = summarize(out, model)
     write_atomic(Path(out) / model / "summary.json", s)

@@ -27,8 +27,10 @@ add_model(Model(
     "smollm2-135m", "SmolLM2-135M", STANDARD, "real_decoder", "docs/results/real_decoder",
     "tl-spectral study real-decoder --data-dir ../shared/data --out docs/results/real_decoder",
     "SmolLM2-135M-Instruct (Q4_1 dequantized to float32; 30 layers × 9 heads); "
-    + REAL_DECODER_SAMPLES))
+    + REAL_DECODER_SAMPLES,
+    evidence="docs/results/real_decoder/evidence/smollm2-135m/summary.json"))
 add_model(Model(
     "gemma-3-270m", "Gemma-3-270M", STANDARD, "real_decoder", None,
     "tl-spectral study real-decoder --model gemma-3-270m … (not yet run)",
-    "Gemma-3-270M: not yet measured"))
+    "Gemma-3-270M: not yet measured",
+    evidence="docs/results/real_decoder/evidence/gemma3-270m/summary.json"))

@@ -90,6 +90,9 @@ class Model:
     setting: str
     slugs: Mapping[str, str] = field(default_factory=dict)
     """Per study, the file stem of this model (paper layout)."""
+    evidence: str | None = None
+    """The summary of this model's sensitivity panel (``python -m
+    tl_spectral_studies.evidence``), relative to the repository; None: no panel."""
 
 
 @dataclass(frozen=True)
@@ -188,13 +191,13 @@ def evaluate(c: Claim, res: Results) -> Record:
     prov = provenance(res) if m.results is not None else {"command": m.command}
 
     def rec(number: str, label: str, meas: Measurement | None = None) -> Record:
+        mde, sens = _evidence(c, res, meas)
         return Record(c.id, m.key, m.setting, c.text, f"{c.paper}; SPEC {c.spec}", number,
                       None if meas is None else meas.estimate,
                       None if meas is None else meas.interval,
                       None if meas is None else meas.n, c.rule, label, prov,
                       "" if meas is None else meas.note,
-                      None if meas is None else meas.mde,
-                      "" if meas is None else meas.sensitivity)
+                      mde, sens)
 
     if m.results is None:
         return rec("—", rules.NOT_YET_MEASURED)
@@ -205,6 +208,26 @@ def evaluate(c: Claim, res: Results) -> Record:
     if meas is None:
         return rec("—", rules.NOT_MEASURED)
     return rec(meas.number, meas.label, meas)
+
+
+def _evidence(c: Claim, res: Results, meas: Measurement | None) -> tuple[float | None, str]:
+    """The record's minimum detectable effect (the measure's own, else from its interval by
+    :func:`~tl_spectral_studies.claims.rules.mde`) and its sensitivity label (the measure's
+    own, else the model's panel summary for this claim, with "(panel incomplete)" when not
+    every cell has run; "" without a panel)."""
+    if meas is None:
+        return None, ""
+    mde = meas.mde
+    if mde is None and meas.interval is not None:
+        mde = rules.mde({"low": meas.interval[0], "high": meas.interval[1]})
+    sens = meas.sensitivity
+    ev = res.model.evidence
+    if not sens and ev and (res.root / ev).is_file():
+        got = json.loads((res.root / ev).read_text(encoding="utf-8")).get("claims", {})
+        if c.id in got:
+            sens = got[c.id]["sensitivity"] + ("" if got[c.id].get("complete")
+                                               else " (panel incomplete)")
+    return mde, sens
 
 
 def by_key(recs: list[Record]) -> dict[tuple[str, str], Record]:

@@ -26,7 +26,8 @@ def record_dict(r: Record) -> dict[str, Any]:
     return {"id": r.claim, "claim": r.text, "paper": r.paper, "model": r.model,
             "setting": r.setting, "number": r.number,
             "interval": None if r.interval is None else list(r.interval), "n": r.n,
-            "label": r.label, "rule": r.rule, "note": r.note, "provenance": r.provenance}
+            "label": r.label, "rule": r.rule, "note": r.note, "provenance": r.provenance,
+            "mde": r.mde, "sensitivity": r.sensitivity}
 
 
 def model_records(recs: Iterable[Record], model: str) -> list[dict[str, Any]]:

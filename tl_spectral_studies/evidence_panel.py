@@ -1,0 +1,88 @@
+"""The panel of the evidence runner (issue 39): cells, job configurations and resumable,
+atomic job files, shared by :mod:`tl_spectral_studies.evidence` (which runs the jobs) and
+:mod:`tl_spectral_studies.evidence_summary` (which reads them)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+NAME = "evidence"
+STEPS = ("sinks", "zero_sink", "faithfulness")
+CORPORA = {"wiki": "wiki_excerpt.txt", "austen": "austen.txt"}
+DRAWS = (0, 1, 2)
+FIRST_TOKENS = {
+    "smollm2-135m": ("none", "<|im_start|>", "<|endoftext|>"),
+    "gemma3-270m": ("none", "<bos>"),
+}
+DEFAULTS = {"windows": 64, "length": 256, "faith_docs": 32, "faith_length": 32,
+            "pod_docs": 150, "batch_size": 4}
+"""Sample sizes of the full plan (issue 39): 64 windows × 256 tokens for sinks and the
+interventions, 32 documents for faithfulness, N = 150 for the scale POD."""
+VERSION = 1
+"""Bumped when a step's computation changes (part of every job's configuration)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One panel cell: first token, corpus, window draw."""
+
+    first: str
+    corpus: str
+    draw: int
+
+    @property
+    def key(self) -> str:
+        """A file-name-safe key, e.g. ``first=im_start.corpus=wiki.draw=0``."""
+        f = "".join(ch for ch in self.first if ch.isalnum() or ch == "_") or "none"
+        return f"first={f}.corpus={self.corpus}.draw={self.draw}"
+
+    def factors(self) -> dict[str, Any]:
+        return {"first token": self.first, "corpus": self.corpus, "draw": self.draw}
+
+
+def panel(model: str, step: str = "sinks", draws: Sequence[int] = DRAWS) -> list[Cell]:
+    """The cells of ``model``'s panel for ``step`` (faithfulness: the Wikipedia excerpt only)."""
+    if model not in FIRST_TOKENS:
+        raise ValueError(f"no panel for model {model!r}; use one of {sorted(FIRST_TOKENS)}")
+    corpora = ["wiki"] if step == "faithfulness" else list(CORPORA)
+    return [Cell(f, c, d) for f in FIRST_TOKENS[model] for c in corpora for d in draws]
+
+
+def job_config(model: str, step: str, cell: Cell, cfg: dict) -> dict:
+    """What a job's result depends on; a stored file is reused only when this matches."""
+    sizes = ({"n": cfg["faith_docs"], "length": cfg["faith_length"]} if step == "faithfulness"
+             else {"n": cfg["windows"], "length": cfg["length"]})
+    return {"version": VERSION, "model": model, "step": step, **cell.factors(), **sizes}
+
+
+def config_hash(conf: dict) -> str:
+    return hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def job_path(out: Path, model: str, step: str, cell: Cell) -> Path:
+    return Path(out) / model / step / f"{cell.key}.json"
+
+
+def is_done(path: Path, conf: dict) -> bool:
+    """The job's file exists, is complete JSON and was made with configuration ``conf``."""
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and d.get("config_hash") == config_hash(conf)
+
+
+def write_atomic(path: Path, obj: dict) -> None:
+    """Write JSON to ``path`` through a temporary file renamed into place (a killed run
+    leaves either the old file or the new one, never half of one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
