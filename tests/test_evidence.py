@@ -215,3 +215,23 @@ def test_records_carry_mde_and_the_panels_sensitivity(tmp_path):
     rec = registry.evaluate(c, registry.Results(tmp_path, m))
     assert rec.sensitivity == "depends on first token (panel incomplete)"
     assert rec.to_json()["mde"] == rec.mde
+
+
+def test_compute_plan_extrapolates_per_window(tmp_path, monkeypatch):
+    monkeypatch.setitem(ev.FIRST_TOKENS, "fake", ("none", "<bos>"))
+    for step, n, secs in (("zero_sink", 8, 40.0), ("faithfulness", 2, 30.0)):
+        cell = ev.Cell("<bos>", "wiki", 0)
+        cfg = {**ev.DEFAULTS, "windows": n, "faith_docs": n}
+        ev.write_atomic(ev.job_path(tmp_path, "fake", step, cell),
+                        {"config": ev.job_config("fake", step, cell, cfg), "seconds": secs})
+    plan = es.compute_plan(tmp_path, "fake")
+    zs = plan["steps"]["zero_sink"]
+    assert zs["cells"] == 2 * 2 * 3 and zs["seconds_per_window"] == 5.0
+    assert zs["cpu_minutes_panel"] == pytest.approx(5.0 * 64 * 12 / 60)
+    fa = plan["steps"]["faithfulness"]
+    assert fa["cells"] == 2 * 3 and fa["cpu_minutes_per_cell"] == pytest.approx(15.0 * 32 / 60)
+    assert plan["cpu_minutes_total"] == pytest.approx(zs["cpu_minutes_panel"]
+                                                      + fa["cpu_minutes_panel"])
+    assert "**all**" in es.plan_markdown([plan])
+    with pytest.raises(ValueError, match="same length"):
+        es.compute_plan(tmp_path, "fake", {"length": 128})

@@ -142,3 +142,50 @@ def write_summary(out: Path, model: str) -> dict:
     s = summarize(out, model)
     write_atomic(Path(out) / model / "summary.json", s)
     return s
+
+
+# ---------------------------------------------------------------------- compute plan
+def compute_plan(small_out: Path, model: str, full: Mapping[str, int] | None = None) -> dict:
+    """CPU minutes of the full panel, extrapolated from a small run's job files under
+    ``small_out`` (their ``seconds`` and window counts): per step, seconds per window at the
+    small run's size × windows of the full plan × cells of the panel. Linear in windows (every
+    window is one more forward pass of the same length); the small run's length must be the
+    full plan's, which is checked."""
+    from tl_spectral_studies.evidence_panel import DEFAULTS, panel
+
+    full = {**DEFAULTS, **(full or {})}
+    steps: dict[str, Any] = {}
+    for step in ("sinks", "zero_sink", "faithfulness"):
+        jobs = load_jobs(small_out, model, step)
+        if not jobs:
+            continue
+        n_full, T_full = ((full["faith_docs"], full["faith_length"]) if step == "faithfulness"
+                          else (full["windows"], full["length"]))
+        per = [j["seconds"] / j["config"]["n"] for j in jobs]
+        if any(j["config"]["length"] != T_full for j in jobs):
+            raise ValueError(f"{step}: the small run's length differs from the full plan's "
+                             f"{T_full}; time it at the same length")
+        cells = len(panel(model, step))
+        s_per = sum(per) / len(per)
+        steps[step] = {"measured_windows": [j["config"]["n"] for j in jobs],
+                       "measured_seconds": [j["seconds"] for j in jobs],
+                       "seconds_per_window": s_per, "full_windows": n_full, "cells": cells,
+                       "cpu_minutes_per_cell": s_per * n_full / 60,
+                       "cpu_minutes_panel": s_per * n_full * cells / 60}
+    return {"model": model, "steps": steps, "full": dict(full),
+            "cpu_minutes_total": sum(s["cpu_minutes_panel"] for s in steps.values())}
+
+
+def plan_markdown(plans: list[dict]) -> str:
+    """The compute-plan table of docs/real_decoder.md."""
+    out = ["| model | step | measured (windows: s) | s per window | full plan per cell | "
+           "cells | panel (CPU min) |", "|---|---|---|---|---|---|---|"]
+    for p in plans:
+        for step, s in p["steps"].items():
+            meas = ", ".join(f"{n}: {sec:.0f}" for n, sec in zip(s["measured_windows"],
+                                                                   s["measured_seconds"]))
+            out.append(f"| {p['model']} | {step} | {meas} | {s['seconds_per_window']:.1f} | "
+                       f"{s['full_windows']} windows: {s['cpu_minutes_per_cell']:.0f} min | "
+                       f"{s['cells']} | {s['cpu_minutes_panel']:.0f} |")
+        out.append(f"| {p['model']} | **all** | | | | | **{p['cpu_minutes_total']:.0f}** |")
+    return "\n".join(out)
