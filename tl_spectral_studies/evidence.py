@@ -3,8 +3,9 @@ at samples sized for the claim, resumable.
 
     python -m tl_spectral_studies.evidence --model smollm2-135m --data-dir ../shared/data \\
         --out docs/results/real_decoder/evidence
-    python -m tl_spectral_studies.evidence --model gemma3-270m --windows 8 --step sinks ...   # a small run
+    python -m tl_spectral_studies.evidence --model gemma3-270m --windows 8 ...  # small run
     python -m tl_spectral_studies.evidence --summarize --out docs/results/real_decoder/evidence
+    python -m tl_spectral_studies.evidence --plan --out docs/results/real_decoder/evidence/plan
 
 The panel of a model (:func:`panel`) crosses the first token (none, and each start/special
 token of the model's own conventions: SmolLM2 ``<|im_start|>``, ``<|endoftext|>``; Gemma-3
@@ -258,9 +259,17 @@ def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.evidenc
     ap.add_argument("--draws", type=int, nargs="+", default=list(DRAWS))
     ap.add_argument("--summarize", action="store_true",
                     help="only write OUT/<model>/summary.json from the stored jobs")
+    ap.add_argument("--plan", action="store_true",
+                    help="only write OUT/<model>/plan.json: the full plan's CPU minutes "
+                         "extrapolated from the (small) run stored in OUT")
     a = ap.parse_args(list(argv))
-    from tl_spectral_studies.evidence_summary import write_summary
+    from tl_spectral_studies.evidence_summary import compute_plan, write_summary
 
+    if a.plan:
+        plan = compute_plan(Path(a.out), a.model)
+        write_atomic(Path(a.out) / a.model / "plan.json", plan)
+        print(json.dumps(plan, indent=1))
+        return 0
     if not a.summarize:
         data = require_data_dir(a.data_dir, "wiki_excerpt.txt and austen.txt")
         cfg = {k: getattr(a, k) for k in DEFAULTS if k != "pod_docs"}
