@@ -235,3 +235,13 @@ def test_compute_plan_extrapolates_per_window(tmp_path, monkeypatch):
     assert "**all**" in es.plan_markdown([plan])
     with pytest.raises(ValueError, match="same length"):
         es.compute_plan(tmp_path, "fake", {"length": 128})
+
+
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    assert ev.main(["--out", str(tmp_path), "--data-dir", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--data-dir" in err and "\n" not in err
+    from tl_spectral.usage import UsageError
+
+    with pytest.raises(UsageError, match="gpt2"):
+        ev.main(["--model", "gpt2"])

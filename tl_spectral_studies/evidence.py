@@ -34,6 +34,7 @@ label, the minimum detectable effect at that n and the panel's robustness label.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -247,7 +248,7 @@ def run(model_name: str, out: Path, data_dir: Path, *, steps: Sequence[str] = ST
 
 def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.evidence") -> int:
     from tl_spectral.usage import ArgumentParser
-    from tl_spectral_studies._common import require_data_dir
+    from tl_spectral_studies._common import StudyUsageError, require_data_dir
 
     ap = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(FIRST_TOKENS), default="smollm2-135m")
@@ -271,7 +272,11 @@ def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.evidenc
         print(json.dumps(plan, indent=1))
         return 0
     if not a.summarize:
-        data = require_data_dir(a.data_dir, "wiki_excerpt.txt and austen.txt")
+        try:
+            data = require_data_dir(a.data_dir, "wiki_excerpt.txt and austen.txt")
+        except StudyUsageError as e:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+            return 2
         cfg = {k: getattr(a, k) for k in DEFAULTS if k != "pod_docs"}
         cells = [c for s in (a.step or STEPS) for c in panel(a.model, s, a.draws)]
         run(a.model, Path(a.out), data, steps=a.step or STEPS, cfg=cfg,
@@ -281,6 +286,10 @@ def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.evidenc
 
 
 if __name__ == "__main__":  # python -m tl_spectral_studies.evidence ...
-    import sys
+    from tl_spectral.usage import UsageError
 
-    sys.exit(main(sys.argv[1:], prog="python -m tl_spectral_studies.evidence"))
+    try:
+        sys.exit(main(sys.argv[1:], prog="python -m tl_spectral_studies.evidence"))
+    except UsageError as err:  # one line, exit 2 (as the tl-spectral CLI does)
+        print(f"python -m tl_spectral_studies.evidence: error: {err}", file=sys.stderr)
+        sys.exit(2)
