@@ -179,7 +179,7 @@ def compute_plan(small_out: Path, model: str, full: Mapping[str, int] | None = N
 def plan_markdown(plans: list[dict]) -> str:
     """The compute-plan table of docs/real_decoder.md."""
     out = ["| model | step | measured (windows: s) | s per window | full plan per cell | "
-           "cells | panel (CPU min) |", "|---|---|---|---|---|---|---|"]
+           "cells | panel (min) |", "|---|---|---|---|---|---|---|"]
     for p in plans:
         for step, s in p["steps"].items():
             meas = ", ".join(f"{n}: {sec:.0f}" for n, sec in zip(s["measured_windows"],
