@@ -112,12 +112,20 @@ def resolve_model(name: str) -> tuple[str, str]:
 
 
 def load_model(name: str) -> tuple[Any, Any]:
-    """A model and its tokenizer by ``--model`` name:
-    :func:`tl_spectral.models.loading.load_named_model` (kept here for the studies; not the
-    checkpoint loader ``tl_spectral.models.load_model``)."""
-    from tl_spectral.models.loading import load_named_model
+    """Deprecated: use ``tls.load_model(name)`` (:func:`tl_spectral.models.loading.load_model`)."""
+    from tl_spectral._deprecation import warn_deprecated
 
+    warn_deprecated("tl_spectral.cli.load_model", "tl_spectral.load_model")
     return load_named_model(name)
+
+
+def load_named_model(name: str) -> tuple[Any, Any]:
+    """A model and its tokenizer by ``--model`` name:
+    :func:`tl_spectral.models.loading.load_named_model` (imported when called: the command
+    line starts without torch)."""
+    from tl_spectral.models.loading import load_named_model as _f
+
+    return _f(name)
 
 
 def check_out_dir(out: Path, overwrite: bool, *, marker: str = REPORT_MARKER,
@@ -298,7 +306,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     elif tokenizer is not None:
         windows = _windows(text, tokenizer, args)
     status(f"loading {args.model}")
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_named_model(args.model)
     _check_finite_weights(model, args.model)
     if dist_env is not None and torch.cuda.is_available():
         model = model.to(f"cuda:{dist_env[2]}")
@@ -619,7 +627,7 @@ def tokenizer_for(name: str):
 
         if target in zoo.SHIPPED:
             return zoo._char_tokenizer(zoo.checkpoint_info(target))
-        return load_model(name)[1]
+        return load_named_model(name)[1]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
@@ -769,7 +777,7 @@ def geometry(argv: Optional[list[str]] = None) -> int:
     if kind == "zoo" and target in zoo.SHIPPED:
         model, _ = zoo.load_native(target)  # native weights: S–D layers stay readable
     else:
-        model, _ = load_model(args.model)
+        model, _ = load_named_model(args.model)
     try:
         geo = model_qk_geometry(model, fold_ln=not args.no_fold_ln,
                                 allow_rotary=args.allow_rotary)

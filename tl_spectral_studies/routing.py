@@ -117,7 +117,7 @@ def run_study(out_dir: str | Path, *, runs_dir: str | Path | None = None,
     ``merge`` an existing summary is updated, so the study can run in parts), figures (of
     everything in ``out_dir``) to ``fig_dir/routing_*.png`` (default ``out_dir/figures``).
     Returns the summary."""
-    from tl_spectral.models import load_model, zoo
+    from tl_spectral.models import load_checkpoint, zoo
 
     if quick:
         names = [n for n in (names or STUDY_RUNS) if STUDY_RUNS.get(n) == "char"]
@@ -160,7 +160,7 @@ def run_study(out_dir: str | Path, *, runs_dir: str | Path | None = None,
             step = int(json.loads((mdir / "config.json").read_text())
                        .get("metrics", {}).get("steps", -1))
             finished = True
-        model = load_model(mdir).eval()
+        model = load_checkpoint(mdir).eval()
         entry: dict[str, Any] = {"model_dir": f"zoo:{name}" if run is None else str(mdir),
                                  "step": step, "finished": finished,
                                  "config": model.cfg.to_dict(),
@@ -1054,7 +1054,7 @@ def rotary_study(model_dir: str | Path, results_dir: str | Path, *,
     outputs are refused (``FileExistsError``) unless ``overwrite``. Returns the summary.
     """
     from tl_spectral.geometry.model import model_rotary_geometry
-    from tl_spectral.models.gpt import load_model
+    from tl_spectral.models.gpt import load_checkpoint
 
     model_dir, out = Path(model_dir), Path(results_dir)
     targets = [out / "summary.json", out / "rotary_qk.safetensors"]
@@ -1065,7 +1065,7 @@ def rotary_study(model_dir: str | Path, results_dir: str | Path, *,
         raise FileExistsError(f"{', '.join(there)} exist(s); pass overwrite=True (--overwrite) "
                               "to replace them, or choose another folder")
     out.mkdir(parents=True, exist_ok=True)
-    model = load_model(model_dir).eval()
+    model = load_checkpoint(model_dir).eval()
     doc = json.loads((model_dir / "config.json").read_text())
     n_ctx = model.cfg.n_ctx
     lags = [lag for lag in ROTARY_LAGS if lag < n_ctx]

@@ -19,7 +19,7 @@ from tl_spectral.models.attention import (
     make_attention,
     register_attention,
 )
-from tl_spectral.models.gpt import GPT, GPTConfig, load_model, save_model
+from tl_spectral.models.gpt import GPT, GPTConfig, load_checkpoint, save_model
 
 _TRAIN_NAMES = ("TrainConfig", "Trainer", "TrainHistory", "train_cli")
 
@@ -30,6 +30,10 @@ def __getattr__(name):
         from tl_spectral.models import train
 
         return getattr(train, name)
+    if name == "load_model":  # the old name of load_checkpoint, deprecated (warns)
+        from tl_spectral.models import gpt
+
+        return gpt.load_model
     raise AttributeError(f"module 'tl_spectral.models' has no attribute {name!r}")
 
 
@@ -57,7 +61,7 @@ __all__ = [
     "TrainConfig",
     "TrainHistory",
     "Trainer",
-    "load_model",
+    "load_checkpoint",
     "make_attention",
     "register_attention",
     "save_model",

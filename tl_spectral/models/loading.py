@@ -1,8 +1,9 @@
 """Models by name, as ``tl-spectral analyze --model`` takes them: a zoo name, ``"random"``
 (a seeded random reference model) or the folder of a local Hugging Face model.
 
-:func:`load_named_model` is not :func:`tl_spectral.models.load_model`, which reads one of
-the project's own checkpoints from its folder."""
+:func:`load_model` (``tls.load_model``) is the public loader: those, and a folder of the
+project's own checkpoint; :func:`tl_spectral.models.load_checkpoint` reads such a folder as
+the project's GPT itself."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from tl_spectral.usage import UsageError
 
-__all__ = ["load_named_model", "random_reference_model", "resolve_model"]
+__all__ = ["load_model", "load_named_model", "random_reference_model", "resolve_model"]
 
 
 def random_reference_model(seed: int = 0):
@@ -139,16 +140,81 @@ def _one_line(e: BaseException) -> str:
 
 def load_named_model(name: str) -> tuple[Any, Any]:
     """A TransformerLens model and its tokenizer from a zoo name, "random" or an HF folder
-    (see :func:`resolve_model`)."""
+    (see :func:`resolve_model`); the command line's ``--model``. :func:`load_model` also
+    takes a folder of the project's own checkpoint."""
     kind, target = resolve_model(name)
     if kind == "random":
         return random_reference_model()
     if kind == "hf":
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from transformer_lens.model_bridge import TransformerBridge
-
-        model = TransformerBridge.boot_transformers(target, device="cpu")
-        return model, model.tokenizer
+        return _boot_hf_folder(target, "cpu")
     from tl_spectral.models import zoo
 
     return zoo.load(target)
+
+
+def _boot_hf_folder(folder: str, device: Any) -> tuple[Any, Any]:
+    """A local Hugging Face folder booted as a TransformerBridge (TransformerLens 4.x)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:  # TransformerLens 3.9
+        raise UsageError(
+            f"{folder}: a Hugging Face folder is booted with TransformerLens 4's "
+            "TransformerBridge.boot_transformers; on TransformerLens 3.9 build the model "
+            "yourself (HookedTransformer.from_pretrained(official_name, hf_model=...)) and "
+            "pass it to the probes") from None
+    model = TransformerBridge.boot_transformers(folder, device=device)
+    return model, model.tokenizer
+
+
+def _is_checkpoint(folder: Path) -> bool:
+    """``folder`` holds a checkpoint of the project's GPT (``save_model``'s config.json)."""
+    from tl_spectral.models.gpt import read_checkpoint_config
+
+    try:
+        read_checkpoint_config(folder)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return True
+
+
+def load_model(name_or_folder: str | os.PathLike, *, device: Any = "cpu") -> tuple[Any, Any]:
+    """A TransformerLens model and its tokenizer, offline: the one loader of the public API.
+
+    name_or_folder: a zoo name (``tls.zoo.available()``), ``"random"`` (a seeded random
+    6-layer TransformerBridge and the character tokenizer), the folder of a local Hugging
+    Face model (config.json + safetensors weights; booted with TransformerLens 4's
+    ``TransformerBridge.boot_transformers``), or a folder written by
+    :func:`tl_spectral.models.save_model` (the project's GPT, converted with
+    :func:`~tl_spectral.models.convert.to_transformer_lens`, and its character tokenizer).
+    A bare name is a zoo name; give a folder as a path (``"./my-model"``) or a ``Path``.
+    The project's GPT itself (for surgery) is :func:`tl_spectral.models.load_checkpoint`.
+
+    Raises ``ValueError`` (one line) for an unknown name, a folder that holds neither kind
+    of model, or one with only pickled weights (never unpickled).
+    """
+    if isinstance(name_or_folder, os.PathLike):
+        path = Path(name_or_folder)
+        name = str(path) if ("/" in str(path) or os.sep in str(path)) else f"./{path}"
+    else:
+        name = str(name_or_folder)
+    folder = Path(name)
+    if name not in ("random",) and folder.is_dir() and _is_checkpoint(folder):
+        from tl_spectral.models import zoo
+        from tl_spectral.models.convert import to_transformer_lens
+        from tl_spectral.models.gpt import load_checkpoint, read_checkpoint_config
+
+        gpt = load_checkpoint(folder, map_location=device).eval()
+        tok = zoo._char_tokenizer(read_checkpoint_config(folder))
+        tl_model = to_transformer_lens(gpt, device=device)
+        zoo.attach_tokenizer(tl_model, tok, prepend_bos=getattr(tok, "bos", False))
+        return tl_model, tok
+    kind, target = resolve_model(name)
+    if kind == "random":
+        model, tok = random_reference_model()
+        return model.to(device), tok
+    if kind == "hf":
+        return _boot_hf_folder(target, device)
+    from tl_spectral.models import zoo
+
+    return zoo.load(target, device=device)

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from tl_spectral.models.gpt import GPT, load_model, read_checkpoint_config
+from tl_spectral.models.gpt import GPT, load_checkpoint, read_checkpoint_config
 
 SHIPPED = ("char-shakespeare", "char-shakespeare-noln", "sd-char-shakespeare",
            "sd-char-shakespeare-noln", "char-shakespeare-rotary")
@@ -115,7 +115,7 @@ def _char_tokenizer(doc: dict[str, Any]):
 def load_native(name: str, device: str | torch.device = "cpu") -> tuple[GPT, Any]:
     """The project's own :class:`GPT` (eval mode) and its :class:`CharTokenizer`."""
     d = checkpoint_dir(name)
-    model = load_model(d, map_location=device).eval()
+    model = load_checkpoint(d, map_location=device).eval()
     return model, _char_tokenizer(read_checkpoint_config(d))
 
 

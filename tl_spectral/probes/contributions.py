@@ -376,7 +376,7 @@ class ContributionProbe(Probe):
     when ``c_ij < −negative_rtol · Σ_j |c_ij|``, see :class:`ContributionStats`).
     """
 
-    name: ClassVar[str] = "contributions"
+    name = "contributions"
 
     def __init__(
         self,
@@ -429,7 +429,7 @@ class ContributionProbe(Probe):
             raise ValueError(f"negative_rtol must lie in [0, 1), got {negative_rtol}")
         self.negative_rtol = float(negative_rtol)
         if name is not None:
-            self.name = name  # type: ignore[misc]
+            self.name = name
         self._W: dict[int, Tensor] = {}
         self.reductions = {}  # instance level: kept-map keys are added per layer
 

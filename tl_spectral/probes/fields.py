@@ -167,9 +167,7 @@ class AttentionFieldProbe(Probe):
     (default False: every state stays on the model's device; the result is on the CPU).
     """
 
-    name: ClassVar[str] = "attention_fields"
-    reductions: ClassVar[dict[str, str]] = {}
-
+    name = "attention_fields"
     def __init__(self, layers: Optional[Sequence[int]] = None, *, per_head: bool = False,
                  max_lag: Optional[int] = None, name: Optional[str] = None,
                  offload: bool = False, field: str = "attention", streaming: bool = False,
@@ -204,8 +202,8 @@ class AttentionFieldProbe(Probe):
         self.per_head = per_head
         self.max_lag = max_lag
         if name is not None:
-            self.name = name  # type: ignore[misc]
-        self.reductions = {"doc_mask": "cat", "doc_index": "cat"}  # type: ignore[misc]
+            self.name = name
+        self.reductions = {"doc_mask": "cat", "doc_index": "cat"}
         self.streaming = bool(streaming)
         if self.streaming:
             from tl_spectral.analysis.streaming_pod import band_options as _bo

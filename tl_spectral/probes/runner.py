@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence, Unio
 import torch
 from torch import Tensor
 
+from tl_spectral._deprecation import renamed_arguments, warn_deprecated
 from tl_spectral.model_view import CAPTURE_KINDS, ModelView, PatternsNotExposedError
 from tl_spectral.probes.base import LayerCapture, Probe, StopForward, reduce_state
 
@@ -324,7 +325,9 @@ def _shard_range(n: int, rank: int, world: int) -> tuple[int, int]:
 
 
 class ProbeRun(NamedTuple):
-    """What ``run_probes(..., return_logits=True)`` returns; unpacks as ``results, logits``.
+    """Deprecated: what the deprecated ``run_probes(..., return_logits=True)`` returns; unpacks
+    as ``results, logits``. Use :func:`run_probes_with_logits`, which returns ``(logits,
+    results)`` in the order of TransformerLens' ``run_with_cache`` (``(logits, cache)``).
 
     results: ``{probe.name: Result}`` as ``run_probes`` returns by default.
     logits: ``[n_docs, pos, d_vocab]`` on the CPU, the model's logits of every document in
@@ -483,12 +486,13 @@ def _validate_user_hooks(view: ModelView, fwd_hooks: Optional[Sequence]) -> list
     return [tuple(h) for h in hooks]  # type: ignore[misc]
 
 
+@renamed_arguments(data="tokens")
 def run_probes(
     model: Any,
-    data: Any,
+    tokens: Any,
     probes: Union[Probe, Iterable[Probe]],
     batch_size: int = 16,
-    progress: bool = True,
+    progress: Optional[bool] = None,
     *,
     attention_mask: Optional[Tensor] = None,
     distributed: Optional[bool] = None,
@@ -499,9 +503,11 @@ def run_probes(
     accumulate: bool = False,
     check_patterns: bool = True,
 ) -> Any:
-    """Run ``probes`` over ``data`` with one forward pass per batch; return their results.
+    """Run ``probes`` over ``tokens`` with one forward pass per batch; return their results.
 
-    model: a TransformerLens model (or a :class:`ModelView`). data: see :func:`as_corpus`;
+    model: a TransformerLens model (or a :class:`ModelView`). tokens: the documents, as
+    ``model.to_tokens`` gives them (a ``[n_docs, pos]`` id tensor) or a ``DocumentWindows``
+    or a list of id sequences (see :func:`as_corpus`; ``data=`` is its deprecated name);
     lazy windows (:meth:`TokenFile.windows <tl_spectral.data.tokenfile.TokenFile.windows>`)
     are read batch by batch, never all at once; an ``ActivationCache`` of the model is
     handed to :func:`run_probes_on_cache`.
@@ -509,7 +515,10 @@ def run_probes(
     Passes: a probe whose ``next_pass()`` returns True after a pass (its states already
     reduced across processes) gets another pass over the same corpus — e.g.
     ``AttentionFieldProbe(streaming=True)``, which fixes its band windows after the first.
-    Returns ``{probe.name: probe.result()}`` (a :class:`ProbeRun` with ``return_logits``).
+    Returns ``{probe.name: probe.result()}``, always; :func:`run_probes_with_logits` also
+    returns the logits. progress: a progress bar over the batches (None: shown on a
+    terminal or in a notebook once the run takes more than 2 s; see
+    :func:`tl_spectral.progress.progress_bar`).
 
     State: each call starts its probes fresh (:meth:`Probe.reset`). ``accumulate=True``
     adds this corpus to what the probes already hold instead (their documents numbered
@@ -522,9 +531,9 @@ def run_probes(
     return. With hooks past the last layer the probes need (or a name filter), the pass runs
     to the end instead of stopping early.
 
-    Logits: ``return_logits=True`` runs every batch to the end and returns ``ProbeRun(results,
-    logits)`` with the ``[n_docs, pos, d_vocab]`` logits on the CPU; ``on_logits(start, logits)``
-    instead receives each batch's ``[batch, pos, d_vocab]`` logits on the model's device
+    Logits: :func:`run_probes_with_logits` returns them with the results
+    (``return_logits=True`` here is its deprecated spelling, returning ``ProbeRun(results,
+    logits)``); ``on_logits(start, logits)`` receives each batch's ``[batch, pos, d_vocab]`` logits on the model's device
     (``start``: corpus index of the batch's first document; trailing padding columns
     trimmed), so they never pile up in memory. Padded positions hold zeros.
 
@@ -540,6 +549,10 @@ def run_probes(
     """
     # Long on purpose: the public entry (checks, the pass loop with extra passes for streaming
     # probes, the logits); each step inside is a helper already.
+    if return_logits and not isinstance(return_logits, _KeepLogits):
+        warn_deprecated("run_probes(..., return_logits=True)",
+                        "logits, results = run_probes_with_logits(...)")
+    data = tokens
     view = model if isinstance(model, ModelView) else ModelView(model)
     batch_size = check_count("batch_size", batch_size)
     if hasattr(data, "cache_dict"):  # an ActivationCache: no pass to run
@@ -594,13 +607,14 @@ def run_probes(
                          want_logits=want_logits, edited=edited, offsets=offsets)
         starts = range(lo, hi, batch_size)
         iterator: Iterable[int] = starts
-        if progress:
-            from tl_spectral.progress import progress_bar as tqdm
+        if progress is not False:
+            from tl_spectral.progress import progress_bar
 
             desc = f"probes ({', '.join(p.name for p in active)})"
             if n_pass:
                 desc += f", pass {n_pass + 1}"
-            iterator = tqdm(starts, desc=desc, unit="batch", total=len(starts))
+            iterator = progress_bar(starts, desc=desc, unit="batch", total=len(starts),
+                                    enabled=progress)
 
         for start in iterator:
             stop = min(start + batch_size, hi)
@@ -645,6 +659,49 @@ def run_probes(
         for i, lg in kept:
             all_logits[i : i + lg.shape[0], : lg.shape[1]] = lg
     return ProbeRun(results, all_logits)
+
+
+@renamed_arguments(data="tokens")
+def run_probes_with_logits(
+    model: Any,
+    tokens: Any,
+    probes: Union[Probe, Iterable[Probe]],
+    batch_size: int = 16,
+    progress: Optional[bool] = None,
+    *,
+    attention_mask: Optional[Tensor] = None,
+    distributed: Optional[bool] = None,
+    check_finite: bool = True,
+    fwd_hooks: Optional[Sequence[tuple[Any, HookFn]]] = None,
+    accumulate: bool = False,
+    check_patterns: bool = True,
+) -> tuple[Tensor, dict[str, Any]]:
+    """:func:`run_probes` that also returns the model's logits: ``logits, results``, in the
+    order of TransformerLens' ``logits, cache = model.run_with_cache(tokens)``.
+
+    logits: ``[n_docs, pos, d_vocab]`` on the CPU, every document in corpus order (this
+    process's shard under ``torch.distributed``), zero at padded positions; every batch runs
+    to the end. results: ``{probe.name: Result}`` as :func:`run_probes` returns. The
+    arguments are :func:`run_probes`' (to receive each batch's logits on the model's device
+    instead of keeping them all, pass ``on_logits=`` to :func:`run_probes`).
+    """
+    results, logits = _run_probes_kept_logits(
+        model, tokens, probes, batch_size, progress, attention_mask=attention_mask,
+        distributed=distributed, check_finite=check_finite, fwd_hooks=fwd_hooks,
+        accumulate=accumulate, check_patterns=check_patterns)
+    return logits, results
+
+
+def _run_probes_kept_logits(*args: Any, **kwargs: Any) -> "ProbeRun":
+    """``run_probes(..., return_logits=True)`` without its deprecation warning."""
+    return run_probes.__wrapped__(*args, return_logits=_KEEP_LOGITS, **kwargs)
+
+
+class _KeepLogits(int):
+    """The runner's own truthy ``return_logits`` (not the user's deprecated ``True``)."""
+
+
+_KEEP_LOGITS = _KeepLogits(1)
 
 
 def run_probes_on_cache(

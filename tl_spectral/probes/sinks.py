@@ -177,7 +177,7 @@ class SinkProbe(Probe):
     threshold on the key score (0.3, Gu et al.); n_bins: histogram bins.
     """
 
-    name: ClassVar[str] = "sinks"
+    name = "sinks"
 
     def __init__(
         self,
@@ -195,7 +195,7 @@ class SinkProbe(Probe):
         self.threshold = float(threshold)
         self.n_bins = int(n_bins)
         if name is not None:
-            self.name = name  # type: ignore[misc]
+            self.name = name
         self._W: dict[int, Tensor] = {}
 
     def requires(self, view: ModelView) -> dict[int, set[str]]:
