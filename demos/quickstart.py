@@ -18,7 +18,7 @@ import torch
 
 from tl_spectral.data import document_windows, tiny_shakespeare
 from tl_spectral.model_view import ModelView
-from tl_spectral.probes import AttentionStats, run_probes
+from tl_spectral.probes import AttentionStatsProbe, run_probes
 from tl_spectral.results import Result
 
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "quickstart_out")
@@ -44,9 +44,9 @@ windows = document_windows(text, tokenizer, n_docs=N_DOCS, length=128, seed=0)
 print(windows.tokens.shape)
 
 # %% Run probes: one forward pass per batch, no activation cache
-results = run_probes(model, windows, [AttentionStats()], batch_size=8, progress=True)
+results = run_probes(model, windows, [AttentionStatsProbe()], batch_size=8, progress=True)
 stats = results["attention_stats"]
-for row in stats.rows()[:4]:
+for row in stats.to_rows()[:4]:
     print(row)
 
 # %% Plot

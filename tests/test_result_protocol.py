@@ -33,9 +33,9 @@ def _instances(tmp_path) -> dict[str, Result]:
     )
     from tl_spectral.probes import (
         AttentionFieldProbe,
-        AttentionStats,
+        AttentionStatsProbe,
         ContributionProbe,
-        HeadScores,
+        HeadScoresProbe,
         SinkProbe,
         run_probes,
     )
@@ -46,9 +46,9 @@ def _instances(tmp_path) -> dict[str, Result]:
     g = torch.Generator().manual_seed(0)
     model = make_native(n_layers=2, n_heads=2, d_model=16, d_head=8, n_ctx=32, d_vocab=20)
     toks = torch.randint(0, 20, (3, 12), generator=g)
-    res = run_probes(model, toks, [AttentionStats(), ContributionProbe(keep_docs=[0]),
+    res = run_probes(model, toks, [AttentionStatsProbe(), ContributionProbe(keep_docs=[0]),
                                    SinkProbe(), AttentionFieldProbe(),
-                                   HeadScores(token_sets={"low": [0, 1]})], progress=False)
+                                   HeadScoresProbe(token_sets={"low": [0, 1]})], progress=False)
     out: dict[str, Result] = {r.kind: r for r in res.values()}
     sp = res["attention_fields"].scale_pod(n_heads=2)
     out[sp.kind] = sp
@@ -159,10 +159,10 @@ def test_protocol_over_every_registered_kind(tmp_path):
 
 
 def test_print_is_short_and_numbers_come_out():
-    from tl_spectral.probes import AttentionStats, run_probes
+    from tl_spectral.probes import AttentionStatsProbe, run_probes
 
     model = make_native(n_layers=2, n_heads=2, d_model=16, d_head=8, n_ctx=64, d_vocab=20)
-    r = run_probes(model, torch.randint(0, 20, (4, 60)), [AttentionStats()],
+    r = run_probes(model, torch.randint(0, 20, (4, 60)), [AttentionStatsProbe()],
                    progress=False)["attention_stats"]
     assert len(repr(r)) < 400 and len(str(r)) < 400  # the raw mean pattern is 2×2×60×60
     assert r.to_frame().columns.tolist()[:3] == ["layer", "head", "entropy"]

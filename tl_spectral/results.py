@@ -66,29 +66,29 @@ class Result:
     array_dims: ClassVar[dict[str, Any]] = {}
 
     # ------------------------------------------------------------- the Result protocol
-    # Every result kind answers the same calls: to_dict / to_frame / summary / repr /
-    # _repr_html_ / plot / show / save / load. A kind customises it through ``rows()`` (its
-    # main table), ``headline()`` (a few numbers), and its figures (``plot`` / ``plot_*`` /
+    # Every result kind answers the same calls: to_dict / to_rows / to_frame / summary / repr
+    # / _repr_html_ / plot / show / save / load. A kind customises it through ``to_rows()`` (its
+    # main table, a list of dicts), ``headline()`` (a few numbers), and its figures (``plot`` / ``plot_*`` /
     # ``view``, drawn by the plotting leaf through ``_draw``).
 
     def _table(self) -> list[dict[str, Any]]:
-        """The main table, one dict per row: the kind's ``rows()`` method. (The base class
-        defines none: a dataclass field named ``rows`` would take it as its default;
-        ``AllocationStudy`` holds its models in such a field and names its table
-        ``to_rows()``.) Without one, the headline as one row, else one row of the scalar
+        """The main table, one dict per row: the kind's ``to_rows()`` method (one name for
+        every kind, beside ``to_dict()`` and ``to_frame()``; the base class defines none, so
+        ``to_frame`` can tell a kind without one). A kind of another package that names it
+        ``rows()``, ``summary_rows()`` or ``table()`` (the old names) is read with a
+        DeprecationWarning. Without one, the headline as one row, else one row of the scalar
         fields and the arrays' shapes."""
-        rows = getattr(self, "rows", None)
-        if callable(rows):
-            return list(rows())
-        legacy = next((n for n in ("to_rows", "summary_rows", "table")
+        to_rows = getattr(self, "to_rows", None)
+        if callable(to_rows):
+            return list(to_rows())
+        legacy = next((n for n in ("rows", "summary_rows", "table")
                        if callable(getattr(self, n, None))), None)
         if legacy is not None:
-            if not type(self).__module__.startswith("tl_spectral."):
-                import warnings  # a kind of another package written before rows() was the hook
+            import warnings  # a kind written before to_rows() was the hook
 
-                warnings.warn(f"{type(self).__name__}: name the main table rows() (the "
-                              f"Result protocol's hook); {legacy}() is read for now",
-                              DeprecationWarning, stacklevel=3)
+            warnings.warn(f"{type(self).__name__}: name the main table to_rows() (the "
+                          f"Result protocol's hook); {legacy}() is read for now",
+                          DeprecationWarning, stacklevel=3)
             return list(getattr(self, legacy)())
         h = self.headline()
         if h:

@@ -66,8 +66,8 @@ def analyse(gpt, tok, label: str, n_docs: int) -> dict:
                                   "low": layer_iv.low.tolist(), "high": layer_iv.high.tolist()},
         "alpha_on_token0_head": {"estimate": iv.estimate.tolist(), "low": iv.low.tolist(),
                                  "high": iv.high.tolist()},
-        "sink_rows": sinks.summary_rows(),
-        "zero_the_sink": {"clean_ppl": float(zs.clean), "rows": zs.rows()},
+        "sink_rows": sinks.to_rows(),
+        "zero_the_sink": {"clean_ppl": float(zs.clean), "rows": zs.to_rows()},
     }
 
 

@@ -56,6 +56,7 @@ from tl_spectral.geometry.common import (
     write_csv,
 )
 from tl_spectral.geometry.qk import entropy_effective_rank, participation_ratio
+from tl_spectral._deprecation import deprecated_method
 from tl_spectral.results import Result, register_result
 
 __all__ = [
@@ -470,9 +471,7 @@ class RotaryQKGeometry(Result):
         return {"norm_M_sq": mm, "norm_R_sq": r, "norm_F_sq": f,
                 "routing_fraction": _fraction(r, r + f)}
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
-        return self.to_rows()
+    rows = deprecated_method("to_rows", "rows")
 
     def to_rows(self) -> list[dict[str, Any]]:
         """One row per (layer, head, offset): layer, layer_name, head, offset and the

@@ -8,8 +8,8 @@ from typing import ClassVar, Optional, Sequence
 import torch
 from torch import Tensor
 
+from tl_spectral._deprecation import deprecated_method, module_getattr
 from tl_spectral.probes import shared
-from tl_spectral._deprecation import module_getattr
 from tl_spectral.probes.base import LayerCapture, Probe
 from tl_spectral.results import Result, register_result
 
@@ -55,7 +55,9 @@ class AttentionStatsResult(Result):
         per head; positions are labelled by index."""
         return self._draw("view", layer=layer, max_pos=max_pos)
 
-    def rows(self) -> list[dict]:
+    rows = deprecated_method("to_rows", "rows")
+
+    def to_rows(self) -> list[dict]:
         """One row per (layer, head): entropy, distance, first-token mass."""
         rows = []
         for li, layer in enumerate(self.layers):

@@ -16,7 +16,7 @@ with rows of α summing to 1, the mean over queries of the attention mass on the
   al. 2022) the queries of the second block all have an earlier copy, so an induction head
   scores about one half (the share of such queries; random repeats inside the blocks add a
   little) and a head that ignores content far less.
-* first-token: ``D_ij = 1`` iff ``j = 0`` (the same number as AttentionStats'
+* first-token: ``D_ij = 1`` iff ``j = 0`` (the same number as AttentionStatsProbe's
   ``first_token_mass``).
 
 Over a corpus the score is pooled over every real query (``Σ_docs Σ_i mass_i / Σ_docs n_i``);
@@ -34,7 +34,7 @@ from typing import ClassVar, Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
-from tl_spectral._deprecation import module_getattr
+from tl_spectral._deprecation import deprecated_method, module_getattr
 from tl_spectral.probes.base import LayerCapture, Probe
 from tl_spectral.results import Result, register_result
 
@@ -77,7 +77,9 @@ class HeadScoresResult(Result):
             return self.set_mass[name]
         raise KeyError(f"unknown score {name!r}; one of {list(SCORES) + list(self.set_names)}")
 
-    def rows(self) -> list[dict]:
+    rows = deprecated_method("to_rows", "rows")
+
+    def to_rows(self) -> list[dict]:
         """One row per (layer, head): every score."""
         rows = []
         for li, layer in enumerate(self.layers):

@@ -389,7 +389,7 @@ def _plan(
             hint = (f"{known[p].__name__}()" if p in known
                     else f"one of {', '.join(c.__name__ + '()' for c in known.values())}")
             raise TypeError(f"probes takes probe objects, not names: for {p!r} pass {hint}")
-        raise TypeError(f"probes takes Probe objects (e.g. AttentionStats()), got "
+        raise TypeError(f"probes takes Probe objects (e.g. AttentionStatsProbe()), got "
                         f"{type(p).__name__}")
     names = [p.name for p in probe_list]
     if len(set(names)) != len(names):
