@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -71,24 +72,23 @@ class Result:
     # main table, a list of dicts), ``headline()`` (a few numbers), and its figures (``plot`` / ``plot_*`` /
     # ``view``, drawn by the plotting leaf through ``_draw``).
 
-    def _table(self) -> list[dict[str, Any]]:
-        """The main table, one dict per row: the kind's ``to_rows()`` method (one name for
-        every kind, beside ``to_dict()`` and ``to_frame()``; the base class defines none, so
-        ``to_frame`` can tell a kind without one). A kind of another package that names it
-        ``rows()``, ``summary_rows()`` or ``table()`` (the old names) is read with a
-        DeprecationWarning. Without one, the headline as one row, else one row of the scalar
-        fields and the arrays' shapes."""
-        to_rows = getattr(self, "to_rows", None)
-        if callable(to_rows):
-            return list(to_rows())
+    def to_rows(self) -> list[dict[str, Any]]:
+        """The main table, one dict per row (one row per layer, head, measure … of this
+        kind): the one name for it in every kind, beside :meth:`to_dict` and
+        :meth:`to_frame` (pandas). Kinds with a table override this; here: a kind of another
+        package that still names its table ``rows()``, ``summary_rows()`` or ``table()``
+        (the old names) is read with a DeprecationWarning; else the headline as one row, else
+        one row of the scalar fields and the arrays' shapes."""
         legacy = next((n for n in ("rows", "summary_rows", "table")
                        if callable(getattr(self, n, None))), None)
-        if legacy is not None:
-            import warnings  # a kind written before to_rows() was the hook
+        if legacy is not None:  # a kind written before to_rows() was the hook
+            from tl_spectral._deprecation import warn_deprecated
 
-            warnings.warn(f"{type(self).__name__}: name the main table to_rows() (the "
-                          f"Result protocol's hook); {legacy}() is read for now",
-                          DeprecationWarning, stacklevel=3)
+            level, frame = 2, sys._getframe(1)  # the first caller outside this module
+            while frame is not None and frame.f_code.co_filename == __file__:
+                frame, level = frame.f_back, level + 1
+            warn_deprecated(f"{type(self).__name__}.{legacy}() as the main table",
+                            "to_rows() (the Result protocol's hook)", stacklevel=level + 1)
             return list(getattr(self, legacy)())
         h = self.headline()
         if h:
@@ -97,6 +97,9 @@ class Result:
                if isinstance(getattr(self, f.name), (int, float, str, bool))}
         row.update({k: "×".join(map(str, v)) for k, v in _shape_fields(self)})
         return [row] if row else []
+
+    def _table(self) -> list[dict[str, Any]]:
+        return list(self.to_rows())
 
     def headline(self) -> dict[str, Any]:
         """A few headline numbers (plain Python), shown by :meth:`summary` and ``repr``."""

@@ -38,6 +38,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_spectral._deprecation import deprecated_method
 from tl_spectral.analysis.coherence import coherence_from_spectrum, cross_spectrum, default_queries
 from tl_spectral.analysis.lags import check_lags, gaussian_lag_window, lag_fields, stack_fields
 from tl_spectral.analysis.pod import (
@@ -64,7 +65,6 @@ from tl_spectral.analysis.wavelets import (
     scale_energy,
     scalogram_from_moment,
 )
-from tl_spectral._deprecation import deprecated_method
 from tl_spectral.results import Result, register_result
 
 __all__ = [

@@ -15,6 +15,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_spectral._deprecation import deprecated_method
 from tl_spectral.analysis.lags import check_lags
 from tl_spectral.analysis.pod import effective_rank, spectral_concentration
 from tl_spectral.analysis.scale_pod_options import ScalePODOptions
@@ -26,7 +27,6 @@ from tl_spectral.analysis.wavelets import (
     dominant_scales,
     scalogram_from_moments,
 )
-from tl_spectral._deprecation import deprecated_method
 from tl_spectral.results import Result, register_result
 
 #: Summary keys of every POD (whole field or band) in the per-head results.

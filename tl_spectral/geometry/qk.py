@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from tl_spectral._deprecation import deprecated_method
 from tl_spectral.geometry.common import (
     as_layers,
     check_finite,
@@ -42,7 +43,6 @@ from tl_spectral.geometry.common import (
     table_rows,
     write_csv,
 )
-from tl_spectral._deprecation import deprecated_method
 from tl_spectral.results import Result, register_result
 
 __all__ = [

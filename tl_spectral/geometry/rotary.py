@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from tl_spectral._deprecation import deprecated_method
 from tl_spectral.geometry.common import (
     as_layers,
     check_finite,
@@ -56,7 +57,6 @@ from tl_spectral.geometry.common import (
     write_csv,
 )
 from tl_spectral.geometry.qk import entropy_effective_rank, participation_ratio
-from tl_spectral._deprecation import deprecated_method
 from tl_spectral.results import Result, register_result
 
 __all__ = [
@@ -575,8 +575,9 @@ def rotary_qk_geometry(
             fractions and their averages are exact whatever this says.
         layer_names: default ``"L0"``, ``"L1"``, …
         dtype: computation dtype (float64).
-        progress: a progress bar over the layers (``tqdm.auto``); default: shown when the
-            spectra are estimated to take more than a few seconds.
+        progress: a progress bar over the layers; default (None): shown on a terminal or in
+            a notebook when the spectra are estimated to take more than a few seconds
+            (:func:`tl_spectral.progress.progress_bar`).
 
     Returns a :class:`RotaryQKGeometry`. At Δ = 0 the energies, fractions and spectra equal
     ``qk_geometry(W_Q, W_K)``'s (same cores, same operations).
@@ -607,14 +608,14 @@ def rotary_qk_geometry(
     if average_ranks:
         r_off, r_w, r_exact = _rank_plan(rank_offsets, d_off, d_w, units)
     n_spectra = off.numel() + (r_off.numel() if r_off is not None else 0)
-    if progress is None:  # ~5 ms per 128 × 128 core spectrum (both parts) on one core
-        progress = units * n_spectra * 5e-3 > 3.0
+    if progress is None and units * n_spectra * 5e-3 <= 3.0:  # ~5 ms per 128 × 128 core
+        progress = False  # spectrum (both parts) on one core: a short run shows no bar
     layer_iter: Any = enumerate(zip(q_layers, k_layers))
-    if progress:
-        from tqdm.auto import tqdm
+    if progress is not False:
+        from tl_spectral.progress import progress_bar
 
-        layer_iter = tqdm(layer_iter, total=len(q_layers), desc="rotary geometry",
-                          unit="layer")
+        layer_iter = progress_bar(layer_iter, total=len(q_layers), desc="rotary geometry",
+                                  unit="layer", enabled=progress)
 
     per: list[dict[str, torch.Tensor]] = []
     d_heads: list[int] = []

@@ -186,7 +186,8 @@ def load_model(name_or_folder: str | os.PathLike, *, device: Any = "cpu") -> tup
     Face model (config.json + safetensors weights; booted with TransformerLens 4's
     ``TransformerBridge.boot_transformers``), or a folder written by
     :func:`tl_spectral.models.save_model` (the project's GPT, converted with
-    :func:`~tl_spectral.models.convert.to_transformer_lens`, and its character tokenizer).
+    :func:`~tl_spectral.models.convert.to_transformer_lens`, and its character tokenizer, or
+    None when the checkpoint records none).
     A bare name is a zoo name; give a folder as a path (``"./my-model"``) or a ``Path``.
     The project's GPT itself (for surgery) is :func:`tl_spectral.models.load_checkpoint`.
 
@@ -205,9 +206,11 @@ def load_model(name_or_folder: str | os.PathLike, *, device: Any = "cpu") -> tup
         from tl_spectral.models.gpt import load_checkpoint, read_checkpoint_config
 
         gpt = load_checkpoint(folder, map_location=device).eval()
-        tok = zoo._char_tokenizer(read_checkpoint_config(folder))
+        doc = read_checkpoint_config(folder)
+        tok = zoo._char_tokenizer(doc) if "tokenizer" in doc else None
         tl_model = to_transformer_lens(gpt, device=device)
-        zoo.attach_tokenizer(tl_model, tok, prepend_bos=getattr(tok, "bos", False))
+        if tok is not None:
+            zoo.attach_tokenizer(tl_model, tok, prepend_bos=getattr(tok, "bos", False))
         return tl_model, tok
     kind, target = resolve_model(name)
     if kind == "random":

@@ -550,8 +550,8 @@ def run_probes(
     # Long on purpose: the public entry (checks, the pass loop with extra passes for streaming
     # probes, the logits); each step inside is a helper already.
     if return_logits and not isinstance(return_logits, _KeepLogits):
-        warn_deprecated("run_probes(..., return_logits=True)",
-                        "logits, results = run_probes_with_logits(...)")
+        warn_deprecated("run_probes(..., return_logits=True)",  # 4: past the decorator
+                        "logits, results = run_probes_with_logits(...)", stacklevel=4)
     data = tokens
     view = model if isinstance(model, ModelView) else ModelView(model)
     batch_size = check_count("batch_size", batch_size)

@@ -131,7 +131,7 @@ class ContributionSection:
                       "top sources are removed and less when only they are kept.")
             report.figure(plot_faithfulness_areas(res), "Faithfulness areas per measure: look for the measure with the highest "
                       "comprehensiveness and the lowest sufficiency area.")
-            report.table(res.table(0), "faithfulness areas, all layers",
+            report.table(res.to_rows(0), "faithfulness areas, all layers",
                          name="faithfulness_all_layers")
             report.table(res.to_rows(1), f"faithfulness areas, layer {res.layer}",
                          name="faithfulness_layer")
