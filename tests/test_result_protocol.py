@@ -275,25 +275,27 @@ def test_every_figure_of_the_library_goes_through_the_plotting_leaf():
         plotter("pod", "plot_nothing")
 
 
-def test_the_main_table_is_rows():
-    """The protocol's table hook is rows(): every library kind with a table names it so
-    (AllocationStudy keeps its models in a field named rows and its table in to_rows()); a
-    kind of another package with only an older name still works, with a DeprecationWarning."""
+def test_the_main_table_is_to_rows():
+    """The protocol's table hook is to_rows() (docs/api.md, "Conventions"): a library kind
+    with a table defines it, and its old names (rows / summary_rows / table) are only the
+    deprecated aliases (AllocationStudy keeps its models in a field named rows); a kind of
+    another package with only an older name still works, with a DeprecationWarning."""
     _import_result_modules()
     for kind, cls in _REGISTRY.items():
-        if not cls.__module__.startswith("tl_spectral.") or kind == "allocation_study":
+        if not cls.__module__.startswith("tl_spectral."):
             continue
-        legacy = [n for n in ("to_rows", "summary_rows", "table") if hasattr(cls, n)]
-        if legacy:
-            assert callable(vars(cls).get("rows")), kind
+        for old in ("rows", "summary_rows", "table"):
+            if callable(vars(cls).get(old)):
+                assert "Deprecated" in (vars(cls)[old].__doc__ or ""), (kind, old)
+                assert "to_rows" in vars(cls), kind
 
     @dataclasses.dataclass
     class OldStyle(Result):
         kind = "old_style_table_test"
         x: int = 1
 
-        def to_rows(self):
+        def rows(self):
             return [{"x": self.x}, {"x": 2}]
 
-    with pytest.warns(DeprecationWarning, match="rows()"):
+    with pytest.warns(DeprecationWarning, match="to_rows()"):
         assert len(OldStyle().to_frame()) == 2

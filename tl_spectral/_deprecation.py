@@ -90,11 +90,13 @@ def module_getattr(module: str, aliases: dict[str, tuple[str, str]]) -> Callable
     return __getattr__
 
 
-def check_choice(name: str, value: Any, allowed: Any) -> Any:
+def check_choice(name: str, value: Any, allowed: Any, hint: str = "") -> Any:
     """``value`` when it is one of ``allowed`` (a ``Literal[...]`` type or a sequence), else a
-    one-line ValueError naming the argument and every allowed value."""
+    one-line ValueError naming the argument and every allowed value (and ``hint``: what
+    they mean)."""
     choices = typing.get_args(allowed) or tuple(allowed)
     if isinstance(value, str) and value in choices:
         return value
     listed = ", ".join(repr(c) for c in choices)
-    raise ValueError(f"{name}={value!r} is not one of {listed}; pass one of those")
+    raise ValueError(f"{name}={value!r} is not one of {listed}; pass one of those"
+                     + (f" ({hint})" if hint else ""))

@@ -45,7 +45,8 @@ SCOPES = get_args(FaithfulnessScope)
 
 def check_scope(scope: str) -> str:
     """``scope`` checked: one of ``SCOPES``."""
-    return check_choice("scope", scope, FaithfulnessScope)
+    return check_choice("scope", scope, FaithfulnessScope, "'query': each query ranks its "
+                        "sources; 'layer': all pairs of a layer together")
 
 
 def allowed_mask(
