@@ -126,6 +126,8 @@ def test_run_probes_with_logits_returns_logits_then_results_like_run_with_cache(
     from tl_spectral.probes.runner import ProbeRun
 
     assert isinstance(run, ProbeRun) and run.results.keys() == results.keys()
+    assert _one_deprecation(getattr, tls, "ProbeRun") is ProbeRun
+    assert "ProbeRun" not in tls.__all__
     torch.testing.assert_close(run.logits, logits)
     _same(run.results["attention_stats"], results["attention_stats"])
 

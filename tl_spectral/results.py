@@ -68,9 +68,9 @@ class Result:
 
     # ------------------------------------------------------------- the Result protocol
     # Every result kind answers the same calls: to_dict / to_rows / to_frame / summary / repr
-    # / _repr_html_ / plot / show / save / load. A kind customises it through ``to_rows()`` (its
-    # main table, a list of dicts), ``headline()`` (a few numbers), and its figures (``plot`` / ``plot_*`` /
-    # ``view``, drawn by the plotting leaf through ``_draw``).
+    # / _repr_html_ / plot / show / save / load. A kind customises it through ``to_rows()``
+    # (its main table, a list of dicts), ``headline()`` (a few numbers), and its figures
+    # (``plot`` / ``plot_*`` / ``view``, drawn by the plotting leaf through ``_draw``).
 
     def to_rows(self) -> list[dict[str, Any]]:
         """The main table, one dict per row (one row per layer, head, measure … of this

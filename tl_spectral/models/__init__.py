@@ -2,6 +2,8 @@
 
 - :class:`GPT` / :class:`GPTConfig` (``gpt.py``): decoder-only transformer; attention kind
   (``"softmax"``, ``"sd"``, ``"linear"``) and head dimension per layer; LayerNorm or none.
+  :func:`save_model` / :func:`load_checkpoint` write and read a checkpoint folder
+  (``load_model`` is the deprecated name of ``load_checkpoint``).
 - :class:`Trainer` / :class:`TrainConfig` (``train.py``): AdamW, warm-up + cosine, exact resume.
 - :func:`to_transformer_lens` (``convert.py``): same logits inside TransformerLens.
 - :mod:`~tl_spectral.models.ablations`: the SPEC B.4 ablations with ΔPPL.

@@ -606,7 +606,8 @@ def faithfulness(
     """Comprehensiveness and sufficiency curves of each measure (SPEC C.3).
 
     model: TransformerLens model or ModelView; tokens: anything ``as_corpus`` reads (right
-    padded; ``data=`` is its deprecated name); layer: the one layer of the single-layer setting (default ``n_layers // 2``;
+    padded; ``data=`` is its deprecated name); layer: the one layer of the single-layer
+    setting (default ``n_layers // 2``;
     the other setting removes in all layers at once); measures: names from
     ``analysis.contributions.MEASURES``, ``"random"`` (seeded uniform scores, a reference) or
     ``"abs_contribution"`` (``|C_ij|``, a diagnostic), optionally suffixed ``@intra`` / ``@inter`` to override ``mode``; fractions: removal grid

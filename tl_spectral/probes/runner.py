@@ -533,9 +533,10 @@ def run_probes(
 
     Logits: :func:`run_probes_with_logits` returns them with the results
     (``return_logits=True`` here is its deprecated spelling, returning ``ProbeRun(results,
-    logits)``); ``on_logits(start, logits)`` receives each batch's ``[batch, pos, d_vocab]`` logits on the model's device
-    (``start``: corpus index of the batch's first document; trailing padding columns
-    trimmed), so they never pile up in memory. Padded positions hold zeros.
+    logits)``); ``on_logits(start, logits)`` receives each batch's ``[batch, pos, d_vocab]``
+    logits on the model's device (``start``: corpus index of the batch's first document;
+    trailing padding columns trimmed), so they never pile up in memory. Padded positions hold
+    zeros.
 
     Checks, inside the real pass: every needed hook fires (a model whose attention is fused
     raises :class:`PatternsNotExposedError`); rows of real queries of each captured pattern
