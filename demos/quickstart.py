@@ -32,9 +32,9 @@ try:
     model, tokenizer = zoo.load("char-shakespeare")
 except Exception as exc:  # the zoo is optional in a stripped install
     print(f"(zoo unavailable: {exc}; using a seeded random model)")
-    from tl_spectral.cli import random_reference_model
+    from tl_spectral import load_model
 
-    model, tokenizer = random_reference_model()
+    model, tokenizer = load_model("random")
 view = ModelView(model)
 print(view)
 
