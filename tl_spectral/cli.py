@@ -122,10 +122,14 @@ def load_model(name: str) -> tuple[Any, Any]:
 def load_named_model(name: str) -> tuple[Any, Any]:
     """A model and its tokenizer by ``--model`` name:
     :func:`tl_spectral.models.loading.load_named_model` (imported when called: the command
-    line starts without torch)."""
+    line starts without torch); a package the model needs that is not installed is a
+    :class:`UsageError` naming it."""
     from tl_spectral.models.loading import load_named_model as _f
 
-    return _f(name)
+    try:
+        return _f(name)
+    except ImportError as e:  # a package the model needs is not installed: say which
+        raise UsageError(_one_line(e)) from None
 
 
 def check_out_dir(out: Path, overwrite: bool, *, marker: str = REPORT_MARKER,
@@ -437,7 +441,8 @@ def _start_token(args, kind: str, target: str, model, tokenizer, causal: bool):
         return None
     want = args.bos
     if want is None:
-        want = kind == "zoo" and bool(getattr(model.cfg, "default_prepend_bos", False))
+        want = kind in ("zoo", "gguf") and bool(getattr(model.cfg, "default_prepend_bos",
+                                                         False))
     if not want:
         return None
     bos = getattr(tokenizer, "bos_token_id", None)
@@ -529,6 +534,8 @@ def _display_name(model: str, kind: str) -> str:
     own name from its config.json (``_name_or_path`` when it is a hub name, not a path; else
     the folder's name with the architecture, e.g. "smol (LlamaForCausalLM)"), or the folder's
     last component when the config says nothing."""
+    if kind == "gguf":
+        return Path(model).name
     if kind != "hf":
         return model
     folder = Path(model).resolve()
@@ -622,16 +629,23 @@ def tokenizer_for(name: str):
 
     if kind == "random":
         return CharTokenizer.from_text(tiny_shakespeare())
-    if kind == "zoo":
-        from tl_spectral.models import zoo
+    from tl_spectral.models import gguf, zoo
 
-        if target in zoo.SHIPPED:
-            return zoo._char_tokenizer(zoo.checkpoint_info(target))
+    if kind == "zoo" and target in zoo.SHIPPED:
+        return zoo._char_tokenizer(zoo.checkpoint_info(target))
+    if kind == "gguf" or target in gguf.ENTRIES:
+        try:
+            return gguf.tokenizer(target)
+        except ImportError as e:
+            raise UsageError(_one_line(e)) from None
+    if kind == "zoo":
         return load_named_model(name)[1]
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(target)
+    from tl_spectral.models.loading import hub_offline
+
+    with hub_offline():
+        return AutoTokenizer.from_pretrained(target)
 
 
 def tokenize(argv: Optional[list[str]] = None) -> int:
@@ -687,7 +701,7 @@ def tokenize(argv: Optional[list[str]] = None) -> int:
     # a local folder is recorded as its absolute path: analyze --tokens finds it from
     # any working folder, however --model spells it there
     kind, target = resolve_model(args.model)
-    recorded = str(Path(target).resolve()) if kind == "hf" else args.model
+    recorded = str(Path(target).resolve()) if kind in ("hf", "gguf") else args.model
     path = write_token_file(out, docs(), model=recorded, vocab_size=vocab,
                             overwrite=args.overwrite)
     from tl_spectral.data.tokenfile import TokenFile
