@@ -493,3 +493,13 @@ def test_cuda_on_a_machine_without_it_is_one_line_before_any_weights(cache, monk
     check_device("cpu")
     check_device(torch.device("cpu"))
 
+
+
+def test_a_token_file_written_for_a_gguf_file_matches_it_however_it_is_spelled(
+        tmp_path, monkeypatch):
+    from tl_spectral.cli import _same_model
+
+    f = write_gguf(tmp_path / "m.gguf")
+    monkeypatch.chdir(tmp_path)
+    assert _same_model(str(f.resolve()), "m.gguf") and _same_model(str(f), "./m.gguf")
+    assert not _same_model(str(f.resolve()), "other.gguf")
