@@ -49,6 +49,8 @@ from tl_spectral_studies._common import (
     add_caption,
     add_run_arguments,
     fmt_interval,
+    fresh_out,
+    positive_int,
     prepare_out,
 )
 from tl_spectral_studies._runs import HEADS_INTERVALS, load_bpe_data, run_validation_windows
@@ -1299,12 +1301,14 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study routing") -> int:
                          "shipped char models are read from the zoo (no cascade)")
     ap.add_argument("--data-dir", default=None,
                     help="folder of austen.txt, wiki_excerpt.txt, gpt2.tiktoken (BPE models)")
-    ap.add_argument("--windows", type=int, default=64)
+    ap.add_argument("--windows", type=positive_int, default=64)
     ap.add_argument("--models", nargs="*", help=f"subset of {list(STUDY_RUNS)}")
     ap.add_argument("--no-minilm", action="store_true")
     ap.add_argument("--no-per-layer", action="store_true")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--fresh", action="store_true", help="do not merge into summary.json")
+    ap.add_argument("--threads", type=positive_int, default=1)
+    ap.add_argument("--fresh", action="store_true",
+                    help="do not merge into summary.json: write --out whole (an earlier "
+                         "output is replaced at the end, with --overwrite)")
     tb = sub.add_parser("train-bpe", help="train a GPT on Austen + Wikipedia (top-K GPT-2 BPE)")
     tb.add_argument("--config", required=True)
     tb.add_argument("--data-dir", default=None, help="overrides the config's data.data_dir")
@@ -1325,7 +1329,7 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study routing") -> int:
     ts.add_argument("--label", action="append", default=None,
                     help="a label per --run-dir, in order (default: the folder names)")
     ts.add_argument("--results", required=True, help="folder for summary.json")
-    ts.add_argument("--windows", type=int, default=64,
+    ts.add_argument("--windows", type=positive_int, default=64,
                     help="evenly spaced validation windows for the ablations (default 64)")
     ts.add_argument("--data-dir", default=None, help="BPE corpora folder (BPE runs only)")
     ts.add_argument("--overwrite", action="store_true", help="replace an existing summary.json")
@@ -1369,14 +1373,36 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study routing") -> int:
         print(json.dumps({"step": trainer.step, "val_loss": history.final_val_loss,
                           "out_dir": str(trainer.out_dir) if trainer.out_dir else None}))
         return 0
-    out = prepare_out(args.out, NAME, overwrite=args.overwrite, update=not args.fresh)
+    _check_study_args(args)
     torch.set_num_threads(args.threads)
+    if args.fresh:  # written whole into a temporary sibling, swapped in at the end
+        with fresh_out(args.out, NAME, overwrite=args.overwrite) as tmp:
+            summary = _run_study_args(args, tmp)
+        out = Path(args.out)
+    else:
+        out = prepare_out(args.out, NAME, overwrite=args.overwrite)
+        summary = _run_study_args(args, out)
+    print(json.dumps({k: v.get("ablation", {}).get("baseline_ppl") if isinstance(v, dict)
+                      else None for k, v in summary["models"].items()}))
+    print(out.resolve())
+    return 0
+
+
+def _check_study_args(args: Any) -> None:
+    """The study run's arguments, checked before any folder is touched."""
+    unknown = sorted(set(args.models or []) - set(STUDY_RUNS))
+    if unknown:
+        raise StudyUsageError(f"--models {' '.join(unknown)}: unknown; use some of "
+                              f"{', '.join(STUDY_RUNS)}")
+    if args.runs_dir is not None and not Path(args.runs_dir).is_dir():
+        raise StudyUsageError(f"--runs-dir {args.runs_dir} is not a folder; pass the folder "
+                              "of the study's training runs")
+
+
+def _run_study_args(args: Any, out: Path) -> dict:
     summary = run_study(out, runs_dir=args.runs_dir, fig_dir=args.fig_dir,
                         n_windows=args.windows, names=args.models,
                         minilm=not args.no_minilm, per_layer=not args.no_per_layer,
                         merge=not args.fresh, data_dir=args.data_dir, quick=args.quick)
     (out / "tables.md").write_text(study_markdown(summary))
-    print(json.dumps({k: v.get("ablation", {}).get("baseline_ppl") if isinstance(v, dict)
-                      else None for k, v in summary["models"].items()}))
-    print(out.resolve())
-    return 0
+    return summary
