@@ -538,7 +538,8 @@ def _same_model(recorded: str, model: str) -> bool:
     folders, the same folder however it is written (``../m`` and ``/abs/m``)."""
     if recorded == model:
         return True
-    looks = [("/" in m or m.startswith(".") or os.sep in m) for m in (recorded, model)]
+    looks = [("/" in m or m.startswith(".") or os.sep in m or m.lower().endswith(".gguf"))
+             for m in (recorded, model)]
     if not all(looks):
         return False
     try:
