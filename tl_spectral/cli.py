@@ -661,7 +661,7 @@ def tokenizer_for(name: str):
         return load_named_model(name)[1]
     from transformers import AutoTokenizer
 
-    from tl_spectral.models.loading import hub_offline
+    from tl_spectral.models.hub import hub_offline
 
     with hub_offline():
         return AutoTokenizer.from_pretrained(target)

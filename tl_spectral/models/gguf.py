@@ -621,7 +621,7 @@ def load(model: str | os.PathLike | Entry, device: Any = "cpu", *,
     the model saw in training; :func:`start_token_id` gives its id for framing windows.
     The Hugging Face hub is offline during the load only.
     """
-    from tl_spectral.models.loading import check_device, hub_offline
+    from tl_spectral.models.hub import check_device, hub_offline
 
     check_device(device)
     src = _source(model)
@@ -659,7 +659,7 @@ def _ensure_while_importing(src: _Source, progress: bool) -> Path:
 def tokenizer(model: str | os.PathLike | Entry, *, progress: bool = True) -> Any:
     """The Hugging Face tokenizer of a zoo GGUF entry or GGUF file, from its cache (built
     when missing) without loading the weights."""
-    from tl_spectral.models.loading import hub_offline
+    from tl_spectral.models.hub import hub_offline
 
     with hub_offline():
         folder = ensure_cache(model, progress=progress)
