@@ -67,6 +67,7 @@ _PUBLIC: dict[str, str] = {
     "Result": "tl_spectral.results",
     "register_result": "tl_spectral.results",
     "contribution_view": "tl_spectral.viz.views",
+    "token_strings": "tl_spectral.viz.context",
 }
 #: public submodules
 _MODULES = {"zoo": "tl_spectral.models.zoo"}

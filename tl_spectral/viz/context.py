@@ -200,15 +200,38 @@ def _decode(tok: Any, ids: list[int]) -> str:
         return tok.decode(ids)
 
 
-def token_strings(tok: Any, ids: Any) -> list[str]:
-    """Display strings of a token sequence, decoded the tokenizer's way: token k shows what
-    decoding ``ids[:k + 1]`` adds to the text of ``ids[:k]``, so word pieces join (BERT's
-    ``##`` pieces, no spaces inside a word), byte-level BPE spaces show as spaces, and a
-    character split over several byte tokens appears whole on the token that completes it
-    (the tokens before it show ``·``). Falls back to decoding each token alone where the
-    running text is not a prefix of the next (a tokenizer whose decode rewrites earlier
-    text). Newlines show as ``\\n``."""
-    ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+def _tokenizer_of(obj: Any) -> Any:
+    """The tokenizer of a TransformerLens model, a ModelView, or the tokenizer itself."""
+    if hasattr(obj, "decode"):
+        return obj
+    for owner in (obj, getattr(obj, "model", None)):
+        tok = getattr(owner, "tokenizer", None)
+        if tok is not None and hasattr(tok, "decode"):
+            return tok
+    raise ValueError(f"token_strings needs a tokenizer or a model that has one (.tokenizer); "
+                     f"got {type(obj).__name__} without one: pass the tokenizer itself")
+
+
+def token_strings(model: Any, tokens: Any, *, visible_whitespace: bool = True) -> list[str]:
+    """Display strings of a token sequence, decoded the tokenizer's way — the labels of the
+    report, the views and the notebooks (``tls.token_strings(model, tokens)``).
+
+    model: a tokenizer, or a TransformerLens model / :class:`~tl_spectral.ModelView` whose
+    ``.tokenizer`` decodes; tokens: one sequence of ids (list or 1-D tensor).
+
+    Token k shows what decoding ``tokens[:k + 1]`` adds to the text of ``tokens[:k]``, so
+    word pieces join (BERT's ``##`` pieces, no spaces inside a word), byte-level BPE spaces
+    show as spaces (``'Ġgood'`` reads ``' good'``), and a character split over several byte
+    tokens appears whole on the token that completes it (the tokens before it show ``·``).
+    Falls back to decoding each token alone where the running text is not a prefix of the
+    next (a tokenizer whose decode rewrites earlier text). Newlines show as ``\\n``, tabs as
+    ``\\t``; with ``visible_whitespace`` a token of spaces only shows ``␣`` per space (a
+    blank label would be invisible)."""
+    tok = _tokenizer_of(model)
+    ids = [int(i) for i in (tokens.tolist() if hasattr(tokens, "tolist") else tokens)]
+    if ids and isinstance(ids[0], list):
+        raise ValueError("token_strings takes ONE sequence of ids; pass tokens[i] for "
+                         "sequence i of a batch")
     out: list[str] = []
     done = ""
     for k, i in enumerate(ids):
@@ -224,5 +247,14 @@ def token_strings(tok: Any, ids: Any) -> list[str]:
                 piece = _decode(tok, [i])
         except Exception:  # noqa: BLE001 - a tokenizer that cannot decode: show the id
             piece = str(i)
-        out.append(piece.replace("\n", "\\n"))
+        out.append(_shown(piece, visible_whitespace))
     return out
+
+
+def _shown(piece: str, visible: bool) -> str:
+    """Newlines, tabs and carriage returns escaped; a whitespace-only piece made visible."""
+    if visible and piece and not piece.strip(" "):
+        return "␣" * len(piece)
+    for ch, rep in (("\n", "\\n"), ("\t", "\\t"), ("\r", "\\r")):
+        piece = piece.replace(ch, rep)
+    return piece

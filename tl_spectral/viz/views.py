@@ -145,13 +145,13 @@ def contribution_view(
         raise TypeError(
             f"contribution_view takes ContributionMaps first, got {type(maps).__name__}: pass "
             "e.g. layer_maps(model, tokens)[layer] (or ContributionStats.maps(layer)), then the "
-            "document's token strings (model.to_str_tokens(tokens[0]))"
+            "document's token strings (tls.token_strings(model, tokens[0]))"
         )
     if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
         raise TypeError(
             f"contribution_view: tokens are the document's token strings, got "
             f"{type(tokens).__name__}{' of ' + type(next(iter(tokens))).__name__ if not isinstance(tokens, str) and len(tokens) else ''}; "
-            "pass e.g. model.to_str_tokens(tokens[0])"
+            "pass e.g. tls.token_strings(model, tokens[0])"
         )
     if not 0 < clip_quantile <= 1:
         raise ValueError(f"clip_quantile must be in (0, 1], got {clip_quantile}")
