@@ -117,6 +117,9 @@ class ReportContext:
     sanity: dict = field(default_factory=dict, repr=False)
     #: the ``--baseline random`` twin and its results, computed once per run
     baseline_cache: dict = field(default_factory=dict, repr=False)
+    #: {(layer, head): [role, …]}: what the sections found each head doing; the report
+    #: names every such head ONCE, with all its roles (:func:`head_roles_finding`)
+    head_roles: dict = field(default_factory=dict, repr=False)
     _t0: float = field(default_factory=time.perf_counter, repr=False)
 
     def __post_init__(self) -> None:
@@ -141,6 +144,10 @@ class ReportContext:
         if self.options.progress:
             print(f"[{time.perf_counter() - self._t0:6.1f} s] {message}", file=sys.stderr,
                   flush=True)
+
+    def add_head_role(self, layer: int, head: int, role: str) -> None:
+        """Record ``role`` (a phrase with its number) of head ``(layer, head)``."""
+        self.head_roles.setdefault((int(layer), int(head)), []).append(role)
 
     def token_strings(self, ids) -> list[str]:
         """One display string per token, decoded the tokenizer's way (:func:`token_strings`)."""

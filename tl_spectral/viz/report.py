@@ -454,6 +454,10 @@ class Report:
         self._n_sets = 0
         #: appended to every figure caption (the run: model, windows, seed)
         self.figure_suffix = ""
+        #: per layer "local"/"global" for a model that mixes sliding-window and full
+        #: attention (viz.layer_axis.layer_kinds): every per-layer table gets an
+        #: ``attention`` column and every layer axis of a figure marks the global layers
+        self.layer_kinds: Optional[list[str]] = None
 
     # ------------------------------------------------------------------ structure
     def _anchor(self, title: str) -> str:
@@ -517,6 +521,10 @@ class Report:
         self._current().parts.append(fragment)
 
     def _img(self, fig: Any, alt: str) -> str:
+        if self.layer_kinds:
+            from tl_spectral.viz.layer_axis import mark_layer_axes
+
+            mark_layer_axes(fig, self.layer_kinds)
         mime = "image/svg+xml" if self.figure_format == "svg" else "image/png"
         data = figure_to_base64(fig, fmt=self.figure_format)
         return f'<img src="data:{mime};base64,{data}" alt="{esc(alt)}"/>'
@@ -554,6 +562,10 @@ class Report:
         ``max_shown`` rows) only the rows ``show`` (default: the first ``max_shown``) in view,
         the whole table behind a toggle."""
         rows = list(rows)
+        if self.layer_kinds and rows and "layer" in rows[0] and "attention" not in rows[0]:
+            from tl_spectral.viz.layer_axis import mark_rows
+
+            rows = mark_rows(rows, self.layer_kinds)
         sec = self._current()
         if not rows:
             if caption:
