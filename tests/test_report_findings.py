@@ -98,7 +98,7 @@ def test_tspec_hstar_figure_greys_bounded_layers_and_gives_no_advice():
                for t in ax.get_legend().get_texts()]
     assert any("no advice" in t for t in texts)
     assert "∝ H*" not in legends and any("bounded by N" in t for t in legends)
-    assert any("bound at N = 16: 11" in t for t in legends)
+    assert any("bound 11 at N = 16" in t for t in legends)
     assert not figure_problems(fig, "tspec_hstar")
     plt.close(fig)
 
@@ -329,7 +329,7 @@ def test_random_gemma_report_sanity_bounded_and_layers(gemma_report):
     assert "RMSNorm gain folded (Gemma" in html and "LayerNorm folded" not in html
     assert "i − j + 1" not in html and "Δ = j − i" in html
     # surgery on a rotary model: the curve ran, the cascade step explained
-    assert "linearization_curve.csv" in {p.name for p in (gemma_report / "tables").iterdir()}
+    assert "linearization-curve.csv" in {p.name for p in (gemma_report / "tables").iterdir()}
     assert "cannot be rebuilt" in html
     assert all(math.isfinite(float(x)) for x in re.findall(r"perplexity (\d+\.?\d*)",
                                                            findings[0]))

@@ -235,10 +235,11 @@ def token_strings(model: Any, tokens: Any, *, visible_whitespace: bool = True) -
     ``\\t``; with ``visible_whitespace`` a token of spaces only shows ``␣`` per space (a
     blank label would be invisible)."""
     tok = _tokenizer_of(model)
-    ids = [int(i) for i in (tokens.tolist() if hasattr(tokens, "tolist") else tokens)]
-    if ids and isinstance(ids[0], list):
+    raw = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
+    if any(isinstance(i, (list, tuple)) for i in raw):
         raise ValueError("token_strings takes ONE sequence of ids; pass tokens[i] for "
                          "sequence i of a batch")
+    ids = [int(i) for i in raw]
     out: list[str] = []
     done = ""
     for k, i in enumerate(ids):

@@ -465,13 +465,13 @@ def _hstar_panel(ax: Any, result: Any, x: Any, bounded: Any, h_star_bound: Any) 
     ax.scatter(x[~bounded], H[~bounded], color="tab:green", zorder=3, label="H*(ε)")
     if bounded.any():
         ax.scatter(x[bounded], H[bounded], facecolors="none", edgecolors="0.55", zorder=3,
-                   label="bounded by N (says nothing)")
+                   label="bounded by N")
     eps = result.config.get("epsilon", 0.1)
     N = max(int(lay.n_documents) for lay in result.layers)
     top = max(N - 1, int(np.nanmax(H)) if len(H) else 1, 1)
-    ax.axhline(N - 1, color="0.5", ls=":", lw=0.8, label=f"N − 1 = {N - 1} (all modes)")
+    ax.axhline(N - 1, color="0.5", ls=":", lw=0.8, label=f"N − 1 = {N - 1}")
     ax.axhline(h_star_bound(N, eps), color="0.4", ls="--", lw=0.8,
-               label=f"bound at N = {N}: {h_star_bound(N, eps)}")
+               label=f"bound {h_star_bound(N, eps)} at N = {N}")
     ax.set_ylim(0, top * 1.45)  # room above for the legend
     ax.set_title(f"effective rank H*(ε={eps:g})", fontsize=9)
     ax.set_ylabel("H* (modes for 90% energy)")
