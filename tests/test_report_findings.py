@@ -135,8 +135,9 @@ def test_layer_kinds_of_a_gemma3_model_and_marked_tables(tmp_path):
 
 # ------------------------------------------------------------------ tokens
 def test_token_strings_public_whitespace_visible():
-    import tl_spectral as tls
     from _tiny_hf import char_tokenizer
+
+    import tl_spectral as tls
 
     assert "token_strings" in tls.__all__
     tok = char_tokenizer()

@@ -41,7 +41,7 @@ figure img{max-width:100%;height:auto;border:1px solid #ddd}
 figcaption{font-size:.9em;color:#444}
 .cvview [tabindex]:focus{outline:2px solid #1a4f9c}
 .cvview h4{font-size:1.17em}
-.cvview h5{font-size:1em}
+.cvview h5{font-size:1em;white-space:nowrap;overflow:visible}
 .tablewrap{max-width:100%;overflow-x:auto;margin:.6em 0}
 table{border-collapse:collapse;font-size:.85em}
 th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right;white-space:nowrap}

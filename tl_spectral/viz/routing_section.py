@@ -175,23 +175,24 @@ def _head_maps(report: Report, mean_rf: Any, rf0: Any, dist: str, n_layers: int)
     lo, hi = _diverging_range(mean_rf, rf0)
     diff = np.asarray(rf0) - np.asarray(mean_rf)
     alike = float(np.abs(diff).max()) < 0.25 * max(hi - lo, 1e-9)
-    first = {"values": mean_rf, "title": f"routing fraction averaged over {dist} offsets, "
+    first = {"values": mean_rf, "title": f"averaged over {dist} offsets\n"
                                          f"scale {lo:.3f}–{hi:.3f}", "vmin": lo, "vmax": hi,
              "cmap": "RdBu_r", "cbar": "‖R‖²/‖M‖² (white 0.5)"}
     if alike:
         d = max(float(np.abs(diff).max()), 1e-6)
-        second = {"values": diff, "title": f"at Δ = 0 minus averaged, scale ±{d:.2g}",
+        second = {"values": diff, "title": f"at Δ = 0 minus averaged\nscale ±{d:.2g}",
                   "vmin": -d, "vmax": d, "cmap": "PuOr_r", "cbar": "difference (white 0)"}
-        cap = ("Per head: red heads route (antisymmetric kernels move information between "
-               "positions), blue heads filter (symmetric kernels match like with like); the "
-               "map at Δ = 0 would look the same, so the right map shows how it differs "
-               "(Δ = 0 minus the average).")
+        cap = ("Per head, the routing fraction ‖R‖²/‖M‖²: red heads route (antisymmetric "
+               "kernels move information between positions), blue heads filter (symmetric "
+               "kernels match like with like); the map at Δ = 0 would look the same, so the "
+               "right map shows how it differs (Δ = 0 minus the average).")
     else:
-        second = {"values": rf0, "title": f"routing fraction at Δ = 0, scale {lo:.3f}–{hi:.3f}",
+        second = {"values": rf0, "title": f"at Δ = 0\nscale {lo:.3f}–{hi:.3f}",
                   "vmin": lo, "vmax": hi, "cmap": "RdBu_r", "cbar": "‖R‖²/‖M‖² (white 0.5)"}
-        cap = ("Per head: red heads route (antisymmetric kernels move information between "
-               "positions), blue heads filter (symmetric kernels match like with like); left "
-               "averaged over the offsets, right at Δ = 0.")
+        cap = ("Per head, the routing fraction ‖R‖²/‖M‖²: red heads route (antisymmetric "
+               "kernels move information between positions), blue heads filter (symmetric "
+               "kernels match like with like); left averaged over the offsets, right at "
+               "Δ = 0.")
     report.figure(heads_by_layer_figure([first, second], list(range(n_layers)), ncols=2), cap)
 
 

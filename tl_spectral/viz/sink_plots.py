@@ -78,8 +78,9 @@ def sink_stats_plot_anti_alignment(res):
     """Distribution of cos(ṽ_0, s_i) per layer (all heads), and its mean per head."""
     import matplotlib.pyplot as plt
 
+    # constrained layout: laid out at draw time, after a report marks its layer ticks
     fig, axes = plt.subplots(1, 2, figsize=(11, max(3.6, 0.16 * len(res.layers) + 1.4)),
-                             gridspec_kw={"width_ratios": [3, 2]})
+                             gridspec_kw={"width_ratios": [3, 2]}, constrained_layout=True)
     edges = res.anti_edges.numpy()
     centers = 0.5 * (edges[1:] + edges[:-1])
     for li, layer in enumerate(res.layers):
@@ -96,7 +97,6 @@ def sink_stats_plot_anti_alignment(res):
     set_layer_axis(axes[1], res.layers, axis="y")
     axes[1].set_title("mean cos(ṽ_0, s_i)", fontsize=9)
     fig.colorbar(im, ax=axes[1], shrink=0.85, label="mean cosine")
-    fig.tight_layout()
     return fig
 
 

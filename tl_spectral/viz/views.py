@@ -163,7 +163,9 @@ def contribution_view(
     a = m.abs().flatten()
     lim = float(a.max()) if clip_quantile == 1 else float(torch.quantile(a, clip_quantile))
     lim = lim or 1.0
-    names = [f"{measure} H{h}" for h in range(per_head.shape[0])] + [f"{measure} Σ heads"]
+    # short badges ("H3", "Σ heads"): circuitsvis pins each at its thumbnail's top right, and
+    # a long one ("contribution H3") ran past the thumbnail's left edge, clipped
+    names = [f"H{h}" for h in range(per_head.shape[0])] + ["Σ heads"]
     return NotebookView(cv.attention.attention_heads(
         attention=m.clamp(-lim, lim), tokens=list(tokens[:n]), attention_head_names=names,
         max_value=lim, min_value=-lim, positive_color="red", negative_color="blue",
