@@ -15,6 +15,14 @@ GLOSSARY: dict[str, str] = {
     "heads_near_uniform": "heads whose mean entropy is at least 98% of the uniform bound",
     "entropy_min": "lowest mean entropy of any head (nats)",
     "entropy_max": "highest mean entropy of any head (nats)",
+    "score": "which head score (previous_token, duplicate_token, induction)",
+    "planted_head": "the score of a planted head on the same inputs: the share of queries whose "
+                    "detection pattern marks any key (a head that attends only there)",
+    "counted_from": "a head counts as doing the job from half the planted score (this "
+                    "report's rule)",
+    "best": "the best head's score",
+    "best_layer": "layer of the best head",
+    "best_head": "head (within its layer) of the best head",
     "model_ppl": "next-token perplexity of the model on the report's first windows",
     "random_weights_ppl": "the same on the same architecture with random weights (N(0, 0.02²) "
                           "matrices, gains 1, biases 0; seeded)",

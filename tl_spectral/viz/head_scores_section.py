@@ -191,14 +191,6 @@ def _presence(report: Report, ctx: ReportContext, best: dict, planted: dict) -> 
         else:
             absent.append(f"no {_JOBS[name]} head (best {v:.2f}, a planted one scores "
                           f"{ref:.2f})")
-    report.define("planted_head", "the score of a planted head on the same inputs: the share "
-                                  "of queries whose detection pattern marks any key")
-    report.define("counted_from", f"a head counts from {PRESENCE_SHARE:g} × the planted "
-                                  "score (this report's rule)")
-    report.define("best", "the best head's score")
-    report.define("best_layer", "layer of the best head")
-    report.define("best_head", "head (within its layer) of the best head")
-    report.define("score", "which head score")
     report.table(rows, "head-score references: a planted head's score and the best head's",
                  name="head_score_references")
     if absent:

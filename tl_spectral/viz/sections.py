@@ -227,6 +227,11 @@ class AttentionStatsSection(ReportSection):
                                "attention": pack_maps(cap[layer][i], 0.0, 1.0, tri=causal)}))
         feat = featured_layers(res)
         first = next(iter(feat))
+        notes = {(1, str(layers[i])): note for i, note in feat.items()}
+        for i, kind in enumerate(report.layer_kinds or []):
+            if kind == "global" and i < len(layers):
+                key = (1, str(layers[i]))
+                notes[key] = (notes[key] + ", " if key in notes else "") + "global attention"
         report.view_set(
             items, ["document", "layer"], "patterns",
             f"Attention patterns on the first {n} tokens of {len(docs)} documents (pick a "
@@ -234,7 +239,7 @@ class AttentionStatsSection(ReportSection):
             "look back one token, copy from an earlier occurrence, or park on position 0.",
             default=(str(docs[0]), str(layers[first])), packed=["attention"],
             standalone=[(str(docs[0]), str(layers[i])) for i in feat],
-            option_notes={(1, str(layers[i])): note for i, note in feat.items()},
+            option_notes=notes,
             summary=f"Open the interactive attention patterns ({len(docs)} documents × "
                     f"{len(layers)} layers; rendered when opened)")
 

@@ -61,7 +61,8 @@ class SurgerySection:
             "docs/surgery.md); a loaded model cannot be rebuilt that way.")
         toks = ctx.tokens[:self.n_docs]
         try:
-            curve = tl_linearization_curve(ctx.view, toks, name=ctx.view.name)
+            curve = tl_linearization_curve(ctx.view, toks, name=ctx.view.name,
+                                           ks=curve_ks(ctx.view.n_layers))
         except ValueError as e:
             report.text("The linearization curve cannot run on this model: its queries and keys "
                         f"are not reachable by pattern hooks ({e}).")
@@ -70,7 +71,10 @@ class SurgerySection:
         report.text(
             f"This model, zero-shot, on {toks.shape[0]} of the report's windows "
             f"({toks.shape[1] - 1} predicted tokens each): PPL {curve.base_ppl:.4g} with "
-            f"softmax everywhere; {_layers(curve.max_k_within(0.05))} stay within 5%.")
+            f"softmax everywhere; {_layers(curve.max_k_within(0.05))} stay within 5%"
+            + ("." if ctx.view.n_layers <= EVERY_K_UP_TO else
+               f" (k on a grid of {len(curve.ks)} values, one forward pass each: the table "
+               "lists them; the count is the largest grid value within 5%)."))
         report.finding(
             f"Linearization: {_layers(curve.max_k_within(0.05))} can be replaced by "
             f"linear attention within 5% perplexity (base PPL {curve.base_ppl:.4g}, "
@@ -80,6 +84,21 @@ class SurgerySection:
         report.figure(curve.plot(), "Relative perplexity change with the first k layers "
                       "linearized: look for the k where the curve leaves the 5% band (the "
                       "layers that need softmax).")
+
+
+#: up to this many layers the curve linearizes every k; deeper models a grid of about 14 k
+EVERY_K_UP_TO = 12
+
+
+def curve_ks(n_layers: int) -> list[int]:
+    """The k of the curve: every k up to ``EVERY_K_UP_TO`` layers; deeper, 0–6 and about 8
+    log-spaced values up to every layer (one forward pass per k and window)."""
+    import numpy as np
+
+    L = int(n_layers)
+    if L <= EVERY_K_UP_TO:
+        return list(range(L + 1))
+    return sorted({*range(7), *(int(round(x)) for x in np.geomspace(6, L, 8)), L})
 
 
 def _layers(k: int) -> str:
