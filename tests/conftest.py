@@ -3,7 +3,30 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _user_model_cache() -> str:
+    """The user's read-only model cache (tl_spectral's dequantized GGUF models), resolved
+    before HOME / XDG_CACHE_HOME are pointed at temporary folders below."""
+    env = os.environ.get("TL_SPECTRAL_CACHE")
+    if env:
+        return str(Path(env).expanduser())
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return str(base / "tl_spectral")
+
+
+# Hermetic tests: nothing a test does reads or writes the checkout's working state or the
+# user's home. The model cache is the one exception (shared, built once, verified on every
+# load); matplotlib's and every other tool's config/cache go to this session's own folder,
+# and each test runs in its own temporary working directory (the `_hermetic` fixture).
+os.environ["TL_SPECTRAL_CACHE"] = _user_model_cache()
+_SESSION_HOME = Path(tempfile.mkdtemp(prefix="tl_spectral_tests_home_"))
+os.environ["MPLCONFIGDIR"] = str(_SESSION_HOME / "mplconfig")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -14,6 +37,11 @@ matplotlib.use("Agg")
 
 import pytest
 import torch
+from hypothesis import settings
+
+# no example database in the working directory (hypothesis' default is ./.hypothesis)
+settings.register_profile("hermetic", database=None)
+settings.load_profile("hermetic")
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
@@ -83,3 +111,27 @@ def _close_figures():
     import matplotlib.pyplot as plt
 
     plt.close("all")
+
+
+@pytest.fixture(autouse=True)
+def _hermetic(tmp_path_factory, monkeypatch):
+    """Every test runs in its own temporary working directory with a temporary HOME and
+    XDG folders, so a default output folder (``tl_spectral_report/``), a cache or a config
+    file never lands in the checkout or the user's home. TL_SPECTRAL_CACHE keeps pointing at
+    the user's model cache (set at import above)."""
+    work = tmp_path_factory.mktemp("cwd")
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
+    monkeypatch.setenv("IPYTHONDIR", str(home / ".ipython"))
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(home / ".jupyter"))
+    yield work
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import shutil
+
+    shutil.rmtree(_SESSION_HOME, ignore_errors=True)

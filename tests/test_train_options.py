@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tl_spectral.data import CharTokenizer
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 from tl_spectral.models import GPT, GPTConfig, TrainConfig, Trainer
 from tl_spectral.models.train import IDENTITY_FIELDS, _load_data, run_from_config
 
@@ -97,7 +99,7 @@ def test_no_decay_bad_input_is_rejected():
 
 
 def test_old_configs_load_unchanged_and_keep_their_identity():
-    old = json.load(open("configs/sd-char-shakespeare.json"))["train"]
+    old = json.load(open(CONFIGS / "sd-char-shakespeare.json"))["train"]
     assert "no_decay" not in old
     c = TrainConfig.from_dict(old)
     assert c.no_decay == [] and sorted(c.identity()) == sorted(IDENTITY_FIELDS)
@@ -265,7 +267,7 @@ def test_zoo_load_of_a_start_token_model_prepends_it(tmp_path, monkeypatch):
 
 
 
-@pytest.mark.parametrize("path", sorted(Path("configs").glob("*.json")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.json")), ids=lambda p: p.stem)
 def test_every_shipped_config_builds(path):
     """Every run config in configs/ builds its model and its trainer settings (a config that
     only fails when its multi-hour run starts is caught here), and the head-allocation
@@ -281,7 +283,7 @@ def test_every_shipped_config_builds(path):
     TrainConfig.from_dict(doc["train"])
     assert doc["train"]["out_dir"] == f"runs/{doc['name']}"
     if path.stem == "char-shakespeare-alloc":
-        uni = json.loads(Path("configs/char-shakespeare.json").read_text())["model"]
+        uni = json.loads((CONFIGS / "char-shakespeare.json").read_text())["model"]
         assert sum(mdoc["n_heads"]) == uni["n_layers"] * uni["n_heads"]
         assert attention_param_count(GPTConfig.from_dict(mdoc)) == \
             attention_param_count(GPTConfig.from_dict({**uni, "vocab_size": 65}))
