@@ -138,7 +138,7 @@ def test_section_keys_come_from_the_one_registry():
 
     try:
         register_section(Extra)
-        assert section_keys()[:4] == ("attention_stats", "head_scores", "scale_pod",
+        assert section_keys()[:5] == ("sanity", "attention_stats", "head_scores", "scale_pod",
                                       "extra_test_section")
         with pytest.raises(ValueError, match="already registered"):
             register_section(type("Other", (), {"key": "scale_pod"}))

@@ -105,7 +105,7 @@ def test_tspec_hstar_figure_greys_bounded_layers_and_gives_no_advice():
 
 # ------------------------------------------------------------------ layer axes
 def test_layer_ticks_thin_and_keep_global_layers():
-    from tl_spectral.viz.layer_axis import layer_ticks
+    from tl_spectral.viz.layer_plots import layer_ticks
 
     pos, texts = layer_ticks(list(range(12)))
     assert pos == list(range(12))
@@ -122,7 +122,7 @@ def test_layer_kinds_of_a_gemma3_model_and_marked_tables(tmp_path):
     from _deep_models import save_gemma3_shape
     from _tiny_hf import boot
 
-    from tl_spectral.viz.layer_axis import kinds_note, layer_kinds, mark_rows
+    from tl_spectral.viz.layer_plots import kinds_note, layer_kinds, mark_rows
 
     model = boot(save_gemma3_shape(tmp_path / "g", n_layers=6, d_model=32, head_dim=16))
     kinds = layer_kinds(model)

@@ -312,7 +312,8 @@ class ScalePODResult(Result):
     ``H_star_str`` (``"≥ N-1"`` when saturated), ``saturated``, ``share`` (``H*_l / sum``),
     ``quota`` (``budget * share``), ``recommended`` (integers >= 1 summing to ``head_budget``)
     and ``uniform`` (the model's heads per layer), ``bounded`` (H* bounded by the number of
-    documents: :func:`h_star_bounded`) and ``advice`` (``recommended`` when no layer is
+    documents: :func:`h_star_bounded`), ``H_star_bound`` (the bound at the layer's N:
+    :func:`h_star_bound`) and ``advice`` (``recommended`` when no layer is
     bounded, else None). Saturated layers enter with their lower bound ``N - 1``.
     """
 
@@ -750,6 +751,8 @@ def allocation_table(
     total = sum(hs)
     bounded = [layer_h_star_bounded(layer) for layer in layers]
     any_bounded = any(bounded)
+    bounds = [h_star_bound(layer.n_documents, float(layer.config.get("epsilon", 0.1)))
+              for layer in layers]
     return [
         {
             "layer": layer.layer,
@@ -757,13 +760,14 @@ def allocation_table(
             "H_star_str": layer.full["H_star_str"],
             "saturated": layer.H_star_saturated,
             "bounded": b,
+            "H_star_bound": hb,
             "share": h / total,
             "quota": budget * h / total,
             "recommended": r,
             "advice": None if any_bounded else r,
             "uniform": int(u),
         }
-        for layer, h, r, u, b in zip(layers, hs, rec, uniform, bounded)
+        for layer, h, r, u, b, hb in zip(layers, hs, rec, uniform, bounded, bounds)
     ]
 
 

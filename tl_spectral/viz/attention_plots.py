@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from tl_spectral.viz.figures import register_plot
-from tl_spectral.viz.layer_axis import set_layer_axis
+from tl_spectral.viz.layer_plots import set_layer_axis
 
 
 def quantile_norm(values: np.ndarray, n_levels: int = 12):

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from tl_spectral.viz.figures import layer_key, layer_style, register_plot
-from tl_spectral.viz.layer_axis import MAX_LAYER_LABELS, set_layer_axis
+from tl_spectral.viz.layer_plots import MAX_LAYER_LABELS, set_layer_axis
 from tl_spectral.viz.sink_plots import plot_rho_star, plot_sink_rates  # noqa: F401
 from tl_spectral.viz.views import contribution_view  # noqa: F401 - re-exported
 

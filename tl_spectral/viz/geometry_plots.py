@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from tl_spectral.viz.figures import layer_key, register_plot
-from tl_spectral.viz.layer_axis import set_layer_axis
+from tl_spectral.viz.layer_plots import set_layer_axis
 
 __all__ = ["plot_budget", "plot_eigenvalues", "plot_routing_rank"]
 

@@ -455,7 +455,7 @@ class Report:
         #: appended to every figure caption (the run: model, windows, seed)
         self.figure_suffix = ""
         #: per layer "local"/"global" for a model that mixes sliding-window and full
-        #: attention (viz.layer_axis.layer_kinds): every per-layer table gets an
+        #: attention (viz.layer_plots.layer_kinds): every per-layer table gets an
         #: ``attention`` column and every layer axis of a figure marks the global layers
         self.layer_kinds: Optional[list[str]] = None
 
@@ -522,7 +522,7 @@ class Report:
 
     def _img(self, fig: Any, alt: str) -> str:
         if self.layer_kinds:
-            from tl_spectral.viz.layer_axis import mark_layer_axes
+            from tl_spectral.viz.layer_plots import mark_layer_axes
 
             mark_layer_axes(fig, self.layer_kinds)
         mime = "image/svg+xml" if self.figure_format == "svg" else "image/png"
@@ -563,7 +563,7 @@ class Report:
         the whole table behind a toggle."""
         rows = list(rows)
         if self.layer_kinds and rows and "layer" in rows[0] and "attention" not in rows[0]:
-            from tl_spectral.viz.layer_axis import mark_rows
+            from tl_spectral.viz.layer_plots import mark_rows
 
             rows = mark_rows(rows, self.layer_kinds)
         sec = self._current()

@@ -405,13 +405,15 @@ def plot_tspec_hstar(result: Any, layer_kinds: Any = None):
     """
     import matplotlib.pyplot as plt
 
-    from tl_spectral.analysis.scale_pod import h_star_bound, layer_h_star_bounded
-    from tl_spectral.viz.layer_axis import MAX_LAYER_LABELS, set_layer_axis
+    from tl_spectral.viz.layer_plots import MAX_LAYER_LABELS, set_layer_axis
 
     layers = [lay.layer for lay in result.layers]
     L = len(layers)
     x = np.arange(L)
-    bounded = np.array([layer_h_star_bounded(lay) for lay in result.layers], dtype=bool)
+    # the library's rule, carried by the allocation rows (a result saved before it: the
+    # saturation flag)
+    bounded = np.array([bool(row.get("bounded", row["saturated"])) for row in result.allocation],
+                       dtype=bool)
     fig, axes = plt.subplots(1, 3, figsize=(max(12.5, 0.3 * L + 6), 3.6))
     ts = np.array([lay.T_spec for lay in result.layers], dtype=float)
     r2 = [lay.full["tspec_r2"] for lay in result.layers]
@@ -448,7 +450,7 @@ def plot_tspec_hstar(result: Any, layer_kinds: Any = None):
         cb.ax.tick_params(labelsize=8)
     ax.set_title("spectral concentration T_spec = 1/β", fontsize=9)
     ax.set_ylabel("T_spec")
-    _hstar_panel(axes[1], result, x, bounded, h_star_bound)
+    _hstar_panel(axes[1], result, x, bounded)
     _heads_panel(axes[2], result, x, bounded)
     for a in axes:
         set_layer_axis(a, layers, layer_kinds)
@@ -457,7 +459,7 @@ def plot_tspec_hstar(result: Any, layer_kinds: Any = None):
     return fig
 
 
-def _hstar_panel(ax: Any, result: Any, x: Any, bounded: Any, h_star_bound: Any) -> None:
+def _hstar_panel(ax: Any, result: Any, x: Any, bounded: Any) -> None:
     """H* per layer: resolved values filled green, bounded ones hollow grey, the bound and
     the N − 1 modes as lines."""
     H = np.array([row["H_star"] for row in result.allocation], dtype=float)
@@ -470,8 +472,9 @@ def _hstar_panel(ax: Any, result: Any, x: Any, bounded: Any, h_star_bound: Any) 
     N = max(int(lay.n_documents) for lay in result.layers)
     top = max(N - 1, int(np.nanmax(H)) if len(H) else 1, 1)
     ax.axhline(N - 1, color="0.5", ls=":", lw=0.8, label=f"N − 1 = {N - 1}")
-    ax.axhline(h_star_bound(N, eps), color="0.4", ls="--", lw=0.8,
-               label=f"bound {h_star_bound(N, eps)} at N = {N}")
+    hb = result.allocation[0].get("H_star_bound") if result.allocation else None
+    if hb is not None:
+        ax.axhline(hb, color="0.4", ls="--", lw=0.8, label=f"bound {hb} at N = {N}")
     ax.set_ylim(0, top * 1.45)  # room above for the legend
     ax.set_title(f"effective rank H*(ε={eps:g})", fontsize=9)
     ax.set_ylabel("H* (modes for 90% energy)")

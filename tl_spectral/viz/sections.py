@@ -347,7 +347,7 @@ def build_report(
     )
     report.figure_suffix = f" [{ctx.name}; {run}]"
     report.references = list(REFERENCES)
-    from tl_spectral.viz.layer_axis import kinds_note, layer_kinds
+    from tl_spectral.viz.layer_plots import kinds_note, layer_kinds
 
     report.layer_kinds = layer_kinds(ctx.view)
     if report.layer_kinds:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from tl_spectral.viz.figures import layer_key, layer_style, register_plot
-from tl_spectral.viz.layer_axis import set_layer_axis
+from tl_spectral.viz.layer_plots import set_layer_axis
 
 
 def plot_sink_rates(sinks: Any):
