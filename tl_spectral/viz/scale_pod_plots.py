@@ -419,7 +419,8 @@ def plot_tspec_hstar(result: Any, layer_kinds: Any = None):
     r2 = [lay.full["tspec_r2"] for lay in result.layers]
     ax = axes[0]
     ax.plot(x, ts, "-", color="tab:blue", zorder=2)
-    ax.scatter(x[~bounded], ts[~bounded], color="tab:blue", zorder=3, label="whole field")
+    if (~bounded).any():  # (no legend entry for points that are not there)
+        ax.scatter(x[~bounded], ts[~bounded], color="tab:blue", zorder=3, label="whole field")
     if bounded.any():
         ax.scatter(x[bounded], ts[bounded], facecolors="none", edgecolors="0.55", zorder=3,
                    label="whole field, H* bounded by N")
@@ -464,7 +465,8 @@ def _hstar_panel(ax: Any, result: Any, x: Any, bounded: Any) -> None:
     the N − 1 modes as lines."""
     H = np.array([row["H_star"] for row in result.allocation], dtype=float)
     ax.plot(x, H, "-", color="tab:green", lw=0.8)
-    ax.scatter(x[~bounded], H[~bounded], color="tab:green", zorder=3, label="H*(ε)")
+    if (~bounded).any():
+        ax.scatter(x[~bounded], H[~bounded], color="tab:green", zorder=3, label="H*(ε)")
     if bounded.any():
         ax.scatter(x[bounded], H[bounded], facecolors="none", edgecolors="0.55", zorder=3,
                    label="bounded by N")

@@ -71,6 +71,9 @@ def uniform_entropy_bound(ctx: ReportContext) -> float:
 UNIFORM_SHARE = 0.98
 #: the model "looks untrained" when at least this share of its heads is uniform
 UNTRAINED_HEAD_SHARE = 0.9
+#: a head with at least this mean mass on position 0 is named as a position-0 (sink) head
+#: (the contributions section's sink threshold)
+SINK_HEAD_MASS = 0.2
 
 
 
@@ -87,6 +90,57 @@ def featured_layers(res: Any) -> dict[int, str]:
         if float(strong[i]) >= 0.5:
             out[i] = (out[i] + ", " if i in out else "") + "sink layer"
     return out
+
+
+def _uniform_check(report: Report, ctx: ReportContext, ent: Any) -> tuple[Any, float]:
+    """The heads at the uniform-entropy bound: a one-row table, and the verdict on training
+    (a finding) when the sanity section's perplexity check did not run. Returns (the
+    near-uniform mask, its share)."""
+    bound = uniform_entropy_bound(ctx)
+    near = ent >= UNIFORM_SHARE * bound
+    share = float(near.float().mean())
+    ctx.sanity["uniform_head_share"] = share
+    checked_ppl = "ppl" in ctx.sanity  # the sanity section's perplexity check ran
+    report.table([{"uniform_entropy_bound": bound, "heads": near.numel(),
+                   "heads_near_uniform": int(near.sum()), "entropy_min": float(ent.min()),
+                   "entropy_max": float(ent.max())}],
+                 "uniform-attention check", name="uniform_attention_check")
+    if bound > 0 and share >= UNTRAINED_HEAD_SHARE and not checked_ppl:
+        report.finding(
+            f"This model looks untrained: {int(near.sum())} of {near.numel()} heads attend "
+            f"almost uniformly (mean entropy within {100 * (1 - UNIFORM_SHARE):.0f}% of "
+            f"the uniform bound {bound:.3f} nats, the entropy of spreading attention evenly "
+            f"over the visible keys; the heads run {float(ent.min()):.3f}–"
+            f"{float(ent.max()):.3f}). The numbers below describe a random network, not "
+            "learned structure.", first="top")
+    elif not checked_ppl:
+        report.finding(
+            f"Sanity: {int(near.sum())} of {near.numel()} heads attend almost uniformly "
+            f"(entropy ≥ {100 * UNIFORM_SHARE:.0f}% of the uniform bound {bound:.3f} "
+            f"nats, the entropy of even attention); {near.numel() - int(near.sum())} are "
+            "more focused.", first=True)
+    else:
+        report.text(
+            f"{int(near.sum())} of {near.numel()} heads attend almost uniformly (mean "
+            f"entropy ≥ {100 * UNIFORM_SHARE:.0f}% of the uniform bound {bound:.3f} nats, "
+            "the entropy of even attention over the visible keys); the perplexity check "
+            "(sanity section) is the verdict on training.")
+    return near, share
+
+
+def _head_roles(report: Report, ctx: ReportContext, res: Any, ent: Any, ftm: Any) -> None:
+    """The most focused head and the strongest position-0 head (when it puts at least
+    ``SINK_HEAD_MASS`` of its attention there), as roles (named once, in the report's
+    heads finding)."""
+    li, h = divmod(int(ent.argmin()), ent.shape[1])
+    lj, hj = divmod(int(ftm.argmax()), ftm.shape[1])
+    ctx.add_head_role(res.layers[li], h, f"the most focused head (entropy "
+                                         f"{float(ent[li, h]):.3f} nats)")
+    if float(ftm[lj, hj]) >= SINK_HEAD_MASS:  # else no head parks on position 0
+        ctx.add_head_role(res.layers[lj], hj, f"the strongest position-0 head "
+                                              f"({100 * float(ftm[lj, hj]):.0f}% of its "
+                                              "attention on position 0)")
+    ctx.sanity["heads_anchor"] = report.anchor
 
 
 @register_section
@@ -125,45 +179,10 @@ class AttentionStatsSection(ReportSection):
             "attention distribution (nats), the mean distance Σ_j α_ij |i − j| (tokens), and the "
             "mass on position 0 (the first token; a sink indicator).")
         ent = res.entropy.float()
-        bound = uniform_entropy_bound(ctx)
-        near = ent >= UNIFORM_SHARE * bound
-        share = float(near.float().mean())
-        ctx.sanity["uniform_head_share"] = share
-        T = int(ctx.tokens.shape[1])
-        checked_ppl = "ppl" in ctx.sanity  # the sanity section's perplexity check ran
-        report.table([{"uniform_entropy_bound": bound, "heads": near.numel(),
-                       "heads_near_uniform": int(near.sum()), "entropy_min": float(ent.min()),
-                       "entropy_max": float(ent.max())}],
-                     "uniform-attention check", name="uniform_attention_check")
-        if bound > 0 and share >= UNTRAINED_HEAD_SHARE and not checked_ppl:
-            report.finding(
-                f"This model looks untrained: {int(near.sum())} of {near.numel()} heads attend "
-                f"almost uniformly (mean entropy within {100 * (1 - UNIFORM_SHARE):.0f}% of "
-                f"the uniform bound {bound:.3f} nats, the entropy of spreading attention evenly "
-                f"over the visible keys; the heads run {float(ent.min()):.3f}–"
-                f"{float(ent.max()):.3f}). The numbers below describe a random network, not "
-                "learned structure.", first="top")
-        elif not checked_ppl:
-            report.finding(
-                f"Sanity: {int(near.sum())} of {near.numel()} heads attend almost uniformly "
-                f"(entropy ≥ {100 * UNIFORM_SHARE:.0f}% of the uniform bound {bound:.3f} "
-                f"nats, the entropy of even attention); {near.numel() - int(near.sum())} are "
-                "more focused.", first=True)
-        else:
-            report.text(
-                f"{int(near.sum())} of {near.numel()} heads attend almost uniformly (mean "
-                f"entropy ≥ {100 * UNIFORM_SHARE:.0f}% of the uniform bound {bound:.3f} nats, "
-                "the entropy of even attention over the visible keys); the perplexity check "
-                "(sanity section) is the verdict on training.")
-        li, h = divmod(int(ent.argmin()), ent.shape[1])
+        near, share = _uniform_check(report, ctx, ent)
         ftm = res.first_token_mass.float()
-        lj, hj = divmod(int(ftm.argmax()), ftm.shape[1])
-        ctx.add_head_role(res.layers[li], h, f"the most focused head (entropy "
-                                             f"{float(ent[li, h]):.3f} nats)")
-        ctx.add_head_role(res.layers[lj], hj, f"the strongest position-0 head "
-                                              f"({100 * float(ftm[lj, hj]):.0f}% of its "
-                                              "attention on position 0)")
-        ctx.sanity["heads_anchor"] = report.anchor
+        _head_roles(report, ctx, res, ent, ftm)
+        T = int(ctx.tokens.shape[1])
         dist = res.distance.float().numpy()
         dlo, dhi = data_range(dist, noise=1.0)
         marks = (near.numpy() if share < UNTRAINED_HEAD_SHARE else None)
