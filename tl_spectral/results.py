@@ -728,15 +728,23 @@ _LEGACY_KIND_MODULES: dict[str, str] = {
     "allocation_study": "tl_spectral.models.surgery",
 }
 
-_MODULE_NAME = re.compile(r"tl_spectral(\.[A-Za-z_][A-Za-z0-9_]*)+")
+#: The library modules that define result kinds: the only modules ``Result.load`` ever
+#: imports by the name a file gives (an allow-list, not a prefix: a file naming
+#: ``tl_spectral.__main__`` or ``tl_spectral.cli`` is refused, never run). Kept equal to the
+#: modules of the registry's library kinds: a test imports every module of the package and
+#: compares, so a new result module must be added here.
+_RESULT_MODULES: frozenset[str] = frozenset(_LEGACY_KIND_MODULES.values()) | {
+    "tl_spectral.analysis.scale_pod_heads",
+    "tl_spectral.probes.head_scores",
+}
 
 
 def _result_class(kind: str, module: Any, path: Path) -> type["Result"]:
     """The registered class of ``kind``, importing the module the file names if need be.
 
-    Only a module of the library (``tl_spectral.…``) is ever imported, and only if it
-    defines the kind; a file without the entry (older files) falls back to the frozen
-    kind -> module table. A kind of another package loads once its module is imported."""
+    Only a module of the allow-list :data:`_RESULT_MODULES` (the library modules that
+    define result kinds) is ever imported, and only if it defines the kind; a file without
+    the entry (older files) falls back to the frozen kind -> module table. A kind of another package loads once its module is imported."""
     if kind in _REGISTRY:
         return _REGISTRY[kind]
     if module is None:
@@ -747,11 +755,11 @@ def _result_class(kind: str, module: Any, path: Path) -> type["Result"]:
     if not isinstance(module, str):
         raise ValueError(f"{path}: the metadata 'module' is {type(module).__name__}, not the "
                          "name of the module that defines the result kind")
-    if not _MODULE_NAME.fullmatch(module):
+    if module not in _RESULT_MODULES:
         raise ValueError(
-            f"{path}: unknown result kind {kind!r}, defined in {module!r}, which is not a "
-            "tl_spectral module and is never imported from a file; import it yourself, then "
-            "call Result.load again")
+            f"{path}: unknown result kind {kind!r}, said to be defined in {module!r}, which "
+            "is not a module that defines result kinds and is never imported from a file; "
+            "import the module that defines the kind yourself, then call Result.load again")
     import importlib
 
     try:
@@ -767,10 +775,10 @@ def _result_class(kind: str, module: Any, path: Path) -> type["Result"]:
 
 
 def _import_result_modules() -> None:
-    """Import every module that defines a library result kind known to older files."""
+    """Import every module that defines a library result kind."""
     import importlib
 
-    for name in sorted(set(_LEGACY_KIND_MODULES.values())):
+    for name in sorted(_RESULT_MODULES):
         importlib.import_module(name)
 
 

@@ -1,19 +1,61 @@
 """Models by name, as ``tl-spectral analyze --model`` takes them: a zoo name, ``"random"``
-(a seeded random reference model) or the folder of a local Hugging Face model.
+(a seeded random reference model), the folder of a local Hugging Face model or a ``.gguf``
+file (dequantized once into the cache, :mod:`tl_spectral.models.gguf`).
 
 :func:`load_named_model` is not :func:`tl_spectral.models.load_model`, which reads one of
 the project's own checkpoints from its folder."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tl_spectral.usage import UsageError
 
-__all__ = ["load_named_model", "random_reference_model", "resolve_model"]
+__all__ = ["check_device", "hub_offline", "load_named_model", "random_reference_model",
+           "resolve_model"]
+
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+@contextlib.contextmanager
+def hub_offline() -> Iterator[None]:
+    """The Hugging Face hub offline for the duration of a load only: the environment
+    variables and ``huggingface_hub``'s constant (read once at its import) are restored
+    afterwards, so a user's later ``from_pretrained("gpt2")`` can still download."""
+    import huggingface_hub.constants as hub  # imported first: it reads the environment once
+
+    old_env = {k: os.environ.get(k) for k in _OFFLINE_VARS}
+    old_const = hub.HF_HUB_OFFLINE
+    os.environ.update({k: "1" for k in _OFFLINE_VARS})
+    hub.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        hub.HF_HUB_OFFLINE = old_const
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def check_device(device: Any) -> None:
+    """ValueError (one line) for a device this machine does not have, before any weights
+    load: ``"cuda"`` without CUDA, ``"mps"`` without MPS."""
+    import torch
+
+    kind = str(device).split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r}: CUDA is not available here; pass "
+                         "device='cpu'")
+    if kind == "mps" and not (hasattr(torch.backends, "mps")
+                              and torch.backends.mps.is_available()):
+        raise ValueError(f"device={str(device)!r}: MPS is not available here; pass "
+                         "device='cpu'")
 
 
 def random_reference_model(seed: int = 0):
@@ -32,7 +74,8 @@ def random_reference_model(seed: int = 0):
 
 
 def resolve_model(name: str) -> tuple[str, str]:
-    """(kind, target) for ``--model``: ("zoo", name), ("random", "random") or ("hf", folder).
+    """(kind, target) for ``--model``: ("zoo", name), ("random", "random"), ("hf", folder)
+    or ("gguf", file).
 
     A bare name is looked up in the zoo first (a local folder of the same name does not
     shadow it); a local Hugging Face folder is given as a path (with a ``/`` or starting
@@ -43,6 +86,8 @@ def resolve_model(name: str) -> tuple[str, str]:
         return "random", name
     if name in zoo.available():
         return "zoo", name
+    if name.lower().endswith(".gguf"):
+        return "gguf", _check_gguf_file(Path(name), name)
     looks_like_path = "/" in name or name.startswith(".") or os.sep in name
     p = Path(name)
     if looks_like_path and p.is_dir() and (p / "config.json").is_file():
@@ -53,8 +98,22 @@ def resolve_model(name: str) -> tuple[str, str]:
                          "model folder (save_pretrained output)")
     hint = f" (for the local folder, pass ./{name})" if p.is_dir() else ""
     raise UsageError(f"unknown model {name!r}{hint}; pass a zoo name "
-                     f"({', '.join(zoo.available())}), 'random', or the path of a local Hugging "
-                     "Face folder")
+                     f"({', '.join(zoo.available())}), 'random', the path of a local Hugging "
+                     "Face folder, or of a .gguf file")
+
+
+def _check_gguf_file(p: Path, name: str) -> str:
+    """``--model file.gguf``: a readable GGUF file of a supported architecture (its header
+    is read, not its weights)."""
+    from tl_spectral.models import gguf
+
+    if not p.is_file():
+        raise UsageError(f"--model {name}: no such file; pass the path of a .gguf file")
+    try:
+        gguf.check_architecture(gguf.read_header(p)["architecture"], f"--model {name}")
+    except (ValueError, ImportError) as e:
+        raise UsageError(_one_line(e)) from None
+    return str(p)
 
 
 #: Weight files that are read by unpickling (or in another framework): never loaded.
@@ -144,11 +203,15 @@ def load_named_model(name: str) -> tuple[Any, Any]:
     if kind == "random":
         return random_reference_model()
     if kind == "hf":
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformer_lens.model_bridge import TransformerBridge
 
-        model = TransformerBridge.boot_transformers(target, device="cpu")
+        with hub_offline():
+            model = TransformerBridge.boot_transformers(target, device="cpu")
         return model, model.tokenizer
+    if kind == "gguf":
+        from tl_spectral.models import gguf
+
+        return gguf.load(target)
     from tl_spectral.models import zoo
 
     return zoo.load(target)

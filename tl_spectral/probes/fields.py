@@ -308,14 +308,18 @@ class AttentionFieldProbe(Probe):
                 A = torch.nn.functional.pad(A, (0, pad, 0, pad))
                 mask = torch.nn.functional.pad(mask, (0, pad), value=False)
             F, lags = _lag_fields(A, causal=self.view.causal, max_lag=self.max_lag)
-        # counts per (query, lag): a real query and a real key inside the document
+        # counts per (query, lag): a real query and a real key inside the document (and,
+        # in a sliding-window layer, inside the layer's window: the lags it may attend to)
+        window = self._window(cap.layer)
         if bool(mask.all()):  # full windows: every document's count is the same
-            count = self._full_count(T, lags, F).expand(mask.shape[0], -1, -1)
+            count = self._full_count(T, lags, F, window).expand(mask.shape[0], -1, -1)
         else:
             i = torch.arange(T, device=F.device)[:, None]
             lg = lags[None, :].to(F.device)
             j = i - lg if self.view.causal else i + lg
             inside = (j >= 0) & (j < T)
+            if window is not None and self.view.causal:
+                inside = inside & (lg < int(window))
             key_real = mask[:, j.clamp(0, T - 1)] & inside[None]  # [b, T, n_lags]
             count = (mask[:, :, None] & key_real).to(F.dtype)
         layer = cap.layer
@@ -354,17 +358,33 @@ class AttentionFieldProbe(Probe):
         )
 
     # ------------------------------------------------------------------ streaming
-    def _full_count(self, T: int, lags: Tensor, like: Tensor) -> Tensor:
+    def _window(self, layer: int) -> Optional[int]:
+        """The layer's sliding window (None: full attention; :func:`~tl_spectral.
+        model_view.layer_windows`), read once per model."""
+        from tl_spectral.model_view import layer_windows
+
+        if self.view is None:
+            return None
+        if getattr(self, "_windows_of", None) is not self.view:
+            self._windows, self._windows_of = layer_windows(self.view), self.view
+        return self._windows[layer]
+
+    def _full_count(self, T: int, lags: Tensor, like: Tensor,
+                    window: Optional[int] = None) -> Tensor:
         """``[T, n_lags]``: 1 where query ``i`` and its key at lag ``τ`` lie inside a full
-        window of ``T`` tokens (``0 ≤ i ∓ τ < T``), else 0; kept between updates."""
+        window of ``T`` tokens (``0 ≤ i ∓ τ < T``) and, causal, inside the layer's sliding
+        window (``τ < window``), else 0; kept between updates."""
         causal = bool(self.view is not None and self.view.causal)
-        key = (T, causal, int(lags[0]), int(lags.numel()), like.dtype, like.device)
+        key = (T, causal, int(lags[0]), int(lags.numel()), like.dtype, like.device, window)
         cached = getattr(self, "_count_cache", None)
         if cached is None or cached[0] != key:
             i = torch.arange(T, device=like.device)[:, None]
             lg = lags[None, :].to(like.device)
             j = i - lg if causal else i + lg
-            self._count_cache = cached = (key, ((j >= 0) & (j < T)).to(like.dtype))
+            ok = (j >= 0) & (j < T)
+            if causal and window is not None:
+                ok = ok & (lg < int(window))
+            self._count_cache = cached = (key, ok.to(like.dtype))
         return cached[1]
 
     def _stream(self, layer: int, F: Tensor, mask: Tensor, count: Tensor,

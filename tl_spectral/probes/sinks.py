@@ -203,6 +203,14 @@ class SinkProbe(Probe):
         self._W = {}  # W_O is read from this run's model (weights edited in place between runs)
         return {layer: {"pattern", "v"} for layer in layers}
 
+    def _window(self, layer: int) -> Optional[int]:
+        """The layer's sliding window (None: full attention), read once per run."""
+        from tl_spectral.model_view import layer_windows
+
+        if getattr(self, "_windows_of", None) is not self.view:
+            self._windows, self._windows_of = layer_windows(self.view), self.view
+        return self._windows[layer]
+
     def update(self, cap: LayerCapture) -> None:
         assert cap.pattern is not None and cap.v is not None and self.view is not None
         layer = cap.layer
@@ -224,7 +232,7 @@ class SinkProbe(Probe):
             vp.mass, vp.z, causal=causal, sink_index=self.sink_index, threshold=self.threshold,
             o=shared.head_outputs(cap, W, causal, self.sink_index, "o"),
             s=shared.head_outputs(cap, W, causal, self.sink_index, "s"),
-            key_totals=shared.pattern_doc_source_sums(cap),
+            key_totals=shared.pattern_doc_source_sums(cap), window=self._window(layer),
         )
         b, H, T = g.anti_alignment.shape
         nb = self.n_bins
