@@ -20,7 +20,6 @@ from typing import Any, Sequence
 
 import torch
 
-
 # the statistics live on the analysis floor (issue 38); re-exported here for compatibility
 from tl_spectral.analysis.bootstrap import (  # noqa: E402,F401
     JACKKNIFE_GROUPS,
