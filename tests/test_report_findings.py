@@ -76,8 +76,8 @@ def test_noise_is_bounded_and_low_rank_structure_is_not(n_docs):
     assert rows[0]["bounded"] and not rows[1]["bounded"]
     # one bounded layer: no advice anywhere (the shares divide by a sum with a lower bound)
     assert all(r["advice"] is None for r in rows)
-    assert [r["recommended_heads"] for r in pod.table()] == ["—", "—"]
-    assert [r["H_star_bounded"] for r in pod.table()] == [True, False]
+    assert [r["recommended_heads"] for r in pod.to_rows()] == ["—", "—"]
+    assert [r["H_star_bounded"] for r in pod.to_rows()] == [True, False]
     ok = scale_pod([_fields("rank2", n_docs, seed=2), _fields("rank2", n_docs, seed=3)], lags,
                    n_heads=4, coherence_queries=None)
     assert [r["advice"] for r in ok.allocation] == [r["recommended"] for r in ok.allocation]
