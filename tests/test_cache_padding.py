@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tl_spectral.probes import AttentionStats, SinkProbe, run_probes, run_probes_on_cache
+from tl_spectral.probes import AttentionStatsProbe, SinkProbe, run_probes, run_probes_on_cache
 from tl_spectral.probes.runner import PaddingInferredWarning, PaddingUnknownWarning
 
 
@@ -37,7 +37,7 @@ def _padded():
 
 
 def _probes():
-    return [AttentionStats(), SinkProbe()]
+    return [AttentionStatsProbe(), SinkProbe()]
 
 
 def _close(a, b):
@@ -68,7 +68,7 @@ def test_a_cache_without_hook_embed_warns_that_the_padding_is_unknown(tiny_gpt2)
                                                        "hook_resid_pre")))
     assert "hook_embed" not in cache.cache_dict
     with pytest.warns(PaddingUnknownWarning, match="attention_mask"):
-        run_probes_on_cache(cache, [AttentionStats()], model=tiny_gpt2)
+        run_probes_on_cache(cache, [AttentionStatsProbe()], model=tiny_gpt2)
 
 
 def test_an_unpadded_cache_and_a_given_mask_stay_silent(tiny_gpt2):

@@ -462,7 +462,7 @@ def test_a_probe_pass_never_forms_the_logits(big_vocab, layers):
     never run either."""
     from tl_spectral.probes import (
         AttentionFieldProbe,
-        AttentionStats,
+        AttentionStatsProbe,
         ContributionProbe,
         SinkProbe,
         run_probes,
@@ -474,7 +474,7 @@ def test_a_probe_pass_never_forms_the_logits(big_vocab, layers):
     layer_calls, h2 = _count_calls(hf.model.layers[1].mlp)
     toks = torch.randint(1, 200_000, (2, 24), generator=torch.Generator().manual_seed(0))
     try:
-        res = run_probes(bridge, toks, [AttentionStats(layers=layers),
+        res = run_probes(bridge, toks, [AttentionStatsProbe(layers=layers),
                                         ContributionProbe(layers=layers),
                                         SinkProbe(layers=layers),
                                         AttentionFieldProbe(layers=layers)],
@@ -482,7 +482,7 @@ def test_a_probe_pass_never_forms_the_logits(big_vocab, layers):
         assert lm_calls == [] and layer_calls == []
         assert set(res) == {"attention_stats", "contributions", "sinks", "attention_fields"}
         # asked for, the logits are formed (the hook sees the [b, T, vocab] tensor)
-        run_probes(bridge, toks, AttentionStats(layers=layers), batch_size=2, progress=False,
+        run_probes(bridge, toks, AttentionStatsProbe(layers=layers), batch_size=2, progress=False,
                    on_logits=lambda start, lg: None)
         assert lm_calls == [(2, 24, 200_000)]
     finally:
@@ -524,7 +524,7 @@ def test_half_precision_underflow_check_ignores_keys_outside_the_window(tmp_path
 
     from transformer_lens.model_bridge import TransformerBridge
 
-    from tl_spectral.probes import AttentionStats, run_probes
+    from tl_spectral.probes import AttentionStatsProbe, run_probes
     from tl_spectral.probes.runner import UnderflowWarning
 
     folder = save_gemma3(tmp_path / "m", n_layers=2, types=TYPES[:2])
@@ -533,7 +533,7 @@ def test_half_precision_underflow_check_ignores_keys_outside_the_window(tmp_path
         hf_config_overrides={"attn_implementation": "eager"})
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnderflowWarning)
-        res = run_probes(bridge, _tokens(n=2, T=4 * WINDOW), AttentionStats(), batch_size=2,
+        res = run_probes(bridge, _tokens(n=2, T=4 * WINDOW), AttentionStatsProbe(), batch_size=2,
                          progress=False)
     assert res["attention_stats"].entropy.shape == (2, H)
 

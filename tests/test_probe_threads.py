@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import make_native
 
-from tl_spectral.probes import AttentionStats, run_probes
+from tl_spectral.probes import AttentionStatsProbe, run_probes
 
 _WAIT = 120  # a safety net only: the events decide the order
 
@@ -38,13 +38,13 @@ def _blocking_hook(inside: threading.Event, release: threading.Event):
 def test_a_second_thread_on_the_same_model_is_refused_and_the_first_run_is_right():
     model = make_native(n_layers=2, seed=11)
     tokens = _tokens(1)
-    expected = run_probes(model, tokens, [AttentionStats()], progress=False)["attention_stats"]
+    expected = run_probes(model, tokens, [AttentionStatsProbe()], progress=False)["attention_stats"]
     inside, release = threading.Event(), threading.Event()
     out: dict = {}
 
     def first():
         try:
-            out["first"] = run_probes(model, tokens, [AttentionStats()], progress=False,
+            out["first"] = run_probes(model, tokens, [AttentionStatsProbe()], progress=False,
                                       fwd_hooks=_blocking_hook(inside, release))
         except BaseException as exc:  # noqa: BLE001 - reported to the main thread
             out["first_error"] = exc
@@ -56,7 +56,7 @@ def test_a_second_thread_on_the_same_model_is_refused_and_the_first_run_is_right
 
     def second():
         try:
-            run_probes(model, _tokens(2), [AttentionStats()], progress=False)
+            run_probes(model, _tokens(2), [AttentionStatsProbe()], progress=False)
         except RuntimeError as exc:
             errors["second"] = exc
 
@@ -71,14 +71,14 @@ def test_a_second_thread_on_the_same_model_is_refused_and_the_first_run_is_right
     got = out["first"]["attention_stats"]
     np.testing.assert_allclose(got.entropy, expected.entropy, atol=1e-6)
     # the model is free again, in any thread
-    again = run_probes(model, tokens, [AttentionStats()], progress=False)["attention_stats"]
+    again = run_probes(model, tokens, [AttentionStatsProbe()], progress=False)["attention_stats"]
     np.testing.assert_allclose(again.entropy, expected.entropy, atol=1e-6)
 
 
 def test_two_threads_on_two_models_run_at_once_and_stay_right():
     models = [make_native(n_layers=2, seed=s) for s in (12, 13)]
     toks = [_tokens(3), _tokens(4)]
-    expected = [run_probes(m, x, [AttentionStats()], progress=False)["attention_stats"]
+    expected = [run_probes(m, x, [AttentionStatsProbe()], progress=False)["attention_stats"]
                 for m, x in zip(models, toks)]
     both_inside = threading.Barrier(2, timeout=_WAIT)
     out: dict = {}
@@ -93,7 +93,7 @@ def test_two_threads_on_two_models_run_at_once_and_stay_right():
             return t
 
         try:
-            out[i] = run_probes(models[i], toks[i], [AttentionStats()], progress=False,
+            out[i] = run_probes(models[i], toks[i], [AttentionStatsProbe()], progress=False,
                                 fwd_hooks=[("blocks.0.hook_resid_pre", hook)])["attention_stats"]
         except BaseException as exc:  # noqa: BLE001
             out[i] = exc
@@ -112,9 +112,9 @@ def test_the_same_thread_may_run_again_from_on_logits():
     model = make_native(n_layers=2, seed=14)
     tokens = _tokens(5)
     inner = []
-    run_probes(model, tokens, [AttentionStats()], progress=False, batch_size=4,
+    run_probes(model, tokens, [AttentionStatsProbe()], progress=False, batch_size=4,
                on_logits=lambda start, lg: inner.append(
-                   run_probes(model, tokens, [AttentionStats()], progress=False)))
+                   run_probes(model, tokens, [AttentionStatsProbe()], progress=False)))
     assert len(inner) == 1
     with pytest.raises(KeyError):  # nothing is left holding the model
         from tl_spectral.probes.runner import _RUNNING

@@ -112,13 +112,22 @@ def resolve_model(name: str) -> tuple[str, str]:
 
 
 def load_model(name: str) -> tuple[Any, Any]:
+    """Deprecated: use ``tls.load_model(name)`` (:func:`tl_spectral.models.loading.load_model`)."""
+    from tl_spectral._deprecation import warn_deprecated
+
+    warn_deprecated("tl_spectral.cli.load_model", "tl_spectral.load_model")
+    return load_named_model(name)
+
+
+def load_named_model(name: str) -> tuple[Any, Any]:
     """A model and its tokenizer by ``--model`` name:
-    :func:`tl_spectral.models.loading.load_named_model` (kept here for the studies; not the
-    checkpoint loader ``tl_spectral.models.load_model``)."""
-    from tl_spectral.models.loading import load_named_model
+    :func:`tl_spectral.models.loading.load_named_model` (imported when called: the command
+    line starts without torch); a package the model needs that is not installed is a
+    :class:`UsageError` naming it."""
+    from tl_spectral.models.loading import load_named_model as _f
 
     try:
-        return load_named_model(name)
+        return _f(name)
     except ImportError as e:  # a package the model needs is not installed: say which
         raise UsageError(_one_line(e)) from None
 
@@ -312,7 +321,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     elif tokenizer is not None:
         windows = _windows(text, tokenizer, args)
     status(f"loading {args.model}")
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_named_model(args.model)
     _check_finite_weights(model, args.model)
     if dist_env is not None and torch.cuda.is_available():
         model = model.to(f"cuda:{dist_env[2]}")
@@ -529,7 +538,8 @@ def _same_model(recorded: str, model: str) -> bool:
     folders, the same folder however it is written (``../m`` and ``/abs/m``)."""
     if recorded == model:
         return True
-    looks = [("/" in m or m.startswith(".") or os.sep in m) for m in (recorded, model)]
+    looks = [("/" in m or m.startswith(".") or os.sep in m or m.lower().endswith(".gguf"))
+             for m in (recorded, model)]
     if not all(looks):
         return False
     try:
@@ -648,10 +658,10 @@ def tokenizer_for(name: str):
         except ImportError as e:
             raise UsageError(_one_line(e)) from None
     if kind == "zoo":
-        return load_model(name)[1]
+        return load_named_model(name)[1]
     from transformers import AutoTokenizer
 
-    from tl_spectral.models.loading import hub_offline
+    from tl_spectral.models.hub import hub_offline
 
     with hub_offline():
         return AutoTokenizer.from_pretrained(target)
@@ -800,7 +810,7 @@ def geometry(argv: Optional[list[str]] = None) -> int:
     if kind == "zoo" and target in zoo.SHIPPED:
         model, _ = zoo.load_native(target)  # native weights: S–D layers stay readable
     else:
-        model, _ = load_model(args.model)
+        model, _ = load_named_model(args.model)
     try:
         geo = model_qk_geometry(model, fold_ln=not args.no_fold_ln,
                                 allow_rotary=args.allow_rotary)

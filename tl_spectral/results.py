@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -66,29 +67,28 @@ class Result:
     array_dims: ClassVar[dict[str, Any]] = {}
 
     # ------------------------------------------------------------- the Result protocol
-    # Every result kind answers the same calls: to_dict / to_frame / summary / repr /
-    # _repr_html_ / plot / show / save / load. A kind customises it through ``rows()`` (its
-    # main table), ``headline()`` (a few numbers), and its figures (``plot`` / ``plot_*`` /
-    # ``view``, drawn by the plotting leaf through ``_draw``).
+    # Every result kind answers the same calls: to_dict / to_rows / to_frame / summary / repr
+    # / _repr_html_ / plot / show / save / load. A kind customises it through ``to_rows()``
+    # (its main table, a list of dicts), ``headline()`` (a few numbers), and its figures
+    # (``plot`` / ``plot_*`` / ``view``, drawn by the plotting leaf through ``_draw``).
 
-    def _table(self) -> list[dict[str, Any]]:
-        """The main table, one dict per row: the kind's ``rows()`` method. (The base class
-        defines none: a dataclass field named ``rows`` would take it as its default;
-        ``AllocationStudy`` holds its models in such a field and names its table
-        ``to_rows()``.) Without one, the headline as one row, else one row of the scalar
-        fields and the arrays' shapes."""
-        rows = getattr(self, "rows", None)
-        if callable(rows):
-            return list(rows())
-        legacy = next((n for n in ("to_rows", "summary_rows", "table")
+    def to_rows(self) -> list[dict[str, Any]]:
+        """The main table, one dict per row (one row per layer, head, measure … of this
+        kind): the one name for it in every kind, beside :meth:`to_dict` and
+        :meth:`to_frame` (pandas). Kinds with a table override this; here: a kind of another
+        package that still names its table ``rows()``, ``summary_rows()`` or ``table()``
+        (the old names) is read with a DeprecationWarning; else the headline as one row, else
+        one row of the scalar fields and the arrays' shapes."""
+        legacy = next((n for n in ("rows", "summary_rows", "table")
                        if callable(getattr(self, n, None))), None)
-        if legacy is not None:
-            if not type(self).__module__.startswith("tl_spectral."):
-                import warnings  # a kind of another package written before rows() was the hook
+        if legacy is not None:  # a kind written before to_rows() was the hook
+            from tl_spectral._deprecation import warn_deprecated
 
-                warnings.warn(f"{type(self).__name__}: name the main table rows() (the "
-                              f"Result protocol's hook); {legacy}() is read for now",
-                              DeprecationWarning, stacklevel=3)
+            level, frame = 2, sys._getframe(1)  # the first caller outside this module
+            while frame is not None and frame.f_code.co_filename == __file__:
+                frame, level = frame.f_back, level + 1
+            warn_deprecated(f"{type(self).__name__}.{legacy}() as the main table",
+                            "to_rows() (the Result protocol's hook)", stacklevel=level + 1)
             return list(getattr(self, legacy)())
         h = self.headline()
         if h:
@@ -97,6 +97,9 @@ class Result:
                if isinstance(getattr(self, f.name), (int, float, str, bool))}
         row.update({k: "×".join(map(str, v)) for k, v in _shape_fields(self)})
         return [row] if row else []
+
+    def _table(self) -> list[dict[str, Any]]:
+        return list(self.to_rows())
 
     def headline(self) -> dict[str, Any]:
         """A few headline numbers (plain Python), shown by :meth:`summary` and ``repr``."""

@@ -223,8 +223,8 @@ def probe_rows_per_document(model: Any, tokens: torch.Tensor, attention_mask: to
                          attention_mask=attention_mask[d:d + 1, :n], batch_size=1,
                          progress=False)
         out["n_tokens"].append(n)
-        out["stats"].append(res["contributions"].summary_rows())
-        out["sinks"].append(res["sinks"].summary_rows())
+        out["stats"].append(res["contributions"].to_rows())
+        out["sinks"].append(res["sinks"].to_rows())
     return out
 
 
@@ -378,12 +378,12 @@ def contribution_study(
     mid = L // 2 if layer is None else layer
     maps = layer_maps(model, tokens[:1, :n0], layers=[mid])[mid]
     figs["maps"] = save(maps.plot_maps(head=None, max_tokens=48), "maps")
-    out["stats_rows"] = stats.summary_rows()
-    out["sink_rows"] = sinks.summary_rows()
+    out["stats_rows"] = stats.to_rows()
+    out["sink_rows"] = sinks.to_rows()
     out["sink_head_share"] = sinks.sink_head_share.tolist()
     zs = zero_sink_value(model, tokens, attention_mask=am, batch_size=batch_size)
     zs.save(results_dir / f"{slug}_sink_intervention.safetensors", overwrite=True)
-    out["sink_intervention"] = zs.rows()
+    out["sink_intervention"] = zs.to_rows()
     out["clean"] = zs.clean
     summary_path = results_dir / f"{slug}_summary.json"
     f_path = results_dir / f"{slug}_faithfulness.safetensors"
@@ -403,7 +403,7 @@ def contribution_study(
     figs["faithfulness"] = save(f.plot_curves(), "faithfulness")
     figs["faithfulness_areas"] = save(plot_faithfulness_areas(f), "faithfulness_areas")
     out["faithfulness"] = {
-        s: {"table": f.table(si), "ordering": f.ordering(si),
+        s: {"table": f.to_rows(si), "ordering": f.ordering(si),
             "markdown": faithfulness_markdown(f, si)}
         for si, s in enumerate(f.settings)
     }

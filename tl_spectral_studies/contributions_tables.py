@@ -27,7 +27,7 @@ def faithfulness_markdown(res: Any, setting: int = 0, fmt: str = "{:.4g}") -> st
     from tl_spectral.probes.faithfulness import structural_aliases
 
     same = {**structural_aliases(res.measures, res.mode, res.level), **res.aliases}
-    for row in res.table(setting):
+    for row in res.to_rows(setting):
         alias = same.get(row["measure"])
         name = row["measure"] + (f" (= {alias})" if alias else "")
         lines.append(f"| {name} | {fmt.format(row['comprehensiveness_area'])} | "

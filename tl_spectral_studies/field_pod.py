@@ -221,7 +221,7 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
     per_field, diffs = {}, {}
     for k, f in enumerate(fields):
         rows = []
-        for li, (lay, tab) in enumerate(zip(layers, pods[f].table())):
+        for li, (lay, tab) in enumerate(zip(layers, pods[f].to_rows())):
             rows.append({"layer": lay, "dominant_scales": tab["dominant_scales"],
                          "tspec_r2": tab["tspec_r2"], "H_star_str": tab["H_star"],
                          **_interval_dict(est[k, li], low[k, li], high[k, li])})

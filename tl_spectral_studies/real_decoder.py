@@ -130,8 +130,8 @@ def _probe_rows(bridge: Any, tokens: torch.Tensor, layers: Sequence[int] | None)
         res = run_probes(bridge, tokens[d:d + 1], [ContributionProbe(rank_stride=1, layers=layers),
                                                    SinkProbe(layers=layers)],
                          batch_size=1, progress=False)
-        srows = res["sinks"].summary_rows()
-        crows = res["contributions"].summary_rows()
+        srows = res["sinks"].to_rows()
+        crows = res["contributions"].to_rows()
         for k in keys:
             out[k].append([r[k] for r in srows])
         out["C_on_first_token"].append([r["C_on_first_token"] for r in crows])
@@ -385,7 +385,7 @@ def run_scales(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> dict:
                             n_resamples=N_RESAMPLES)
     res: dict[str, Any] = {"model": MODEL, "n_docs": n, "length": T, "seed": seed,
                            "corpus": "wiki_excerpt.txt (validation split), start token first",
-                           "table": pod.table(), "bootstrap": boot}
+                           "table": pod.to_rows(), "bootstrap": boot}
     del fields
     ph = run_probes(bridge, toks, [AttentionFieldProbe(layers=cfg["per_head_layers"],
                                                        per_head=True)],

@@ -154,7 +154,7 @@ def run_study(out_dir: str | Path, *, runs_dir: str | Path | None = None,
 
     Longer than 80 lines on purpose: the study's steps in order over the models it loads once;
     each step is a few lines."""
-    from tl_spectral.models import load_model, zoo
+    from tl_spectral.models import load_checkpoint, zoo
 
     if quick:
         names = [n for n in (names or STUDY_RUNS) if STUDY_RUNS.get(n) == "char"]
@@ -197,7 +197,7 @@ def run_study(out_dir: str | Path, *, runs_dir: str | Path | None = None,
             step = int(json.loads((mdir / "config.json").read_text())
                        .get("metrics", {}).get("steps", -1))
             finished = True
-        model = load_model(mdir).eval()
+        model = load_checkpoint(mdir).eval()
         entry: dict[str, Any] = {"model_dir": f"zoo:{name}" if run is None else str(mdir),
                                  "step": step, "finished": finished,
                                  "config": model.cfg.to_dict(),

@@ -47,7 +47,7 @@ def rotary_study(model_dir: str | Path, results_dir: str | Path, *,
 
     Longer than 80 lines on purpose: the experiment's steps in order on one loaded checkpoint."""
     from tl_spectral.geometry.model import model_rotary_geometry
-    from tl_spectral.models.gpt import load_model
+    from tl_spectral.models.gpt import load_checkpoint
 
     model_dir, out = Path(model_dir), Path(results_dir)
     targets = [out / "summary.json", out / "rotary_qk.safetensors"]
@@ -58,7 +58,7 @@ def rotary_study(model_dir: str | Path, results_dir: str | Path, *,
         raise FileExistsError(f"{', '.join(there)} exist(s); pass overwrite=True (--overwrite) "
                               "to replace them, or choose another folder")
     out.mkdir(parents=True, exist_ok=True)
-    model = load_model(model_dir).eval()
+    model = load_checkpoint(model_dir).eval()
     doc = json.loads((model_dir / "config.json").read_text())
     n_ctx = model.cfg.n_ctx
     lags = [lag for lag in ROTARY_LAGS if lag < n_ctx]

@@ -154,7 +154,7 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
         "stride": stride, "validation_only": validation_only,
         "n_docs": n_docs, "length": length, "max_lag": max_lag, "seed": seed,
         "forward_s": round(t_fwd, 2), "analysis_s": round(t_an, 2),
-        "table": pod.table(), **pod.to_dict(include_curves=True),
+        "table": pod.to_rows(), **pod.to_dict(include_curves=True),
         "command": command, "bootstrap": boot,
     }
     (out / f"{tag}.json").write_text(json.dumps(summary, indent=1, default=float))

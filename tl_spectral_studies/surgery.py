@@ -146,11 +146,11 @@ def _latest(run: str, root: Path) -> tuple[Path, int, bool]:
 
 
 def cmd_allocate(a) -> None:
-    from tl_spectral.models.gpt import load_model
+    from tl_spectral.models.gpt import load_checkpoint
     from tl_spectral.models.surgery import cascade_allocation
 
     d, step, fin = _latest(a.model, a.paths.root)
-    m = load_model(d)
+    m = load_checkpoint(d)
     alloc = cascade_allocation(m, a.budget, multiple=a.multiple, source=a.source,
                                name=f"{Path(a.model).name}@{step}")
     a.paths.out.mkdir(parents=True, exist_ok=True)
@@ -214,7 +214,7 @@ def _windows(model_dir: Path) -> torch.Tensor:
 
 
 def cmd_curves(a) -> None:
-    from tl_spectral.models.gpt import load_model
+    from tl_spectral.models.gpt import load_checkpoint
     from tl_spectral.models.surgery import FineTune, linearization_curve
 
     torch.set_num_threads(1)
@@ -227,7 +227,7 @@ def cmd_curves(a) -> None:
             step, fin = a.step, False
         else:
             d, step, fin = _latest(MODELS[name], a.paths.root)
-        m = load_model(d)
+        m = load_checkpoint(d)
         train_ids, _, _ = _char_data(d)
         W = _windows(d)
         ft = FineTune(steps=a.ft_steps, batch_size=a.ft_batch) if name in ft_names else None
@@ -277,7 +277,7 @@ def cmd_cascade(a) -> None:
 
 def cmd_evaluate(a) -> None:
     from tl_spectral.geometry.cascade import latest_model_dir
-    from tl_spectral.models.gpt import load_model
+    from tl_spectral.models.gpt import load_checkpoint
     from tl_spectral.models.surgery import AllocationStudy, attention_param_count, perplexity
 
     torch.set_num_threads(1)
@@ -302,7 +302,7 @@ def cmd_evaluate(a) -> None:
         if getattr(a, "keep", None) and not fin and step < want:
             raise SystemExit(f"--keep: {run.name} is not finished (latest checkpoint: step "
                              f"{step}); finish its training (train-alloc resumes it) first")
-        m = load_model(d)
+        m = load_checkpoint(d)
         r = perplexity(m, W)
         name = f"uniform-{m.cfg.d_heads[0]}" if which == "matched" else which
         name += f" (seed {seed})" if seed else ""

@@ -298,8 +298,8 @@ def model_rotary_geometry(
         distribution when that is cheap, else an equal-mass quantile sample within a ~10 s
         budget; ``None``: every offset, exact; an int: at most that many); see
         :func:`~tl_spectral.geometry.rotary.rotary_qk_geometry`.
-    progress: a progress bar over the layers (default: when the spectra take more than a
-        few seconds).
+    progress: a progress bar over the layers (default None: on a terminal or in a notebook,
+        when the spectra take more than a few seconds).
 
     Raises :class:`UnreadableHeadsError` for models without rotary positions (use
     :func:`model_qk_geometry`) or whose heads cannot be read.

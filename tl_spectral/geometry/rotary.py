@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from tl_spectral._deprecation import deprecated_method
 from tl_spectral.geometry.common import (
     as_layers,
     check_finite,
@@ -474,9 +475,7 @@ class RotaryQKGeometry(Result):
         return {"norm_M_sq": mm, "norm_R_sq": r, "norm_F_sq": f,
                 "routing_fraction": _fraction(r, r + f)}
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
-        return self.to_rows()
+    rows = deprecated_method("to_rows", "rows")
 
     def to_rows(self) -> list[dict[str, Any]]:
         """One row per (layer, head, offset): layer, layer_name, head, offset and the
@@ -600,8 +599,9 @@ def rotary_qk_geometry(
             fractions and their averages are exact whatever this says.
         layer_names: default ``"L0"``, ``"L1"``, …
         dtype: computation dtype (float64).
-        progress: a progress bar over the layers (``tqdm.auto``); default: shown when the
-            spectra are estimated to take more than a few seconds.
+        progress: a progress bar over the layers; default (None): shown on a terminal or in
+            a notebook when the spectra are estimated to take more than a few seconds
+            (:func:`tl_spectral.progress.progress_bar`).
         windows: per layer, a causal sliding window ``W`` (None: full attention;
             :func:`~tl_spectral.model_view.layer_windows`). A windowed layer's averages use
             the distribution restricted to the offsets it attends to, ``|Δ| < W``, and
@@ -650,14 +650,14 @@ def rotary_qk_geometry(
         r_exact = r_exact and ex
         layer_dist[win] = (o_w, w_w, ro, rw)
     n_spectra = off.numel() + (r_off.numel() if r_off is not None else 0)
-    if progress is None:  # ~5 ms per 128 × 128 core spectrum (both parts) on one core
-        progress = units * n_spectra * 5e-3 > 3.0
+    if progress is None and units * n_spectra * 5e-3 <= 3.0:  # ~5 ms per 128 × 128 core
+        progress = False  # spectrum (both parts) on one core: a short run shows no bar
     layer_iter: Any = enumerate(zip(q_layers, k_layers))
-    if progress:
-        from tqdm.auto import tqdm
+    if progress is not False:
+        from tl_spectral.progress import progress_bar
 
-        layer_iter = tqdm(layer_iter, total=len(q_layers), desc="rotary geometry",
-                          unit="layer")
+        layer_iter = progress_bar(layer_iter, total=len(q_layers), desc="rotary geometry",
+                                  unit="layer", enabled=progress)
 
     per: list[dict[str, torch.Tensor]] = []
     d_heads: list[int] = []

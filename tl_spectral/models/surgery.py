@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tl_spectral._deprecation import deprecated_method, renamed_arguments
 from tl_spectral.data.inputs import as_token_tensor
 from tl_spectral.models.attention import LinearAttention, make_attention
 from tl_spectral.models.gpt import GPT, GPTConfig
@@ -306,9 +307,7 @@ class LinearizationCurve(Result):
             best = k
         return best
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
-        return self.to_rows()
+    rows = deprecated_method("to_rows", "rows")
 
     def to_rows(self) -> list[dict[str, Any]]:
         rows = []
@@ -344,19 +343,22 @@ def plot_collapse(curves: Sequence[LinearizationCurve], ax: Any = None,
                                                       fine_tuned=fine_tuned)
 
 
-def linearization_curve(model: GPT, windows: torch.Tensor, *, ks: Sequence[int] | None = None,
+@renamed_arguments(windows="tokens")
+def linearization_curve(model: GPT, tokens: torch.Tensor, *, ks: Sequence[int] | None = None,
                         train_tokens: torch.Tensor | None = None,
                         fine_tune: FineTune | int | None = None, control: bool = False,
-                        name: str = "model", batch_size: int = 16, progress: bool = False
-                        ) -> LinearizationCurve:
-    """PPL on ``windows`` ``[n, seq_len + 1]`` with the first ``k`` layers linearized, for
+                        name: str = "model", batch_size: int = 16,
+                        progress: bool | None = None) -> LinearizationCurve:
+    """PPL on ``tokens`` ``[n, seq_len + 1]`` with the first ``k`` layers linearized, for
     ``k`` in ``ks`` (default ``0..n_layers``); zero-shot, and after a fine-tune of the
     swapped layers when ``fine_tune`` is given (each k fine-tuned from the original model).
     ``control``: with a fine-tune, also fine-tune the same k layers of the original model
-    *without* swapping them (same steps, data and seed) — ``ppl_control``."""
+    *without* swapping them (same steps, data and seed) — ``ppl_control``. progress: a line
+    per k (None: on a terminal or in a notebook, when fine-tuning). ``windows=``: the
+    deprecated name of ``tokens``."""
     if not isinstance(model, GPT):
         raise TypeError(f"expected a tl_spectral GPT, got {type(model).__name__}")
-    windows = as_token_tensor(windows, "windows", min_len=2)
+    windows = as_token_tensor(tokens, "tokens", min_len=2)
     L = model.cfg.n_layers
     ks = list(range(L + 1)) if ks is None else sorted({int(k) for k in ks})
     if any(not 0 <= k <= L for k in ks):
@@ -370,6 +372,10 @@ def linearization_curve(model: GPT, windows: torch.Tensor, *, ks: Sequence[int] 
         raise ValueError("fine-tuned curves need train_tokens")
     if control and not do_ft:
         raise ValueError("control=True compares fine-tunes: pass fine_tune=FineTune(...) too")
+    if progress is None:
+        from tl_spectral.progress import interactive
+
+        progress = do_ft and interactive()
     zs, ft = [], [] if do_ft else None
     ctl = [] if control else None
     for k in ks:
@@ -404,10 +410,13 @@ def linearization_curve(model: GPT, windows: torch.Tensor, *, ks: Sequence[int] 
 @torch.no_grad()
 def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int] | None = None,
                            name: str | None = None, batch_size: int = 8) -> LinearizationCurve:
-    """Zero-shot linearization curve of a causal TransformerLens model (or ModelView) with
-    standard positional embeddings, by pattern hooks: for each k the first k layers' patterns
-    are replaced by ``α_ij ∝ φ(q_i)·φ(k_j)`` on the model's own ``hook_q`` / ``hook_k``
-    (:class:`~tl_spectral.models.convert.LinearPatternHook`). tokens: ``[n, pos + 1]``.
+    """Zero-shot linearization curve of a causal TransformerLens model (or ModelView), by
+    pattern hooks: for each k the first k layers' patterns are replaced by
+    ``α_ij ∝ φ(q_i)·φ(k_j)`` on the model's own ``hook_q`` / ``hook_k``
+    (:class:`~tl_spectral.models.convert.LinearPatternHook`); on a rotary model (a
+    TransformerBridge) on its rotated ``hook_rot_q`` / ``hook_rot_k``, the vectors whose dot
+    product forms the score (after QK-norm where the model has one; a sliding window is not
+    applied to the linear pattern). tokens: ``[n, pos + 1]``.
 
     Caveat: on a converted GPT with unequal d_head per layer, ``hook_q`` of a narrower
     layer is scaled by ``sqrt(d_max / d_l)`` (see ``convert``), so its linear pattern differs
@@ -422,10 +431,12 @@ def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int
         raise ValueError(f"{view.name} is not a causal language model; the ΔPPL curve needs "
                          "next-token prediction")
     pe = str(getattr(getattr(view.model, "cfg", None), "positional_embedding_type", "standard"))
-    if pe != "standard":
-        raise ValueError(f"{view.name} uses {pe!r} positions: hook_q/hook_k are not the "
-                         "vectors whose dot product forms the score; pass a model with "
-                         "standard (learned/absolute) positions")
+    rot = pe == "rotary" and _has_rotated_hooks(view)
+    if pe != "standard" and not rot:
+        raise ValueError(f"{view.name} uses {pe!r} positions and exposes no hook on its "
+                         "rotated queries and keys (hook_rot_q / hook_rot_k): hook_q/hook_k "
+                         "are not the vectors whose dot product forms the score; pass a model "
+                         "with standard positions or a TransformerBridge of a rotary model")
     if tokens.dim() != 2 or tokens.shape[1] < 2:
         raise ValueError(f"tokens must be [n, pos+1], got {tuple(tokens.shape)}")
     L = view.n_layers
@@ -436,6 +447,8 @@ def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int
         for l in range(k):
             h = LinearPatternHook(l, view.d_head)
             n = h.names()
+            if rot:  # the rotated vectors (after any QK-norm): their dot product is the score
+                n = {**n, "q": f"blocks.{l}.attn.hook_rot_q", "k": f"blocks.{l}.attn.hook_rot_k"}
             hooks += [(n["q"], h.capture_q), (n["k"], h.capture_k), (n["pattern"], h.pattern)]
         tot, cnt = 0.0, 0
         for s in range(0, tokens.shape[0], batch_size):
@@ -449,7 +462,16 @@ def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int
     return LinearizationCurve(
         model_name=name or view.name, attention="tl", normalization="?", n_layers=L, ks=ks,
         base_ppl=ppl[0], ppl_zero_shot=ppl, n_windows=int(tokens.shape[0]),
-        seq_len=int(tokens.shape[1] - 1), note="zero-shot via TransformerLens pattern hooks")
+        seq_len=int(tokens.shape[1] - 1),
+        note="zero-shot via TransformerLens pattern hooks"
+             + (" on the rotated queries and keys (hook_rot_q / hook_rot_k)" if rot else ""))
+
+
+def _has_rotated_hooks(view: Any) -> bool:
+    """Whether the model exposes its rotated queries and keys (TransformerBridge of a rotary
+    model: ``blocks.0.attn.hook_rot_q`` / ``hook_rot_k``, ``[batch, pos, head, d]``)."""
+    names = getattr(view.model, "hook_dict", None) or {}
+    return "blocks.0.attn.hook_rot_q" in names and "blocks.0.attn.hook_rot_k" in names
 
 
 # ------------------------------------------------------------ cascade allocation
@@ -552,9 +574,7 @@ class CascadeAllocation(Result):
         """The reallocated model's :class:`GPTConfig`."""
         return allocated_config(GPTConfig.from_dict(self.model_config), self.d_head)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
-        return self.to_rows()
+    rows = deprecated_method("to_rows", "rows")
 
     def to_rows(self) -> list[dict[str, Any]]:
         return [{"layer": l, "routing_rank": r, "d_head_uniform": u, "d_head": d}

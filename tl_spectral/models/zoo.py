@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from tl_spectral.models.gguf import ENTRIES as _GGUF
-from tl_spectral.models.gpt import GPT, load_model, read_checkpoint_config
+from tl_spectral.models.gpt import GPT, load_checkpoint, read_checkpoint_config
 
 SHIPPED = ("char-shakespeare", "char-shakespeare-noln", "sd-char-shakespeare",
            "sd-char-shakespeare-noln", "char-shakespeare-rotary")
@@ -120,7 +120,7 @@ def _char_tokenizer(doc: dict[str, Any]):
 def load_native(name: str, device: str | torch.device = "cpu") -> tuple[GPT, Any]:
     """The project's own :class:`GPT` (eval mode) and its :class:`CharTokenizer`."""
     d = checkpoint_dir(name)
-    model = load_model(d, map_location=device).eval()
+    model = load_checkpoint(d, map_location=device).eval()
     return model, _char_tokenizer(read_checkpoint_config(d))
 
 
@@ -140,7 +140,7 @@ def load(name: str, device: str | torch.device = "cpu") -> tuple[Any, Any]:
     ValueError before any weights load). The Hugging Face hub is offline during the load
     only.
     """
-    from tl_spectral.models.loading import check_device
+    from tl_spectral.models.hub import check_device
 
     check_device(device)
     if name in SHIPPED:
@@ -189,7 +189,7 @@ def minilm_path() -> Path:
 
 
 def _load_minilm(device):
-    from tl_spectral.models.loading import hub_offline
+    from tl_spectral.models.hub import hub_offline
 
     with hub_offline():
         return _boot_minilm(str(minilm_path()), device)

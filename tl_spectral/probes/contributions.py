@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from tl_spectral._deprecation import check_choice, deprecated_method
 from tl_spectral.analysis.contributions import (
     MEASURES,
     ContributionMaps,
@@ -44,6 +45,7 @@ from tl_spectral.probes import shared
 from tl_spectral.probes.base import LayerCapture, Probe
 from tl_spectral.probes.shared import lag_sums as _lag_sums  # noqa: F401 - the old name
 from tl_spectral.results import Result, register_result
+from tl_spectral.types import ContributionMode
 
 
 # ----------------------------------------------------------------------------- maths
@@ -66,8 +68,7 @@ def contribution_map(
     bound ``Σ_j α_ij ‖ṽ_j‖``; 3. inter: ``o = Σ_h z^h W_O^h``, ``u^h = o W_O^hᵀ / ‖o‖²``;
     intra: ``u^h = z^h G^h / ‖o^h‖²``; 4. ``c = α ⊙ (u vᵀ)``.
     """
-    if mode not in ("intra", "inter"):
-        raise ValueError(f"mode must be 'intra' or 'inter', got {mode!r}")
+    check_choice("mode", mode, ContributionMode)
     rtol = default_rtol(pattern.dtype) if rtol is None else rtol
     G = value_gram(W_O)
     vnorm = projected_value_norms(v_heads, G)  # [b, H, k]
@@ -324,11 +325,10 @@ class ContributionStats(Result):
         probe); default: the last layer."""
         return self._draw("view", layer=layer, doc=doc, **kwargs)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`summary_rows`."""
-        return self.summary_rows()
+    rows = deprecated_method("to_rows", "rows")
+    summary_rows = deprecated_method("to_rows", "summary_rows")
 
-    def summary_rows(self) -> list[dict]:
+    def to_rows(self) -> list[dict]:
         """One row per layer: token-level negative shares, the sink's (source 0) mean
         contribution and attention, and the token-level rank correlation of each baseline
         with the contribution."""
@@ -385,12 +385,12 @@ class ContributionProbe(Probe):
     when ``c_ij < −negative_rtol · Σ_j |c_ij|``, see :class:`ContributionStats`).
     """
 
-    name: ClassVar[str] = "contributions"
+    name = "contributions"
 
     def __init__(
         self,
         layers: Optional[Sequence[int]] = None,
-        mode: str = "inter",
+        mode: ContributionMode = "inter",
         keep_docs: Sequence[int] = (),
         rank_queries: int = 8,
         name: Optional[str] = None,
@@ -405,8 +405,7 @@ class ContributionProbe(Probe):
             raise ValueError(f"keep_positions must be a positive int or None, got {keep_positions}")
         #: kept maps cut to the first ``keep_positions`` queries and keys (None: whole)
         self.keep_positions = None if keep_positions is None else int(keep_positions)
-        if mode not in ("intra", "inter"):
-            raise ValueError(f"mode must be 'intra' or 'inter', got {mode!r}")
+        check_choice("mode", mode, ContributionMode)
         if rank_queries < 0:
             raise ValueError(f"rank_queries must be >= 0, got {rank_queries}")
         self.layers = None if layers is None else sorted(set(int(x) for x in layers))
@@ -438,7 +437,7 @@ class ContributionProbe(Probe):
             raise ValueError(f"negative_rtol must lie in [0, 1), got {negative_rtol}")
         self.negative_rtol = float(negative_rtol)
         if name is not None:
-            self.name = name  # type: ignore[misc]
+            self.name = name
         self._W: dict[int, Tensor] = {}
         self.reductions = {}  # instance level: kept-map keys are added per layer
 
@@ -729,7 +728,7 @@ def layer_maps(
     model: Any,
     tokens: Tensor,
     layers: Optional[Sequence[int]] = None,
-    mode: str = "inter",
+    mode: ContributionMode = "inter",
     attention_mask: Optional[Tensor] = None,
 ) -> dict[int, ContributionMaps]:
     """Contribution maps of one batch, on request: ``{layer: ContributionMaps}``.

@@ -33,6 +33,7 @@ from tl_spectral.probes import shared
 from tl_spectral.probes.base import LayerCapture, Probe, merge_tensor
 from tl_spectral.probes.pair_fields import needs_values, pair_field
 from tl_spectral.results import Result, register_result
+from tl_spectral.types import FieldKind
 
 
 def _lag_fields(A: Tensor, *, causal: bool, max_lag: Optional[int]) -> tuple[Tensor, Tensor]:
@@ -167,12 +168,10 @@ class AttentionFieldProbe(Probe):
     (default False: every state stays on the model's device; the result is on the CPU).
     """
 
-    name: ClassVar[str] = "attention_fields"
-    reductions: ClassVar[dict[str, str]] = {}
-
+    name = "attention_fields"
     def __init__(self, layers: Optional[Sequence[int]] = None, *, per_head: bool = False,
                  max_lag: Optional[int] = None, name: Optional[str] = None,
-                 offload: bool = False, field: str = "attention", streaming: bool = False,
+                 offload: bool = False, field: FieldKind = "attention", streaming: bool = False,
                  rank: int = 128, n_modes: int = 8, fold_every: int = 128,
                  band_options: Optional[dict] = None, jackknife_groups: int = 8,
                  jackknife_seed: int = 0):
@@ -204,8 +203,8 @@ class AttentionFieldProbe(Probe):
         self.per_head = per_head
         self.max_lag = max_lag
         if name is not None:
-            self.name = name  # type: ignore[misc]
-        self.reductions = {"doc_mask": "cat", "doc_index": "cat"}  # type: ignore[misc]
+            self.name = name
+        self.reductions = {"doc_mask": "cat", "doc_index": "cat"}
         self.streaming = bool(streaming)
         if self.streaming:
             from tl_spectral.analysis.streaming_pod import band_options as _bo

@@ -41,7 +41,7 @@ class ContributionSection:
         ctx.status("contributions and sinks: tables and figures")
         stats = results["contributions"]
         sinks = results["sinks"]
-        rows0 = stats.summary_rows()
+        rows0 = stats.to_rows()
         # the layer shown first (and kept in results/): the one drawing most attention to
         # position 0 (the sink layer), else the last
         view_layer = (max(rows0, key=lambda r: r["attn_on_first_token"])["layer"] if rows0
@@ -57,8 +57,8 @@ class ContributionSection:
             "C_ij = Σ_h c_ij^h, rows sum to 1) measure how much of each output a source "
             "actually supplies, and can be negative (SPEC C.1 [C]). Compared with raw attention "
             "α, value-weighted α‖ṽ‖ [K] and output-normalized α‖ṽ‖/‖o‖ (SPEC C.2 [C]).")
-        rows = stats.summary_rows()
-        sink_rows = sinks.summary_rows()
+        rows = stats.to_rows()
+        sink_rows = sinks.to_rows()
         pos = int(getattr(sinks, "sink_index", 0))
         tok0 = ""
         if ctx.tokens is not None and ctx.tokenizer is not None:
@@ -67,17 +67,23 @@ class ContributionSection:
             best = max(range(len(rows)), key=lambda i: rows[i]["attn_on_first_token"])
             r = rows[best]
             is_sink = r["attn_on_first_token"] >= 0.2
+            n_docs, T = int(ctx.tokens.shape[0]), int(ctx.tokens.shape[1])
             report.finding(
                 f"Position {pos}{tok0} {'is a sink' if is_sink else 'is not a strong sink'}: "
                 f"in layer {r['layer']} it draws {100 * r['attn_on_first_token']:.0f}% of the "
                 f"attention but supplies {100 * r['C_on_first_token']:.0f}% of the output "
                 f"(token-level contribution); over layers the attention share runs "
                 f"{100 * min(x['attn_on_first_token'] for x in rows):.0f}–"
-                f"{100 * max(x['attn_on_first_token'] for x in rows):.0f}%.")
+                f"{100 * max(x['attn_on_first_token'] for x in rows):.0f}% (n = {n_docs} "
+                f"windows of {T} tokens, one framing: position {pos} is each window's own "
+                f"token {pos}; a sink's share can change with what that token is, which this "
+                "report does not vary).")
             neg = max(rows, key=lambda x: x["neg_mass_share"])
+            share = 100 * neg["neg_mass_share"]
             report.finding(
-                f"Negative contributions: up to {100 * neg['neg_mass_share']:.0f}% of the "
-                f"contribution mass is negative (layer {neg['layer']}).")
+                f"Negative contributions: up to {share:.2g}% of the contribution mass is "
+                f"negative (layer {neg['layer']})"
+                + (": negligible." if share < 1 else "."))
         report.subsection("Contributions")
         vw, on = "spearman_value_weighted_vs_c", "spearman_output_normalized_vs_c"
         skip: tuple = ()
@@ -131,9 +137,9 @@ class ContributionSection:
                       "top sources are removed and less when only they are kept.")
             report.figure(plot_faithfulness_areas(res), "Faithfulness areas per measure: look for the measure with the highest "
                       "comprehensiveness and the lowest sufficiency area.")
-            report.table(res.table(0), "faithfulness areas, all layers",
+            report.table(res.to_rows(0), "faithfulness areas, all layers",
                          name="faithfulness_all_layers")
-            report.table(res.table(1), f"faithfulness areas, layer {res.layer}",
+            report.table(res.to_rows(1), f"faithfulness areas, layer {res.layer}",
                          name="faithfulness_layer")
         else:
             report.text("Faithfulness curves: not computed (pass --faithfulness-docs N to "
