@@ -211,9 +211,11 @@ def test_records_carry_mde_and_the_panels_sensitivity(tmp_path):
     assert rec.mde == pytest.approx(rules.mde({"low": 0.5, "high": 1.5}))
     assert rec.sensitivity == ""  # no panel
     ev.write_atomic(tmp_path / "ev" / "summary.json", {"claims": {"X.1": {
-        "sensitivity": "depends on first token", "complete": False}}})
+        "sensitivity": "depends on first token", "complete": False, "cells": [{}, {}],
+        "cells_expected": 36}}})
     rec = registry.evaluate(c, registry.Results(tmp_path, m))
-    assert rec.sensitivity == "depends on first token (panel incomplete)"
+    assert rec.sensitivity == ("depends on first token so far (panel incomplete: 2 of 36 "
+                               "cells)")
     assert rec.to_json()["mde"] == rec.mde
 
 

@@ -213,8 +213,8 @@ def evaluate(c: Claim, res: Results) -> Record:
 def _evidence(c: Claim, res: Results, meas: Measurement | None) -> tuple[float | None, str]:
     """The record's minimum detectable effect (the measure's own, else from its interval by
     :func:`~tl_spectral_studies.claims.rules.mde`) and its sensitivity label (the measure's
-    own, else the model's panel summary for this claim, with "(panel incomplete)" when not
-    every cell has run; "" without a panel)."""
+    own, else the model's panel summary for this claim, saying how many cells have run when
+    not all have; "" without a panel)."""
     if meas is None:
         return None, ""
     mde = meas.mde
@@ -225,8 +225,11 @@ def _evidence(c: Claim, res: Results, meas: Measurement | None) -> tuple[float |
     if not sens and ev and (res.root / ev).is_file():
         got = json.loads((res.root / ev).read_text(encoding="utf-8")).get("claims", {})
         if c.id in got:
-            sens = got[c.id]["sensitivity"] + ("" if got[c.id].get("complete")
-                                               else " (panel incomplete)")
+            g = got[c.id]
+            sens = g["sensitivity"]
+            if not g.get("complete"):
+                sens += (f" so far (panel incomplete: {len(g.get('cells', []))} of "
+                         f"{g.get('cells_expected', '?')} cells)")
     return mde, sens
 
 
