@@ -25,7 +25,9 @@ from tl_spectral_studies.claims.seed003 import SINK_LAYER_MIN, TAIL_MARGIN
 
 @dataclass(frozen=True)
 class PanelClaim:
-    """A claim read from one step's job files: ``extract`` gives ``{variant: interval}`` of
+    """A claim read from one step's job files; its ``id`` is the registry's claim id only where
+    the measure and rule are the registry's (then the records quote the panel's
+    robustness). ``extract`` gives ``{variant: interval}`` of
     one job (a variant, e.g. the sink's self-attention included or not, is one more panel
     factor named ``variant_factor``); ``rule`` labels an interval."""
 
@@ -53,7 +55,9 @@ PANEL_CLAIMS = (
                _pooled("C0_over_attn0"),
                _no_pool_label(lambda iv: rules.sign(iv, 0.5, above=False)),
                "sign rule against 0.5, below"),
-    PanelClaim("C.norm", "sinks", "zeroing the sink's value raises the output norm "
+    # not the registry's C.norm (per layer, library probe): its own id, so the panel's label
+    # is not attached to a record of another measure
+    PanelClaim("C.norm.pooled", "sinks", "zeroing the sink's value raises the output norm "
                "(Δ‖o‖/‖o‖ > 0, pooled over the sink layers, test half)",
                _pooled("rel_norm_change"),
                _no_pool_label(lambda iv: rules.sign(iv, 0.0, above=True)),
