@@ -197,6 +197,8 @@ def test_summary_names_the_first_token_when_it_flips_the_label(tmp_path, monkeyp
     zp = es.summarize(tmp_path, "fake")["claims"]["C.zero_ppl"]
     assert zp["complete"] and zp["sensitivity"] == "depends on first token"
     assert zp["mde_max"] == pytest.approx(rules.mde({"low": 0.0, "high": 0.4}))
+    table = es.cells_markdown(es.summarize(tmp_path, "fake"))
+    assert table.count("`C.zero_ppl`") == 24 and "depends on first token (24 of 24" in table
 
 
 def test_records_carry_mde_and_the_panels_sensitivity(tmp_path):

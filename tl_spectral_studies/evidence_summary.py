@@ -193,3 +193,21 @@ def plan_markdown(plans: list[dict]) -> str:
                        f"{s['cells']} | {s['cpu_minutes_panel']:.0f} |")
         out.append(f"| {p['model']} | **all** | | | | | **{p['cpu_minutes_total']:.0f}** |")
     return "\n".join(out)
+
+
+def cells_markdown(summary: Mapping[str, Any]) -> str:
+    """One row per (claim, cell) of a summary: n, estimate [interval], MDE, label, and the
+    claim's robustness so far."""
+    out = ["| claim | first token | corpus | draw | variant | n | estimate [95%] | MDE | label |"
+           " panel so far |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for cid, c in summary["claims"].items():
+        done = f"{c['sensitivity']} ({len(c['cells'])} of {c['cells_expected']} cells)"
+        for r in c["cells"]:
+            f = dict(r["factors"])
+            var = f.pop("sink self-attention", "")
+            est = (f"{r['estimate']:.3f} [{r['low']:.3f}, {r['high']:.3f}]" if "estimate" in r
+                   else "—")
+            mde = f"{r['mde']:.3f}" if r.get("mde") is not None else "—"
+            out.append(f"| `{cid}` | `{f['first token']}` | {f['corpus']} | {f['draw']} | "
+                       f"{var or '—'} | {r['n']} | {est} | {mde} | {r['label']} | {done} |")
+    return "\n".join(out)
