@@ -249,3 +249,18 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
 
     with pytest.raises(UsageError, match="gpt2"):
         ev.main(["--model", "gpt2"])
+
+
+def test_faithfulness_job_and_hierarchy_cells(tiny, tmp_path, monkeypatch):
+    _, model, tok, data = tiny
+    monkeypatch.setitem(ev.FIRST_TOKENS, "tiny", ("none", "<pad>"))
+    cell = ev.Cell("<pad>", "wiki", 1)
+    ev.run("tiny", tmp_path, data, steps=("faithfulness",), cells=[cell],
+           cfg={"faith_docs": 3, "faith_length": 12}, loaded=(model, tok), log=lambda s: None)
+    job = json.loads(ev.job_path(tmp_path, "tiny", "faithfulness", cell).read_text())
+    assert len(job["per_window_nll_sums"]) == 3 and "aliases" in job
+    d = torch.tensor(es.faith_differences(job, n_resamples=50)["estimate"])  # [S, M, M, 2]
+    assert torch.allclose(d, -d.transpose(1, 2), atol=1e-12)  # antisymmetric, zero diagonal
+    hi = es.summarize(tmp_path, "tiny")["claims"]["C.hierarchy"]
+    assert len(hi["cells"]) == 2 * len(job["settings"])
+    assert all(rules.base(c["label"]) in rules.LABELS for c in hi["cells"])

@@ -191,7 +191,7 @@ def step_faithfulness(view: Any, tokens: torch.Tensor, cfg: dict, seed: int) -> 
         sums.append((float(f.n_tokens) * torch.log(curves + f.clean)).tolist())
         counts.append(float(f.n_tokens))
         meta = {"settings": list(f.settings), "fractions": list(f.fractions),
-                "measures": list(FAITH_MEASURES)}
+                "measures": list(FAITH_MEASURES), "aliases": dict(f.aliases)}
     return {"per_window_nll_sums": sums, "per_window_tokens": counts, **meta}
 
 

@@ -38,6 +38,13 @@ class PanelClaim:
     rule: Callable[[Mapping[str, Any] | None], str]
     rule_text: str
     variant_factor: str = ""
+    labels: Callable[[dict], dict[str, tuple[str, Any]]] | None = None
+    """Instead of ``extract``/``rule``: ``{variant: (label, interval or None)}`` of a job."""
+
+    def cells_of(self, job: dict) -> dict[str, tuple[str, Mapping[str, Any] | None]]:
+        if self.labels is not None:
+            return self.labels(job)
+        return {v: (self.rule(iv), iv) for v, iv in self.extract(job).items()}
 
 
 def _pooled(key: str) -> Callable[[dict], dict]:
@@ -47,6 +54,45 @@ def _pooled(key: str) -> Callable[[dict], dict]:
 def _no_pool_label(rule: Callable) -> Callable:
     """A pooled claim whose cell selected no sink layer: "not tested" (nothing to pool)."""
     return lambda iv: rules.NOT_TESTED if iv is None else rule(iv)
+
+
+def faith_differences(job: Mapping[str, Any], seed: int = 0,
+                      n_resamples: int = 1000) -> dict:
+    """The area differences of a faithfulness job, as the real-decoder study computes them
+    (:func:`tl_spectral_studies.real_decoder.run_faithfulness`): areas of PPL'/PPL − 1 of the
+    corpus NLL of the resampled windows, bootstrapped over windows; ``[S, M, M, 2]`` lists."""
+    import torch
+
+    from tl_spectral.analysis.bootstrap import bootstrap
+    from tl_spectral.analysis.faithfulness import curve_area
+
+    S = torch.tensor(job["per_window_nll_sums"], dtype=torch.float64)  # [n, S, M, 2, F]
+    C = torch.tensor(job["per_window_tokens"], dtype=torch.float64)
+    fr = job["fractions"]
+
+    def stat(idx: torch.Tensor) -> torch.Tensor:
+        nll = S[idx].sum(0) / C[idx].sum()
+        a = curve_area(fr, torch.exp(nll - nll[..., :1]) - 1.0)  # [S, M, 2]
+        return (a[:, :, None, :] - a[:, None, :, :]).flatten()
+
+    iv = bootstrap(stat, int(S.shape[0]), n_resamples=n_resamples, seed=seed)
+    shape = (S.shape[1], S.shape[2], S.shape[2], 2)
+    return {k: getattr(iv, k).reshape(shape).tolist() for k in ("estimate", "low", "high")}
+
+
+def hierarchy_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, None]]:
+    """Per (criterion, setting) of a faithfulness job, the hierarchy label by the registry's
+    own steps (:func:`~tl_spectral_studies.claims.seed003.hierarchy_steps`, then
+    :func:`~tl_spectral_studies.claims.rules.steps`)."""
+    from tl_spectral_studies.claims.seed003 import hierarchy_steps
+
+    diff = faith_differences(job, seed=int(job["config"]["draw"]))
+    out = {}
+    for si, name in enumerate(job["settings"]):
+        for kind, kn in ((0, "comprehensiveness"), (1, "sufficiency")):
+            st = hierarchy_steps(diff, job.get("aliases", {}), si, kind)
+            out[f"{kn}, {name}"] = (rules.steps([lb for _, lb, _ in st]), None)
+    return out
 
 
 PANEL_CLAIMS = (
@@ -73,6 +119,11 @@ PANEL_CLAIMS = (
                             "excluded": job.get("exclude_self")},
                lambda iv: rules.sign(iv, 0.0, above=True), "sign rule against 0, above",
                variant_factor="sink self-attention"),
+    PanelClaim("C.hierarchy", "faithfulness", "faithfulness hierarchy attention < "
+               "value-weighted < output-normalized < contribution (layer-wide ranking)",
+               lambda job: {}, lambda iv: rules.NOT_TESTED,
+               "every step by the sign rule on the area difference, then " + rules.STEPS_RULE,
+               variant_factor="criterion, setting", labels=hierarchy_labels),
 )
 
 
@@ -88,12 +139,13 @@ def load_jobs(out: Path, model: str, step: str) -> list[dict]:
     return jobs
 
 
-def _cell_row(job: dict, claim: PanelClaim, variant: str, iv: Mapping | None) -> dict:
+def _cell_row(job: dict, claim: PanelClaim, variant: str, label: str, iv: Mapping | None
+              ) -> dict:
     conf = job["config"]
     factors = {k: conf[k] for k in ("first token", "corpus", "draw")}
     if claim.variant_factor:
         factors[claim.variant_factor] = variant
-    row: dict[str, Any] = {"factors": factors, "n": _n(job, claim), "label": claim.rule(iv)}
+    row: dict[str, Any] = {"factors": factors, "n": _n(job, claim), "label": label}
     if iv is not None:
         row.update({k: float(iv[k]) for k in ("estimate", "low", "high")})
         row["mde"] = rules.mde(iv)
@@ -109,9 +161,10 @@ def _n(job: dict, claim: PanelClaim) -> int:
 
 def summarize_claim(claim: PanelClaim, jobs: list[dict], expected_cells: int) -> dict:
     """One claim over the panel: per-cell rows, the robustness label, the sample and MDE."""
-    cells = [_cell_row(job, claim, v, iv) for job in jobs
-             for v, iv in claim.extract(job).items()]
-    n_var = max(1, len(claim.extract(jobs[0])) if jobs else 1)
+    per = [claim.cells_of(job) for job in jobs]
+    cells = [_cell_row(job, claim, v, lab, iv) for job, got in zip(jobs, per)
+             for v, (lab, iv) in got.items()]
+    n_var = max(1, len(per[0]) if per else 1)
     mdes = [c["mde"] for c in cells if c.get("mde") is not None]
     return {"id": claim.id, "text": claim.text, "rule": claim.rule_text,
             "mde_rule": rules.MDE_RULE, "sensitivity_rule": rules.SENSITIVITY_RULE,
