@@ -153,6 +153,8 @@ def step_sinks(view: Any, tokens: torch.Tensor, cfg: dict, seed: int) -> dict:
     from tl_spectral_studies.real_decoder import select_and_pool
 
     brute = sink_rows(view, tokens, cfg["batch_size"])
+    # select_and_pool also pools two library-probe keys (cos(ṽ_0, s), ρ*) that this runner
+    # does not measure: zeros stand in for them and their pooled numbers are dropped
     pr = {"cos_v0_s": brute["cos_factor"] * 0, "rho_star_in_0_1": brute["attn0"] * 0}
     sel = select_and_pool(pr, brute, list(range(view.n_layers)), seed)
     pooled = sel.get("pooled", {})
