@@ -185,8 +185,8 @@ def test_runner_resumes_and_summarizes(tiny, tmp_path, monkeypatch):
 
 
 def test_summary_names_the_first_token_when_it_flips_the_label(tmp_path, monkeypatch):
-    monkeypatch.setitem(ev.FIRST_TOKENS, "fake", ("none", "<bos>"))
-    for first, lo in (("none", 0.1), ("<bos>", -0.1)):
+    monkeypatch.setitem(ev.FIRST_TOKENS, "fake", ("none", "<|bos|>"))
+    for first, lo in (("none", 0.1), ("<|bos|>", -0.1)):
         for corpus in ("wiki", "austen"):
             for draw in (0, 1, 2):
                 cell = ev.Cell(first, corpus, draw)
@@ -198,7 +198,8 @@ def test_summary_names_the_first_token_when_it_flips_the_label(tmp_path, monkeyp
     assert zp["complete"] and zp["sensitivity"] == "depends on first token"
     assert zp["mde_max"] == pytest.approx(rules.mde({"low": 0.0, "high": 0.4}))
     table = es.cells_markdown(es.summarize(tmp_path, "fake"))
-    assert table.count("`C.zero_ppl`") == 24 and "depends on first token (24 of 24" in table
+    assert table.count("`C.zero_ppl`") == 24 and "| depends on first token |" in table
+    assert all(line.count("|") - line.count("\\|") == 11 for line in table.splitlines())
 
 
 def test_records_carry_mde_and_the_panels_sensitivity(tmp_path):

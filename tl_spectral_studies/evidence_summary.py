@@ -254,13 +254,15 @@ def cells_markdown(summary: Mapping[str, Any]) -> str:
     out = ["| claim | first token | corpus | draw | variant | n | estimate [95%] | MDE | label |"
            " panel so far |", "|---|---|---|---|---|---|---|---|---|---|"]
     for cid, c in summary["claims"].items():
-        done = f"{c['sensitivity']} ({len(c['cells'])} of {c['cells_expected']} cells)"
+        done = (c["sensitivity"] if c["complete"] else
+                f"so far {c['sensitivity']} ({len(c['cells'])} of {c['cells_expected']} cells)")
         for r in c["cells"]:
             f = dict(r["factors"])
             var = f.pop("sink self-attention", "")
             est = (f"{r['estimate']:.3f} [{r['low']:.3f}, {r['high']:.3f}]" if "estimate" in r
                    else "—")
             mde = f"{r['mde']:.3f}" if r.get("mde") is not None else "—"
-            out.append(f"| `{cid}` | `{f['first token']}` | {f['corpus']} | {f['draw']} | "
+            first = str(f["first token"]).replace("|", "\\|")  # a table cell
+            out.append(f"| `{cid}` | `{first}` | {f['corpus']} | {f['draw']} | "
                        f"{var or '—'} | {r['n']} | {est} | {mde} | {r['label']} | {done} |")
     return "\n".join(out)
