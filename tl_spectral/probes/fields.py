@@ -323,7 +323,12 @@ class AttentionFieldProbe(Probe):
             self._stream(layer, F, mask, count, cap.doc_index)
             return
         self.accumulate(f"{layer}.sum", F.sum(dim=0))
-        self.accumulate(f"{layer}.count", count.sum(dim=0))
+        if bool(mask.all()):  # full windows: their count is n · _full_count, formed in result()
+            n_full = torch.zeros(T, dtype=torch.float64, device=F.device)
+            n_full[T - 1] = float(mask.shape[0])  # by window length: runs of several merge
+            self.accumulate(f"{layer}.n_full", n_full)
+        else:
+            self.accumulate(f"{layer}.count", count.sum(dim=0))
         self.accumulate(f"{layer}.fields", F.to("cpu") if self.offload else F.contiguous())
         if layer == self.layers[0]:
             self.accumulate("doc_mask", mask.to(torch.uint8))
@@ -336,13 +341,13 @@ class AttentionFieldProbe(Probe):
         assert self.layers is not None
         s = {k: v.cpu() for k, v in self.state.items()}  # state lives on the model's device
         T = int(s["doc_mask"].shape[1])
-        n_lags = int(s[f"{self.layers[0]}.count"].shape[-1])
+        n_lags = int(s[f"{self.layers[0]}.sum"].shape[-1])
         causal = self.view.causal if self.view is not None else True
         L = (n_lags - 1) if causal else (n_lags - 1) // 2
         lags = torch.arange(0, L + 1) if causal else torch.arange(-L, L + 1)
         fields, means = {}, {}
         for layer in self.layers:
-            cnt = s[f"{layer}.count"]
+            cnt = self._count(s, layer, lags)
             if self.per_head:
                 cnt = cnt[None]
             means[str(layer)] = torch.where(cnt > 0, s[f"{layer}.sum"] / cnt.clamp_min(1.0), 0.0)
@@ -352,6 +357,24 @@ class AttentionFieldProbe(Probe):
             layers=list(self.layers), causal=causal, per_head=self.per_head,
             model_name=self.view.name if self.view is not None else "", field=self.field,
         )
+
+    def _count(self, s: dict, layer: int, lags: Tensor) -> Tensor:
+        """Pairs per (query, lag) of the layer's documents, ``[T, n_lags]``: the padded
+        batches' counts (``count``) plus, per window length ``t``, ``n_full[t − 1]`` full
+        windows' :meth:`_full_count` zero-padded to ``[T, n_lags]`` (not stored per layer:
+        ``T × n_lags`` floats fewer per layer; the same integers as summing every batch's)."""
+        S = s[f"{layer}.sum"]
+        T, n_lags = int(S.shape[-2]), int(lags.numel())
+        cnt = s.get(f"{layer}.count")
+        cnt = torch.zeros(T, n_lags, dtype=S.dtype) if cnt is None else cnt.to(S.dtype, copy=True)
+        n_full = s.get(f"{layer}.n_full")
+        causal = lags.numel() == 0 or int(lags[0]) == 0
+        for t in ([] if n_full is None else torch.nonzero(n_full).flatten().tolist()):
+            L = t if self.max_lag is None else int(self.max_lag)  # t = length − 1
+            lg = torch.arange(0, L + 1) if causal else torch.arange(-L, L + 1)
+            full = self._full_count(t + 1, lg, S) * float(n_full[t])
+            cnt[: full.shape[0], : full.shape[1]] += full
+        return cnt
 
     # ------------------------------------------------------------------ streaming
     def _full_count(self, T: int, lags: Tensor, like: Tensor) -> Tensor:
