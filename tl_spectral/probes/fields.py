@@ -22,6 +22,7 @@ factors under the windows the first pass fixed. Its result,
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Sequence
 
@@ -82,6 +83,13 @@ def _causal_mean_lag_field(p: Tensor, max_lag: Optional[int]) -> tuple[Tensor, T
                                  pd.storage_offset() + a * (T + 1) - (e - 1))
             F[d, a:e, :e] = rows.mean(0).flip(-1)
     return F[..., : L + 1], torch.arange(0, L + 1)
+
+
+@functools.lru_cache(maxsize=4)
+def _tri_mask(T: int, n_lags: int, device: torch.device) -> Tensor:
+    """``[T, n_lags]`` bool, True at ``τ ≤ i`` (see :meth:`AttentionFieldProbe._tri`)."""
+    i = torch.arange(T, device=device)[:, None]
+    return torch.arange(n_lags, device=device)[None, :] <= i
 
 
 @register_result
@@ -265,7 +273,8 @@ class AttentionFieldProbe(Probe):
         W = self._W.get(layer)
         if W is None or W.device != device:
             assert self.view is not None
-            W = self._W[layer] = self.view.weights(layer).W_O.to(device)
+            W = self.view.weights(layer).W_O.to(device)
+            self._W = {layer: W}  # the current layer's only
         return W
 
     def begin(self, n_docs: int, length: int) -> None:
@@ -322,7 +331,10 @@ class AttentionFieldProbe(Probe):
         if self.streaming:  # constant-memory statistics instead of every document's field
             self._stream(layer, F, mask, count, cap.doc_index)
             return
-        self.accumulate(f"{layer}.sum", F.sum(dim=0))
+        if self.view.causal:  # the causal lag field's sum is 0 above its diagonal: keep the
+            self.accumulate(f"{layer}.sum_tri", F.sum(dim=0)[..., self._tri(F)])  # triangle
+        else:
+            self.accumulate(f"{layer}.sum", F.sum(dim=0))
         if bool(mask.all()):  # full windows: their count is n · _full_count, formed in result()
             n_full = torch.zeros(T, dtype=torch.float64, device=F.device)
             n_full[T - 1] = float(mask.shape[0])  # by window length: runs of several merge
@@ -341,29 +353,41 @@ class AttentionFieldProbe(Probe):
         assert self.layers is not None
         s = {k: v.cpu() for k, v in self.state.items()}  # state lives on the model's device
         T = int(s["doc_mask"].shape[1])
-        n_lags = int(s[f"{self.layers[0]}.sum"].shape[-1])
+        n_lags = int(s[f"{self.layers[0]}.fields"].shape[-1])
         causal = self.view.causal if self.view is not None else True
         L = (n_lags - 1) if causal else (n_lags - 1) // 2
         lags = torch.arange(0, L + 1) if causal else torch.arange(-L, L + 1)
         fields, means = {}, {}
         for layer in self.layers:
-            cnt = self._count(s, layer, lags)
+            F = fields[str(layer)] = s[f"{layer}.fields"]
+            S = s.get(f"{layer}.sum")
+            if S is None:  # the causal triangle (τ ≤ i) back into [(head,) T, n_lags]
+                S = F.new_zeros(F.shape[1:])
+                S[..., self._tri(S)] = s[f"{layer}.sum_tri"].to(S.dtype)
+            cnt = self._count(s, layer, lags, S)
             if self.per_head:
                 cnt = cnt[None]
-            means[str(layer)] = torch.where(cnt > 0, s[f"{layer}.sum"] / cnt.clamp_min(1.0), 0.0)
-            fields[str(layer)] = s[f"{layer}.fields"]
+            means[str(layer)] = torch.where(cnt > 0, S / cnt.clamp_min(1.0), 0.0)
+            del S, cnt
         return AttentionFields(
             fields=fields, mean=means, doc_mask=s["doc_mask"].to(torch.uint8)[:, :T], lags=lags,
             layers=list(self.layers), causal=causal, per_head=self.per_head,
             model_name=self.view.name if self.view is not None else "", field=self.field,
         )
 
-    def _count(self, s: dict, layer: int, lags: Tensor) -> Tensor:
+    @staticmethod
+    def _tri(like: Tensor) -> Tensor:
+        """``[T, n_lags]`` bool, True at ``τ ≤ i``: the causal lag field's nonzero part, kept
+        row by row (``T(T + 1)/2`` of ``T²`` values with every lag). The order is row-major,
+        so a shorter window's triangle is a prefix of a longer one's, as zero-padding the
+        square field at the end (the "sum" reduction of runs of two lengths) requires."""
+        return _tri_mask(int(like.shape[-2]), int(like.shape[-1]), like.device)
+
+    def _count(self, s: dict, layer: int, lags: Tensor, S: Tensor) -> Tensor:
         """Pairs per (query, lag) of the layer's documents, ``[T, n_lags]``: the padded
         batches' counts (``count``) plus, per window length ``t``, ``n_full[t − 1]`` full
         windows' :meth:`_full_count` zero-padded to ``[T, n_lags]`` (not stored per layer:
         ``T × n_lags`` floats fewer per layer; the same integers as summing every batch's)."""
-        S = s[f"{layer}.sum"]
         T, n_lags = int(S.shape[-2]), int(lags.numel())
         cnt = s.get(f"{layer}.count")
         cnt = torch.zeros(T, n_lags, dtype=S.dtype) if cnt is None else cnt.to(S.dtype, copy=True)

@@ -208,8 +208,9 @@ class SinkProbe(Probe):
         layer = cap.layer
         p = cap.pattern.float()
         W = self._W.get(layer)
-        if W is None or W.device != p.device:  # read once, kept on the model's device
-            W = self._W[layer] = self.view.weights(layer, device=p.device).W_O
+        if W is None or W.device != p.device:  # on the model's device; the current layer's
+            W = self.view.weights(layer, device=p.device).W_O  # only (not one per layer
+            self._W = {layer: W}  # for the whole run)
         qm = cap.mask
         causal = self.view.causal
         _check_sink_index(self.sink_index, p.shape[-1])
