@@ -332,7 +332,10 @@ class AttentionFieldProbe(Probe):
             self._stream(layer, F, mask, count, cap.doc_index)
             return
         if self.view.causal:  # the causal lag field's sum is 0 above its diagonal: keep the
-            self.accumulate(f"{layer}.sum_tri", F.sum(dim=0)[..., self._tri(F)])  # triangle
+            S = F.sum(dim=0)  # [(head,) T, n_lags] → [(head,) T(T + 1)/2] (full lags)
+            self._keep(f"{layer}.sum_tri", S.masked_select(self._tri(F)).reshape(
+                *S.shape[:-2], -1))
+            del S
         else:
             self.accumulate(f"{layer}.sum", F.sum(dim=0))
         if bool(mask.all()):  # full windows: their count is n · _full_count, formed in result()
@@ -341,7 +344,7 @@ class AttentionFieldProbe(Probe):
             self.accumulate(f"{layer}.n_full", n_full)
         else:
             self.accumulate(f"{layer}.count", count.sum(dim=0))
-        self.accumulate(f"{layer}.fields", F.to("cpu") if self.offload else F.contiguous())
+        self._keep(f"{layer}.fields", F.to("cpu") if self.offload else F.contiguous())
         if layer == self.layers[0]:
             self.accumulate("doc_mask", mask.to(torch.uint8))
             self.accumulate("doc_index", cap.doc_index)
@@ -357,23 +360,44 @@ class AttentionFieldProbe(Probe):
         causal = self.view.causal if self.view is not None else True
         L = (n_lags - 1) if causal else (n_lags - 1) // 2
         lags = torch.arange(0, L + 1) if causal else torch.arange(-L, L + 1)
-        fields, means = {}, {}
+        fields, means, dens = {}, {}, {}
         for layer in self.layers:
             F = fields[str(layer)] = s[f"{layer}.fields"]
             S = s.get(f"{layer}.sum")
             if S is None:  # the causal triangle (τ ≤ i) back into [(head,) T, n_lags]
                 S = F.new_zeros(F.shape[1:])
-                S[..., self._tri(S)] = s[f"{layer}.sum_tri"].to(S.dtype)
-            cnt = self._count(s, layer, lags, S)
-            if self.per_head:
-                cnt = cnt[None]
-            means[str(layer)] = torch.where(cnt > 0, S / cnt.clamp_min(1.0), 0.0)
-            del S, cnt
+                S.masked_scatter_(self._tri(S), s[f"{layer}.sum_tri"].to(S.dtype))
+            else:
+                S = S.clone()
+            # the mean where(count > 0, S / max(count, 1), 0), in place in S; layers with the
+            # same full-window counts share the divisor
+            nf = s.get(f"{layer}.n_full")
+            key = (None if f"{layer}.count" in s else
+                   tuple(nf.tolist()) if nf is not None else ())
+            den = dens.get(key) if key is not None else None
+            if den is None:
+                cnt = self._count(s, layer, lags, S)
+                den = (cnt.clamp_min(1.0), cnt <= 0)
+                if key is not None:
+                    dens[key] = den
+            means[str(layer)] = S.div_(den[0]).masked_fill_(den[1], 0.0)
+            del S, den
         return AttentionFields(
             fields=fields, mean=means, doc_mask=s["doc_mask"].to(torch.uint8)[:, :T], lags=lags,
             layers=list(self.layers), causal=causal, per_head=self.per_head,
             model_name=self.view.name if self.view is not None else "", field=self.field,
         )
+
+    def _keep(self, key: str, value: Tensor) -> None:
+        """:meth:`accumulate` of a tensor this update made and no one else holds: the first
+        batch's is kept as it is instead of copied (no second ``T × n_lags`` buffer per
+        layer, and no hole left below the kept one in the allocator's heap)."""
+        own = (value.is_contiguous() and value.storage_offset() == 0
+               and value.untyped_storage().nbytes() == value.numel() * value.element_size())
+        if key not in self.state and own:
+            self.state[key] = value.detach()
+        else:
+            self.accumulate(key, value)
 
     @staticmethod
     def _tri(like: Tensor) -> Tensor:
