@@ -298,7 +298,9 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     elif tokenizer is not None:
         windows = _windows(text, tokenizer, args)
     status(f"loading {args.model}")
+    t_load = time.perf_counter()
     model, tokenizer = load_model(args.model)
+    stages = {"load model": time.perf_counter() - t_load}  # the stage table's first row
     _check_finite_weights(model, args.model)
     if dist_env is not None and torch.cuda.is_available():
         model = model.to(f"cuda:{dist_env[2]}")
@@ -353,7 +355,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
                             save_raw=args.save_raw, progress=not args.no_progress,
                             stream_rank=args.stream_rank, fields=fields,
                             figure_format=args.figure_format, baseline=args.baseline)
-    results = None
+    results, probe_pass_s = None, 0.0
     if dist_env is not None:  # every rank runs its shard; the states reduce across ranks
         import torch.distributed as dist
 
@@ -369,8 +371,10 @@ def analyze(argv: Optional[list[str]] = None) -> int:
             probes = [p for s in secs for p in s.probes(pctx)]
             status(f"probes: rank {dist_env[0]} of {dist_env[1]} runs its shard of "
                    f"{len(tokens)} windows")
+            t_pass = time.perf_counter()
             results = run_probes(view, tokens, probes, batch_size=args.batch_size,
                                  progress=not args.no_progress, attention_mask=mask)
+            probe_pass_s = time.perf_counter() - t_pass
         dist.destroy_process_group()  # rendering runs on rank 0 alone, in one process
         if not rank0:
             return 0
@@ -384,9 +388,15 @@ def analyze(argv: Optional[list[str]] = None) -> int:
             results_dir=tmp / "results", mask=mask, model_name=name, options=options,
         )
         ctx._t0 = t0
+        if results is not None:  # the pass ran above, across the processes
+            ctx.timings["probe pass"] = probe_pass_s
         ctx.results_dir.mkdir(parents=True, exist_ok=True)
         build_report(ctx, secs, batch_size=args.batch_size, progress=not args.no_progress,
                      results=results)
+        if not args.no_progress:  # each stage's seconds and share of the probe pass
+            from tl_spectral.stages import stage_table
+
+            print(stage_table(ctx.timings, before=stages), file=sys.stderr, flush=True)
         (tmp / REPORT_MARKER).write_text(json.dumps({
             "tool": "tl-spectral analyze", "model": args.model, "corpus": corpus_name,
             "n_docs": args.n_docs, "length": args.length, "seed": args.seed,
