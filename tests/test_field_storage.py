@@ -128,3 +128,38 @@ def test_weight_probes_hold_one_layer_of_w_o(causal_model):
         for k, v in vars(a).items():
             if isinstance(v, torch.Tensor) and v.is_floating_point():
                 torch.testing.assert_close(v, vars(b)[k], atol=1e-5, rtol=1e-5)
+
+
+def test_release_free_heap_gives_freed_pages_back():
+    """After a burst of freed buffers below a live one, glibc's heap keeps their pages;
+    release_free_heap() returns them (the resident set drops). Skipped without glibc."""
+    import sys
+
+    from tl_spectral.probes.heap import _trim, release_free_heap
+
+    if _trim() is None or not sys.platform.startswith("linux"):
+        pytest.skip("no glibc malloc_trim here")
+
+    def rss_kib() -> int:
+        with open("/proc/self/status") as fh:
+            return next(int(ln.split()[1]) for ln in fh if ln.startswith("VmRSS:"))
+
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    size, n = 64 * 1024, 800  # 50 MiB in chunks below glibc's mmap threshold: in the heap
+    blocks = [libc.malloc(size) for _ in range(n)]
+    for b in blocks:
+        libc.memset(b, 1, size)
+    keep = libc.malloc(size)  # a live block above them: the heap top cannot shrink
+    libc.memset(keep, 1, size)
+    for b in blocks:
+        libc.free(b)
+    before = rss_kib()
+    release_free_heap()
+    after = rss_kib()
+    libc.free(keep)
+    assert before - after > 30 * 1024  # most of the 50 MiB went back

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from tl_spectral.model_view import CAPTURE_KINDS, ModelView, PatternsNotExposedError
 from tl_spectral.probes.base import LayerCapture, Probe, StopForward, reduce_state
+from tl_spectral.probes.heap import release_free_heap
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -635,6 +636,7 @@ def run_probes(
 
     for p in probe_list:
         p._docs_seen = p.docs_seen + len(corpus)
+    release_free_heap()  # the pass's freed buffers back to the system before the results
     results = {p.name: p.result() for p in probe_list}
     if not return_logits:
         return results
