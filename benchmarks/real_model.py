@@ -34,7 +34,8 @@ read 1.02 for the four probes where a user's process holds 1.5× the forward's.
 Targets (issue 32): ``all`` ≤ 1.5, every probe alone ≤ 1.25, peak memory of ``all`` ≤ 1.3.
 Last line: one JSON object.
 Usage: ``python benchmarks/real_model.py [--model smollm2-135m|gpt2-small] [--random]
-[--length 1024] [--batch 1] [--repeats 3] [--configs all,stats,contributions,sinks,fields]``.
+[--length 1024] [--batch 1] [--repeats 3] [--configs all,stats,contributions,sinks,fields]
+[--memory-only]`` (``--memory-only``: the memory processes alone, no timing).
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ def mem_child(args: argparse.Namespace) -> None:
     out = plain() if args.config == "forward" else probes()
     peak = proc_status_kib("VmHWM")
     del out
-    print(json.dumps({"config": args.config, "peak_rss_mib": peak / 1024,
+    print(json.dumps({"config": args.config, "model": desc, "peak_rss_mib": peak / 1024,
                       "load_peak_rss_mib": load_peak / 1024}))
 
 
@@ -194,6 +195,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--memory-only", action="store_true",
+                    help="only the peak-memory processes (no timing)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mem-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
@@ -232,11 +235,17 @@ def main() -> None:
         fwd = _run_child(cmd("--mem-child", "forward"), env, "the forward-only process")
         print(f"forward only: peak resident set {fwd['peak_rss_mib']:.0f} MiB", flush=True)
         for c in configs:
-            r = _run_child(cmd("--child", c), env, f"configuration {c}")
+            r = {} if args.memory_only else _run_child(cmd("--child", c), env,
+                                                        f"configuration {c}")
             m = _run_child(cmd("--mem-child", c), env, f"configuration {c} (memory)")
+            r.setdefault("model", m["model"])
             r.update(peak_rss_mib=m["peak_rss_mib"], load_peak_rss_mib=m["load_peak_rss_mib"],
                      mem_ratio=m["peak_rss_mib"] / fwd["peak_rss_mib"])
             rows[c] = r
+            if args.memory_only:
+                print(f"{c:>13}: peak memory {r['peak_rss_mib']:.0f} MiB = "
+                      f"{r['mem_ratio']:.3f} x forward", flush=True)
+                continue
             print(f"{c:>13}: forward {r['plain_s']:.2f} s, probes {r['probes_s']:.2f} s -> "
                   f"ratio {r['ratio']:.3f} (CPU {r['cpu_ratio']:.3f}, spread "
                   f"{r['spread']:.2f}), peak memory {r['peak_rss_mib']:.0f} MiB = "
@@ -245,11 +254,10 @@ def main() -> None:
     summary = {
         "benchmark": "real_model", "model": first["model"], "T": args.length,
         "batch": args.batch, "repeats": args.repeats, "threads": 1,
-        **{f"{c}_ratio": round(r["ratio"], 3) for c, r in rows.items()},
-        **{f"{c}_cpu_ratio": round(r["cpu_ratio"], 3) for c, r in rows.items()},
-        **{f"{c}_spread": round(r["spread"], 3) for c, r in rows.items()},
+        **{f"{c}_{k}": round(r[k], 3) for c, r in rows.items()
+           for k in ("ratio", "cpu_ratio", "spread") if k in r},
         **{f"{c}_mem_ratio": round(r["mem_ratio"], 3) for c, r in rows.items()},
-        "forward_s": {c: round(r["plain_s"], 3) for c, r in rows.items()},
+        "forward_s": {c: round(r["plain_s"], 3) for c, r in rows.items() if "plain_s" in r},
         "forward_peak_rss_mib": round(fwd["peak_rss_mib"], 1),
         "peak_rss_mib": {c: round(r["peak_rss_mib"], 1) for c, r in rows.items()},
         "load_peak_rss_mib": round(fwd["load_peak_rss_mib"], 1),
