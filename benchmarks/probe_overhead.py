@@ -1,4 +1,4 @@
-"""run_probes(AttentionStats) vs a plain forward pass over the same batches, same run.
+"""run_probes(AttentionStatsProbe) vs a plain forward pass over the same batches, same run.
 
 Model: random TransformerBridge, 6 layers, 8 heads, d_model 128, T = 256, batch 16.
 overhead_ratio = time(run_probes) / time(plain forwards); target <= 1.3.
@@ -45,9 +45,9 @@ def plain(model, tokens):
 
 
 def probes(model, tokens):
-    from tl_spectral.probes import AttentionStats, run_probes
+    from tl_spectral.probes import AttentionStatsProbe, run_probes
 
-    run_probes(model, tokens, [AttentionStats()], batch_size=BATCH, progress=False)
+    run_probes(model, tokens, [AttentionStatsProbe()], batch_size=BATCH, progress=False)
 
 
 def mem_child(mode: str) -> None:
@@ -77,7 +77,7 @@ def main() -> None:
         out = subprocess.run([sys.executable, __file__, "--mem", mode], capture_output=True,
                              text=True, check=True).stdout.strip().splitlines()[-1]
         mem[mode] = json.loads(out)
-    print(f"plain forward: {mp:.3f} s, run_probes(AttentionStats): {mq:.3f} s "
+    print(f"plain forward: {mp:.3f} s, run_probes(AttentionStatsProbe): {mq:.3f} s "
           f"({N_BATCHES} batches of {BATCH}x{T})")
     print(f"peak RSS growth: plain {mem['plain']['delta_kb']/1024:.1f} MiB, "
           f"probes {mem['probes']['delta_kb']/1024:.1f} MiB "

@@ -8,7 +8,7 @@ embeddings) saved to a temporary folder and booted with eager attention (timing 
 depend on the weights' values); ``gpt2-small``: the random GPT-2-small-shaped bridge of
 ``benchmarks/real_size.py`` (12 layers × 12 heads, d_model 768, LayerNorm).
 
-Configurations: ``all`` (AttentionStats, ContributionProbe, SinkProbe, AttentionFieldProbe
+Configurations: ``all`` (AttentionStatsProbe, ContributionProbe, SinkProbe, AttentionFieldProbe
 in one ``run_probes`` pass) and each probe alone (``stats``, ``contributions``, ``sinks``,
 ``fields``), every one in its own process, one torch thread, on random token ids of
 ``--batch`` × ``--length`` (default 1 × 1,024). Each process times its configuration beside
@@ -105,12 +105,12 @@ def load_model(kind: str, folder: str | None):
 def make_probes(config: str) -> list:
     from tl_spectral.probes import (
         AttentionFieldProbe,
-        AttentionStats,
+        AttentionStatsProbe,
         ContributionProbe,
         SinkProbe,
     )
 
-    make = {"stats": AttentionStats, "contributions": ContributionProbe, "sinks": SinkProbe,
+    make = {"stats": AttentionStatsProbe, "contributions": ContributionProbe, "sinks": SinkProbe,
             "fields": AttentionFieldProbe}
     keys = PROBE_KEYS if config == "all" else (config,)
     return [make[k]() for k in keys]

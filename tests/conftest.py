@@ -38,8 +38,12 @@ matplotlib.use("Agg")
 import pytest
 import torch
 from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
-# no example database in the working directory (hypothesis' default is ./.hypothesis)
+# nothing of hypothesis' in the working directory (its default is ./.hypothesis: the example
+# database and its unicode tables): no database, and its storage in this session's folder
+os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(_SESSION_HOME / "hypothesis")
+set_hypothesis_home_dir(_SESSION_HOME / "hypothesis")
 settings.register_profile("hermetic", database=None)
 settings.load_profile("hermetic")
 

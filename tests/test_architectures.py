@@ -23,7 +23,7 @@ from _tiny_hf import FAMILIES, ROTARY, boot, save_tiny  # noqa: E402
 from tl_spectral.model_view import ModelView  # noqa: E402
 from tl_spectral.probes import (  # noqa: E402
     AttentionFieldProbe,
-    AttentionStats,
+    AttentionStatsProbe,
     ContributionProbe,
     SinkProbe,
     run_probes,
@@ -226,7 +226,7 @@ def test_probes_run_and_contributions_match_brute_force(family, family_models):
     bridge, hf, _ = family_models(family)
     v = ModelView(bridge)
     tokens = _tokens(FAMILIES.index(family))
-    probes = [AttentionStats(), ContributionProbe(keep_docs=[0, 2], rank_queries=2),
+    probes = [AttentionStatsProbe(), ContributionProbe(keep_docs=[0, 2], rank_queries=2),
               SinkProbe(), AttentionFieldProbe()]
     res = run_probes(bridge, tokens, probes, batch_size=2, progress=False)
     hidden, attns = _hf_run(family, hf, tokens)

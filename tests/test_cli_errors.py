@@ -182,14 +182,15 @@ def test_model_and_corpus_loading_live_in_the_library():
     tl_spectral.models.loading's; tl_spectral.cli re-exports them for the studies."""
     import tl_spectral.cli as cli
     from tl_spectral.data import check_corpus, load_corpus, tiny_shakespeare
-    from tl_spectral.models import load_model as load_checkpoint
-    from tl_spectral.models.loading import load_named_model, resolve_model
+    from tl_spectral.models import load_checkpoint
+    from tl_spectral.models.loading import load_model, load_named_model, resolve_model
 
     assert load_corpus("shakespeare") == tiny_shakespeare() == cli.load_corpus("shakespeare")
     check_corpus("shakespeare")
     assert resolve_model("random") == ("random", "random") == cli.resolve_model("random")
-    assert load_named_model is not load_checkpoint  # two names, two meanings
-    from tl_spectral.cli import load_model  # noqa: F401 - the studies' import still works
+    assert load_model is not load_checkpoint  # two names, two meanings
+    assert load_named_model is not load_checkpoint
+    from tl_spectral.cli import load_model as old  # noqa: F401 - deprecated, still importable
 
 
 def test_the_command_line_module_starts_without_torch():

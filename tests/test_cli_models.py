@@ -55,7 +55,7 @@ def test_torchs_unpickling_advice_is_never_shown(monkeypatch, capsys):
     def hostile(*a, **k):
         raise pickle.UnpicklingError("Weights only load failed ... set `weights_only=False`")
 
-    monkeypatch.setattr(cli, "load_model", hostile)
+    monkeypatch.setattr(cli, "load_named_model", hostile)
     assert cli.main(["analyze", "--model", "random", *BASE]) == 2
     err = capsys.readouterr().err
     assert "weights_only" not in err and "never does" in err and "internal error" not in err

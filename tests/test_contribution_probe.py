@@ -263,7 +263,7 @@ def test_probe_kept_maps_and_merge(native_gqa, tmp_path):
 
     for fig in (ref.plot_source(), ref.plot_lag(), ref.plot_rank_corr(), ref.plot_negative()):
         plt.close(fig)
-    assert len(ref.summary_rows()) == len(ref.layers)
+    assert len(ref.to_rows()) == len(ref.layers)
 
 
 def test_probe_on_minilm_matches_brute_force(minilm):
@@ -432,7 +432,7 @@ def test_negative_fraction_threshold_is_relative_to_the_row(native_ln):
         pairs = float(big.source_count[li].sum())
         want = float((C < -tau).sum()) / pairs
         assert float(big.negative_fraction[li, -1]) == pytest.approx(want, abs=2.5 / pairs)
-    row = strict.summary_rows()[0]
+    row = strict.to_rows()[0]
     assert "neg_pair_share_tau0" in row
     with pytest.raises(ValueError, match="negative_rtol"):
         ContributionProbe(negative_rtol=-1)
@@ -446,4 +446,4 @@ def test_old_result_files_load_with_tau_zero(native_ln, tmp_path):
     res.negative_rtol = 0.0
     back = Result.load(res.save(tmp_path / "old"))
     assert back.negative_fraction_raw is None and back.negative_rtol == 0.0
-    assert "neg_pair_share_tau0" not in back.summary_rows()[0]
+    assert "neg_pair_share_tau0" not in back.to_rows()[0]

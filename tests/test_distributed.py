@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 from conftest import make_native
 
-from tl_spectral.probes import AttentionFieldProbe, AttentionStats, run_probes
+from tl_spectral.probes import AttentionFieldProbe, AttentionStatsProbe, run_probes
 from tl_spectral.results import Result
 
 
@@ -55,7 +55,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         model = make_native(seed=11)
-        res = run_probes(model, _corpus(), [AttentionStats(), AttentionFieldProbe()], batch_size=2,
+        res = run_probes(model, _corpus(), [AttentionStatsProbe(), AttentionFieldProbe()], batch_size=2,
                          progress=False)
         res["attention_stats"].save(os.path.join(out_dir, f"rank{rank}.safetensors"))
         res["attention_fields"].save(os.path.join(out_dir, f"fields{rank}.safetensors"))
@@ -67,7 +67,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 def test_two_gloo_processes_equal_one(tmp_path):
     port = _free_port()
     _spawn2(_worker, tmp_path, port)
-    both = run_probes(make_native(seed=11), _corpus(), [AttentionStats(), AttentionFieldProbe()],
+    both = run_probes(make_native(seed=11), _corpus(), [AttentionStatsProbe(), AttentionFieldProbe()],
                       batch_size=2, progress=False)
     single, fields = both["attention_stats"], both["attention_fields"]
     for rank in range(2):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from tl_spectral.probes import AttentionStats
+from tl_spectral.probes import AttentionStatsProbe
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "probes.md"
 
@@ -16,7 +16,7 @@ def test_probes_md_worked_example(native_gqa):
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
     code = blocks[-1]
     ns = {"model": native_gqa, "windows": torch.randint(0, 50, (5, 12)),
-          "AttentionStats": AttentionStats}
+          "AttentionStatsProbe": AttentionStatsProbe}
     exec(compile(code, str(DOC), "exec", dont_inherit=True), ns)
     res = ns["results"]["head_output_norm"]
     assert res.mean_norm.shape == (3, 4) and (res.mean_norm > 0).all()

@@ -379,7 +379,7 @@ def test_faithfulness_result_roundtrip_and_ordering(native_noln, tmp_path):
     po = order["paper_order"]["inter"]
     assert po["measures"] == ["attention", "value_weighted", "output_normalized", "contribution"]
     assert po["ties"] == 1 and isinstance(po["comprehensiveness"], bool)
-    assert len(res.table(1)) == 5
+    assert len(res.to_rows(1)) == 5
     import matplotlib.pyplot as plt
 
     plt.close(res.plot_curves())

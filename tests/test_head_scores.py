@@ -1,4 +1,4 @@
-"""HeadScores against a brute force built from TransformerLens' own head-detector patterns,
+"""HeadScoresProbe against a brute force built from TransformerLens' own head-detector patterns,
 on a model with a planted previous-token head (layer 0) and a planted induction head
 (layer 1), weights constructed by hand."""
 
@@ -108,14 +108,14 @@ def model():
 
 
 def test_head_scores_match_transformer_lens_and_find_the_planted_heads(model):
-    from tl_spectral.probes import HeadScores, run_probes
+    from tl_spectral.probes import HeadScoresProbe, run_probes
     from tl_spectral.probes.head_scores import repeated_random_tokens
 
     g = torch.Generator().manual_seed(0)
     corpus = torch.randint(0, V, (5, 20), generator=g)
     rep = repeated_random_tokens(range(V), 4, 10, seed=1)
     for toks in (corpus, rep):
-        res = run_probes(model, toks, [HeadScores()], progress=False, batch_size=2)["head_scores"]
+        res = run_probes(model, toks, [HeadScoresProbe()], progress=False, batch_size=2)["head_scores"]
         want = brute_force(model, toks)
         for k, w in want.items():
             torch.testing.assert_close(getattr(res, k).double(), w, atol=1e-5, rtol=0, msg=k)
@@ -132,11 +132,11 @@ def test_head_scores_match_transformer_lens_and_find_the_planted_heads(model):
 def test_token_sets_and_padding(model):
     """Token-set mass against a direct sum; right padding does not change the scores of the
     real tokens."""
-    from tl_spectral.probes import HeadScores, run_probes
+    from tl_spectral.probes import HeadScoresProbe, run_probes
 
     g = torch.Generator().manual_seed(2)
     toks = torch.randint(0, V, (3, 16), generator=g)
-    res = run_probes(model, toks, [HeadScores(token_sets={"low": [0, 1]})],
+    res = run_probes(model, toks, [HeadScoresProbe(token_sets={"low": [0, 1]})],
                      progress=False)["head_scores"]
     want = torch.zeros(2, 2, dtype=torch.float64)
     for seq in toks:
@@ -147,7 +147,7 @@ def test_token_sets_and_padding(model):
     torch.testing.assert_close(res.set_mass["low"].double(), want / 3, atol=1e-5, rtol=0)
     mask = torch.ones_like(toks, dtype=torch.bool)
     mask[1, 10:] = False
-    padded = run_probes(model, toks, [HeadScores()], attention_mask=mask,
+    padded = run_probes(model, toks, [HeadScoresProbe()], attention_mask=mask,
                         progress=False)["head_scores"]
     short = [toks[0], toks[1, :10], toks[2]]
     # pooled over real queries: (Σ scores·n) / Σ n over the three documents
@@ -157,4 +157,4 @@ def test_token_sets_and_padding(model):
         num += w["previous_token"] * len(seq)
     torch.testing.assert_close(padded.previous_token.double(), num / 42, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="empty"):
-        HeadScores(token_sets={"x": []})
+        HeadScoresProbe(token_sets={"x": []})

@@ -137,12 +137,12 @@ def test_converted_linear_layers_same_logits_and_patterns(d_head, norm):
 
 def test_probes_read_linear_patterns():
     from tl_spectral.model_view import ModelView
-    from tl_spectral.probes import AttentionStats, run_probes
+    from tl_spectral.probes import AttentionStatsProbe, run_probes
 
     m = _random_gpt(["linear", "softmax"])
     tl = to_transformer_lens(m)
     toks = torch.randint(0, 13, (3, 16))
-    res = run_probes(ModelView(tl), toks, [AttentionStats()], batch_size=3, progress=False)
+    res = run_probes(ModelView(tl), toks, [AttentionStatsProbe()], batch_size=3, progress=False)
     stats = res["attention_stats"]
     with torch.no_grad():
         _, pats = m(toks, return_patterns=True)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tl_spectral.models import GPT, GPTConfig, load_model, make_attention, save_model
+from tl_spectral.models import GPT, GPTConfig, load_checkpoint, make_attention, save_model
 from tl_spectral.models.attention import ATTENTION_KINDS, SDAttention
 
 
@@ -204,7 +204,7 @@ def test_save_load_roundtrip(tmp_path, tied):
     torch.manual_seed(0)
     m = GPT(_cfg(tied_embeddings=tied, attention=["sd", "softmax"]))
     save_model(m, tmp_path / "ck", extra={"note": "x"})
-    m2 = load_model(tmp_path / "ck")
+    m2 = load_checkpoint(tmp_path / "ck")
     tok = torch.randint(0, 13, (2, 8))
     torch.testing.assert_close(m2(tok), m(tok))
     assert json.loads((tmp_path / "ck" / "config.json").read_text())["note"] == "x"
@@ -219,28 +219,28 @@ def test_corrupted_and_foreign_checkpoints(tmp_path):
     raw = (d / "model.safetensors").read_bytes()
     (d / "model.safetensors").write_bytes(raw[: len(raw) // 2])
     with pytest.raises(ValueError, match="corrupted"):
-        load_model(d)
+        load_checkpoint(d)
     (d / "model.safetensors").write_bytes(b"not a safetensors file at all")
     with pytest.raises(ValueError, match="corrupted"):
-        load_model(d)
+        load_checkpoint(d)
     # 2. a foreign safetensors file (valid format, other tensors)
     save_file({"transformer.wte.weight": torch.zeros(3, 3)}, str(d / "model.safetensors"))
     with pytest.raises(ValueError, match="foreign"):
-        load_model(d)
+        load_checkpoint(d)
     # 3. right names, wrong shapes (config of another model)
     save_model(GPT(_cfg(d_model=8)), tmp_path / "other")
     (d / "model.safetensors").write_bytes((tmp_path / "other" / "model.safetensors").read_bytes())
     with pytest.raises(ValueError, match="mis-shaped"):
-        load_model(d)
+        load_checkpoint(d)
     # 4. broken config.json
     (d / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
-        load_model(d)
+        load_checkpoint(d)
     (d / "config.json").write_text(json.dumps({"hello": 1}))
     with pytest.raises(ValueError, match="not a tl_spectral checkpoint"):
-        load_model(d)
+        load_checkpoint(d)
     with pytest.raises(FileNotFoundError):
-        load_model(tmp_path / "nowhere")
+        load_checkpoint(tmp_path / "nowhere")
 
 
 # ------------------------------------------------------------ per-layer head counts
@@ -281,7 +281,7 @@ def test_per_layer_heads_build_run_and_count_like_uniform(tmp_path):
     # JSON round trip and save / load keep the allocation
     assert GPTConfig.from_dict(json.loads(json.dumps(alloc.to_dict()))) == alloc
     save_model(model, tmp_path / "m")
-    again = load_model(tmp_path / "m")
+    again = load_checkpoint(tmp_path / "m")
     assert again.cfg.heads_per_layer == [1, 2, 5]
     torch.testing.assert_close(again.eval()(tokens), logits)
 

@@ -6,7 +6,7 @@ own forward pass in half precision. Bounds, in units of the dtype's machine epsi
 (eps = 7.8e-3 for bfloat16, 9.8e-4 for float16), on these models (2 layers, d_model 32,
 T = 16, 4 documents; measured worst case over the six families in brackets, bf16 / fp16):
 
-* pattern statistics — AttentionStats first-token mass, mean pattern, distance / T,
+* pattern statistics — AttentionStatsProbe first-token mass, mean pattern, distance / T,
   SinkProbe sink rate and key score, AttentionFieldProbe fields and mean — and entropy
   (nats): max abs difference ≤ 4 eps  [1.1 / 1.6 eps];
 * SinkProbe mean anti-alignment cos(ṽ_0, s_i) and mean clamped ρ*: ≤ 8 eps  [1.0 / 0.5];
@@ -31,7 +31,7 @@ from _tiny_hf import FAMILIES, boot, save_tiny  # noqa: E402
 from tl_spectral.model_view import ModelView  # noqa: E402
 from tl_spectral.probes import (  # noqa: E402
     AttentionFieldProbe,
-    AttentionStats,
+    AttentionStatsProbe,
     ContributionProbe,
     SinkProbe,
     run_probes,
@@ -43,7 +43,7 @@ TOKENS = torch.randint(1, 60, (4, 16), generator=torch.Generator().manual_seed(0
 
 
 def _probes():
-    return [AttentionStats(), ContributionProbe(keep_docs=[0], rank_queries=2), SinkProbe(),
+    return [AttentionStatsProbe(), ContributionProbe(keep_docs=[0], rank_queries=2), SinkProbe(),
             AttentionFieldProbe()]
 
 
@@ -117,11 +117,11 @@ def test_underflow_in_half_softmax_warns(tmp_path):
     m16 = boot(tmp_path, dtype=torch.float16)
     tokens = torch.randint(1, 60, (2, 24), generator=torch.Generator().manual_seed(1))
     with pytest.warns(UnderflowWarning, match="underflow to exactly 0"):
-        res = run_probes(m16, tokens, [AttentionStats()], progress=False)
+        res = run_probes(m16, tokens, [AttentionStatsProbe()], progress=False)
     assert torch.isfinite(res["attention_stats"].entropy).all()
     with warnings.catch_warnings():  # the same weights in float32: nothing to say
         warnings.simplefilter("error", UnderflowWarning)
-        run_probes(boot(tmp_path), tokens, [AttentionStats()], progress=False)
+        run_probes(boot(tmp_path), tokens, [AttentionStatsProbe()], progress=False)
 
 
 def test_pattern_check_tolerance_scales_with_dtype(monkeypatch):
@@ -138,4 +138,4 @@ def test_pattern_check_tolerance_scales_with_dtype(monkeypatch):
     tokens = torch.randint(0, 50, (1, 8))
     with m.hooks(fwd_hooks=[(view.hook_pattern(0), skew)]):
         with pytest.raises(FloatingPointError, match="within 1.0e-03"):
-            run_probes(m, tokens, [AttentionStats()], progress=False)
+            run_probes(m, tokens, [AttentionStatsProbe()], progress=False)

@@ -10,7 +10,7 @@ from conftest import make_native
 
 from tl_spectral.probes import (
     AttentionFieldProbe,
-    AttentionStats,
+    AttentionStatsProbe,
     ContributionProbe,
     SinkProbe,
     run_probes,
@@ -147,7 +147,7 @@ def test_show_displays_once_and_returns_none(small, monkeypatch):
     assert fig_result.show() is None  # nothing for Jupyter to display a second time
     assert len(shown) == 1 and callable(getattr(shown[0], "savefig", None))
     assert plt.get_fignums() == []  # closed: the inline backend adds no copy
-    stats = run_probes(small, tokens, [AttentionStats()], progress=False)["attention_stats"]
+    stats = run_probes(small, tokens, [AttentionStatsProbe()], progress=False)["attention_stats"]
     assert stats.show() is None  # its circuitsvis view, displayed once
     assert len(shown) == 2 and hasattr(shown[1], "local_src")
     assert plt.get_fignums() == []
@@ -155,7 +155,7 @@ def test_show_displays_once_and_returns_none(small, monkeypatch):
 
 def test_show_outside_a_notebook_says_how_to_save(small):
     tokens = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(3))
-    stats = run_probes(small, tokens, [AttentionStats()], progress=False)["attention_stats"]
+    stats = run_probes(small, tokens, [AttentionStatsProbe()], progress=False)["attention_stats"]
     with pytest.warns(UserWarning, match="view"):
         assert stats.show() is None
 
@@ -193,7 +193,7 @@ def _padded(docs, left=False):
 
 
 def _padding_probes():
-    return [AttentionStats(), SinkProbe(), ContributionProbe(rank_stride=1)]
+    return [AttentionStatsProbe(), SinkProbe(), ContributionProbe(rank_stride=1)]
 
 
 def _alone(model, docs):
@@ -259,10 +259,10 @@ def test_no_inference_when_rows_are_not_padded(tiny_gpt2):
     tokens[:, -1] = 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        run_probes(tiny_gpt2, tokens, [AttentionStats()], progress=False)
+        run_probes(tiny_gpt2, tokens, [AttentionStatsProbe()], progress=False)
         # an explicit all-ones mask keeps a shorter row's trailing pad ids as tokens
         tokens[0, -2] = 0
-        run_probes(tiny_gpt2, tokens, [AttentionStats()], progress=False,
+        run_probes(tiny_gpt2, tokens, [AttentionStatsProbe()], progress=False,
                    attention_mask=torch.ones_like(tokens))
 
 
@@ -271,14 +271,14 @@ def _mistakes():
     import tl_spectral as tls
 
     t = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(5))
-    S = [AttentionStats()]
+    S = [AttentionStatsProbe()]
     return {
-        "probe class": (lambda m: run_probes(m, t, [AttentionStats], progress=False),
-                        TypeError, r"pass AttentionStats\(\)"),
+        "probe class": (lambda m: run_probes(m, t, [AttentionStatsProbe], progress=False),
+                        TypeError, r"pass AttentionStatsProbe\(\)"),
         "probe class alone": (lambda m: run_probes(m, t, SinkProbe, progress=False),
                               TypeError, r"pass SinkProbe\(\)"),
         "probe names": (lambda m: run_probes(m, t, ["attention_stats"], progress=False),
-                        TypeError, r"not names.*AttentionStats\(\)"),
+                        TypeError, r"not names.*AttentionStatsProbe\(\)"),
         "batch_size str": (lambda m: run_probes(m, t, S, batch_size="8", progress=False),
                            TypeError, "batch_size must be an int"),
         "batch_size 0": (lambda m: run_probes(m, t, S, batch_size=0, progress=False),
@@ -325,16 +325,16 @@ def test_common_mistakes_get_a_one_line_error(small, case):
 @pytest.mark.tl39
 def test_numpy_token_arrays_are_accepted(small):
     t = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(6))
-    a = run_probes(small, t, [AttentionStats()], progress=False)["attention_stats"]
+    a = run_probes(small, t, [AttentionStatsProbe()], progress=False)["attention_stats"]
     for arr in (t.numpy(), t.numpy().astype("int32"), [row for row in t.numpy()]):
-        _same(run_probes(small, arr, [AttentionStats()], progress=False)["attention_stats"], a)
+        _same(run_probes(small, arr, [AttentionStatsProbe()], progress=False)["attention_stats"], a)
     # a numpy / float 0-1 mask works like a bool one
     m = torch.ones_like(t)
     m[1, 5:] = 0
-    b = run_probes(small, t, [AttentionStats()], progress=False, attention_mask=m.bool())
-    c = run_probes(small, t, [AttentionStats()], progress=False, attention_mask=m.float())
+    b = run_probes(small, t, [AttentionStatsProbe()], progress=False, attention_mask=m.bool())
+    c = run_probes(small, t, [AttentionStatsProbe()], progress=False, attention_mask=m.float())
     _same(b["attention_stats"], c["attention_stats"])
-    d = run_probes(small, t.numpy(), [AttentionStats()], progress=False,
+    d = run_probes(small, t.numpy(), [AttentionStatsProbe()], progress=False,
                    attention_mask=m.numpy().astype("float64"))
     _same(b["attention_stats"], d["attention_stats"])
 
@@ -380,15 +380,15 @@ def test_compatibility_mode_is_the_processed_frame(tmp_path):
         assert float((got[layer].contribution - plain[layer].contribution).abs().max()) > 1e-3
     # the difference on the probes' statistics, measured: here 0.050 and 0.017 (the issue's
     # GPT-2-small figures: spearman_value_weighted_vs_c up to 0.021, v0_over_sbar 0.005)
-    probes = lambda: [AttentionStats(), ContributionProbe(rank_stride=1), SinkProbe()]  # noqa: E731
+    probes = lambda: [AttentionStatsProbe(), ContributionProbe(rank_stride=1), SinkProbe()]  # noqa: E731
     a = run_probes(raw, tokens, probes(), progress=False)
     b = run_probes(compat, tokens, probes(), progress=False)
     _same(a["attention_stats"], b["attention_stats"], atol=1e-4)
     d_rank = max(abs(x["spearman_value_weighted_vs_c"] - y["spearman_value_weighted_vs_c"])
-                 for x, y in zip(a["contributions"].summary_rows(),
-                                 b["contributions"].summary_rows()))
+                 for x, y in zip(a["contributions"].to_rows(),
+                                 b["contributions"].to_rows()))
     d_sink = max(abs(x["v0_over_sbar"] - y["v0_over_sbar"])
-                 for x, y in zip(a["sinks"].summary_rows(), b["sinks"].summary_rows()))
+                 for x, y in zip(a["sinks"].to_rows(), b["sinks"].to_rows()))
     assert 1e-4 < d_rank < 0.2 and 1e-4 < d_sink < 1.0
 
 
@@ -406,7 +406,7 @@ def test_no_inference_when_the_pad_id_is_a_text_token(small, monkeypatch):
     tokens[0, -3:] = 0  # a window ending with three newlines
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        a = run_probes(small, tokens, [AttentionStats()], progress=False)
-    b = run_probes(small, tokens, [AttentionStats()], progress=False,
+        a = run_probes(small, tokens, [AttentionStatsProbe()], progress=False)
+    b = run_probes(small, tokens, [AttentionStatsProbe()], progress=False,
                    attention_mask=torch.ones_like(tokens))
     _same(a["attention_stats"], b["attention_stats"])

@@ -9,7 +9,7 @@ import torch
 
 from tl_spectral.probes import (
     AttentionFieldProbe,
-    AttentionStats,
+    AttentionStatsProbe,
     ContributionProbe,
     SinkProbe,
     run_probes,
@@ -114,7 +114,7 @@ def test_plogp_equals_xlogy():
 
 
 def _four():
-    return [AttentionStats(), ContributionProbe(rank_queries=4, rank_stride=1), SinkProbe(),
+    return [AttentionStatsProbe(), ContributionProbe(rank_queries=4, rank_stride=1), SinkProbe(),
             AttentionFieldProbe(field="contribution")]
 
 

@@ -1,4 +1,4 @@
-"""run_probes and AttentionStats: brute force, padding, sharding, early stop, errors."""
+"""run_probes and AttentionStatsProbe: brute force, padding, sharding, early stop, errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tl_spectral.model_view import ModelView
-from tl_spectral.probes import AttentionStats, LayerCapture, Probe, run_probes
+from tl_spectral.probes import AttentionStatsProbe, LayerCapture, Probe, run_probes
 from tl_spectral.probes.attention_stats import AttentionStatsResult
 from tl_spectral.results import Result
 
@@ -59,7 +59,7 @@ def _brute_stats(model, docs):
 def test_attention_stats_brute_force(native_ln):
     torch.manual_seed(0)
     docs = [torch.randint(0, 50, (t,)) for t in (5, 9, 7)]
-    res = run_probes(native_ln, docs, [AttentionStats()], batch_size=2, progress=False)
+    res = run_probes(native_ln, docs, [AttentionStatsProbe()], batch_size=2, progress=False)
     r = res["attention_stats"]
     ent, dist, first = _brute_stats(native_ln, docs)
     torch.testing.assert_close(r.entropy.double(), ent, atol=1e-5, rtol=1e-5)
@@ -79,10 +79,10 @@ def test_padding_invariance_causal(native_ln):
     torch.manual_seed(1)
     doc = torch.randint(0, 50, (6,))
     others = [torch.randint(0, 50, (12,)), torch.randint(0, 50, (3,))]
-    alone = run_probes(native_ln, [doc], [AttentionStats()], progress=False)["attention_stats"]
-    batch = run_probes(native_ln, [others[0], doc, others[1]], [AttentionStats()], batch_size=3,
+    alone = run_probes(native_ln, [doc], [AttentionStatsProbe()], progress=False)["attention_stats"]
+    batch = run_probes(native_ln, [others[0], doc, others[1]], [AttentionStatsProbe()], batch_size=3,
                        progress=False)["attention_stats"]
-    parts = run_probes(native_ln, others, [AttentionStats()], batch_size=2,
+    parts = run_probes(native_ln, others, [AttentionStatsProbe()], batch_size=2,
                        progress=False)["attention_stats"]
     # sums: batch = alone + parts
     n_a, n_p = alone.n_queries[0].item(), parts.n_queries[0].item()
@@ -94,10 +94,10 @@ def test_padding_invariance_bidirectional(minilm):
     tok = minilm.tokenizer
     a = tok("The quick brown fox jumps.")["input_ids"]
     b = tok("A much longer sentence that forces padding of the short one, surely.")["input_ids"]
-    alone = run_probes(minilm, [a], [AttentionStats(layers=[0, 5])], progress=False)["attention_stats"]
-    both = run_probes(minilm, [a, b], [AttentionStats(layers=[0, 5])], batch_size=2,
+    alone = run_probes(minilm, [a], [AttentionStatsProbe(layers=[0, 5])], progress=False)["attention_stats"]
+    both = run_probes(minilm, [a, b], [AttentionStatsProbe(layers=[0, 5])], batch_size=2,
                       progress=False)["attention_stats"]
-    only_b = run_probes(minilm, [b], [AttentionStats(layers=[0, 5])], progress=False)["attention_stats"]
+    only_b = run_probes(minilm, [b], [AttentionStatsProbe(layers=[0, 5])], progress=False)["attention_stats"]
     na, nb = len(a), len(b)
     for field in ("entropy", "distance", "first_token_mass"):
         mixed = (getattr(alone, field) * na + getattr(only_b, field) * nb) / (na + nb)
@@ -113,9 +113,9 @@ def test_padding_invariance_bidirectional(minilm):
 def test_sharded_equals_whole(native_ln):
     torch.manual_seed(2)
     toks = torch.randint(0, 50, (10, 16))
-    whole = AttentionStats()
+    whole = AttentionStatsProbe()
     r_whole = run_probes(native_ln, toks, [whole], batch_size=4, progress=False)["attention_stats"]
-    a, b = AttentionStats(), AttentionStats()
+    a, b = AttentionStatsProbe(), AttentionStatsProbe()
     run_probes(native_ln, toks[:3], [a], batch_size=2, progress=False)
     run_probes(native_ln, toks[3:], [b], batch_size=5, progress=False)
     r_merged = a.merge(b).result()
@@ -129,7 +129,7 @@ def test_sharded_equals_whole(native_ln):
 def test_first_mass_and_counts_property(native_noln, lengths, bs):
     g = torch.Generator().manual_seed(sum(lengths))
     docs = [torch.randint(0, 50, (n,), generator=g) for n in lengths]
-    r = run_probes(native_noln, docs, [AttentionStats(layers=[0])], batch_size=bs,
+    r = run_probes(native_noln, docs, [AttentionStatsProbe(layers=[0])], batch_size=bs,
                    progress=False)["attention_stats"]
     assert int(r.n_queries[0]) == sum(lengths)
     assert torch.isfinite(r.entropy).all()
@@ -180,22 +180,22 @@ def test_shared_capture_and_early_stop(native_gqa):
 @pytest.mark.tl39
 def test_errors(native_ln):
     with pytest.raises(ValueError, match="empty"):
-        run_probes(native_ln, torch.zeros(0, 5, dtype=torch.long), [AttentionStats()], progress=False)
+        run_probes(native_ln, torch.zeros(0, 5, dtype=torch.long), [AttentionStatsProbe()], progress=False)
     with pytest.raises(ValueError, match="empty"):
-        run_probes(native_ln, [], [AttentionStats()], progress=False)
+        run_probes(native_ln, [], [AttentionStatsProbe()], progress=False)
     with pytest.raises(ValueError, match="context of 64"):
-        run_probes(native_ln, torch.zeros(1, 65, dtype=torch.long), [AttentionStats()], progress=False)
+        run_probes(native_ln, torch.zeros(1, 65, dtype=torch.long), [AttentionStatsProbe()], progress=False)
     with pytest.raises(ValueError, match="vocabulary"):
-        run_probes(native_ln, torch.full((1, 5), 99), [AttentionStats()], progress=False)
+        run_probes(native_ln, torch.full((1, 5), 99), [AttentionStatsProbe()], progress=False)
     with pytest.raises(TypeError, match="tokenize"):
-        run_probes(native_ln, "some text", [AttentionStats()], progress=False)
+        run_probes(native_ln, "some text", [AttentionStatsProbe()], progress=False)
     with pytest.raises(ValueError, match="right-padded"):
-        run_probes(native_ln, torch.zeros(1, 4, dtype=torch.long), [AttentionStats()],
+        run_probes(native_ln, torch.zeros(1, 4, dtype=torch.long), [AttentionStatsProbe()],
                    attention_mask=torch.tensor([[0, 1, 1, 1]]), progress=False)
     with pytest.raises(ValueError, match="at least one probe"):
         run_probes(native_ln, torch.zeros(1, 4, dtype=torch.long), [], progress=False)
     with pytest.raises(RuntimeError, match="seen no data"):
-        AttentionStats().result()
+        AttentionStatsProbe().result()
 
 
 @pytest.mark.tl39
@@ -209,12 +209,12 @@ def test_nan_patterns_raise():
                 hit += 1
         assert hit
     with pytest.raises(FloatingPointError, match="layer 1"):
-        run_probes(m, torch.randint(0, 50, (2, 6)), [AttentionStats()], progress=False)
+        run_probes(m, torch.randint(0, 50, (2, 6)), [AttentionStatsProbe()], progress=False)
 
 
 @pytest.mark.tl39
 def test_result_save_load_plot(native_ln, tmp_path):
-    r = run_probes(native_ln, torch.randint(0, 50, (4, 10)), [AttentionStats()], progress=False)[
+    r = run_probes(native_ln, torch.randint(0, 50, (4, 10)), [AttentionStatsProbe()], progress=False)[
         "attention_stats"
     ]
     path = r.save(tmp_path / "stats.safetensors")
@@ -225,7 +225,7 @@ def test_result_save_load_plot(native_ln, tmp_path):
     assert back.layers == r.layers and back.model_name == r.model_name
     assert isinstance(r.plot(), matplotlib.figure.Figure)
     assert isinstance(r.plot_patterns(), matplotlib.figure.Figure)
-    assert len(r.rows()) == 3 * 4
+    assert len(r.to_rows()) == 3 * 4
 
 
 def test_load_foreign_files(tmp_path):
@@ -246,7 +246,7 @@ def test_result_load_in_a_fresh_interpreter(native_ln, tmp_path):
     import subprocess
     import sys
 
-    r = run_probes(native_ln, torch.randint(0, 50, (2, 6)), [AttentionStats()], progress=False)
+    r = run_probes(native_ln, torch.randint(0, 50, (2, 6)), [AttentionStatsProbe()], progress=False)
     path = r["attention_stats"].save(tmp_path / "s.safetensors")
     code = (f"from tl_spectral.results import Result; r = Result.load({str(path)!r}); "
             "print(type(r).__name__)")
@@ -272,7 +272,7 @@ def test_probe_state_stays_on_the_model_device(native_ln, monkeypatch):
             calls.append(traceback.format_stack(limit=3)[0])
         return real_cpu(self, *a, **k)
 
-    probes = [AttentionStats(), SinkProbe(), AttentionFieldProbe()]
+    probes = [AttentionStatsProbe(), SinkProbe(), AttentionFieldProbe()]
     for p in probes:
         def wrap(f):
             def update(cap):
@@ -305,13 +305,13 @@ def test_attention_stats_pattern_positions_keeps_the_leading_block(native_ln):
     pattern; entropy, distance and first-token mass do not depend on P."""
     g = torch.Generator().manual_seed(5)
     docs = torch.randint(0, 50, (3, 24), generator=g)
-    full = run_probes(native_ln, docs, [AttentionStats(pattern_positions=None)], batch_size=2,
+    full = run_probes(native_ln, docs, [AttentionStatsProbe(pattern_positions=None)], batch_size=2,
                       progress=False)["attention_stats"]
-    part = run_probes(native_ln, docs, [AttentionStats(pattern_positions=10)], batch_size=2,
+    part = run_probes(native_ln, docs, [AttentionStatsProbe(pattern_positions=10)], batch_size=2,
                       progress=False)["attention_stats"]
     assert full.mean_pattern.shape[-1] == 24 and part.mean_pattern.shape[-2:] == (10, 10)
     torch.testing.assert_close(part.mean_pattern, full.mean_pattern[..., :10, :10])
     for name in ("entropy", "distance", "first_token_mass"):
         torch.testing.assert_close(getattr(part, name), getattr(full, name))
     with pytest.raises(ValueError, match="pattern_positions"):
-        AttentionStats(pattern_positions=0)
+        AttentionStatsProbe(pattern_positions=0)

@@ -77,13 +77,13 @@ def test_results_are_slim_and_reloadable(random_report):
     assert att.mean_pattern.shape[-1] <= 64
     pod = Result.load(res / "scale_pod.safetensors")
     assert all(lay.full_modes.shape[0] == 0 for lay in pod.layers)
-    assert pod.table() and pod.plot_tspec_hstar() is not None
+    assert pod.to_rows() and pod.plot_tspec_hstar() is not None
     con = Result.load(res / "contribution_stats.safetensors")
     kept = {k.split(".")[0] for k in con.kept_maps}
     assert len(kept) == 1  # only the layer shown first, one document
     assert con.maps(int(kept.pop()), 0).contribution.shape[-1] <= 64
     assert con.kept_mask.shape[0] == 1
-    assert con.summary_rows()
+    assert con.to_rows()
 
 
 def test_slim_helpers_keep_everything_else():

@@ -33,9 +33,9 @@ def _instances(tmp_path) -> dict[str, Result]:
     )
     from tl_spectral.probes import (
         AttentionFieldProbe,
-        AttentionStats,
+        AttentionStatsProbe,
         ContributionProbe,
-        HeadScores,
+        HeadScoresProbe,
         SinkProbe,
         run_probes,
     )
@@ -46,9 +46,9 @@ def _instances(tmp_path) -> dict[str, Result]:
     g = torch.Generator().manual_seed(0)
     model = make_native(n_layers=2, n_heads=2, d_model=16, d_head=8, n_ctx=32, d_vocab=20)
     toks = torch.randint(0, 20, (3, 12), generator=g)
-    res = run_probes(model, toks, [AttentionStats(), ContributionProbe(keep_docs=[0]),
+    res = run_probes(model, toks, [AttentionStatsProbe(), ContributionProbe(keep_docs=[0]),
                                    SinkProbe(), AttentionFieldProbe(),
-                                   HeadScores(token_sets={"low": [0, 1]})], progress=False)
+                                   HeadScoresProbe(token_sets={"low": [0, 1]})], progress=False)
     out: dict[str, Result] = {r.kind: r for r in res.values()}
     sp = res["attention_fields"].scale_pod(n_heads=2)
     out[sp.kind] = sp
@@ -159,10 +159,10 @@ def test_protocol_over_every_registered_kind(tmp_path):
 
 
 def test_print_is_short_and_numbers_come_out():
-    from tl_spectral.probes import AttentionStats, run_probes
+    from tl_spectral.probes import AttentionStatsProbe, run_probes
 
     model = make_native(n_layers=2, n_heads=2, d_model=16, d_head=8, n_ctx=64, d_vocab=20)
-    r = run_probes(model, torch.randint(0, 20, (4, 60)), [AttentionStats()],
+    r = run_probes(model, torch.randint(0, 20, (4, 60)), [AttentionStatsProbe()],
                    progress=False)["attention_stats"]
     assert len(repr(r)) < 400 and len(str(r)) < 400  # the raw mean pattern is 2×2×60×60
     assert r.to_frame().columns.tolist()[:3] == ["layer", "head", "entropy"]
@@ -239,14 +239,17 @@ def test_load_imports_only_library_modules_that_define_the_kind(tmp_path):
         save_file({"x": torch.zeros(1)}, str(p), metadata={"tl_spectral": json.dumps(header)})
         return p
 
-    with pytest.raises(ValueError, match="not a tl_spectral module"):
+    refused = "never imported from a file"
+    with pytest.raises(ValueError, match=refused):
         Result.load(write("os", "no_such_kind_1", "os"))
-    with pytest.raises(ValueError, match="not a tl_spectral module"):
+    with pytest.raises(ValueError, match=refused):
         Result.load(write("studies", "no_such_kind_2", "tl_spectral_studies.routing"))
-    with pytest.raises(ValueError, match="does not define it"):
-        Result.load(write("wrong", "no_such_kind_3", "tl_spectral.analysis.bootstrap"))
-    with pytest.raises(ValueError, match="cannot be imported"):
+    with pytest.raises(ValueError, match=refused):  # a library module without result kinds
+        Result.load(write("boot", "no_such_kind_3", "tl_spectral.analysis.bootstrap"))
+    with pytest.raises(ValueError, match=refused):
         Result.load(write("missing", "no_such_kind_4", "tl_spectral.no_such_module"))
+    with pytest.raises(ValueError, match="does not define it"):
+        Result.load(write("wrong", "no_such_kind_6", "tl_spectral.analysis.pod"))
     with pytest.raises(ValueError, match="not the name"):
         Result.load(write("num", "no_such_kind_5", 3))
 
@@ -275,25 +278,27 @@ def test_every_figure_of_the_library_goes_through_the_plotting_leaf():
         plotter("pod", "plot_nothing")
 
 
-def test_the_main_table_is_rows():
-    """The protocol's table hook is rows(): every library kind with a table names it so
-    (AllocationStudy keeps its models in a field named rows and its table in to_rows()); a
-    kind of another package with only an older name still works, with a DeprecationWarning."""
+def test_the_main_table_is_to_rows():
+    """The protocol's table hook is to_rows() (docs/api.md, "Conventions"): a library kind
+    with a table defines it, and its old names (rows / summary_rows / table) are only the
+    deprecated aliases (AllocationStudy keeps its models in a field named rows); a kind of
+    another package with only an older name still works, with a DeprecationWarning."""
     _import_result_modules()
     for kind, cls in _REGISTRY.items():
-        if not cls.__module__.startswith("tl_spectral.") or kind == "allocation_study":
+        if not cls.__module__.startswith("tl_spectral."):
             continue
-        legacy = [n for n in ("to_rows", "summary_rows", "table") if hasattr(cls, n)]
-        if legacy:
-            assert callable(vars(cls).get("rows")), kind
+        for old in ("rows", "summary_rows", "table"):
+            if callable(vars(cls).get(old)):
+                assert "Deprecated" in (vars(cls)[old].__doc__ or ""), (kind, old)
+                assert "to_rows" in vars(cls), kind
 
     @dataclasses.dataclass
     class OldStyle(Result):
         kind = "old_style_table_test"
         x: int = 1
 
-        def to_rows(self):
+        def rows(self):
             return [{"x": self.x}, {"x": 2}]
 
-    with pytest.warns(DeprecationWarning, match="rows()"):
+    with pytest.warns(DeprecationWarning, match="to_rows()"):
         assert len(OldStyle().to_frame()) == 2

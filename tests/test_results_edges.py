@@ -17,11 +17,11 @@ from tl_spectral.results import Result
 
 @pytest.fixture(scope="module")
 def stats(tmp_path_factory):
-    from tl_spectral.probes import AttentionStats, run_probes
+    from tl_spectral.probes import AttentionStatsProbe, run_probes
 
     m = make_native(n_layers=2, n_heads=2, d_model=16, d_head=8, n_ctx=32, d_vocab=20)
     toks = torch.randint(0, 20, (3, 12), generator=torch.Generator().manual_seed(0))
-    r = run_probes(m, toks, [AttentionStats()], progress=False)["attention_stats"]
+    r = run_probes(m, toks, [AttentionStatsProbe()], progress=False)["attention_stats"]
     return r.save(tmp_path_factory.mktemp("r") / "stats")
 
 

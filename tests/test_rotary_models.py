@@ -18,7 +18,7 @@ from tl_spectral.geometry.model import (
 from tl_spectral.geometry.rotary import RotarySpec, rotary_matrix
 from tl_spectral.models.attention import Rotary, make_attention, rotary_inv_freq
 from tl_spectral.models.convert import max_logit_diff, to_transformer_lens
-from tl_spectral.models.gpt import GPT, GPTConfig, load_model, save_model
+from tl_spectral.models.gpt import GPT, GPTConfig, load_checkpoint, save_model
 
 
 def _model(attention="softmax", d_head=8, rotary_dim=None, seed=0, **kw):
@@ -95,7 +95,7 @@ def test_native_and_converted_rotary_geometry_agree(attention, d_head):
 def test_checkpoint_roundtrip_and_old_configs(tmp_path):
     m = _model("softmax", 8, 4)
     save_model(m, tmp_path / "r")
-    back = load_model(tmp_path / "r").eval()
+    back = load_checkpoint(tmp_path / "r").eval()
     assert back.cfg.positional == "rotary" and back.cfg.rotary_dim == 4
     assert back.pos_embed is None and "pos_embed.weight" not in back.state_dict()
     toks = torch.randint(0, 20, (2, 12))

@@ -11,14 +11,14 @@ import torch
 from tl_spectral.model_view import ModelView, PatternsNotExposedError
 from tl_spectral.probes import (
     AttentionFieldProbe,
-    AttentionStats,
+    AttentionStatsProbe,
     ContributionProbe,
     LayerCapture,
     Probe,
-    ProbeRun,
     SinkProbe,
     run_probes,
     run_probes_on_cache,
+    run_probes_with_logits,
 )
 
 
@@ -40,7 +40,7 @@ def test_user_hooks_see_only_the_real_batches(native_ln, monkeypatch):
     monkeypatch.setattr(ModelView, "check_patterns",
                         lambda self: pytest.fail("run_probes ran a separate check pass"))
     seen = []
-    run_probes(native_ln, _tokens(5, 8), [AttentionStats(layers=[1])], batch_size=2,
+    run_probes(native_ln, _tokens(5, 8), [AttentionStatsProbe(layers=[1])], batch_size=2,
                progress=False, fwd_hooks=[("blocks.0.hook_resid_pre", _recorder(seen))])
     assert [s for _, s in seen] == [(2, 8, 64), (2, 8, 64), (1, 8, 64)]
 
@@ -51,13 +51,13 @@ def test_user_hook_past_the_probes_disables_early_stop(native_ln):
     before the last needed layer keeps the early stop."""
     seen, later = [], []
     last = "blocks.2.hook_resid_post"
-    run_probes(native_ln, _tokens(3, 6), [AttentionStats(layers=[0])], batch_size=2,
+    run_probes(native_ln, _tokens(3, 6), [AttentionStatsProbe(layers=[0])], batch_size=2,
                progress=False, fwd_hooks=[(last, _recorder(seen))])
     assert [s for _, s in seen] == [(2, 6, 64), (1, 6, 64)]
     hp = native_ln.hook_dict["blocks.2.attn.hook_pattern"]
     hp.add_hook(lambda t, hook: later.append(1))
     try:
-        run_probes(native_ln, _tokens(3, 6), [AttentionStats(layers=[1])], batch_size=3,
+        run_probes(native_ln, _tokens(3, 6), [AttentionStatsProbe(layers=[1])], batch_size=3,
                    progress=False, fwd_hooks=[("blocks.0.hook_resid_pre", _recorder(seen))])
     finally:
         hp.remove_hooks()
@@ -67,13 +67,14 @@ def test_user_hook_past_the_probes_disables_early_stop(native_ln):
 @pytest.mark.tl39
 def test_return_logits_and_callback(native_ln):
     docs = [_tokens(1, n, seed=n)[0] for n in (9, 5, 7)]
-    plain = run_probes(native_ln, docs, [AttentionStats()], batch_size=2, progress=False)
+    plain = run_probes(native_ln, docs, [AttentionStatsProbe()], batch_size=2, progress=False)
     got = []
-    run = run_probes(native_ln, docs, [AttentionStats()], batch_size=2, progress=False,
-                     return_logits=True, on_logits=lambda start, lg: got.append((start, lg.shape)))
-    assert isinstance(run, ProbeRun)
-    results, logits = run
+    logits, results = run_probes_with_logits(native_ln, docs, [AttentionStatsProbe()],
+                                             batch_size=2, progress=False)
     assert logits.shape == (3, 9, 50) and logits.device.type == "cpu"
+    assert run_probes(native_ln, docs, [AttentionStatsProbe()], batch_size=2, progress=False,
+                      on_logits=lambda start, lg: got.append((start, lg.shape))).keys() \
+        == results.keys()
     assert got == [(0, torch.Size([2, 9, 50])), (2, torch.Size([1, 7, 50]))]
     torch.testing.assert_close(results["attention_stats"].entropy, plain["attention_stats"].entropy)
     view = ModelView(native_ln)
@@ -83,7 +84,7 @@ def test_return_logits_and_callback(native_ln):
         torch.testing.assert_close(logits[i, : d.numel()], alone[0], atol=1e-5, rtol=1e-5)
         assert (logits[i, d.numel():] == 0).all()
     # the callback alone: no logits kept
-    only = run_probes(native_ln, docs, [AttentionStats()], progress=False,
+    only = run_probes(native_ln, docs, [AttentionStatsProbe()], progress=False,
                       on_logits=lambda s, lg: None)
     assert isinstance(only, dict)
 
@@ -96,10 +97,10 @@ def test_a_hook_that_edits_the_pattern_is_named(native_ln):
     hooks = [("blocks.1.attn.hook_pattern", halve)]
     with pytest.raises(FloatingPointError, match=r"layer 1: a hook edited the attention pattern.*"
                                                  r"check_patterns=False"):
-        run_probes(native_ln, _tokens(2, 6), [AttentionStats()], progress=False, fwd_hooks=hooks)
+        run_probes(native_ln, _tokens(2, 6), [AttentionStatsProbe()], progress=False, fwd_hooks=hooks)
     toks = _tokens(2, 6)
-    clean = run_probes(native_ln, toks, [AttentionStats()], progress=False)["attention_stats"]
-    edited = run_probes(native_ln, toks, [AttentionStats()], progress=False, fwd_hooks=hooks,
+    clean = run_probes(native_ln, toks, [AttentionStatsProbe()], progress=False)["attention_stats"]
+    edited = run_probes(native_ln, toks, [AttentionStatsProbe()], progress=False, fwd_hooks=hooks,
                         check_patterns=False)["attention_stats"]
     # probes read the pattern after the user's hook
     torch.testing.assert_close(edited.first_token_mass[1], clean.first_token_mass[1] * 0.5)
@@ -109,17 +110,17 @@ def test_a_hook_that_edits_the_pattern_is_named(native_ln):
         return t * float("nan")
 
     with pytest.raises(FloatingPointError, match="NaN or inf"):  # still refused
-        run_probes(native_ln, toks, [AttentionStats()], progress=False,
+        run_probes(native_ln, toks, [AttentionStatsProbe()], progress=False,
                    fwd_hooks=[("blocks.0.attn.hook_pattern", nan)], check_patterns=False)
 
 
 @pytest.mark.tl39
 def test_fwd_hooks_errors(native_ln):
     with pytest.raises(ValueError, match="no hook point 'blocks.0.nope'"):
-        run_probes(native_ln, _tokens(1, 4), [AttentionStats()], progress=False,
+        run_probes(native_ln, _tokens(1, 4), [AttentionStatsProbe()], progress=False,
                    fwd_hooks=[("blocks.0.nope", lambda t, hook: t)])
     with pytest.raises(TypeError, match="pairs"):
-        run_probes(native_ln, _tokens(1, 4), [AttentionStats()], progress=False,
+        run_probes(native_ln, _tokens(1, 4), [AttentionStatsProbe()], progress=False,
                    fwd_hooks=["blocks.0.hook_resid_pre"])
 
 
@@ -131,13 +132,13 @@ def test_sdpa_model_fails_inside_the_real_pass():
         str(get_model_path()), device="cpu", hf_config_overrides={"attn_implementation": "sdpa"}
     )
     with pytest.raises(PatternsNotExposedError, match="layer|eager"):
-        run_probes(m, [[101, 2000, 2001, 102]], [AttentionStats(layers=[2])], progress=False)
+        run_probes(m, [[101, 2000, 2001, 102]], [AttentionStatsProbe(layers=[2])], progress=False)
 
 
 @pytest.mark.tl39
 def test_each_run_starts_fresh_and_accumulate_streams(native_ln):
     a, b = _tokens(16, 8, seed=1), _tokens(16, 8, seed=2)
-    stats, fields = AttentionStats(), AttentionFieldProbe(layers=[0])
+    stats, fields = AttentionStatsProbe(), AttentionFieldProbe(layers=[0])
     run_probes(native_ln, a[:4], [stats, fields], progress=False)
     r = run_probes(native_ln, a, [stats, fields], progress=False)
     assert r["attention_stats"].n_queries.tolist() == [128, 128, 128]
@@ -147,7 +148,7 @@ def test_each_run_starts_fresh_and_accumulate_streams(native_ln):
     assert r2["attention_fields"].fields["0"].shape[0] == 32
     assert stats.docs_seen == 32
     # streaming two corpora = one run over both; documents numbered after the ones seen
-    both = run_probes(native_ln, torch.cat([a, b]), [AttentionStats(), AttentionFieldProbe(layers=[0])],
+    both = run_probes(native_ln, torch.cat([a, b]), [AttentionStatsProbe(), AttentionFieldProbe(layers=[0])],
                       progress=False)
     for f in ("entropy", "distance", "first_token_mass", "mean_pattern"):
         torch.testing.assert_close(getattr(r2["attention_stats"], f),
@@ -155,7 +156,7 @@ def test_each_run_starts_fresh_and_accumulate_streams(native_ln):
     assert fields.state["doc_index"].tolist() == list(range(32))
     torch.testing.assert_close(r2["attention_fields"].fields["0"], both["attention_fields"].fields["0"])
     # merge: two probes run apart
-    x, y = AttentionStats(), AttentionStats()
+    x, y = AttentionStatsProbe(), AttentionStatsProbe()
     run_probes(native_ln, a, [x], progress=False)
     run_probes(native_ln, b, [y], progress=False)
     m = x.merge(y)
@@ -248,7 +249,7 @@ def _assert_same(a, b, path="result"):
 
 
 def _four():
-    return [AttentionStats(), ContributionProbe(rank_queries=3, rank_stride=1, keep_docs=[1]),
+    return [AttentionStatsProbe(), ContributionProbe(rank_queries=3, rank_stride=1, keep_docs=[1]),
             SinkProbe(), AttentionFieldProbe()]
 
 
@@ -263,13 +264,13 @@ def test_run_probes_on_cache_equals_run_probes(native_ln):
     for name in ref:
         _assert_same(got[name], ref[name], name)
     # run_probes(model, cache, probes) takes the same route
-    via = run_probes(native_ln, cache, [AttentionStats()], progress=False)
+    via = run_probes(native_ln, cache, [AttentionStatsProbe()], progress=False)
     _assert_same(via["attention_stats"], ref["attention_stats"])
     with pytest.raises(ValueError, match="ActivationCache"):
-        run_probes(native_ln, cache, [AttentionStats()], return_logits=True)
+        run_probes(native_ln, cache, [AttentionStatsProbe()], on_logits=print)
     # right-padded causal batch with its mask
     docs = [toks[0], toks[1, :6], toks[2, :8]]
-    ref = run_probes(native_ln, docs, [AttentionStats()], batch_size=3, progress=False)
+    ref = run_probes(native_ln, docs, [AttentionStatsProbe()], batch_size=3, progress=False)
     padded = torch.zeros(3, 10, dtype=torch.long)
     mask = torch.zeros(3, 10, dtype=torch.long)
     for i, d in enumerate(docs):
@@ -277,7 +278,7 @@ def test_run_probes_on_cache_equals_run_probes(native_ln):
         mask[i, : d.numel()] = 1
     with torch.no_grad():
         _, cache = native_ln.run_with_cache(padded)
-    got = run_probes_on_cache(cache, [AttentionStats()], attention_mask=mask)
+    got = run_probes_on_cache(cache, [AttentionStatsProbe()], attention_mask=mask)
     _assert_same(got["attention_stats"], ref["attention_stats"])
 
 
@@ -289,16 +290,16 @@ def test_run_probes_on_cache_names_missing_hooks(native_ln):
                                             names_filter=[view.hook_name("pattern", 0)])
     with pytest.raises(KeyError, match="blocks.0.attn.hook_v.*names_filter"):
         run_probes_on_cache(cache, [SinkProbe(layers=[0])])
-    r = run_probes_on_cache(cache, [AttentionStats(layers=[0])])  # enough for this probe
+    r = run_probes_on_cache(cache, [AttentionStatsProbe(layers=[0])])  # enough for this probe
     assert r["attention_stats"].n_queries.tolist() == [10]
 
 
 @pytest.mark.tl39
 def test_negative_token_id(native_ln):
     with pytest.raises(ValueError, match="token id -1 is negative.*vocabulary of 50"):
-        run_probes(native_ln, torch.tensor([[3, -1, 4]]), [AttentionStats()], progress=False)
+        run_probes(native_ln, torch.tensor([[3, -1, 4]]), [AttentionStatsProbe()], progress=False)
     # a negative pad id under the mask is fine: padding is never read
     toks = torch.tensor([[3, 5, 4], [7, 2, -1]])
-    r = run_probes(native_ln, toks, [AttentionStats()], progress=False,
+    r = run_probes(native_ln, toks, [AttentionStatsProbe()], progress=False,
                    attention_mask=torch.tensor([[1, 1, 1], [1, 1, 0]]))
     assert r["attention_stats"].n_queries.tolist() == [5, 5, 5]

@@ -315,7 +315,7 @@ def test_model_result_table_and_roundtrip(model_result, tmp_path):
     d = res.to_dict(include_curves=True)
     json.dumps(d)
     assert len(d["layers"]) == 3 and "allocation" in d
-    assert len(res.table()) == 3
+    assert len(res.to_rows()) == 3
     path = res.save(tmp_path / "spod.safetensors")
     back = Result.load(path)
     assert isinstance(back, ScalePODResult)

@@ -256,7 +256,7 @@ def test_inactive_head_is_reported_not_fatal():
         _assert_head_equals_layer(
             r, h, scale_pod_layer(F4[:, h], lags, center=True, coherence_queries=None)
         )
-    assert r.table()[1]["active"] is False
+    assert r.to_rows()[1]["active"] is False
     with pytest.raises(ValueError, match="zero fluctuation energy in every head"):
         scale_pod_heads_layer(F4[:, 1:2], lags, center=True)
 
@@ -289,7 +289,7 @@ def test_save_load_roundtrip(tmp_path):
     d = res.to_dict(include_curves=True)
     json.dumps(d)
     assert [row["layer"] for row in res.diversity_table()] == [1, 4]
-    assert len(res.table()) == 6
+    assert len(res.to_rows()) == 6
     back = Result.load(res.save(tmp_path / "heads.safetensors"))
     assert isinstance(back, ScalePODHeadsResult) and back.n_layers == 2
     for a, b in zip(res.layers, back.layers):

@@ -212,7 +212,7 @@ def tiny_runs(tmp_path_factory):
 
 def test_sd_runs_study_on_tiny_runs(tiny_runs, tmp_path):
     from tl_spectral.geometry.model import model_qk_geometry, model_sd_geometry
-    from tl_spectral.models import load_model
+    from tl_spectral.models import load_checkpoint
     from tl_spectral_studies.routing import run_validation_windows
 
     runs = [tiny_runs / "tiny-sd", tiny_runs / "tiny-sd-s1", tiny_runs / "partial"]
@@ -235,7 +235,7 @@ def test_sd_runs_study_on_tiny_runs(tiny_runs, tmp_path):
     assert p["identity"]["model_dir"].endswith("step_0000004")
     # cascade: every checkpoint, head means; last step's intervals around the model's ranks
     assert a["cascade"]["steps"] == [2, 4]
-    model = load_model(runs[0] / "final")
+    model = load_checkpoint(runs[0] / "final")
     R = model_qk_geometry(model, biases=False).eff_rank_R.double()
     S = model_sd_geometry(model).eff_rank_S.double()
     for li in range(2):

@@ -134,7 +134,7 @@ def test_sink_probe_merge_roundtrip_and_plots(native_ln, tmp_path):
 
     for fig in (ref.plot_rates(), ref.plot_rho_star(), ref.plot_anti_alignment()):
         plt.close(fig)
-    assert len(ref.summary_rows()) == 3
+    assert len(ref.to_rows()) == 3
 
 
 def _ppl_with_v_zeroed(model, tokens, layers):
@@ -213,7 +213,7 @@ def test_zero_sink_value_minilm(minilm):
         dist.append(1 - float(torch.nn.functional.cosine_similarity(got[0], got[1])))
     assert float(res.delta[0]) == pytest.approx(np.mean(dist), rel=1e-3, abs=1e-6)
     assert float(res.delta[-1]) == pytest.approx(float(res.delta[0]), rel=1e-6)  # one layer
-    assert res.rows()[0]["setting"] == "layer 1"
+    assert res.to_rows()[0]["setting"] == "layer 1"
 
 
 def test_sink_probe_bad_arguments():

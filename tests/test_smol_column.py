@@ -56,7 +56,8 @@ def test_every_smollm2_cell_is_its_verdict_record(study):
             if i in seen:
                 assert part == f"`{i}`: as above"
             else:
-                assert part == f"`{i}` ({r['claim']}): {r['number']} — {r['label']}"
+                assert part == smol_column.record_text(r)
+                assert part.startswith(f"`{i}` ({r['claim']}): {r['number']} — {r['label']}")
                 if r["interval"] is not None:  # the interval is shown, as the study rounds it
                     assert "[" in r["number"] and "]" in r["number"]
                 measured += 1

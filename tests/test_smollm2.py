@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -156,61 +156,67 @@ def test_rotary_geometry_matches_kernels_from_the_models_own_rotary(smol):
 
 
 # ------------------------------------------------------------------------ the cache
-def test_cache_is_verified_and_a_corrupted_copy_is_rebuilt(smol, tmp_path, monkeypatch):
+def _linked_copy(good: Path, dest: Path) -> None:
+    """A copy of the real cache whose weight file is a hard link (never written here)."""
+    dest.mkdir(parents=True)
+    for f in good.iterdir():
+        if f.name == "model.safetensors":
+            os.link(f, dest / f.name)
+        else:
+            shutil.copy2(f, dest / f.name)
+
+
+def _edit(key, value):
+    def edit(dest: Path) -> None:
+        cfg = json.loads((dest / "config.json").read_text())
+        cfg[key] = value
+        (dest / "config.json").write_text(json.dumps(cfg, indent=2))
+    return edit
+
+
+def _swap_vocab(dest: Path) -> None:
+    tok = json.loads((dest / "tokenizer.json").read_text())
+    v = tok["model"]["vocab"]
+    a, b = list(v)[1000:1002]
+    v[a], v[b] = v[b], v[a]
+    (dest / "tokenizer.json").write_text(json.dumps(tok))
+
+
+@pytest.mark.parametrize("edit", [_edit("tie_word_embeddings", False),
+                                  _edit("rope_theta", 10000.0), _edit("num_hidden_layers", 29),
+                                  _swap_vocab], ids=["untied", "rope_theta", "29 layers",
+                                                     "vocab"])
+def test_an_edited_real_cache_is_rebuilt_with_a_warning(smol, tmp_path, monkeypatch, edit):
+    from tl_spectral.models import gguf
+
     good = smollm2.cache_dir()
-    gguf = smollm2.gguf_path()
-    assert smollm2.cache_problem(good, gguf) is None
-    meta = json.loads((good / "tl_spectral_cache.json").read_text())
-    assert meta["source"]["gguf"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert smollm2.cache_problem(good) is None
+    meta = gguf.read_manifest(good)
+    assert meta["source"]["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(meta["files"])
     monkeypatch.setenv("TL_SPECTRAL_CACHE", str(tmp_path / "cache"))
     dest = smollm2.cache_dir()
-    assert dest.parent == tmp_path / "cache"
-    shutil.copytree(good, dest)
-    assert smollm2.cache_problem(dest, gguf) is None
-    with open(dest / "model.safetensors", "r+b") as f:  # flip one bit deep in the weights
-        f.seek(200_000_000)
-        b = f.read(1)
-        f.seek(200_000_000)
-        f.write(bytes([b[0] ^ 0x10]))
-    assert "SHA-256" in smollm2.cache_problem(dest, gguf)
+    _linked_copy(good, dest)
+    assert smollm2.cache_problem(dest) is None
+    edit(dest)
+    problem = smollm2.cache_problem(dest)
+    assert re.fullmatch(r"(config|tokenizer)\.json (does not match|has another size than) its "
+                        r"manifest.*", problem), problem
     built = []
 
-    def fake_build(src, d, *, progress=True):  # the real build is the session fixture's
-        built.append(d)
-        tmp = d.with_name(".x.tmp")
-        shutil.copytree(good, tmp)
-        shutil.rmtree(d)
-        os.replace(tmp, d)
-        return d
+    def fake_build(src, out, *, name, progress=True):  # the real build is the fixture's
+        built.append(src)
+        for f in good.iterdir():
+            if f.name != gguf.MANIFEST:
+                os.link(f, out / f.name) if f.name == "model.safetensors" else \
+                    shutil.copy2(f, out / f.name)
+        return {k: meta[k] for k in ("architecture", "hf_class", "add_bos_token")}
 
-    monkeypatch.setattr(smollm2, "build_cache", fake_build)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
+    monkeypatch.setattr(gguf, "dequantize", fake_build)
+    with pytest.warns(UserWarning, match="rebuilding it from SmolLM2-135M-Instruct.Q4_1.gguf"):
         assert smollm2.ensure_cache(progress=False) == dest
-    assert built == [dest] and any("rebuilding" in str(x.message) for x in w)
-    assert smollm2.cache_problem(dest, gguf) is None
-    # a folder from another GGUF (size differs) is not trusted either
-    (dest / "tl_spectral_cache.json").write_text(json.dumps({**meta, "source": {
-        **meta["source"], "gguf_bytes": 1}}))
-    assert "another GGUF" in smollm2.cache_problem(dest, gguf)
-
-
-def test_leftovers_of_a_killed_build_are_removed(tmp_path, monkeypatch):
-    monkeypatch.setenv("TL_SPECTRAL_CACHE", str(tmp_path))
-    dead = tmp_path / f".{smollm2.CACHE_SUBDIR}.tmp-999999999-abc"
-    mine = tmp_path / f".{smollm2.CACHE_SUBDIR}.tmp-{os.getppid()}-abc"  # alive: kept
-    for p in (dead, mine):
-        p.mkdir()
-    smollm2._remove_leftovers(tmp_path)
-    assert not dead.exists() and mine.exists()
-
-
-def test_cache_location_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.delenv("TL_SPECTRAL_CACHE", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert smollm2.cache_dir() == tmp_path / "tl_spectral" / smollm2.CACHE_SUBDIR
-    monkeypatch.setenv("TL_SPECTRAL_CACHE", str(tmp_path / "x"))
-    assert smollm2.cache_root() == tmp_path / "x"
+    assert len(built) == 1 and smollm2.cache_problem(dest) is None
+    assert (dest / "config.json").read_bytes() == (good / "config.json").read_bytes()
 
 
 def test_missing_package_says_what_to_install(monkeypatch):

@@ -247,7 +247,10 @@ def test_contribution_verdict_rules_follow_the_numbers():
     assert order_label(["reproduced", "reproduced"], 1).startswith("partly")
     assert order_label(["reproduced", "reproduced"], 0) == "reproduced"
     assert order_label(["reproduced", "**not reproduced**: x"], 1).startswith("**not")
-    assert order_label(["reproduced", "not distinguishable at this size"], 1) == (
+    # issue 38: one step holds and none is reversed → partly (the rules module's steps rule)
+    assert order_label(["reproduced", "not distinguishable at this size"], 1).startswith(
+        "partly: 1 of the 2")
+    assert order_label(["not distinguishable at this size"] * 2, 1) == (
         "not distinguishable at this size")
     assert rho_star_label([0.9, 0.6]).endswith("in 2 of 2 layers — reproduced by that rule")
     assert rho_star_label([0.9, 0.4]).endswith("in 1 of 2 layers")
@@ -286,7 +289,8 @@ def test_global_ranking_order_rows_follow_the_numbers():
     r["paired"][1]["sufficiency_a_minus_b"] = iv(-1, -2, -0.5)  # the step reverses
     assert "**not reproduced**" in global_order_rows(r)[1]
     r["paired"][0]["comprehensiveness_a_minus_b"] = iv(0, -1, 1)  # an unresolved step
-    assert global_order_rows(r)[0].endswith("| not distinguishable at this size |")
+    # issue 38: two steps hold, none reversed → partly (not "not distinguishable")
+    assert global_order_rows(r)[0].endswith("| partly: 2 of the 3 testable steps reproduced |")
 
 
 def test_sink_rows_do_not_apply_without_a_sink():
@@ -307,4 +311,6 @@ def test_sink_rows_do_not_apply_without_a_sink():
     for r in s2["sink_intervals"]:
         r["sink_head_share"] = {"estimate": 0.5, "low": 0.4, "high": 0.6}
     anti2 = next(r for r in _verdict_rows("char_shakespeare", s2) if "anti-aligned" in r)
-    assert anti2.endswith("| reproduced in layers 0 only |")
+    # one rule for C.anti in every doc (issue 38): holds in layer 0, reversed in 2–5 → mixed
+    assert "| mixed (C.anti: cos(ṽ_0, s) < 0: holds in 1 of 6 layers (0), reversed in 4 (2–5))" \
+        in anti2

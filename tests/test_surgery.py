@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tl_spectral.models import GPT, GPTConfig, load_model, save_model, to_transformer_lens
+from tl_spectral.models import GPT, GPTConfig, load_checkpoint, save_model, to_transformer_lens
 from tl_spectral.models.convert import max_logit_diff
 from tl_spectral.models.surgery import (
     AllocationStudy,
@@ -126,7 +126,7 @@ def test_fine_tune_trains_only_swapped_layers():
 def test_linearized_model_saves_loads_and_converts(tmp_path):
     m = linearize(gpt("sd", d_head=[4, 8, 6], normalization="none"), [0, 1])
     save_model(m, tmp_path / "lin")
-    m2 = load_model(tmp_path / "lin").eval()
+    m2 = load_checkpoint(tmp_path / "lin").eval()
     t = toks()
     with torch.no_grad():
         assert torch.equal(m(t), m2(t))
@@ -193,7 +193,7 @@ def test_linearization_curve_control_is_the_same_fine_tune_without_swap(tmp_path
 
 def load_model_copy(m, tmp_path):
     save_model(m, tmp_path / "copy")
-    return load_model(tmp_path / "copy")
+    return load_checkpoint(tmp_path / "copy")
 
 
 @pytest.mark.parametrize("kind", ["softmax", "sd"])

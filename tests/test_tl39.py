@@ -15,7 +15,7 @@ except ImportError:
     pytest.skip("HookedEncoder exists only up to TransformerLens 3.9", allow_module_level=True)
 
 from tl_spectral.model_view import ModelView  # noqa: E402
-from tl_spectral.probes import AttentionStats, run_probes  # noqa: E402
+from tl_spectral.probes import AttentionStatsProbe, run_probes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +52,9 @@ def test_hooked_encoder_view(encoder):
 def test_hooked_encoder_padding_invariance(encoder):
     g = torch.Generator().manual_seed(0)
     a, b = torch.randint(0, 50, (5,), generator=g), torch.randint(0, 50, (11,), generator=g)
-    alone = run_probes(encoder, [a], [AttentionStats()], progress=False)["attention_stats"]
-    only_b = run_probes(encoder, [b], [AttentionStats()], progress=False)["attention_stats"]
-    both = run_probes(encoder, [a, b], [AttentionStats()], batch_size=2,
+    alone = run_probes(encoder, [a], [AttentionStatsProbe()], progress=False)["attention_stats"]
+    only_b = run_probes(encoder, [b], [AttentionStatsProbe()], progress=False)["attention_stats"]
+    both = run_probes(encoder, [a, b], [AttentionStatsProbe()], batch_size=2,
                       progress=False)["attention_stats"]
     mixed = (alone.entropy * 5 + only_b.entropy * 11) / 16
     torch.testing.assert_close(both.entropy, mixed, atol=1e-5, rtol=1e-4)

@@ -91,7 +91,7 @@ def test_run_probes_reads_lazily(tmp_path):
     reads only a batch at a time."""
     from conftest import make_native
 
-    from tl_spectral.probes import AttentionStats, run_probes
+    from tl_spectral.probes import AttentionStatsProbe, run_probes
 
     ids = torch.randint(0, 50, (2000,), generator=torch.Generator().manual_seed(0))
     tf = TokenFile(write_token_file(tmp_path / "r.tok", [ids]))
@@ -100,8 +100,8 @@ def test_run_probes_reads_lazily(tmp_path):
     orig = w.batch
     w.batch = lambda lo, hi: (calls.append(hi - lo), orig(lo, hi))[1]  # type: ignore[method-assign]
     model = make_native(seed=1, n_ctx=16)
-    lazy = run_probes(model, w, [AttentionStats()], batch_size=4, progress=False)["attention_stats"]
+    lazy = run_probes(model, w, [AttentionStatsProbe()], batch_size=4, progress=False)["attention_stats"]
     assert max(calls) <= 4 and sum(calls) == 9
-    mem = run_probes(model, orig(0, 9), [AttentionStats()], batch_size=4, progress=False)["attention_stats"]
+    mem = run_probes(model, orig(0, 9), [AttentionStatsProbe()], batch_size=4, progress=False)["attention_stats"]
     torch.testing.assert_close(lazy.entropy, mem.entropy)
     torch.testing.assert_close(lazy.mean_pattern, mem.mean_pattern)

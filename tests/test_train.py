@@ -10,7 +10,7 @@ import socket
 import pytest
 import torch
 
-from tl_spectral.models import GPT, GPTConfig, TrainConfig, Trainer, load_model
+from tl_spectral.models import GPT, GPTConfig, TrainConfig, Trainer, load_checkpoint
 from tl_spectral.models.train import train_cli
 
 VOCAB = 11
@@ -127,7 +127,7 @@ def test_corrupted_or_foreign_trainer_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="corrupted"):
         Trainer(_model(), data[:3500], data[3500:], _tcfg(tmp_path))
     with pytest.raises(ValueError, match="corrupted"):
-        load_model(ck)
+        load_checkpoint(ck)
 
 
 def test_bad_data_is_rejected():
@@ -157,7 +157,7 @@ def test_cli_runs_and_writes_final(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["step"] == 3
     final = tmp_path / "run" / "final"
-    m = load_model(final)
+    m = load_checkpoint(final)
     meta = json.loads((final / "config.json").read_text())
     assert meta["tokenizer"]["type"] == "char"
     assert m.cfg.vocab_size == len(set(corpus.read_text()))

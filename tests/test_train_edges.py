@@ -1,6 +1,6 @@
 """Issue 30 items 5 and 9: ``tl-spectral train`` refuses an out_dir holding what is not this
 run's (a user's final/, a foreign log.jsonl, a folder named like a checkpoint); the train
-config's bounds are one-line errors before anything is built; ``load_model`` checks the
+config's bounds are one-line errors before anything is built; ``load_checkpoint`` checks the
 weights against config.json before building the model it describes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from tl_spectral.models.gpt import GPT, GPTConfig, load_model, save_model
+from tl_spectral.models.gpt import GPT, GPTConfig, load_checkpoint, save_model
 from tl_spectral.models.train import RunConflictError, TrainConfig, Trainer
 
 VOCAB = 11
@@ -132,7 +132,7 @@ def test_load_model_checks_the_weights_before_building(tmp_path, key, value):
     doc["model"][key] = value
     (d / "config.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match=f"mis-shaped .* says {key}={value}"):
-        load_model(d)
+        load_checkpoint(d)
 
 
 def test_an_older_runs_own_final_and_log_are_accepted(tmp_path):

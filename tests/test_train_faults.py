@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tl_spectral.models import GPT, GPTConfig, TrainConfig, Trainer, load_model, save_model
+from tl_spectral.models import GPT, GPTConfig, TrainConfig, Trainer, load_checkpoint, save_model
 from tl_spectral.models.gpt import model_state, sha256_bytes
 from tl_spectral.models.train import (
     CorruptCheckpointError,
@@ -141,7 +141,7 @@ def test_cli_overwrite_flag(tmp_path, capsys):
     assert train_cli(["--config", str(path), "--overwrite"]) == 0
     meta = json.loads((tmp_path / "run" / "final" / "config.json").read_text())
     assert meta["train"]["lr"] == 5e-4 and meta["step"] == 2
-    load_model(tmp_path / "run" / "final")
+    load_checkpoint(tmp_path / "run" / "final")
 
 
 # --------------------------------------------------------------------- final/ atomic
@@ -158,8 +158,8 @@ def test_load_model_refuses_weights_and_config_of_different_saves(tmp_path):
     (mixed / "model.safetensors").write_bytes((tmp_path / "a" / "model.safetensors").read_bytes())
     (mixed / "config.json").write_text((tmp_path / "b" / "config.json").read_text())
     with pytest.raises(ValueError, match="does not belong"):
-        load_model(mixed)
-    torch.testing.assert_close(model_state(load_model(tmp_path / "a")), model_state(a))
+        load_checkpoint(mixed)
+    torch.testing.assert_close(model_state(load_checkpoint(tmp_path / "a")), model_state(a))
 
 
 def test_save_model_crash_keeps_previous_final_intact(tmp_path, monkeypatch):
@@ -182,7 +182,7 @@ def test_save_model_crash_keeps_previous_final_intact(tmp_path, monkeypatch):
         save_model(_model(1), final, extra={"step": 320})
     monkeypatch.undo()
     assert calls == ["model.safetensors", "config.json"]
-    got = load_model(final)  # the step-300 pair, untouched
+    got = load_checkpoint(final)  # the step-300 pair, untouched
     assert json.loads((final / "config.json").read_text())["step"] == 300
     for k, v in model_state(old).items():
         assert torch.equal(model_state(got)[k], v)

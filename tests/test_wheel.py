@@ -4,6 +4,7 @@ temporary directory outside the repository (no checkout, no ../shared, no docs/)
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,8 +28,13 @@ def test_wheel_installs_and_runs_outside_the_repository(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", MPLBACKEND="Agg",
                PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    # built from a copy: an in-place build writes build/ and *.egg-info into the checkout
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "__pycache__", "build", "dist", "*.egg-info", "tl_spectral_report",
+        "docs", "demos", "runs", "out", ".hypothesis", ".pytest_cache", ".ruff_cache"))
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-          "-w", str(dist), str(ROOT)], cwd=tmp_path, env=env)
+          "-w", str(dist), str(src)], cwd=tmp_path, env=env)
     wheels = list(dist.glob("tl_spectral-*.whl"))
     assert len(wheels) == 1
     _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),

@@ -29,7 +29,7 @@ def test_available_and_unknown_name():
     assert zoo.available() == ["char-shakespeare", "char-shakespeare-noln", "sd-char-shakespeare",
                                "sd-char-shakespeare-noln", "char-shakespeare-rotary",
                                "char-shakespeare-bos", "char-shakespeare-d256", "minilm",
-                               "smollm2-135m"]
+                               "smollm2-135m", "gemma3-270m"]
     with pytest.raises(ValueError, match="known models"):
         zoo.load("gpt-17")
     with pytest.raises(ValueError, match="char-shakespeare"):

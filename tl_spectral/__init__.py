@@ -3,7 +3,10 @@
 ``import tl_spectral as tls`` gives the public surface (``tls.__all__``, one line each in
 docs/api.md): the probes and ``run_probes``, the analyses a user calls directly, the model
 zoo and the views. Names load on first use (PEP 562), so ``import tl_spectral`` stays cheap
-and the command line starts fast.
+and the command line starts fast. One convention per thing (docs/api.md, "Conventions"): the
+token argument is ``tokens``, tables are ``to_rows()`` / ``to_frame()``, ``progress=None``,
+probe classes end in ``Probe``; the old spellings (``_DEPRECATED`` below and docs/api.md,
+"Deprecated spellings") warn for one release.
 """
 
 from __future__ import annotations
@@ -18,15 +21,16 @@ _PUBLIC: dict[str, str] = {
     # running probes inside the user's forward pass
     "run_probes": "tl_spectral.probes.runner",
     "run_probes_on_cache": "tl_spectral.probes.runner",
-    "ProbeRun": "tl_spectral.probes.runner",
+    "run_probes_with_logits": "tl_spectral.probes.runner",
     "Probe": "tl_spectral.probes.base",
     "LayerCapture": "tl_spectral.probes.base",
-    "AttentionStats": "tl_spectral.probes.attention_stats",
+    "AttentionStatsProbe": "tl_spectral.probes.attention_stats",
     "ContributionProbe": "tl_spectral.probes.contributions",
     "SinkProbe": "tl_spectral.probes.sinks",
     "AttentionFieldProbe": "tl_spectral.probes.fields",
-    "HeadScores": "tl_spectral.probes.head_scores",
+    "HeadScoresProbe": "tl_spectral.probes.head_scores",
     "ModelView": "tl_spectral.model_view",
+    "load_model": "tl_spectral.models.loading",
     # data
     "document_windows": "tl_spectral.data.windows",
     "DocumentWindows": "tl_spectral.data.windows",
@@ -67,6 +71,35 @@ _PUBLIC: dict[str, str] = {
     "Result": "tl_spectral.results",
     "register_result": "tl_spectral.results",
     "contribution_view": "tl_spectral.viz.views",
+    # the result kinds (what the probes and analyses return; all derive from Result)
+    "AttentionStatsResult": "tl_spectral.probes.attention_stats",
+    "HeadScoresResult": "tl_spectral.probes.head_scores",
+    "ContributionStats": "tl_spectral.probes.contributions",
+    "SinkStats": "tl_spectral.probes.sinks",
+    "AttentionFields": "tl_spectral.probes.fields",
+    "StreamedAttentionFields": "tl_spectral.probes.fields",
+    "FaithfulnessResult": "tl_spectral.probes.faithfulness",
+    "SinkInterventionResult": "tl_spectral.probes.sinks",
+    "ContributionMaps": "tl_spectral.analysis.contributions",
+    "SinkGeometry": "tl_spectral.analysis.sinks",
+    "ScalePODResult": "tl_spectral.analysis.scale_pod",
+    "ScalePODHeadsResult": "tl_spectral.analysis.scale_pod_heads",
+    "PODResult": "tl_spectral.analysis.pod",
+    "QKGeometry": "tl_spectral.geometry.qk",
+    "SDGeometry": "tl_spectral.geometry.qk",
+    "RotaryQKGeometry": "tl_spectral.geometry.rotary",
+    "CascadeResult": "tl_spectral.geometry.cascade",
+    "AblationResult": "tl_spectral.models.ablations",
+    "RankTruncationCurve": "tl_spectral.models.ablations",
+    "LinearizationCurve": "tl_spectral.models.surgery",
+    "CascadeAllocation": "tl_spectral.models.surgery",
+}
+#: old public names, deprecated for one release: old name -> (new name, module); each use
+#: warns (docs/api.md, "Deprecated spellings")
+_DEPRECATED: dict[str, tuple[str, str]] = {
+    "AttentionStats": ("AttentionStatsProbe", "tl_spectral.probes.attention_stats"),
+    "HeadScores": ("HeadScoresProbe", "tl_spectral.probes.head_scores"),
+    "ProbeRun": ("ProbeRun", "tl_spectral.probes.runner"),
 }
 #: public submodules
 _MODULES = {"zoo": "tl_spectral.models.zoo"}
@@ -79,6 +112,13 @@ importlib.import_module("tl_spectral.progress").quiet_tqdm_auto()
 
 
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:  # not cached: every use warns
+        new, where = _DEPRECATED[name]
+        from tl_spectral._deprecation import warn_deprecated
+
+        warn_deprecated(f"tl_spectral.{name}", f"tl_spectral.{new}" if new != name else
+                        "run_probes_with_logits, which returns (logits, results)")
+        return getattr(importlib.import_module(where), new)
     if name in _MODULES:
         mod = importlib.import_module(_MODULES[name])
     elif name in _PUBLIC:

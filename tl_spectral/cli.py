@@ -112,12 +112,24 @@ def resolve_model(name: str) -> tuple[str, str]:
 
 
 def load_model(name: str) -> tuple[Any, Any]:
-    """A model and its tokenizer by ``--model`` name:
-    :func:`tl_spectral.models.loading.load_named_model` (kept here for the studies; not the
-    checkpoint loader ``tl_spectral.models.load_model``)."""
-    from tl_spectral.models.loading import load_named_model
+    """Deprecated: use ``tls.load_model(name)`` (:func:`tl_spectral.models.loading.load_model`)."""
+    from tl_spectral._deprecation import warn_deprecated
 
+    warn_deprecated("tl_spectral.cli.load_model", "tl_spectral.load_model")
     return load_named_model(name)
+
+
+def load_named_model(name: str) -> tuple[Any, Any]:
+    """A model and its tokenizer by ``--model`` name:
+    :func:`tl_spectral.models.loading.load_named_model` (imported when called: the command
+    line starts without torch); a package the model needs that is not installed is a
+    :class:`UsageError` naming it."""
+    from tl_spectral.models.loading import load_named_model as _f
+
+    try:
+        return _f(name)
+    except ImportError as e:  # a package the model needs is not installed: say which
+        raise UsageError(_one_line(e)) from None
 
 
 def check_out_dir(out: Path, overwrite: bool, *, marker: str = REPORT_MARKER,
@@ -149,10 +161,16 @@ def check_out_dir(out: Path, overwrite: bool, *, marker: str = REPORT_MARKER,
                          "you can write to") from None
 
 
+#: The shortest ``--length``: the scale POD (and the wavelets' default scales) need T ≥ 4.
+MIN_LENGTH = 4
+
+
 def _int_in(ap: ArgumentParser, name: str, value: int, lo: int, hi: int) -> None:
     if not lo <= value <= hi:
+        why = " (the scale POD needs at least 4 tokens per window)" if (
+            name == "length" and value < MIN_LENGTH) else ""
         raise UsageError(f"{ap.prog}: --{name} {value} is out of range; pass an integer in "
-                         f"[{lo}, {hi:,}]")
+                         f"[{lo}, {hi:,}]{why}")
 
 
 # ------------------------------------------------------------------------------- analyze
@@ -176,6 +194,10 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tokens", default=None,
                     help="a token file (tl-spectral tokenize) to read windows from lazily, "
                          "batch by batch, instead of --corpus")
+    ap.add_argument("--tokens-model-ok", action="store_true",
+                    help="use a --tokens file that records no model (written by "
+                         "write_token_file without model=) with --model: you vouch that its "
+                         "ids are --model's tokenizer's")
     ap.add_argument("--stream-rank", type=int, default=None,
                     help="scale POD with constant-memory statistics of rank cap K (two passes; "
                          "H* above K reads '> K'); default: keep every window's field")
@@ -218,7 +240,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
 
     # --- every argument is checked before the model loads
     _int_in(ap, "n-docs", args.n_docs, 1, MAX_DOCS)
-    _int_in(ap, "length", args.length, 2, 1 << 20)
+    _int_in(ap, "length", args.length, MIN_LENGTH, 1 << 20)
     _int_in(ap, "batch-size", args.batch_size, 1, 1 << 16)
     _int_in(ap, "faithfulness-docs", args.faithfulness_docs, 0, args.n_docs)
     _int_in(ap, "seed", args.seed, 0, MAX_SEED)
@@ -239,7 +261,8 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     kind, target = resolve_model(args.model)
     token_file = None
     if args.tokens is not None:
-        token_file = open_token_file(args.tokens, args.model)
+        token_file = open_token_file(args.tokens, args.model,
+                                     model_ok=args.tokens_model_ok)
     else:
         check_corpus(args.corpus)
     dist_env = torchrun_env()
@@ -299,7 +322,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
         windows = _windows(text, tokenizer, args)
     status(f"loading {args.model}")
     t_load = time.perf_counter()
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_named_model(args.model)
     stages = {"load model": time.perf_counter() - t_load}  # the stage table's first row
     _check_finite_weights(model, args.model)
     if dist_env is not None and torch.cuda.is_available():
@@ -439,7 +462,8 @@ def _start_token(args, kind: str, target: str, model, tokenizer, causal: bool):
         return None
     want = args.bos
     if want is None:
-        want = kind == "zoo" and bool(getattr(model.cfg, "default_prepend_bos", False))
+        want = kind in ("zoo", "gguf") and bool(getattr(model.cfg, "default_prepend_bos",
+                                                         False))
     if not want:
         return None
     bos = getattr(tokenizer, "bos_token_id", None)
@@ -498,14 +522,21 @@ def _init_process_group(rank: int, world: int, local_rank: int) -> None:
         dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
-def open_token_file(path: str, model: str):
-    """``--tokens``: a readable token file written for ``model`` (else UsageError)."""
+def open_token_file(path: str, model: str, *, model_ok: bool = False):
+    """``--tokens``: a readable token file written for ``model`` (else UsageError). A file
+    that records no model (``write_token_file`` without ``model=``) could hold any
+    tokenizer's ids: refused unless ``model_ok`` (``--tokens-model-ok``)."""
     from tl_spectral.data.tokenfile import TokenFile
 
     try:
         tf = TokenFile(path)
     except (OSError, ValueError) as e:
         raise UsageError(f"--tokens {path}: {_one_line(e)}") from None
+    if not tf.model and not model_ok:
+        raise UsageError(
+            f"--tokens {path} records no model (written by write_token_file without model=), "
+            f"so its ids may be another tokenizer's: tokenize again with `tl-spectral "
+            f"tokenize ... --model {model}`, or pass --tokens-model-ok if they are {model}'s")
     if tf.model and not _same_model(tf.model, model):
         raise UsageError(f"--tokens {path} was tokenized for --model {tf.model}, not {model}; "
                          f"pass --model {tf.model} or tokenize again with --model {model}")
@@ -531,6 +562,8 @@ def _display_name(model: str, kind: str) -> str:
     own name from its config.json (``_name_or_path`` when it is a hub name, not a path; else
     the folder's name with the architecture, e.g. "smol (LlamaForCausalLM)"), or the folder's
     last component when the config says nothing."""
+    if kind == "gguf":
+        return Path(model).name
     if kind != "hf":
         return model
     folder = Path(model).resolve()
@@ -624,16 +657,23 @@ def tokenizer_for(name: str):
 
     if kind == "random":
         return CharTokenizer.from_text(tiny_shakespeare())
-    if kind == "zoo":
-        from tl_spectral.models import zoo
+    from tl_spectral.models import gguf, zoo
 
-        if target in zoo.SHIPPED:
-            return zoo._char_tokenizer(zoo.checkpoint_info(target))
-        return load_model(name)[1]
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if kind == "zoo" and target in zoo.SHIPPED:
+        return zoo._char_tokenizer(zoo.checkpoint_info(target))
+    if kind == "gguf" or target in gguf.ENTRIES:
+        try:
+            return gguf.tokenizer(target)
+        except ImportError as e:
+            raise UsageError(_one_line(e)) from None
+    if kind == "zoo":
+        return load_named_model(name)[1]
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(target)
+    from tl_spectral.models.loading import hub_offline
+
+    with hub_offline():
+        return AutoTokenizer.from_pretrained(target)
 
 
 def tokenize(argv: Optional[list[str]] = None) -> int:
@@ -689,7 +729,7 @@ def tokenize(argv: Optional[list[str]] = None) -> int:
     # a local folder is recorded as its absolute path: analyze --tokens finds it from
     # any working folder, however --model spells it there
     kind, target = resolve_model(args.model)
-    recorded = str(Path(target).resolve()) if kind == "hf" else args.model
+    recorded = str(Path(target).resolve()) if kind in ("hf", "gguf") else args.model
     path = write_token_file(out, docs(), model=recorded, vocab_size=vocab,
                             overwrite=args.overwrite)
     from tl_spectral.data.tokenfile import TokenFile
@@ -779,7 +819,7 @@ def geometry(argv: Optional[list[str]] = None) -> int:
     if kind == "zoo" and target in zoo.SHIPPED:
         model, _ = zoo.load_native(target)  # native weights: S–D layers stay readable
     else:
-        model, _ = load_model(args.model)
+        model, _ = load_named_model(args.model)
     try:
         geo = model_qk_geometry(model, fold_ln=not args.no_fold_ln,
                                 allow_rotary=args.allow_rotary)
@@ -896,6 +936,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (UsageError, ValueError, OSError) as e:
         if debug:
             raise
+        if not isinstance(e, UsageError) and _disk_full(e):
+            print(f"tl-spectral {cmd}: error: {_disk_full_message(e)}", file=sys.stderr)
+            return 2
         msg = _one_line(e)
         if not isinstance(e, UsageError) and "weights_only" in msg:
             msg = _NO_UNPICKLE
@@ -907,6 +950,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
         import pickle
 
+        if _disk_full(e):  # the user's environment, not a bug (SafetensorError, torch …)
+            print(f"tl-spectral {cmd}: error: {_disk_full_message(e)}", file=sys.stderr)
+            return 2
         if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e):
             # never pass on torch's advice to unpickle with weights_only=False
             print(f"tl-spectral {cmd}: error: {_NO_UNPICKLE}", file=sys.stderr)
@@ -918,6 +964,35 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 _NO_UNPICKLE = ("a weights file could not be read without unpickling it, which tl-spectral "
                 "never does; pass a model folder with safetensors weights (model.safetensors)")
+
+
+def _disk_full(e: BaseException) -> bool:
+    """Whether ``e`` (or an exception it was raised from) says the disk or the user's quota
+    is full: an OSError with ENOSPC / EDQUOT, or a message with 'No space left' or 'Disk
+    quota exceeded' (safetensors, torch and others re-raise the OS's error as text)."""
+    import errno
+
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+            return True
+        text = str(e).lower()
+        if "no space left" in text or "disk quota exceeded" in text:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _disk_full_message(e: BaseException) -> str:
+    """One line: what filled up, and (unless the error already says how) what to do."""
+    where = getattr(e, "filename", None)
+    msg = _one_line(e)
+    at = f" while writing {where}" if where and str(where) not in msg else ""
+    advice = "" if "free" in msg.lower() else (
+        "; free some space or pass an output folder (--out, -o) on another disk, and run "
+        "again")
+    return f"the disk is full or over quota{at}: {msg}{advice}"
 
 
 def _one_line(e: BaseException) -> str:

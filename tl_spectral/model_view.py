@@ -21,7 +21,9 @@ batch, whatever the number of probes reading it).
 - ``attn_in``: ``[batch, pos, d_model]`` the input of the attention (after ln1 when the
   model is pre-LN; the residual stream for post-LN encoders such as BERT).
 - ``q``, ``k``, ``v``: ``[batch, pos, head, d_head]`` queries, keys and values; keys and
-  values are repeated to the query heads for grouped-query models.
+  values are repeated to the query heads for grouped-query models. Queries and keys are the
+  projections ``x W_Q + b_Q``, ``x W_K + b_K`` before any QK-norm and before rotary positions
+  (Gemma 3's bridge: ``hook_q_normed`` / ``hook_rot_q`` hold the normalized and rotated ones).
 - ``pattern``: ``[batch, head, query, key]`` post-softmax attention pattern.
 - ``z``: ``[batch, pos, head, d_head]`` each head's pattern-weighted values (before W_O).
 - ``mlp_out``: ``[batch, pos, d_model]`` the MLP's output (what it adds to the residual).
@@ -44,6 +46,23 @@ _HOOK_NAMES = {
     "resid_post": "blocks.{layer}.hook_resid_post",
     "mlp_out": "blocks.{layer}.hook_mlp_out",
 }
+
+
+class _BlocksDone(Exception):
+    """Raised by :meth:`ModelView.run` once the last hooked block has run (nothing after it
+    is wanted)."""
+
+
+def _last_hooked_block(fwd_hooks: list) -> Optional[int]:
+    """The largest ``l`` of hook names ``blocks.{l}.…``, or None when some hook is not on a
+    block (a name filter, the embedding, the final norm, the unembedding) or there is none."""
+    last = None
+    for name, _ in fwd_hooks:
+        parts = name.split(".") if isinstance(name, str) else []
+        if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit():
+            return None
+        last = max(int(parts[1]), -1 if last is None else last)
+    return last
 
 
 class PatternsNotExposedError(RuntimeError):
@@ -191,6 +210,14 @@ class ModelView:
                                   native.cos_cached[1, 0:rd:2].double())
                 return {"inv_freq": ang, "rotary_dim": rd, "pairing": "adjacent",
                         "attention_scaling": 1.0, "source": "native cos/sin tables"}
+            per = _per_type_rotary(self)
+            if per is not None:  # one rotary embedding per layer type (Gemma 3)
+                if len({tuple(m["inv_freq"].tolist()) for m in per}) > 1:
+                    raise ValueError(
+                        f"{self.name} uses different rotary frequencies per layer type "
+                        f"({', '.join(sorted({m['source'] for m in per}))}); read them per "
+                        "layer with tl_spectral.model_view.layer_rotary_metadata(model)")
+                return dict(per[0])
             found = [(n, m) for n, m in root.named_modules()
                      if isinstance(getattr(m, "inv_freq", None), torch.Tensor)]
             if found:
@@ -465,6 +492,11 @@ class ModelView:
         """One forward pass with ``fwd_hooks`` attached for its duration.
 
         tokens: [batch, pos] int64; attention_mask: [batch, pos] (1 = real token).
+
+        ``return_type=None`` with hooks on blocks only: the pass stops once the last hooked
+        block has run (after its ``hook_resid_post`` hooks), so the final norm and the
+        unembedding never run — no ``[batch, pos, d_vocab]`` logits (Gemma 3: 262,144 per
+        token) are formed where nothing reads them. Returns None then.
         """
         kwargs: dict[str, Any] = {}
         if attention_mask is not None:
@@ -478,8 +510,18 @@ class ModelView:
             kwargs["one_zero_attention_mask"] = attention_mask.to(self.device)
         if return_type is not None:
             kwargs["return_type"] = return_type
-        with self.model.hooks(fwd_hooks=fwd_hooks or []):
-            return self.model(tokens, **kwargs)
+        hooks = list(fwd_hooks or [])
+        last = _last_hooked_block(hooks) if return_type is None else None
+        if last is not None and self.has_hook(f"blocks.{last}.hook_resid_post"):
+            def stop(t: Tensor, hook: Any = None) -> Tensor:
+                raise _BlocksDone
+
+            hooks.append((f"blocks.{last}.hook_resid_post", stop))  # after the caller's hooks
+        try:
+            with self.model.hooks(fwd_hooks=hooks):
+                return self.model(tokens, **kwargs)
+        except _BlocksDone:
+            return None
 
     def check_patterns(self) -> None:
         """Raise :class:`PatternsNotExposedError` unless layer 0's pattern hook fires.
@@ -520,3 +562,133 @@ class ModelView:
             f"heads (kv {self.n_kv_heads}), d_model {self.d_model}, d_head {self.d_head}, "
             f"{kind}, norm {self.normalization})"
         )
+
+
+# ---------------------------------------------------------------------- per-layer facts
+def _hf_text_config(model: Any) -> Any:
+    """The Hugging Face (text) config behind a TransformerBridge, or None."""
+    root = getattr(model, "original_model", None)
+    hf_cfg = getattr(root, "config", None)
+    if hf_cfg is not None and callable(getattr(hf_cfg, "get_text_config", None)):
+        hf_cfg = hf_cfg.get_text_config()
+    return hf_cfg
+
+
+def layer_windows(model: Any) -> list[Optional[int]]:
+    """Per layer, the sliding-window width ``W`` of its causal attention, or None for full
+    attention: a query at ``i`` may attend to the keys ``i − W + 1 … i`` (lags ``0 … W − 1``,
+    ``W`` keys including itself), as Hugging Face's ``sliding_window_overlay`` (``j > i − W``)
+    and TransformerLens' local attention (``window_size``) mask them.
+
+    Read from the model's configuration, in one place for every statistic:
+
+    * TransformerBridge: the Hugging Face config's ``layer_types`` (``"sliding_attention"``
+      layers get ``sliding_window``; Gemma 2/3, Qwen2 with ``use_sliding_window``) or, without
+      ``layer_types``, a ``sliding_window`` that applies to every layer (Mistral);
+    * HookedTransformer (TL 3.9): ``cfg.attn_types`` (``"local"`` layers get
+      ``cfg.window_size``).
+
+    Bidirectional models and models without windows get ``[None] * n_layers``. A layer type
+    that is neither full nor sliding (e.g. chunked attention) raises ``ValueError``.
+    """
+    view = model if isinstance(model, ModelView) else ModelView(model)
+    L = view.n_layers
+    if not view.causal:
+        return [None] * L
+    hf_cfg = _hf_text_config(view.model) if view.backend == "bridge" else None
+    if hf_cfg is not None:
+        sw = getattr(hf_cfg, "sliding_window", None)
+        types = getattr(hf_cfg, "layer_types", None)
+        if types is not None:
+            types = list(types)[:L]
+            bad = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
+            if bad:
+                raise ValueError(f"{view.name}: layer types {bad} are neither full nor sliding "
+                                 "attention; their key support is not read")
+            if any(t == "sliding_attention" for t in types) and not sw:
+                raise ValueError(f"{view.name}: sliding-attention layers but no sliding_window "
+                                 "in the config")
+            return [int(sw) if t == "sliding_attention" else None for t in types]
+        if sw and getattr(hf_cfg, "use_sliding_window", True) is not False:
+            return [int(sw)] * L
+        return [None] * L
+    kinds = getattr(view.cfg, "attn_types", None)
+    size = getattr(view.cfg, "window_size", None)
+    if kinds is not None and size:
+        return [int(size) if str(k) == "local" else None for k in list(kinds)[:L]]
+    return [None] * L
+
+
+def window_allowed(T: int, window: Optional[int], *, causal: bool = True,
+                   device: Any = None) -> Tensor:
+    """``[T, T]`` bool: the (query, key) pairs a layer may attend to in a window of ``T``
+    tokens — causal ``0 ≤ i − j < W`` (``W = window``, None: no limit), or every pair for a
+    bidirectional layer."""
+    i = torch.arange(T, device=device)[:, None]
+    j = torch.arange(T, device=device)[None, :]
+    if not causal:
+        return torch.ones(T, T, dtype=torch.bool, device=device)
+    ok = j <= i
+    if window is not None:
+        ok = ok & (i - j < int(window))
+    return ok
+
+
+def lag_pair_counts(T: int, window: Optional[int], n_lags: Optional[int] = None) -> Tensor:
+    """Number of causal (query, key) pairs at each lag ``ℓ = 0 … n_lags − 1`` in one window of
+    ``T`` tokens that a layer of window ``W`` may attend to: ``T − ℓ`` for ``ℓ < W``, else 0
+    (float64 ``[n_lags]``, default ``n_lags = T``)."""
+    n = T if n_lags is None else int(n_lags)
+    lag = torch.arange(n, dtype=torch.float64)
+    c = (T - lag).clamp_min(0.0)
+    if window is not None:
+        c = torch.where(lag < int(window), c, torch.zeros_like(c))
+    return c
+
+
+@torch.no_grad()
+def layer_rotary_metadata(model: Any) -> Optional[list[dict[str, Any]]]:
+    """Per layer, :meth:`ModelView.rotary_metadata` of the rotary embedding that layer uses;
+    None for models without rotary positions.
+
+    Models whose layer types use different rotary embeddings (Gemma 3: θ = 10,000 in its
+    sliding-window layers, 1,000,000 in its full-attention ones) hold them in one
+    Hugging Face rotary module as ``{layer_type}_inv_freq`` buffers with
+    ``{layer_type}_attention_scaling``; each layer gets the buffer of its
+    ``config.layer_types`` entry (``source`` names it). Every other model gets the one
+    :meth:`ModelView.rotary_metadata` for every layer.
+    """
+    view = model if isinstance(model, ModelView) else ModelView(model)
+    if view.positional != "rotary":
+        return None
+    per = _per_type_rotary(view)
+    if per is not None:
+        return per
+    meta = view.rotary_metadata()
+    return [dict(meta) for _ in range(view.n_layers)] if meta is not None else None
+
+
+def _per_type_rotary(view: ModelView) -> Optional[list[dict[str, Any]]]:
+    """The per-layer-type rotary metadata of :func:`layer_rotary_metadata`, or None when
+    the model keeps no ``{layer_type}_inv_freq`` buffers."""
+    hf_cfg = _hf_text_config(view.model) if view.backend == "bridge" else None
+    types = getattr(hf_cfg, "layer_types", None) if hf_cfg is not None else None
+    root = getattr(view.model, "original_model", None)
+    per_type: dict[str, dict[str, Any]] = {}
+    if types is not None and root is not None:
+        for n, m in root.named_modules():
+            for t in set(types):
+                inv = getattr(m, f"{t}_inv_freq", None)
+                if isinstance(inv, Tensor) and t not in per_type:
+                    inv = inv.detach().double().cpu().clone()
+                    scale = float(getattr(m, f"{t}_attention_scaling", 1.0) or 1.0)
+                    adjacent = bool(getattr(view.cfg, "rotary_adjacent_pairs", False))
+                    per_type[t] = {"inv_freq": inv, "rotary_dim": 2 * inv.numel(),
+                                   "pairing": "adjacent" if adjacent else "half",
+                                   "attention_scaling": scale, "source": f"{n}.{t}_inv_freq"}
+    if per_type:
+        missing = sorted({t for t in types[: view.n_layers] if t not in per_type})
+        if missing:
+            raise ValueError(f"{view.name}: no rotary frequencies for layer types {missing}")
+        return [dict(per_type[t]) for t in list(types)[: view.n_layers]]
+    return None

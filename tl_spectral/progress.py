@@ -10,7 +10,8 @@ the widget bar for those who have it.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+import sys
+from typing import Any, Optional
 
 
 def _has_ipywidgets() -> bool:
@@ -29,8 +30,37 @@ def tqdm_class() -> type:
     return tqdm
 
 
-def progress_bar(iterable: Any = None, **kwargs: Any):
-    """A tqdm bar (see the module doc); the arguments are tqdm's."""
+#: ``progress=None`` shows a bar only once the work has taken this long (seconds)
+AUTO_DELAY_S = 2.0
+
+
+def interactive() -> bool:
+    """True on a terminal (stderr is a TTY) or in a Jupyter kernel: where a bar is seen."""
+    try:
+        if sys.stderr is not None and sys.stderr.isatty():
+            return True
+    except (AttributeError, ValueError):  # a replaced or closed stderr
+        pass
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if hasattr(ipython, "get_ipython") else None
+    return getattr(shell, "kernel", None) is not None
+
+
+def progress_bar(iterable: Any = None, *, enabled: Optional[bool] = True, **kwargs: Any):
+    """A tqdm bar (see the module doc); the other arguments are tqdm's.
+
+    enabled: the ``progress`` argument of every public function, one convention: True shows
+    the bar, False never does, None (the default of every public function) shows it on a
+    terminal or in a notebook (:func:`interactive`) and only once the work has taken
+    :data:`AUTO_DELAY_S` seconds, so short calls and logs stay quiet.
+    """
+    if enabled is None:
+        if interactive():
+            kwargs.setdefault("delay", AUTO_DELAY_S)
+        else:
+            kwargs["disable"] = True
+    elif not enabled:
+        kwargs["disable"] = True
     return tqdm_class()(iterable, **kwargs)
 
 
@@ -41,7 +71,6 @@ def quiet_tqdm_auto() -> None:
     it, ``tqdm.auto`` is the text bar it would have fallen back to anyway. Called by
     ``import tl_spectral``; does nothing outside a kernel, with ipywidgets, or when
     ``tqdm.auto`` was already imported."""
-    import sys
     import warnings
 
     if ("ipykernel" not in sys.modules or "tqdm.autonotebook" in sys.modules

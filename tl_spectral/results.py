@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -66,29 +67,28 @@ class Result:
     array_dims: ClassVar[dict[str, Any]] = {}
 
     # ------------------------------------------------------------- the Result protocol
-    # Every result kind answers the same calls: to_dict / to_frame / summary / repr /
-    # _repr_html_ / plot / show / save / load. A kind customises it through ``rows()`` (its
-    # main table), ``headline()`` (a few numbers), and its figures (``plot`` / ``plot_*`` /
-    # ``view``, drawn by the plotting leaf through ``_draw``).
+    # Every result kind answers the same calls: to_dict / to_rows / to_frame / summary / repr
+    # / _repr_html_ / plot / show / save / load. A kind customises it through ``to_rows()``
+    # (its main table, a list of dicts), ``headline()`` (a few numbers), and its figures
+    # (``plot`` / ``plot_*`` / ``view``, drawn by the plotting leaf through ``_draw``).
 
-    def _table(self) -> list[dict[str, Any]]:
-        """The main table, one dict per row: the kind's ``rows()`` method. (The base class
-        defines none: a dataclass field named ``rows`` would take it as its default;
-        ``AllocationStudy`` holds its models in such a field and names its table
-        ``to_rows()``.) Without one, the headline as one row, else one row of the scalar
-        fields and the arrays' shapes."""
-        rows = getattr(self, "rows", None)
-        if callable(rows):
-            return list(rows())
-        legacy = next((n for n in ("to_rows", "summary_rows", "table")
+    def to_rows(self) -> list[dict[str, Any]]:
+        """The main table, one dict per row (one row per layer, head, measure … of this
+        kind): the one name for it in every kind, beside :meth:`to_dict` and
+        :meth:`to_frame` (pandas). Kinds with a table override this; here: a kind of another
+        package that still names its table ``rows()``, ``summary_rows()`` or ``table()``
+        (the old names) is read with a DeprecationWarning; else the headline as one row, else
+        one row of the scalar fields and the arrays' shapes."""
+        legacy = next((n for n in ("rows", "summary_rows", "table")
                        if callable(getattr(self, n, None))), None)
-        if legacy is not None:
-            if not type(self).__module__.startswith("tl_spectral."):
-                import warnings  # a kind of another package written before rows() was the hook
+        if legacy is not None:  # a kind written before to_rows() was the hook
+            from tl_spectral._deprecation import warn_deprecated
 
-                warnings.warn(f"{type(self).__name__}: name the main table rows() (the "
-                              f"Result protocol's hook); {legacy}() is read for now",
-                              DeprecationWarning, stacklevel=3)
+            level, frame = 2, sys._getframe(1)  # the first caller outside this module
+            while frame is not None and frame.f_code.co_filename == __file__:
+                frame, level = frame.f_back, level + 1
+            warn_deprecated(f"{type(self).__name__}.{legacy}() as the main table",
+                            "to_rows() (the Result protocol's hook)", stacklevel=level + 1)
             return list(getattr(self, legacy)())
         h = self.headline()
         if h:
@@ -97,6 +97,9 @@ class Result:
                if isinstance(getattr(self, f.name), (int, float, str, bool))}
         row.update({k: "×".join(map(str, v)) for k, v in _shape_fields(self)})
         return [row] if row else []
+
+    def _table(self) -> list[dict[str, Any]]:
+        return list(self.to_rows())
 
     def headline(self) -> dict[str, Any]:
         """A few headline numbers (plain Python), shown by :meth:`summary` and ``repr``."""
@@ -728,15 +731,23 @@ _LEGACY_KIND_MODULES: dict[str, str] = {
     "allocation_study": "tl_spectral.models.surgery",
 }
 
-_MODULE_NAME = re.compile(r"tl_spectral(\.[A-Za-z_][A-Za-z0-9_]*)+")
+#: The library modules that define result kinds: the only modules ``Result.load`` ever
+#: imports by the name a file gives (an allow-list, not a prefix: a file naming
+#: ``tl_spectral.__main__`` or ``tl_spectral.cli`` is refused, never run). Kept equal to the
+#: modules of the registry's library kinds: a test imports every module of the package and
+#: compares, so a new result module must be added here.
+_RESULT_MODULES: frozenset[str] = frozenset(_LEGACY_KIND_MODULES.values()) | {
+    "tl_spectral.analysis.scale_pod_heads",
+    "tl_spectral.probes.head_scores",
+}
 
 
 def _result_class(kind: str, module: Any, path: Path) -> type["Result"]:
     """The registered class of ``kind``, importing the module the file names if need be.
 
-    Only a module of the library (``tl_spectral.…``) is ever imported, and only if it
-    defines the kind; a file without the entry (older files) falls back to the frozen
-    kind -> module table. A kind of another package loads once its module is imported."""
+    Only a module of the allow-list :data:`_RESULT_MODULES` (the library modules that
+    define result kinds) is ever imported, and only if it defines the kind; a file without
+    the entry (older files) falls back to the frozen kind -> module table. A kind of another package loads once its module is imported."""
     if kind in _REGISTRY:
         return _REGISTRY[kind]
     if module is None:
@@ -747,11 +758,11 @@ def _result_class(kind: str, module: Any, path: Path) -> type["Result"]:
     if not isinstance(module, str):
         raise ValueError(f"{path}: the metadata 'module' is {type(module).__name__}, not the "
                          "name of the module that defines the result kind")
-    if not _MODULE_NAME.fullmatch(module):
+    if module not in _RESULT_MODULES:
         raise ValueError(
-            f"{path}: unknown result kind {kind!r}, defined in {module!r}, which is not a "
-            "tl_spectral module and is never imported from a file; import it yourself, then "
-            "call Result.load again")
+            f"{path}: unknown result kind {kind!r}, said to be defined in {module!r}, which "
+            "is not a module that defines result kinds and is never imported from a file; "
+            "import the module that defines the kind yourself, then call Result.load again")
     import importlib
 
     try:
@@ -767,10 +778,10 @@ def _result_class(kind: str, module: Any, path: Path) -> type["Result"]:
 
 
 def _import_result_modules() -> None:
-    """Import every module that defines a library result kind known to older files."""
+    """Import every module that defines a library result kind."""
     import importlib
 
-    for name in sorted(set(_LEGACY_KIND_MODULES.values())):
+    for name in sorted(_RESULT_MODULES):
         importlib.import_module(name)
 
 

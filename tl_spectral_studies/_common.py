@@ -6,8 +6,9 @@ import argparse
 import json
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tl_spectral.usage import UsageError
 
@@ -31,6 +32,52 @@ def add_run_arguments(ap: argparse.ArgumentParser, *, default_out: str) -> None:
     ap.add_argument("--overwrite", action="store_true",
                     help="replace an earlier output of this study in --out (a folder that is "
                          "not this study's output is never touched)")
+
+
+def positive_int(text: str) -> int:
+    """``type=`` for a count option (``--windows``, ``--threads``): an integer ≥ 1, checked
+    while the arguments are parsed, before anything is read or written."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive count; pass an integer ≥ 1")
+    return value
+
+
+@contextmanager
+def fresh_out(out: str | Path, name: str, *, overwrite: bool = False) -> Iterator[Path]:
+    """A study's output folder written whole, replacing an earlier one only at the end (as
+    ``analyze --out`` does, :mod:`tl_spectral.outdirs`): everything is checked first, the
+    run writes into a temporary sibling (marked as ``name``'s output), and on success that
+    sibling is swapped in atomically; on any failure it is removed and ``out`` is left as it
+    was. Refused up front: the current folder or one above it, a file, a non-empty folder
+    that is not ``name``'s output, and ``name``'s earlier output without ``overwrite``."""
+    from tl_spectral.outdirs import out_path, path_identity, swap_in, tmp_out_dir
+
+    target = out_path(str(out))  # refuses . and the folders above it
+    if target.exists() and not target.is_dir():
+        raise StudyUsageError(f"--out {out} is a file; pass a folder")
+    if target.is_dir() and any(target.iterdir()):
+        marker = target / MARKER
+        if not (marker.is_file() and _marker_name(marker) == name):
+            raise StudyUsageError(
+                f"--out {out} is a non-empty folder that is not an output of "
+                f"'tl-spectral study {name}'; pass an empty or new folder")
+        if not overwrite:
+            raise StudyUsageError(
+                f"--out {out} holds an earlier output of this study; pass --overwrite to "
+                "replace it or choose another folder")
+    expected = path_identity(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_out_dir(target)
+    try:
+        (tmp / MARKER).write_text(json.dumps({"study": name}) + "\n")
+        yield tmp
+        swap_in(tmp, target, expected, marker=MARKER)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful swap
 
 
 def prepare_out(out: str | Path, name: str, *, overwrite: bool = False,

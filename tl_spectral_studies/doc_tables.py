@@ -6,6 +6,12 @@ the study's ``tables(docs/results/<study>)`` returns every block by key.
     python -m tl_spectral_studies.doc_tables            # rewrite the blocks of every doc
     python -m tl_spectral_studies.doc_tables --check    # exit 1 when a block differs
 
+The check also covers the verdict records (``verdicts.json`` of every real-decoder column,
+``docs/results/claims/records.json``: what the claims registry gives from the committed
+results) and the prose: every ``<!-- check: CLAIM MODEL -->`` … ``<!-- /check -->`` span of
+a doc may quote only the numbers, layer lists and label of its record
+(:func:`tl_spectral_studies.claims.render.check_prose`).
+
 ``tests/test_study_tables.py`` runs the check.
 """
 
@@ -23,17 +29,43 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _docs() -> dict[str, tuple[str, Callable[[Path], dict[str, str]], str]]:
     """doc path -> (results folder, tables function, block-key prefix)."""
-    from tl_spectral_studies import contributions, real_decoder, routing, scale_pod, surgery
+    from tl_spectral_studies import (
+        contributions_tables,
+        real_decoder_tables,
+        routing_tables,
+        scale_pod,
+        surgery_tables,
+    )
 
     return {
-        "docs/contributions.md": ("docs/results/contributions", contributions.tables,
+        "docs/claims.md": ("docs/results/claims", claims_tables, "claims/"),
+        "docs/contributions.md": ("docs/results/contributions", contributions_tables.tables,
                                   "contributions/"),
         "docs/scale_pod.md": ("docs/results/scale_pod", scale_pod.tables, "scale_pod/"),
-        "docs/surgery.md": ("docs/results/surgery", surgery.tables, "surgery/"),
-        "docs/routing_filtering.md": ("docs/results/routing", routing.tables, "routing/"),
-        "docs/real_decoder.md": ("docs/results/real_decoder", real_decoder.tables,
+        "docs/surgery.md": ("docs/results/surgery", surgery_tables.tables, "surgery/"),
+        "docs/routing_filtering.md": ("docs/results/routing", routing_tables.tables,
+                                      "routing/"),
+        "docs/real_decoder.md": ("docs/results/real_decoder", real_decoder_tables.tables,
                                  "real_decoder/"),
     }
+
+
+def claims_tables(results_dir: Path) -> dict[str, str]:
+    """The blocks of docs/claims.md: the claims matrix (every claim × every model)."""
+    from tl_spectral_studies.claims import catalog, render
+
+    return {"claims/matrix": render.matrix_markdown(catalog.records(results_dir.parents[2]))}
+
+
+def prose_differences(root: Path = ROOT) -> list[str]:
+    """Checked prose spans and records files that disagree with the records."""
+    from tl_spectral_studies.claims import catalog, render
+
+    recs = catalog.records(root)
+    out = render.result_differences(root, recs)
+    for doc in _docs():
+        out += render.check_prose((root / doc).read_text(encoding="utf-8"), recs, doc)
+    return out
 
 
 def expected(root: Path = ROOT) -> dict[str, dict[str, str]]:
@@ -55,11 +87,15 @@ def differences(root: Path = ROOT) -> list[str]:
                 out.append(f"{doc}: block {k} is in the doc but the results do not produce it")
             elif have[k] != want[k]:
                 out.append(f"{doc}: block {k} differs from its committed results")
-    return out
+    return out + prose_differences(root)
 
 
 def write(root: Path = ROOT, docs: Sequence[str] | None = None) -> list[str]:
-    """Rewrite every generated block of the docs (default all) in place; the docs changed."""
+    """Rewrite every generated block of the docs (default all) in place, and the records
+    files; the docs changed."""
+    from tl_spectral_studies.claims import catalog, render
+
+    render.write_results(root, catalog.records(root))
     changed = []
     for doc, (res, fn, prefix) in _docs().items():
         if docs is not None and doc not in docs:

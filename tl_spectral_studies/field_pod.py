@@ -153,7 +153,7 @@ def combine_intervals(est: Tensor, low: Tensor, high: Tensor, jk: dict[str, Any]
                       ) -> tuple[Tensor, Tensor, Tensor]:
     """``(estimate, low, high)`` ``[..., len(STATS)]``: the bootstrap's for the band shares
     and the peak scale, the jackknife's (``jk`` from
-    :func:`~tl_spectral_studies.scale_pod.group_jackknife`) for :data:`JACKKNIFE_KEYS`."""
+    :func:`~tl_spectral.analysis.bootstrap.group_jackknife`) for :data:`JACKKNIFE_KEYS`."""
     low, high = low.clone(), high.clone()
     for k in JACKKNIFE_KEYS:
         i = STATS.index(k)
@@ -173,16 +173,18 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
               n_resamples: int = 1000, bootstrap_seed: int = 0,
               fig_dir: str | Path | None = None) -> dict[str, Any]:
     """Capture every field in one pass, scale-POD each, bootstrap; write JSON and figures.
-    Returns the summary (also in ``out_dir/field_pod_<model>_N<n_docs>.json``)."""
+    Returns the summary (also in ``out_dir/field_pod_<model>_N<n_docs>.json``).
+
+    Longer than 80 lines on purpose: the study's steps in order over one loaded model and its
+    windows."""
     import matplotlib
 
     matplotlib.use("Agg")
-    from tl_spectral.analysis.bootstrap import bootstrap
+    from tl_spectral.analysis.bootstrap import bootstrap, group_jackknife
     from tl_spectral.data import load_corpus
     from tl_spectral.model_view import ModelView
     from tl_spectral.models.loading import load_named_model as load_model
     from tl_spectral.probes import AttentionFieldProbe, run_probes
-    from tl_spectral_studies.scale_pod import group_jackknife
 
     fields = list(fields)
     if fields[0] != "attention":
@@ -219,7 +221,7 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
     per_field, diffs = {}, {}
     for k, f in enumerate(fields):
         rows = []
-        for li, (lay, tab) in enumerate(zip(layers, pods[f].table())):
+        for li, (lay, tab) in enumerate(zip(layers, pods[f].to_rows())):
             rows.append({"layer": lay, "dominant_scales": tab["dominant_scales"],
                          "tspec_r2": tab["tspec_r2"], "H_star_str": tab["H_star"],
                          **_interval_dict(est[k, li], low[k, li], high[k, li])})

@@ -57,7 +57,7 @@ def load_source(source: str) -> tuple[Any, dict[str, Any]]:
     """(native GPT, info) from ``zoo:NAME`` or a training run folder."""
     from tl_spectral.geometry.cascade import latest_model_dir
     from tl_spectral.models import zoo
-    from tl_spectral.models.gpt import load_model
+    from tl_spectral.models.gpt import load_checkpoint
 
     if source.startswith("zoo:"):
         name = source[4:]
@@ -67,7 +67,7 @@ def load_source(source: str) -> tuple[Any, dict[str, Any]]:
                        "final": True, "val_loss_reported": meta.get("metrics", {}).get("val_loss")}
     d, step, final = latest_model_dir(source)
     cfg = json.loads((Path(d) / "config.json").read_text())
-    return load_model(d), {"source": f"runs/{Path(source).name}", "steps": step,
+    return load_checkpoint(d), {"source": f"runs/{Path(source).name}", "steps": step,
                            "final": bool(final),
                            "val_loss_reported": cfg.get("metrics", {}).get("val_loss")}
 

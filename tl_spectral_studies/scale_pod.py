@@ -95,7 +95,7 @@ def group_jackknife(statistic, n_docs: int, *, n_groups: int = 20, seed: int = 0
     keeps (1 − 1/G) of the documents, all distinct. Returns ``{"estimate", "low", "high",
     "se"}`` tensors and ``"meta"``."""
     # the library's jackknife (the report's intervals) — one implementation for both
-    from tl_spectral.viz.uncertainty import group_jackknife as _library_jackknife
+    from tl_spectral.analysis.bootstrap import group_jackknife as _library_jackknife
 
     out = _library_jackknife(statistic, n_docs, n_groups=n_groups, seed=seed, level=level)
     out.pop("replicates", None)
@@ -154,7 +154,7 @@ def run_study(out_dir: str | Path, *, model: str = "char-shakespeare",
         "stride": stride, "validation_only": validation_only,
         "n_docs": n_docs, "length": length, "max_lag": max_lag, "seed": seed,
         "forward_s": round(t_fwd, 2), "analysis_s": round(t_an, 2),
-        "table": pod.table(), **pod.to_dict(include_curves=True),
+        "table": pod.to_rows(), **pod.to_dict(include_curves=True),
         "command": command, "bootstrap": boot,
     }
     (out / f"{tag}.json").write_text(json.dumps(summary, indent=1, default=float))
@@ -324,14 +324,9 @@ def tspec_markdown(runs: dict[tuple[str, int], dict[str, Any]]) -> str:
 
 
 def _sign_verdict(iv: dict[str, Any] | None, positive: bool = True) -> str:
-    if iv is None:
-        return "—"
-    lo, hi = (iv["low"], iv["high"]) if positive else (-iv["high"], -iv["low"])
-    if lo > 0:
-        return "reproduced"
-    if hi < 0:
-        return "**not reproduced** (the interval excludes the claim)"
-    return "not distinguishable at this size"
+    from tl_spectral_studies.verdicts import side
+
+    return "—" if iv is None else side(iv, 0.0, below=not positive)
 
 
 VERDICT_RUNS: tuple[tuple[tuple[str, int], str], ...] = (
@@ -440,13 +435,14 @@ def _smol_ids(cells: Sequence[str]) -> tuple[str, ...] | None:
 
 
 def verdict_markdown(runs: dict[tuple[str, int], dict[str, Any]],
-                     smol: dict[str, dict[str, Any]] | None = None) -> str:
+                     results_dir: str | Path | None = None,
+                     smol_verdicts: str | Path | None = None) -> str:
     """The claim table of docs/scale_pod.md: the paper's headline results (SPEC A, seed 000),
     one row per claim, one column per run of :data:`VERDICT_RUNS` (the paper's width beside
     ours, validation windows only), each cell the number with its 95% interval and the
-    verdict; a run not yet made says how to make it. ``smol`` (records of the real-decoder
-    study's verdicts.json, :func:`~tl_spectral_studies.smol_column.load`) adds the SmolLM2
-    column through :data:`SMOL_IDS`."""
+    verdict; a run not yet made says how to make it. With ``results_dir``, every
+    real-decoder model of the claims registry adds a column through :data:`SMOL_IDS`
+    (SmolLM2 from ``smol_verdicts`` when given)."""
     from tl_spectral_studies import smol_column
 
     present = [(key, label) for key, label in VERDICT_RUNS if key in runs]
@@ -490,7 +486,10 @@ def verdict_markdown(runs: dict[tuple[str, int], dict[str, Any]],
                     "correction for the several layers and runs: they are read together only "
                     "where every interval is far from the threshold. The paper gives no "
                     "uncertainty.")
-    md = smol_column.add_column("\n".join(rows), _smol_ids, smol)
+    if results_dir is None:
+        return "\n".join(rows)
+    md = smol_column.add_columns("\n".join(rows), _smol_ids, results_dir, smol_verdicts)
+    smol = smol_column.records_for(results_dir, smol_verdicts)
     if smol is not None and "A.alloc" in smol:
         md += ("\n\nSmolLM2-135M head allocation (SPEC A.10; no claim row above): "
                + smol_column.record_text(smol["A.alloc"]) + ".")
@@ -502,11 +501,9 @@ def tables(results_dir: str | Path, *, smol_verdicts: str | Path | None = None
     """Every generated block of docs/scale_pod.md, by key, from the committed runs; the claim
     table's SmolLM2 column from ``smol_verdicts`` (default: the real-decoder study's
     verdicts.json beside ``results_dir``)."""
-    from tl_spectral_studies import smol_column
 
     runs = _runs(results_dir)
-    smol = smol_column.load(smol_verdicts or smol_column.verdicts_path(results_dir))
-    out = {"scale_pod/verdict": verdict_markdown(runs, smol),
+    out = {"scale_pod/verdict": verdict_markdown(runs, results_dir, smol_verdicts),
            "scale_pod/tspec": tspec_markdown(runs)}
     for (model, n), s in runs.items():
         out[f"scale_pod/{model}_N{n}/table"] = table_markdown(s)

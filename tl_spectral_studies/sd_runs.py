@@ -199,7 +199,7 @@ def sd_runs_study(run_dirs: Sequence[str | Path], results_dir: str | Path, *,
     Writes ``results_dir/summary.json`` (refused when it exists, unless ``overwrite``);
     ``data_dir``: the BPE corpora folder, for BPE runs. Returns the summary."""
     from tl_spectral.geometry.cascade import cascade_over_training, latest_model_dir
-    from tl_spectral.models import load_model
+    from tl_spectral.models import load_checkpoint
     from tl_spectral.models.ablations import ablate
     from tl_spectral.models.surgery import window_losses
     from tl_spectral_studies._runs import head_interval as _head_interval
@@ -227,7 +227,7 @@ def sd_runs_study(run_dirs: Sequence[str | Path], results_dir: str | Path, *,
             mdir, step, finished = latest_model_dir(run_dir)
         except FileNotFoundError as e:
             raise StudyUsageError(f"{e}; pass the folder of a training run") from None
-        model = load_model(mdir).eval()
+        model = load_checkpoint(mdir).eval()
         if not any(model.cfg.layer_attention(i) == "sd" for i in range(model.cfg.n_layers)):
             raise StudyUsageError(f"{run_dir} has no S–D attention layer; pass S–D runs only")
         c = cascade_over_training(run_dir, name=label)

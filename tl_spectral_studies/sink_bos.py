@@ -66,15 +66,15 @@ def analyse(gpt, tok, label: str, n_docs: int) -> dict:
                                   "low": layer_iv.low.tolist(), "high": layer_iv.high.tolist()},
         "alpha_on_token0_head": {"estimate": iv.estimate.tolist(), "low": iv.low.tolist(),
                                  "high": iv.high.tolist()},
-        "sink_rows": sinks.summary_rows(),
-        "zero_the_sink": {"clean_ppl": float(zs.clean), "rows": zs.rows()},
+        "sink_rows": sinks.to_rows(),
+        "zero_the_sink": {"clean_ppl": float(zs.clean), "rows": zs.to_rows()},
     }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from tl_spectral.data import CharTokenizer
     from tl_spectral.models import zoo
-    from tl_spectral.models.gpt import load_model, read_checkpoint_config
+    from tl_spectral.models.gpt import load_checkpoint, read_checkpoint_config
 
     ap = argparse.ArgumentParser(prog="python -m tl_spectral_studies.sink_bos",
                                  description=__doc__.splitlines()[0])
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tok = CharTokenizer.from_json(json.dumps(info["tokenizer"]))
     if tok.bos_id is None:
         raise SystemExit(f"{d}: its tokenizer has no start token; pass the BOS model's folder")
-    gpt = load_model(d).eval()
+    gpt = load_checkpoint(d).eval()
     ref, ref_tok = zoo.load_native("char-shakespeare")
     doc = {"command": f"python -m tl_spectral_studies.sink_bos --model-dir {args.model_dir} "
                       f"--label {args.label} --n-docs {args.n_docs}",

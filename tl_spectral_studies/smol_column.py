@@ -1,4 +1,6 @@
-"""The SmolLM2-135M column of the paper docs' claim tables (issue 26).
+"""The real-decoder columns of the paper docs' claim tables (issue 26; every model a column
+since issue 38): one column per model of the claims registry with the real-decoder layout
+and results (:data:`tl_spectral_studies.claims.registry.MODELS`), SmolLM2-135M first.
 
 The real-decoder study (:mod:`tl_spectral_studies.real_decoder`, docs/real_decoder.md) writes
 its per-claim verdicts as data, ``docs/results/real_decoder/verdicts.json`` (records ``{id,
@@ -21,9 +23,11 @@ HEADER = "SmolLM2-135M ([docs/real_decoder.md](real_decoder.md)): number [95% CI
 NOT_MEASURED = "not measured"
 SETTING = ("SmolLM2-135M column: SmolLM2-135M-Instruct, Q4_1 weights dequantized to float32, "
            "instruction-tuned, Llama family (RMSNorm, SwiGLU, rotary positions, grouped-query "
-           "attention), 135M parameters (30 layers × 9 heads), small samples (8 windows of 128 "
-           "tokens for sinks and interventions, 6 of 32 for faithfulness, of the Wikipedia "
-           "excerpt and Austen; see docs/real_decoder.md, linked in the column header). Each cell is a record of "
+           "attention), 135M parameters (30 layers × 9 heads); samples: 8 windows of 128 "
+           "tokens for sinks and interventions, 6 of 32 for faithfulness (Wikipedia excerpt "
+           "and Austen), N = 150 windows of 128 for the scale POD, all 270 heads for the "
+           "weight geometry (see docs/real_decoder.md, linked in the column header). Each cell "
+           "is a record of "
            "docs/results/real_decoder/verdicts.json verbatim — its id, the study's own claim "
            "(worded as that study tests it, which can differ from this row's), the number with "
            "its interval and the study's label under the study's rule; \"not measured\": the "
@@ -62,8 +66,11 @@ def _esc(s: str) -> str:
 
 
 def record_text(r: Mapping[str, Any]) -> str:
-    """One record as a cell: ``id`` (claim): number — label."""
-    return f"`{r['id']}` ({_esc(r['claim'])}): {_esc(r['number'])} — {_esc(r['label'])}"
+    """One record as a cell: ``id`` (claim): number — label (and its note, if any)."""
+    if r["number"] == "—":
+        return f"`{r['id']}`: {_esc(r['label'])}"
+    note = f" ({_esc(r['note'])})" if r.get("note") else ""
+    return f"`{r['id']}` ({_esc(r['claim'])}): {_esc(r['number'])} — {_esc(r['label'])}{note}"
 
 
 def cell(records: Mapping[str, Mapping[str, Any]], ids: Sequence[str] | None,
@@ -87,9 +94,10 @@ def row_cells(line: str) -> list[str]:
 
 
 def add_column(md: str, ids_for: IdsFor,
-               records: Mapping[str, Mapping[str, Any]] | None) -> str:
-    """``md`` (a block opening with a claim table) with the SmolLM2 column appended to that
-    table and :data:`SETTING` right under it; unchanged when ``records`` is None."""
+               records: Mapping[str, Mapping[str, Any]] | None, *, header: str = HEADER,
+               setting: str = SETTING) -> str:
+    """``md`` (a block opening with a claim table) with one model column appended to that
+    table and its ``setting`` right under it; unchanged when ``records`` is None."""
     if records is None:
         return md
     lines = md.split("\n")
@@ -97,10 +105,48 @@ def add_column(md: str, ids_for: IdsFor,
     if n < 2:
         raise ValueError("add_column: the block does not open with a markdown table")
     seen: set[str] = set()
-    out = [lines[0] + f" {HEADER} |", lines[1] + "---|"]
+    out = [lines[0] + f" {header} |", lines[1] + "---|"]
     for ln in lines[2:n]:
         out.append(ln + f" {cell(records, ids_for(row_cells(ln)), seen)} |")
-    return "\n".join(out + ["", SETTING] + lines[n:])
+    return "\n".join(out + ["", setting] + lines[n:])
+
+
+def add_columns(md: str, ids_for: IdsFor, results_dir: str | Path,
+                smol_verdicts: str | Path | None = None) -> str:
+    """Every real-decoder model column of the claims registry appended to the claim table
+    of ``md``: SmolLM2 from ``smol_verdicts`` when given (else its records), every other
+    measured model from its records; a model not yet measured has no column here (it is a
+    column of the claims matrix, docs/claims.md)."""
+    from tl_spectral_studies.claims import catalog
+
+    root = Path(results_dir).resolve().parents[2]
+    recs = None
+    for m in _column_models():
+        if m.key == "smollm2-135m" and smol_verdicts is not None:
+            rs = load(smol_verdicts)
+        else:
+            if recs is None:
+                recs = catalog.records(root)
+            rs = {r.claim: _as_dict(r) for r in recs if r.model == m.key}
+        if m.key == "smollm2-135m":
+            md = add_column(md, ids_for, rs)
+        else:
+            md = add_column(md, ids_for, rs, header=f"{m.label}: number [95% CI] — verdict",
+                      setting=f"{m.label} column: {m.setting}; `{m.command}`.")
+    return md
+
+
+def _column_models() -> list[Any]:
+    from tl_spectral_studies.claims.catalog import MODELS
+
+    return [m for m in MODELS.values() if m.layout == "real_decoder" and m.results]
+
+
+def _as_dict(r: Any) -> dict[str, Any]:
+    from tl_spectral_studies.claims.render import record_dict
+
+    return record_dict(r)
+
 
 
 def ids_from(mapping: Mapping[str, Any], doc: str) -> IdsFor:
@@ -115,3 +161,15 @@ def ids_from(mapping: Mapping[str, Any], doc: str) -> IdsFor:
         return v(cells) if callable(v) else v
 
     return ids_for
+
+
+def records_for(results_dir: str | Path, smol_verdicts: str | Path | None = None,
+                model: str = "smollm2-135m") -> dict[str, dict[str, Any]] | None:
+    """``id -> record`` of one model column (SmolLM2: ``smol_verdicts`` when given)."""
+    if model == "smollm2-135m" and smol_verdicts is not None:
+        return load(smol_verdicts)
+    from tl_spectral_studies.claims import catalog
+
+    recs = [r for r in catalog.records(Path(results_dir).resolve().parents[2])
+            if r.model == model]
+    return {r.claim: _as_dict(r) for r in recs} or None

@@ -1,6 +1,8 @@
-"""Verdict rules of the reproduction docs: every label a claim table or a section prints comes
-from a function here applied to numbers (no verdict is fixed text), and each rule is stated
-in words beside it (the ``*_RULE`` strings, printed under the tables).
+"""Table helpers of the reproduction docs over the one rules module
+(:mod:`tl_spectral_studies.claims.rules`, where every label is made): the paper docs'
+wording of a label (:func:`paper_label`), claim-table rows, intervals over heads and the
+tests over layers; each rule is stated in words beside it (the ``*_RULE`` strings, printed
+under the tables).
 
 A claim table is a list of :class:`Row` (claim, model, number, label, rule). The generator of
 a doc renders the table *and* every section's verdict line from the same rows
@@ -20,20 +22,21 @@ files, and every claim it has data for gets its cell from the same rule —
 - surgery: the claims are about trained S–D / softmax pairs of one recipe; a pretrained
   model has no row there.
 
-A model whose study writes its own verdicts as data enters every claim table as one more
-*column* instead: SmolLM2-135M (``real_decoder``, ``docs/results/real_decoder/verdicts.json``)
-fills the last column of the four tables through an explicit ``SMOL_IDS`` (claim row →
-verdict ids, None = not measured) next to each generator (``contributions``, ``routing``,
-``scale_pod``, ``surgery``); :mod:`tl_spectral_studies.smol_column` renders the records
-verbatim (number with its interval, the study's own label and claim), so no label there is
-decided by these docs.
+A real decoder (SmolLM2-135M, and the next one) is a *column* instead: one entry in
+``tl_spectral_studies/claims/models.py``; the claims registry (:mod:`tl_spectral_studies.
+claims`) evaluates every declared claim on its results, and
+:func:`tl_spectral_studies.smol_column.add_columns` appends one column per such model to the
+four claim tables through each doc's ``SMOL_IDS`` (claim row → claim ids, None = not
+measured). The routing rows' ``STANDARD_MODELS`` and the B.rank rule are the registry's
+(:mod:`tl_spectral_studies.claims.seed002`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from tl_spectral_studies.claims import rules
 
 LEVEL = 0.95
 ALPHA = 0.05
@@ -52,10 +55,8 @@ HEADS_RULE = ("intervals over heads: 95% t-interval of the head mean (mean ± t(
 MINIMUM_RULE = ("layer 0 is the minimum when a one-sided Welch t-test over heads puts its mean "
                 "below every other layer's, each at 5% after Holm's correction for the L − 1 "
                 "comparisons")
-CATASTROPHIC_REL = 1.0
-"""Relative ΔPPL from which a removal counts as catastrophic (the PPL at least doubles)."""
-CHEAP_REL = 0.10
-"""Relative ΔPPL below which a removal counts as cheap."""
+CATASTROPHIC_REL = rules.CATASTROPHIC_REL
+CHEAP_REL = rules.CHEAP_REL
 REMOVAL_RULE = (f"catastrophic: ΔPPL ≥ +{CATASTROPHIC_REL:.0%} (the PPL at least doubles); "
                 f"cheap: below +{CHEAP_REL:.0%}; costly in between")
 
@@ -102,26 +103,22 @@ def t_quantile(dof: int, level: float = LEVEL) -> float:
     return float(student_t.ppf(0.5 + level / 2, dof))
 
 
-def t_interval(values: Sequence[float], level: float = LEVEL) -> dict[str, float]:
-    """Mean of ``values`` with its t-interval (n ≥ 2): mean ± t(0.5 + level/2, n − 1) · sd/√n."""
-    v = [float(x) for x in values]
-    n = len(v)
-    if n < 2:
-        raise ValueError(f"a t-interval needs at least 2 values, got {n}")
-    m = sum(v) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in v) / (n - 1))
-    half = t_quantile(n - 1, level) * sd / math.sqrt(n)
-    return {"estimate": m, "low": m - half, "high": m + half, "n": n}
+from tl_spectral.analysis.bootstrap import t_interval  # noqa: E402,F401  (statistics floor)
 
 
 def side(iv: dict[str, float], threshold: float, *, below: bool = True) -> str:
     """:data:`SIDE_RULE`: the claim is "value < threshold" (``below``) or "value > threshold"."""
-    lo, hi = iv["low"], iv["high"]
-    if (hi < threshold) if below else (lo > threshold):
-        return REPRODUCED
-    if (lo > threshold) if below else (hi < threshold):
+    return paper_label(rules.sign(iv, threshold, above=not below))
+
+
+def paper_label(label: str) -> str:
+    """A label of :mod:`tl_spectral_studies.claims.rules` in the paper docs' wording (the
+    rule's word unchanged; bold and the reason for a negative, "at this size" for a tie)."""
+    if label == rules.NOT_REPRODUCED:
         return NOT_REPRODUCED + " (the interval excludes the claim)"
-    return NOT_DISTINGUISHABLE
+    if label == rules.NOT_DISTINGUISHABLE:
+        return NOT_DISTINGUISHABLE
+    return label
 
 
 # ------------------------------------------------------------------ tests over heads
@@ -175,11 +172,7 @@ def monotone_rise(means: Sequence[float]) -> bool:
 # ------------------------------------------------------------------ ablations
 def removal_class(rel: float) -> str:
     """:data:`REMOVAL_RULE` for one relative ΔPPL."""
-    if rel >= CATASTROPHIC_REL:
-        return "catastrophic"
-    if rel < CHEAP_REL:
-        return "cheap"
-    return "costly"
+    return rules.removal_class(rel)
 
 
 def count_label(hits: Sequence[bool], what: str) -> str:

@@ -11,13 +11,20 @@ with replacement (the nonparametric bootstrap, percentile intervals).
 - :func:`centred_gram_resample` — the Gram matrix of a resampled ensemble's fluctuations
   (about the *resample's* mean) from the Gram matrix of the full ensemble's fluctuations,
   so POD eigenvalues of each resample cost one ``[N, N]`` eigen-decomposition and no pass
-  over the fields.
+  over the fields;
+- :func:`group_jackknife` / :func:`jackknife_interval` — the delete-a-group jackknife over
+  documents (for statistics that depend on the ensemble size, H* and T_spec: each replicate
+  keeps (1 − 1/G) of the documents, all distinct; standard error
+  ``sqrt((G − 1)/G · Σ_g (θ_g − θ̄)²)``, interval ``θ̂ ± t_{G−1} · se``);
+- :func:`t_interval` — the t-interval of a mean (e.g. over heads).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 import torch
 from torch import Tensor
@@ -164,3 +171,64 @@ def centred_gram_resample(gram: Tensor, idx: Tensor) -> Tensor:
     c = g.mean(dim=0, keepdim=True)
     return g - r - c + g.mean()
 
+
+def document_groups(n_docs: int, n_groups: int, seed: int = 0) -> list[Tensor]:
+    """The delete-a-group jackknife's groups of documents: ``randperm(n_docs)`` (seeded)
+    cut into ``min(n_groups, n_docs)`` chunks (fewer when the chunks come out short). The
+    in-memory jackknife (:func:`group_jackknife`) and the
+    streaming probe's per-group statistics use this one split."""
+    g = torch.Generator().manual_seed(int(seed))
+    return list(torch.randperm(int(n_docs), generator=g).chunk(max(1, min(int(n_groups), int(n_docs)))))
+
+
+#: groups of the delete-a-group jackknife (at most the number of documents)
+JACKKNIFE_GROUPS = 8
+
+
+def group_jackknife(statistic: Callable[[torch.Tensor], Any], n_docs: int, *,
+                    n_groups: int = JACKKNIFE_GROUPS, seed: int = 0,
+                    level: float = 0.95) -> dict[str, Any]:
+    """Delete-a-group jackknife of ``statistic(idx) -> Tensor`` over documents (:func:`jackknife_interval`).
+    Returns ``{"estimate", "low", "high", "se", "replicates"}`` tensors and ``"meta"``."""
+    n_docs = int(n_docs)
+    if n_docs < 2:
+        raise ValueError(f"the jackknife needs at least 2 documents, got {n_docs}")
+    groups = document_groups(n_docs, n_groups, seed)
+    est = torch.as_tensor(statistic(torch.arange(n_docs)), dtype=torch.float64)
+    reps = []
+    for grp in groups:
+        keep = torch.ones(n_docs, dtype=torch.bool)
+        keep[grp] = False
+        reps.append(torch.as_tensor(statistic(torch.nonzero(keep).flatten()),
+                                    dtype=torch.float64))
+    return jackknife_interval(est, torch.stack(reps), seed=seed, level=level)
+
+
+def jackknife_interval(est: torch.Tensor, replicates: torch.Tensor, *, seed: int = 0,
+                       level: float = 0.95) -> dict[str, Any]:
+    """The delete-a-group interval of an estimate from its ``G`` replicates ``[G, …]``
+    (module docstring): ``{"estimate", "low", "high", "se", "replicates", "meta"}``."""
+    from scipy.stats import t as student_t
+
+    R = replicates
+    G = R.shape[0]
+    se = torch.sqrt((G - 1) / G * ((R - R.mean(0)) ** 2).sum(0))
+    q = float(student_t.ppf(0.5 + level / 2, G - 1))
+    return {"estimate": est, "low": est - q * se, "high": est + q * se, "se": se,
+            "replicates": R,
+            "meta": {"n_groups": int(G), "seed": int(seed), "level": float(level),
+                     "t_quantile": q}}
+
+
+def t_interval(values: Sequence[float], level: float = 0.95) -> dict[str, float]:
+    """Mean of ``values`` with its t-interval (n ≥ 2): mean ± t(0.5 + level/2, n − 1) · sd/√n."""
+    from scipy.stats import t as student_t
+
+    v = [float(x) for x in values]
+    n = len(v)
+    if n < 2:
+        raise ValueError(f"a t-interval needs at least 2 values, got {n}")
+    m = sum(v) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in v) / (n - 1))
+    half = float(student_t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    return {"estimate": m, "low": m - half, "high": m + half, "n": n}

@@ -34,15 +34,17 @@ False; ``masked_reason`` says how many entries were masked and why. No NaN is re
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, get_args
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from tl_spectral._deprecation import check_choice
 from tl_spectral.results import Result, register_result
+from tl_spectral.types import ContributionMode
 
-MODES = ("intra", "inter")
+MODES = get_args(ContributionMode)
 MEASURES = ("attention", "value_weighted", "output_normalized", "contribution")
 """The measures of token importance, worst to best in the paper's hierarchy (SPEC C.2)."""
 
@@ -268,7 +270,7 @@ def contribution_weights(
     pattern: Float[Tensor, "batch head query key"],
     v: Float[Tensor, "batch key kv_head d_head"],
     W_O: Float[Tensor, "head d_head d_model"],
-    mode: str = "inter",
+    mode: ContributionMode = "inter",
     query_mask: Bool[Tensor, "batch query"] | None = None,
     *,
     rtol: float | None = None,
@@ -288,8 +290,7 @@ def contribution_weights(
     (o_i W_O^hᵀ) · v_j``; 4. ``c = α ⟨o, ṽ⟩ / ‖o‖²``, ``ratio = ‖ṽ‖/‖o‖``,
     ``cos = ⟨o, ṽ⟩ / (‖o‖ ‖ṽ‖)``, masked where ``‖o‖`` is zero. Cost O(T²·H·d_head).
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    check_choice("mode", mode, ContributionMode)
     p, vh, W, qm = check_layer_inputs(pattern, v, W_O, query_mask)
     if rtol is None:
         rtol = default_rtol(p.dtype)

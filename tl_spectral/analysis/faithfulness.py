@@ -28,23 +28,25 @@ query ``i``) is ``remove_pairs``; the model-side loop lives with the probes.
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from tl_spectral._deprecation import check_choice
+from tl_spectral.types import FaithfulnessScope
+
 WHICH = ("top", "bottom")
-SCOPES = ("query", "layer")
+SCOPES = get_args(FaithfulnessScope)
 """Ranking scopes: ``"query"`` (each query ranks its sources, SPEC C.3) or ``"layer"``
 (every allowed pair of a document's layer — and head, at head level — ranked together)."""
 
 
 def check_scope(scope: str) -> str:
     """``scope`` checked: one of ``SCOPES``."""
-    if scope not in SCOPES:
-        raise ValueError(f"scope must be one of {SCOPES} ('query': each query ranks its "
-                         f"sources; 'layer': all pairs of a layer together), got {scope!r}")
-    return scope
+    return check_choice("scope", scope, FaithfulnessScope, "'query': each query ranks its "
+                        "sources; 'layer': all pairs of a layer together")
 
 
 def allowed_mask(

@@ -19,13 +19,18 @@ def lag_fields(
     *,
     causal: bool = True,
     max_lag: int | None = None,
+    window: int | None = None,
 ) -> tuple[Float[Tensor, "... T n_lags"], Tensor]:
     """Lag coordinates of fields ``A[..., i, j]`` (SPEC A.3).
 
     Causal: ``tau = i - j`` in ``[0, max_lag]`` (default ``T - 1``), ``F[..., i, tau] =
     A[..., i, i - tau]``, zero where ``tau > i``. Bidirectional: ``tau = j - i`` in
     ``[-max_lag, max_lag]``, ``F[..., i, tau] = A[..., i, i + tau]``, zero outside
-    ``0 <= i + tau < T``. Returns ``(F [..., T, n_lags], lags [n_lags] int64)``.
+    ``0 <= i + tau < T``. ``window``: a causal sliding-window layer's width ``W``
+    (:func:`~tl_spectral.model_view.layer_windows`): ``F`` is also zero at ``tau >= W``,
+    where the layer attends to nothing (its attention fields are exactly 0 there; fields
+    derived from other maps are cut to the keys the layer can see). Returns
+    ``(F [..., T, n_lags], lags [n_lags] int64)``.
     """
     if A.ndim < 2 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f"A must be [..., T, T] (got {tuple(A.shape)})")
@@ -37,6 +42,10 @@ def lag_fields(
     i = torch.arange(T)[:, None]
     j = i - lags[None, :] if causal else i + lags[None, :]  # [T, n_lags]
     valid = (j >= 0) & (j < T)
+    if causal and window is not None:
+        if int(window) < 1:
+            raise ValueError(f"window must be a positive int or None (got {window})")
+        valid = valid & (lags[None, :] < int(window))
     idx = j.clamp(0, T - 1).expand(*A.shape[:-2], T, lags.numel())
     F = torch.gather(A, -1, idx) * valid.to(A.dtype)
     return F, lags

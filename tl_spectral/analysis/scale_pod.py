@@ -38,6 +38,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_spectral._deprecation import deprecated_method
 from tl_spectral.analysis.coherence import coherence_from_spectrum, cross_spectrum, default_queries
 from tl_spectral.analysis.lags import check_lags, gaussian_lag_window, lag_fields, stack_fields
 from tl_spectral.analysis.pod import (
@@ -361,11 +362,10 @@ class ScalePODResult(Result):
     def n_layers(self) -> int:
         return len(self.layers)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`table`."""
-        return self.table()
+    rows = deprecated_method("to_rows", "rows")
+    table = deprecated_method("to_rows", "table")
 
-    def table(self) -> list[dict[str, Any]]:
+    def to_rows(self) -> list[dict[str, Any]]:
         """Per-layer summary rows: dominant scales, band energies, T_spec, H*, allocation."""
         rows = []
         for layer, alloc in zip(self.layers, self.allocation):

@@ -15,6 +15,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_spectral._deprecation import deprecated_method
 from tl_spectral.analysis.lags import check_lags
 from tl_spectral.analysis.pod import effective_rank, spectral_concentration
 from tl_spectral.analysis.scale_pod_options import ScalePODOptions
@@ -144,11 +145,10 @@ class ScalePODHeadsLayer(Result):
         """Scale energy E(a) of every head (one line per head; the peak scale marked)."""
         return self._draw("plot", ax=ax)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`table`."""
-        return self.table()
+    rows = deprecated_method("to_rows", "rows")
+    table = deprecated_method("to_rows", "table")
 
-    def table(self) -> list[dict[str, Any]]:
+    def to_rows(self) -> list[dict[str, Any]]:
         """One JSON-able row per head: scales, band shares, whole-field ``T_spec`` and ``H*``."""
         names = self.band_names()
         rows = []
@@ -182,7 +182,7 @@ class ScalePODHeadsLayer(Result):
             "T": self.n_queries,
             "n_lags": int(self.lags.numel()),
             "n_heads": self.n_heads,
-            "heads": self.table(),
+            "heads": self.to_rows(),
             "full": list(self.full),
             "bands": [list(b) for b in self.bands],
             "diversity": dict(self.diversity),
@@ -234,13 +234,12 @@ class ScalePODHeadsResult(Result):
     def n_layers(self) -> int:
         return len(self.layers)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`table`."""
-        return self.table()
+    rows = deprecated_method("to_rows", "rows")
+    table = deprecated_method("to_rows", "table")
 
-    def table(self) -> list[dict[str, Any]]:
+    def to_rows(self) -> list[dict[str, Any]]:
         """One row per (layer, head) (see :meth:`ScalePODHeadsLayer.table`)."""
-        return [row for layer in self.layers for row in layer.table()]
+        return [row for layer in self.layers for row in layer.to_rows()]
 
     def plot(self, ax: Any = None):
         """Peak scale of every head (layer × head heat map, log colour scale, colour bar)."""

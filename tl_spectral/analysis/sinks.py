@@ -98,19 +98,22 @@ def key_scores(
     pattern: Float[Tensor, "batch head query key"],
     causal: bool = True,
     query_mask: Bool[Tensor, "batch query"] | None = None,
+    window: int | None = None,
 ) -> Float[Tensor, "batch head key"]:
     """Gu et al. key score ``Σ_i α_ij / n_j`` per head and key. [batch, head, key].
 
     ``n_j`` = number of real queries that may attend to key ``j``: real queries with
-    ``i ≥ j`` when ``causal`` (``T − j`` without padding; needs query == key positions),
-    all real queries otherwise (``T``; our choice for bidirectional models). Keys that no
-    real query can see score 0.
+    ``i ≥ j`` when ``causal`` (``T − j`` without padding; needs query == key positions) and,
+    for a sliding-window layer (``window`` W, :func:`~tl_spectral.model_view.layer_windows`),
+    ``i < j + W`` (``min(T − j, W)``); all real queries otherwise (``T``; our choice for
+    bidirectional models). Keys that no real query can see score 0.
     """
     p, qm = _pattern_and_mask(pattern, query_mask)
-    return _key_scores(p, qm, causal)
+    return _key_scores(p, qm, causal, window=window)
 
 
-def _key_scores(p: Tensor, qm: Tensor, causal: bool, total: Tensor | None = None) -> Tensor:
+def _key_scores(p: Tensor, qm: Tensor, causal: bool, total: Tensor | None = None,
+                window: int | None = None) -> Tensor:
     """:func:`key_scores` of a checked pattern (padded query rows already 0); ``total``:
     ``p.sum(-2)`` when the caller has it already."""
     q, k = p.shape[-2:]
@@ -122,6 +125,9 @@ def _key_scores(p: Tensor, qm: Tensor, causal: bool, total: Tensor | None = None
                 f"queries, {k} keys); pass causal=False or the square pattern"
             )
         n = cnt.flip(-1).cumsum(-1).flip(-1)  # [b, k]  #{real i >= j}
+        if window is not None and int(window) < k:  # minus #{real i >= j + W}
+            w = int(window)
+            n = n - torch.nn.functional.pad(n[:, w:], (0, w))
     else:
         n = cnt.sum(-1, keepdim=True).expand(-1, k)
     if total is None:
@@ -135,9 +141,11 @@ def sink_heads(
     causal: bool = True,
     threshold: float = 0.3,
     query_mask: Bool[Tensor, "batch query"] | None = None,
+    window: int | None = None,
 ) -> Bool[Tensor, "batch head"]:
-    """Heads whose Gu key score of the first token exceeds ``threshold``. [batch, head]."""
-    return key_scores(pattern, causal, query_mask)[..., 0] > threshold
+    """Heads whose Gu key score of the first token exceeds ``threshold`` (``window``: the
+    layer's sliding window, see :func:`key_scores`). [batch, head]."""
+    return key_scores(pattern, causal, query_mask, window=window)[..., 0] > threshold
 
 
 def sink_head_share(
@@ -145,9 +153,10 @@ def sink_head_share(
     causal: bool = True,
     threshold: float = 0.3,
     query_mask: Bool[Tensor, "batch query"] | None = None,
+    window: int | None = None,
 ) -> Float[Tensor, " batch"]:
     """Share of the layer's heads that are sink heads (``sink_heads``), per batch element."""
-    return sink_heads(pattern, causal, threshold, query_mask).float().mean(-1)
+    return sink_heads(pattern, causal, threshold, query_mask, window=window).float().mean(-1)
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -282,6 +291,7 @@ def sink_geometry(
     sink_index: int = 0,
     threshold: float = 0.3,
     rtol: float | None = None,
+    window: int | None = None,
 ) -> SinkGeometry:
     """Sink rates, anti-alignment, the ρ-curve and the zero-sink-value intervention.
 
@@ -289,7 +299,11 @@ def sink_geometry(
     W_O: ``[head, d_head, d_model]``; query_mask: ``[batch, query]`` bool (True = real);
     causal: how ``key_scores`` counts the queries that see a key; sink_index: the sink key
     (0; for left-padded batches call per element or pad on the right); threshold: sink-head
-    threshold on the key score; rtol: relative zero-norm tolerance.
+    threshold on the key score; rtol: relative zero-norm tolerance; window: the layer's
+    sliding window W (None: full attention; :func:`~tl_spectral.model_view.layer_windows`):
+    key scores count only the queries whose window holds the key, and queries that cannot
+    see the sink (``i − sink_index ≥ W``) have no anti-alignment, ρ-curve or ρ* (invalid,
+    0): the sink is not among their keys.
 
     Steps (per head, in d_head space; ``G = W_O W_Oᵀ``): 1. ``w_i = Σ_{j≠0} α_ij v_j`` (the
     sink column left out, so ``s_i = w_i W_O`` has no cancellation), ``m_i = Σ_{j≠0} α_ij``,
@@ -324,7 +338,7 @@ def sink_geometry(
     z = w + p[..., sink_index].unsqueeze(-1) * vh[:, :, sink_index].unsqueeze(2)
     return sink_geometry_from_products(
         p, vh, W, qm, G, vnorm_all, w, s_bound, mass, z, causal=causal,
-        sink_index=sink_index, threshold=threshold, rtol=rtol)
+        sink_index=sink_index, threshold=threshold, rtol=rtol, window=window)
 
 
 def _gdot(G: Tensor, x: Tensor, y: Tensor) -> Tensor:
@@ -338,7 +352,7 @@ def sink_geometry_from_products(
     p: Tensor, vh: Tensor, W: Tensor, qm: Tensor, G: Tensor, vnorm_all: Tensor, w: Tensor,
     s_bound: Tensor, mass: Tensor, z: Tensor, *, causal: bool = True, sink_index: int = 0,
     threshold: float = 0.3, rtol: float | None = None, o: Tensor | None = None,
-    s: Tensor | None = None, key_totals: Tensor | None = None,
+    s: Tensor | None = None, key_totals: Tensor | None = None, window: int | None = None,
 ) -> SinkGeometry:
     """:func:`sink_geometry` from its value products (steps 2–4), for callers that formed
     them already (the probes share them, :mod:`tl_spectral.probes.shared`): ``p`` the
@@ -346,7 +360,8 @@ def sink_geometry_from_products(
     ``G = W_O W_Oᵀ``, ``vnorm_all`` ``[b, H, k]`` = ``‖ṽ_j‖``, ``w``, ``s_bound``, ``mass``
     and ``z`` as in step 1; optionally the layer outputs ``o = Σ_h z^h W_O^h`` and
     ``s = Σ_h w^h W_O^h`` ``[b, q, d_model]``, and the key score's totals ``Σ_i α_ij``
-    ``[b, H, k]`` (``key_totals``). No input checks."""
+    ``[b, H, k]`` (``key_totals``); ``window``: the layer's sliding window (see
+    :func:`sink_geometry`). No input checks."""
     if rtol is None:
         rtol = default_rtol(p.dtype)
     a0 = p[..., sink_index]  # [b, H, q]
@@ -366,13 +381,17 @@ def sink_geometry_from_products(
     sn = _norm((wG * w).sum(-1))  # ‖s_i‖
     s_ok = (sn > 0) & (sn > rtol * s_bound)
     real = qm[:, None, :].expand_as(a0)
+    sees = real  # real queries whose keys include the sink
+    if causal and window is not None:
+        qpos = torch.arange(a0.shape[-1], device=a0.device)
+        sees = real & ((qpos - sink_index) < int(window))[None, None, :]
 
     # anti-alignment cos(ṽ_0, s_i)
-    aa_ok = real & s_ok & v0_ok.unsqueeze(-1)
+    aa_ok = sees & s_ok & v0_ok.unsqueeze(-1)
     anti = _safe_div((v0G.unsqueeze(2) * w).sum(-1), v0n.unsqueeze(-1) * sn, aa_ok)
 
     # ρ-curve and ρ*
-    curve_ok = real & (mass > 0)
+    curve_ok = sees & (mass > 0)
     inv_m = (curve_ok / torch.where(curve_ok, mass, 1.0)).unsqueeze(-1)
     sbar = w * inv_m
     sbarG = wG * inv_m
@@ -412,8 +431,8 @@ def sink_geometry_from_products(
     delta_norm = (s_norm - o_norm) * qm
     delta_cos = torch.where(lay_ok, 1.0 - lay_cos, 0.0)
 
-    ks = _key_scores(p, qm, causal, key_totals)
-    reason = _sink_reason(real, curve_ok, rho_ok, aa_ok, hcos_ok)
+    ks = _key_scores(p, qm, causal, key_totals, window=window)
+    reason = _sink_reason(real, curve_ok, rho_ok, aa_ok, hcos_ok, sees)
     return SinkGeometry(
         causal=bool(causal),
         sink_index=int(sink_index),
@@ -445,17 +464,23 @@ def sink_geometry_from_products(
 
 
 def _sink_reason(
-    real: Tensor, curve_ok: Tensor, rho_ok: Tensor, aa_ok: Tensor, hcos_ok: Tensor
+    real: Tensor, curve_ok: Tensor, rho_ok: Tensor, aa_ok: Tensor, hcos_ok: Tensor,
+    sees: Tensor | None = None,
 ) -> str:
     n = real.numel()
     parts = []
     n_pad = int((~real).sum())
     if n_pad:
         parts.append(f"{n_pad} on padded queries")
+    sees = real if sees is None else sees
+    n_out = int((real & ~sees).sum())
+    if n_out:
+        parts.append(f"{n_out} on queries whose sliding window does not reach the sink "
+                     "(no curve, ρ* or anti-alignment)")
     for label, ok, prev in (
-        ("all attention on the sink (Σ_{j≠0} α_ij = 0): s̄, curve and ρ* undefined", curve_ok, real),
+        ("all attention on the sink (Σ_{j≠0} α_ij = 0): s̄, curve and ρ* undefined", curve_ok, sees),
         ("flat curve (s̄ = ṽ_0): ρ* undefined", rho_ok, curve_ok),
-        ("zero ṽ_0 or zero s_i: anti-alignment undefined", aa_ok, real),
+        ("zero ṽ_0 or zero s_i: anti-alignment undefined", aa_ok, sees),
         ("zero o^h or zero s^h: head Δcos undefined", hcos_ok, real),
     ):
         c = int((prev & ~ok).sum())

@@ -41,6 +41,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_spectral.analysis.bootstrap import document_groups  # noqa: F401  (re-exported)
 from tl_spectral.analysis.coherence import default_queries
 from tl_spectral.analysis.pod import PODResult, effective_rank, spectral_concentration
 from tl_spectral.analysis.scale_pod import ScalePODLayer, gaussian_lag_window
@@ -486,15 +487,6 @@ def scale_pod_layer_streamed(
 
 
 # ----------------------------------------------------------------- jackknife when streamed
-def document_groups(n_docs: int, n_groups: int, seed: int = 0) -> list[Tensor]:
-    """The delete-a-group jackknife's groups of documents: ``randperm(n_docs)`` (seeded)
-    cut into ``min(n_groups, n_docs)`` chunks (fewer when the chunks come out short). The
-    in-memory jackknife (:func:`tl_spectral.viz.uncertainty.group_jackknife`) and the
-    streaming probe's per-group statistics use this one split."""
-    g = torch.Generator().manual_seed(int(seed))
-    return list(torch.randperm(int(n_docs), generator=g).chunk(max(1, min(int(n_groups), int(n_docs)))))
-
-
 def projected_group_spectrum(stats: dict, keep: Sequence[int]) -> tuple[Tensor, float, int]:
     """Eigenvalues, exact total energy (both per document) and count of the whole-field POD
     of the documents in the groups ``keep``, from the per-group statistics the streaming

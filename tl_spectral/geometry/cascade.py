@@ -76,7 +76,7 @@ def checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
 def cascade_over_training(run_dir: str | Path, *, name: str | None = None) -> CascadeResult:
     """Routing rank per layer and head for every checkpoint of a training run
     (``run_dir/checkpoints/step_*`` and ``run_dir/final``)."""
-    from tl_spectral.models import load_model
+    from tl_spectral.models import load_checkpoint
 
     run_dir = Path(run_dir)
     ck = checkpoint_dirs(run_dir)
@@ -89,7 +89,7 @@ def cascade_over_training(run_dir: str | Path, *, name: str | None = None) -> Ca
     steps, rr, fr, rs, fs = [], [], [], [], []
     model = None
     for s, p in ck:
-        model = load_model(p)
+        model = load_checkpoint(p)
         # rotary models: R is read at offset 0 (the kernel W_Q W_Kᵀ); an S–D layer's S is the
         # d_head × d_head form before the rotation, the same at every offset
         rotary = getattr(model.cfg, "positional", "learned") == "rotary"

@@ -11,7 +11,7 @@ TransformerLens model (normalization folded) or of a native :class:`~tl_spectral
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -85,6 +85,77 @@ def native_attention_weights(model: Any, *, fold_ln: bool = True) -> list[dict[s
     return out
 
 
+def qk_norm_gains(view: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The per-head query and key norm gains of a QK-norm model (Gemma 3, Qwen 3, OLMo 2),
+    read from the modules as they compute: ``(g_q, g_k)``, each ``[layer, d_head]`` float64
+    (Gemma's ``(1 + w)`` included), or None when the attention has no ``q_norm``/``k_norm``.
+
+    Each module is run on random vectors ``y``; its output must be ``g ⊙ y / sqrt(mean(y²)
+    + eps)`` with one gain ``g`` per coordinate (the RMSNorm over ``d_head`` that every such
+    model applies per head), else :class:`UnreadableHeadsError`. With these gains the score
+    of a head is ``(1 / (r_q(i) r_k(j))) · qᵢᵀ D_q R(j − i) D_k kⱼ`` (``D = diag(g)``, ``r``
+    the norm's root mean square of the un-normalized head vector): see
+    docs/routing_filtering.md, "QK-norm"."""
+    blocks = getattr(view.model, "blocks", None)
+    if blocks is None:
+        return None
+    out: dict[str, list[torch.Tensor]] = {"q_norm": [], "k_norm": []}
+    for layer, blk in enumerate(blocks):
+        attn = getattr(blk, "attn", None)
+        for name in out:
+            mod = getattr(attn, name, None)
+            if mod is None:
+                if layer == 0 and name == "q_norm":
+                    if getattr(view.cfg, "use_qk_norm", False):
+                        raise UnreadableHeadsError(
+                            f"{view.name} uses QK-norm but exposes no q_norm module; its "
+                            "kernel cannot be read")
+                    return None
+                raise UnreadableHeadsError(f"layer {layer}: no {name} beside the other "
+                                           "layers' QK-norm")
+            out[name].append(_norm_gain(getattr(mod, "original_component", None) or mod,
+                                        view.d_head, f"layer {layer} {name}"))
+    return torch.stack(out["q_norm"]), torch.stack(out["k_norm"])
+
+
+@torch.no_grad()
+def _norm_gain(mod: nn.Module, d_head: int, what: str) -> torch.Tensor:
+    """``g`` of an RMSNorm ``g ⊙ y / sqrt(mean(y²) + eps)`` over ``d_head``, from its output."""
+    eps = next((float(getattr(mod, n)) for n in ("eps", "variance_epsilon")
+                if isinstance(getattr(mod, n, None), (int, float))), 1e-6)
+    p = next(iter(mod.parameters()), None)
+    dt = p.dtype if p is not None else torch.float32
+    dev = p.device if p is not None else torch.device("cpu")
+    y = torch.randn(8, d_head, generator=torch.Generator().manual_seed(7)).double() + 0.1
+    out = mod(y.to(device=dev, dtype=dt))
+    out = (out[0] if isinstance(out, tuple) else out).double().cpu()
+    n = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
+    g = (out * n).sum(0) / (n * n).sum(0)  # least squares per coordinate
+    err = float((out - n * g).abs().max() / out.abs().max().clamp_min(1e-30))
+    tol = 100 * float(torch.finfo(dt).eps) + 1e-6
+    if err > tol:
+        raise UnreadableHeadsError(
+            f"{what} ({type(mod).__name__}) does not compute g ⊙ y / rms(y) (relative error "
+            f"{err:.1e}); the QK-norm cannot be folded into the kernel")
+    return g
+
+
+def _fold_qk_norm(view: Any, st: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``st`` (stacked weights) with the QK-norm gains folded: ``W_Q D_q``, ``W_K D_k`` (and
+    the biases, which the norm scales too); unchanged for models without QK-norm."""
+    gains = qk_norm_gains(view)
+    if gains is None:
+        return st
+    gq, gk = gains
+    out = dict(st)
+    for wn, bn, g in (("W_Q", "b_Q", gq), ("W_K", "b_K", gk)):
+        gl = g.to(st[wn].dtype)
+        out[wn] = st[wn] * gl[:, None, None, :]
+        if bn in st:
+            out[bn] = st[bn] * gl[:, None, :].to(st[bn].dtype)
+    return out
+
+
 def _positional_of(model: Any) -> str:
     if _is_native_gpt(model):
         return "rotary" if model.cfg.positional == "rotary" else "standard"
@@ -121,7 +192,10 @@ def model_qk_geometry(
         :class:`~tl_spectral.models.GPT` (its own weights, LayerNorm folded the same way;
         unequal ``d_head`` per layer stay unpadded).
     fold_ln: fold the pre-attention LayerNorm (pre-LN models only; post-LN encoders such as
-        BERT/MiniLM read the residual stream directly and are analysed as they are).
+        BERT/MiniLM read the residual stream directly and are analysed as they are) and, for
+        QK-norm models (Gemma 3), the query and key norm gains (:func:`qk_norm_gains`): the
+        kernel is then ``W_Q D_q D_k W_Kᵀ``, exact up to a positive factor per (query, key)
+        token pair (docs/routing_filtering.md, "QK-norm").
     biases: also report ``key_bias_norm`` / ``query_bias_norm`` (see ``qk_geometry``).
     allow_rotary: analyse rotary/ALiBi models anyway (the kernel at offset 0). Without it a
         rotary model (TransformerLens or a native GPT with ``positional="rotary"``) raises
@@ -150,6 +224,8 @@ def model_qk_geometry(
             raise UnreadableHeadsError(
                 f"cannot read the query/key weights of {view.name}: {e}. The QK geometry "
                 "needs W_Q and W_K per head (TransformerLens layout)") from e
+        if fold_ln:
+            st = _fold_qk_norm(view, st)
         WQ, WK = st["W_Q"], st["W_K"]
         bq, bk = (st["b_Q"], st["b_K"]) if biases else (None, None)
         names = [f"L{i}" for i in range(view.n_layers)]
@@ -159,12 +235,34 @@ def model_qk_geometry(
         raise UnreadableHeadsError(f"the model's heads cannot be analysed: {e}") from e
 
 
+#: The default window of :func:`model_rotary_geometry`: the analysed window when you pass it
+#: (``n_ctx=``; ``tl-spectral analyze`` passes its ``--length``), else the model's context
+#: capped at this many positions (SmolLM2's 8,192 took 133 s, 256 took 38 s).
+DEFAULT_ROTARY_CTX = 1024
+
+
+def _layer_selection(layers: Any, n_layers: int) -> list[int]:
+    """``layers=`` as a list of distinct layer indices in ``[0, n_layers)`` (None = all)."""
+    if layers is None:
+        return list(range(n_layers))
+    if isinstance(layers, (int, str)) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        raise ValueError(f"layers must be a list of layer indices, got {layers!r}")
+    out = list(layers)
+    bad = [i for i in out if not 0 <= i < n_layers]
+    if not out or bad or len(set(out)) != len(out):
+        raise ValueError(f"layers={layers!r}: pass distinct indices in [0, {n_layers - 1}] "
+                         f"(the model has {n_layers} layers)")
+    return out
+
+
 def model_rotary_geometry(
     model: Any,
     *,
     offsets: Any = None,
     distribution: Any = "causal",
     n_ctx: int | None = None,
+    layers: Sequence[int] | None = None,
     fold_ln: bool = True,
     average_ranks: bool = True,
     rank_offsets: Any = "auto",
@@ -181,14 +279,27 @@ def model_rotary_geometry(
     offsets: where energies and spectra are reported (default 0, −1, −2, −4, … −(n_ctx − 1)).
     distribution: the offset distribution of the averages (``"causal"``: Δ of a uniform causal
         pair in a window of n_ctx positions; ``"uniform"``; or ``{Δ: weight}``).
-    n_ctx: the window (default the model's context length).
+    n_ctx: the window of the offset distribution and the default offsets: pass the length
+        of the windows you analyse (the report passes its ``--length``); default
+        ``min(model context, DEFAULT_ROTARY_CTX)`` = at most 1,024 positions (the whole
+        8,192-token context of SmolLM2 took 133 s and averages over offsets no window of
+        yours holds).
+    layers: the layers to analyse (indices; default all). The result's rows are those
+        layers' rows of the full result, named ``L{index}``.
+    fold_ln: fold the pre-attention normalization and, for QK-norm models, the query and
+        key norm gains (``W_Q D_q R(Δ) D_k W_Kᵀ``; see :func:`model_qk_geometry`). Each layer
+        is rotated by its own rotary embedding (:func:`~tl_spectral.model_view.
+        layer_rotary_metadata`: Gemma 3's local and global θ), and a sliding-window
+        layer's averages use the offset distribution restricted to the offsets it attends
+        to, ``|Δ| < W`` (:func:`~tl_spectral.model_view.layer_windows`; the result's
+        ``windows``).
     average_ranks: also average the effective ranks over the distribution.
     rank_offsets: the offsets of that average (default ``"auto"``: every offset of the
         distribution when that is cheap, else an equal-mass quantile sample within a ~10 s
         budget; ``None``: every offset, exact; an int: at most that many); see
         :func:`~tl_spectral.geometry.rotary.rotary_qk_geometry`.
-    progress: a progress bar over the layers (default: when the spectra take more than a
-        few seconds).
+    progress: a progress bar over the layers (default None: on a terminal or in a notebook,
+        when the spectra take more than a few seconds).
 
     Raises :class:`UnreadableHeadsError` for models without rotary positions (use
     :func:`model_qk_geometry`) or whose heads cannot be read.
@@ -205,23 +316,41 @@ def model_rotary_geometry(
         # θ_k = base^(−2k / rotary_dim), as models.attention.rotary_inv_freq (adjacent pairs)
         spec = RotarySpec.from_base(model.cfg.rotary_dim, model.cfg.rotary_base, "adjacent")
         ctx = model.cfg.n_ctx
+        windows = None
     else:
         from tl_spectral.model_view import ModelView, PatternsNotExposedError
 
         view = model if isinstance(model, ModelView) else ModelView(model)
+        from tl_spectral.model_view import layer_rotary_metadata, layer_windows
+
         try:
-            meta = view.rotary_metadata()
+            metas = layer_rotary_metadata(view)
+            windows = layer_windows(view)  # sliding-window layers: averages over |Δ| < W
+            windows = None if all(w is None for w in windows) else windows
             st = view.stacked_weights(fold_ln=fold_ln)
         except (PatternsNotExposedError, ValueError) as e:
             raise UnreadableHeadsError(f"cannot read the rotary heads of {view.name}: {e}") from e
-        spec = RotarySpec(meta["inv_freq"], meta["pairing"], meta["attention_scaling"])
+        if fold_ln:
+            st = _fold_qk_norm(view, st)
+        # each layer's own rotary embedding (Gemma 3: θ 10⁴ local, 10⁶ global layers)
+        specs = [RotarySpec(m["inv_freq"], m["pairing"], m["attention_scaling"])
+                 for m in metas or []]
+        spec = specs[0] if len({tuple(s.inv_freq.tolist()) + (s.attention_scaling,)
+                                for s in specs}) == 1 else specs
         WQ, WK = st["W_Q"], st["W_K"]
         ctx = view.n_ctx
-    n_ctx = ctx if n_ctx is None else n_ctx
+    n_ctx = min(int(ctx), DEFAULT_ROTARY_CTX) if n_ctx is None else n_ctx
+    keep = _layer_selection(layers, len(WQ))
+    WQ, WK = [WQ[i] for i in keep], [WK[i] for i in keep]
+    if isinstance(spec, list):
+        spec = [spec[i] for i in keep]
+    if windows is not None:
+        windows = [windows[i] for i in keep]
     try:
         return rotary_qk_geometry(WQ, WK, spec, offsets=offsets, distribution=distribution,
                                   n_ctx=n_ctx, average_ranks=average_ranks,
-                                  rank_offsets=rank_offsets, progress=progress)
+                                  rank_offsets=rank_offsets, progress=progress,
+                                  windows=windows, layer_names=[f"L{i}" for i in keep])
     except ValueError as e:
         raise UnreadableHeadsError(f"the model's rotary heads cannot be analysed: {e}") from e
 

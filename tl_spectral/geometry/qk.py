@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from tl_spectral._deprecation import deprecated_method
 from tl_spectral.geometry.common import (
     as_layers,
     check_finite,
@@ -307,9 +308,7 @@ class QKGeometry(Result):
         """
         return per_head_table(self, self._columns())
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
-        return self.to_rows()
+    rows = deprecated_method("to_rows", "rows")
 
     def to_rows(self) -> list[dict[str, Any]]:
         """The per-head table as a list of ``{column: scalar}`` rows."""
@@ -650,9 +649,7 @@ class SDGeometry(Result):
         """Per-head table as columns (rows over layers, then heads)."""
         return per_head_table(self, self._columns())
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
-        return self.to_rows()
+    rows = deprecated_method("to_rows", "rows")
 
     def to_rows(self) -> list[dict[str, Any]]:
         """The per-head table as a list of row dicts."""

@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from tl_spectral._deprecation import deprecated_method
 from tl_spectral.geometry.common import (
     as_layers,
     check_finite,
@@ -389,6 +390,9 @@ class RotaryQKGeometry(Result):
             are the distribution's whole support and probabilities (the exact mean), False
             when they are the equal-mass quantile sample of ``rank_offsets=n`` (an estimate;
             see :func:`rotary_qk_geometry`).
+        windows: per layer, the sliding window its averages were restricted to (``|Δ| <
+            W``, the distribution renormalised there; None: full attention), or None when
+            no windows were given.
         energy_H, energy_T: ``[layer, head, 2P, 2P]`` the quadratic forms with
             ``‖M(Δ)‖² = uᵀHu``, ``tr M(Δ)² = uᵀTu``; pair_theta, pair_gain ``[layer, P]``
             (see :meth:`energies`).
@@ -451,6 +455,7 @@ class RotaryQKGeometry(Result):
     rank_offsets: torch.Tensor | None = None
     rank_weights: torch.Tensor | None = None
     mean_eff_rank_exact: bool = True
+    windows: list | None = None
 
     @property
     def n_layers(self) -> int:
@@ -470,9 +475,7 @@ class RotaryQKGeometry(Result):
         return {"norm_M_sq": mm, "norm_R_sq": r, "norm_F_sq": f,
                 "routing_fraction": _fraction(r, r + f)}
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
-        return self.to_rows()
+    rows = deprecated_method("to_rows", "rows")
 
     def to_rows(self) -> list[dict[str, Any]]:
         """One row per (layer, head, offset): layer, layer_name, head, offset and the
@@ -534,10 +537,26 @@ class RotaryQKGeometry(Result):
 
 
 # ------------------------------------------------------------------------- entry point
+def _layer_specs(spec: Any, n_layers: int) -> list[RotarySpec]:
+    """One :class:`RotarySpec` per layer from ``spec`` (one for all, or a sequence)."""
+    specs = [spec] * n_layers if isinstance(spec, RotarySpec) else list(spec) \
+        if isinstance(spec, (list, tuple)) else None
+    if specs is None or not all(isinstance(s, RotarySpec) for s in specs):
+        raise TypeError(f"spec must be a RotarySpec or a list of them (one per layer), got "
+                        f"{type(spec).__name__}; build one with "
+                        "RotarySpec.from_base(rotary_dim, base, pairing)")
+    if len(specs) != n_layers:
+        raise ValueError(f"{len(specs)} rotary specs for {n_layers} layers; pass one per layer")
+    if len({(s.pairing, s.rotary_dim) for s in specs}) > 1:
+        raise ValueError("the layers' rotary specs differ in pairing or rotary_dim; analyse "
+                         "such layers apart")
+    return specs
+
+
 def rotary_qk_geometry(
     W_Q: Any,
     W_K: Any,
-    spec: RotarySpec,
+    spec: RotarySpec | Sequence[RotarySpec],
     *,
     offsets: Any = None,
     distribution: Any = "causal",
@@ -547,6 +566,7 @@ def rotary_qk_geometry(
     layer_names: Sequence[str] | None = None,
     dtype: torch.dtype = torch.float64,
     progress: bool | None = None,
+    windows: Sequence[int | None] | None = None,
 ) -> RotaryQKGeometry:
     """Routing/filtering geometry of rotary heads as functions of the offset Δ = j − i.
 
@@ -555,7 +575,10 @@ def rotary_qk_geometry(
             (un-rotated, normalization folded as for :func:`~tl_spectral.geometry.qk.qk_geometry`).
         W_K: ``[layer, kv_head, d_model, d_head]`` (grouped-query: each key head serves
             ``head // kv_head`` consecutive query heads).
-        spec: the model's :class:`RotarySpec` (frequencies, pairing, scaling).
+        spec: the model's :class:`RotarySpec` (frequencies, pairing, scaling), or one per
+            layer (e.g. Gemma 3's θ = 10⁴ local and 10⁶ global layers; same pairing and
+            rotary_dim). Each layer's frequencies are in ``pair_theta``/``pair_gain``; the
+            result's ``inv_freq``/``attention_scaling`` are the first layer's.
         offsets: where energies and spectra are reported (``[n]`` ints); default
             :func:`default_offsets` of ``n_ctx`` (0, −1, −2, −4, …), or ``[0]`` if no n_ctx.
         distribution: the offset distribution for the averages (:func:`offset_distribution`;
@@ -576,21 +599,27 @@ def rotary_qk_geometry(
             fractions and their averages are exact whatever this says.
         layer_names: default ``"L0"``, ``"L1"``, …
         dtype: computation dtype (float64).
-        progress: a progress bar over the layers (``tqdm.auto``); default: shown when the
-            spectra are estimated to take more than a few seconds.
+        progress: a progress bar over the layers; default (None): shown on a terminal or in
+            a notebook when the spectra are estimated to take more than a few seconds
+            (:func:`tl_spectral.progress.progress_bar`).
+        windows: per layer, a causal sliding window ``W`` (None: full attention;
+            :func:`~tl_spectral.model_view.layer_windows`). A windowed layer's averages use
+            the distribution restricted to the offsets it attends to, ``|Δ| < W``, and
+            renormalised (its ranks the same rank rule over that distribution); recorded in
+            the result's ``windows``. ``dist_offsets``/``dist_weights``/``rank_offsets``
+            are the unrestricted ones.
 
     Returns a :class:`RotaryQKGeometry`. At Δ = 0 the energies, fractions and spectra equal
     ``qk_geometry(W_Q, W_K)``'s (same cores, same operations).
     """
     # Long on purpose: one pass per layer that validates, forms the energy forms and the
     # spectra and (optionally) the averaged ranks; splitting it would thread ten arrays.
-    if not isinstance(spec, RotarySpec):
-        raise TypeError(f"spec must be a RotarySpec, got {type(spec).__name__}; build one with "
-                        "RotarySpec.from_base(rotary_dim, base, pairing)")
     q_layers = as_layers(W_Q, "W_Q", 3, "head, d_model, d_head")
     k_layers = as_layers(W_K, "W_K", 3, "kv_head, d_model, d_head")
     if len(q_layers) != len(k_layers):
         raise ValueError(f"W_Q has {len(q_layers)} layers but W_K has {len(k_layers)}")
+    specs = _layer_specs(spec, len(q_layers))
+    spec = specs[0]
     names = resolve_layer_names(layer_names, len(q_layers))
     n_heads, n_kv, d_model = q_layers[0].shape[0], k_layers[0].shape[0], q_layers[0].shape[1]
     if offsets is None:
@@ -601,21 +630,34 @@ def rotary_qk_geometry(
     else:
         dist_name = "custom"
     d_off, d_w = offset_distribution(distribution, n_ctx)
+    wins = [None] * len(q_layers) if windows is None else list(windows)
+    if len(wins) != len(q_layers):
+        raise ValueError(f"{len(wins)} windows for {len(q_layers)} layers; pass one per layer")
     k_core = max(min(2 * int(w.shape[2]), int(d_model)) for w in q_layers)
     units = _core_units(len(q_layers) * int(n_heads), k_core)
     r_off = r_w = None
     r_exact = True
     if average_ranks:
         r_off, r_w, r_exact = _rank_plan(rank_offsets, d_off, d_w, units)
+    layer_dist = {}  # window -> (offsets, weights, rank offsets, rank weights)
+    for win in {w for w in wins if w is not None}:
+        keep = d_off.abs() < int(win)
+        if not bool((d_w[keep] > 0).any()):
+            raise ValueError(f"window {win}: the distribution has no weight on |Δ| < {win}")
+        o_w, w_w = d_off[keep], d_w[keep] / d_w[keep].sum()
+        ro, rw, ex = _rank_plan(rank_offsets, o_w, w_w, units) if average_ranks else \
+            (None, None, True)
+        r_exact = r_exact and ex
+        layer_dist[win] = (o_w, w_w, ro, rw)
     n_spectra = off.numel() + (r_off.numel() if r_off is not None else 0)
-    if progress is None:  # ~5 ms per 128 × 128 core spectrum (both parts) on one core
-        progress = units * n_spectra * 5e-3 > 3.0
+    if progress is None and units * n_spectra * 5e-3 <= 3.0:  # ~5 ms per 128 × 128 core
+        progress = False  # spectrum (both parts) on one core: a short run shows no bar
     layer_iter: Any = enumerate(zip(q_layers, k_layers))
-    if progress:
-        from tqdm.auto import tqdm
+    if progress is not False:
+        from tl_spectral.progress import progress_bar
 
-        layer_iter = tqdm(layer_iter, total=len(q_layers), desc="rotary geometry",
-                          unit="layer")
+        layer_iter = progress_bar(layer_iter, total=len(q_layers), desc="rotary geometry",
+                                  unit="layer", enabled=progress)
 
     per: list[dict[str, torch.Tensor]] = []
     d_heads: list[int] = []
@@ -631,13 +673,15 @@ def rotary_qk_geometry(
         check_finite(wq, f"W_Q[{i}]")
         check_finite(wk, f"W_K[{i}]")
         d = int(wq.shape[2])
-        a, b, theta, gain = spec.pairs(d)
+        a, b, theta, gain = specs[i].pairs(d)
         wq = wq.to(dtype)
         wk = wk.to(dtype).repeat_interleave(n_heads // n_kv, dim=0)
         H, T = _energy_forms(wq, wk, a, b)
         sp = _spectra(wq, wk, off, a, b, theta, gain)
-        u = _coefficients(d_off, theta, gain)  # [m, 2P]
-        second = torch.einsum("m,ma,mb->ab", d_w, u, u)  # E_w[u uᵀ]
+        l_off, l_w, lr_off, lr_w = (d_off, d_w, r_off, r_w) if wins[i] is None \
+            else layer_dist[wins[i]]
+        u = _coefficients(l_off, theta, gain)  # [m, 2P]
+        second = torch.einsum("m,ma,mb->ab", l_w, u, u)  # E_w[u uᵀ]
         mean_m = torch.einsum("hab,ab->h", H, second)
         mean_t = torch.einsum("hab,ab->h", T, second)
         m_curve = torch.einsum("ma,hab,mb->hm", u, H, u)
@@ -645,11 +689,11 @@ def rotary_qk_geometry(
         rec = {"H": H, "T": T, "theta": theta, "gain": gain, **sp,
                "mean_M": mean_m, "mean_R": 0.5 * (mean_m - mean_t),
                "mean_F": 0.5 * (mean_m + mean_t),
-               "mean_frac_off": (_fraction(0.5 * (m_curve - t_curve), m_curve) * d_w).sum(-1)}
-        if r_off is not None:
-            ds = _spectra(wq, wk, r_off, a, b, theta, gain)
-            rec["mean_rank_R"] = (entropy_effective_rank(ds["sv_R"]) * r_w).sum(-1)
-            rec["mean_rank_F"] = (entropy_effective_rank(ds["sv_F"]) * r_w).sum(-1)
+               "mean_frac_off": (_fraction(0.5 * (m_curve - t_curve), m_curve) * l_w).sum(-1)}
+        if lr_off is not None:
+            ds = _spectra(wq, wk, lr_off, a, b, theta, gain)
+            rec["mean_rank_R"] = (entropy_effective_rank(ds["sv_R"]) * lr_w).sum(-1)
+            rec["mean_rank_F"] = (entropy_effective_rank(ds["sv_F"]) * lr_w).sum(-1)
         per.append(rec)
         d_heads.append(d)
 
@@ -694,4 +738,5 @@ def rotary_qk_geometry(
         mean_eff_rank_F=stack("mean_rank_F") if average_ranks else None,
         rank_offsets=None if r_off is None else r_off.clone(),  # own storage (safetensors)
         rank_weights=None if r_w is None else r_w.clone(), mean_eff_rank_exact=bool(r_exact),
+        windows=None if windows is None else [None if w is None else int(w) for w in wins],
     )

@@ -2,6 +2,8 @@
 
 - :class:`GPT` / :class:`GPTConfig` (``gpt.py``): decoder-only transformer; attention kind
   (``"softmax"``, ``"sd"``, ``"linear"``) and head dimension per layer; LayerNorm or none.
+  :func:`save_model` / :func:`load_checkpoint` write and read a checkpoint folder
+  (``load_model`` is the deprecated name of ``load_checkpoint``).
 - :class:`Trainer` / :class:`TrainConfig` (``train.py``): AdamW, warm-up + cosine, exact resume.
 - :func:`to_transformer_lens` (``convert.py``): same logits inside TransformerLens.
 - :mod:`~tl_spectral.models.ablations`: the SPEC B.4 ablations with ΔPPL.
@@ -19,7 +21,7 @@ from tl_spectral.models.attention import (
     make_attention,
     register_attention,
 )
-from tl_spectral.models.gpt import GPT, GPTConfig, load_model, save_model
+from tl_spectral.models.gpt import GPT, GPTConfig, load_checkpoint, save_model
 
 _TRAIN_NAMES = ("TrainConfig", "Trainer", "TrainHistory", "train_cli")
 
@@ -30,6 +32,10 @@ def __getattr__(name):
         from tl_spectral.models import train
 
         return getattr(train, name)
+    if name == "load_model":  # the old name of load_checkpoint, deprecated (warns)
+        from tl_spectral.models import gpt
+
+        return gpt.load_model
     raise AttributeError(f"module 'tl_spectral.models' has no attribute {name!r}")
 
 
@@ -57,7 +63,7 @@ __all__ = [
     "TrainConfig",
     "TrainHistory",
     "Trainer",
-    "load_model",
+    "load_checkpoint",
     "make_attention",
     "register_attention",
     "save_model",

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tl_spectral._deprecation import renamed_arguments
 from tl_spectral.data.inputs import as_token_tensor
 from tl_spectral.models.gpt import GPT
 from tl_spectral.models.surgery import perplexity
@@ -151,10 +152,6 @@ class AblationResult(Result):
     seq_len: int
     rows: list
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
-        return self.to_rows()
-
     def to_rows(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.rows]
 
@@ -172,14 +169,16 @@ def _scored(model: Any, windows: torch.Tensor, base: dict[str, float], batch_siz
     return {"loss": r["loss"], "ppl": r["ppl"], "delta_ppl": d, "rel_delta": d / base["ppl"]}
 
 
-def ablation_table(model: Any, windows: torch.Tensor, *, kinds: Sequence[str] | None = None,
+@renamed_arguments(windows="tokens")
+def ablation_table(model: Any, tokens: torch.Tensor, *, kinds: Sequence[str] | None = None,
                    per_layer: bool = True, batch_size: int = 16, name: str = "model"
                    ) -> AblationResult:
-    """Run the SPEC B.4 ablations of a native GPT on validation ``windows``
+    """Run the SPEC B.4 ablations of a native GPT on validation ``tokens``
     ``[n, seq_len + 1]``: each ablation on all layers of its kind at once, and (``per_layer``)
     on each such layer alone. ``kinds`` default: every ablation that applies to the model's
-    attention kinds. ``windows``: a tensor, lists of ids or ``DocumentWindows``."""
-    windows = as_token_tensor(windows, "windows", min_len=2)
+    attention kinds. ``tokens``: a tensor, lists of ids or ``DocumentWindows`` (``windows=`` is
+    its deprecated name)."""
+    windows = as_token_tensor(tokens, "tokens", min_len=2)
     kinds_present = {model.cfg.layer_attention(i) for i in range(model.cfg.n_layers)}
     if kinds is None:
         kinds = [k for k in ABLATIONS_SD if "sd" in kinds_present] + \
@@ -341,10 +340,6 @@ class RankTruncationCurve(Result):
     full_rank: int
     rows: list
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
-        return self.to_rows()
-
     def to_rows(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.rows]
 
@@ -358,16 +353,18 @@ class RankTruncationCurve(Result):
         return self._draw("plot", ax=ax)
 
 
-def rank_truncation_curve(model: Any, windows: torch.Tensor, *,
+@renamed_arguments(windows="tokens")
+def rank_truncation_curve(model: Any, tokens: torch.Tensor, *,
                           ranks: Sequence[int] | None = None,
                           parts: Sequence[str] = TRUNCATION_PARTS,
                           layers: Sequence[int] | None = None, batch_size: int = 16,
                           name: str = "model") -> RankTruncationCurve:
-    """ΔPPL on ``windows`` ``[n, seq_len + 1]`` of :func:`truncate_rank` for each part and
+    """ΔPPL on ``tokens`` ``[n, seq_len + 1]`` of :func:`truncate_rank` for each part and
     rank (all layers at once, or ``layers``). ``ranks`` default: 1, 2, 4, … up to the full
     rank (min(d_model, 2·d_head) for softmax heads, d_head for S–D heads); odd ranks are
-    skipped for the routing part (its singular values come in pairs)."""
-    windows = as_token_tensor(windows, "windows", min_len=2)
+    skipped for the routing part (its singular values come in pairs). ``windows=``: the
+    deprecated name of ``tokens``."""
+    windows = as_token_tensor(tokens, "tokens", min_len=2)
     kinds = {model.cfg.layer_attention(i) for i in range(model.cfg.n_layers)}
     dh = max(model.cfg.d_heads)
     # rank W_Q W_Kᵀ <= d_head, so each of its parts has rank <= 2·d_head

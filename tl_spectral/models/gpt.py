@@ -7,7 +7,7 @@ embedding or not, no bias). The attention kind is a parameter (``"softmax"``, ``
 ``"linear"``; per model or per layer) and the head dimension may differ per layer.
 
 Checkpoints are a directory with ``model.safetensors`` (weights) and ``config.json``
-(``GPTConfig.to_dict()`` plus optional tokenizer/metadata); :func:`load_model` validates
+(``GPTConfig.to_dict()`` plus optional tokenizer/metadata); :func:`load_checkpoint` validates
 names and shapes and raises ``ValueError`` for corrupted or foreign files. Nothing is
 ever unpickled.
 """
@@ -465,7 +465,7 @@ def save_model(model: GPT, directory: str | Path, extra: dict[str, Any] | None =
     Atomic: both files are written (and fsynced) into a temporary sibling folder that then
     replaces ``directory`` by a rename, so a crash never pairs new weights with an old
     config.json. config.json records the sha256 of the weights (``"weights_sha256"``),
-    which :func:`load_model` checks."""
+    which :func:`load_checkpoint` checks."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = directory.with_name(f".tmp_{directory.name}_{os.getpid()}")
@@ -520,8 +520,9 @@ def load_state_file(path: str | Path) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def load_model(directory: str | Path, map_location: str | torch.device = "cpu") -> GPT:
-    """Load a :class:`GPT` saved by :func:`save_model`.
+def load_checkpoint(directory: str | Path, map_location: str | torch.device = "cpu") -> GPT:
+    """Load a :class:`GPT` saved by :func:`save_model` (``tls.load_model(directory)`` gives
+    the same model as a TransformerLens model, with its tokenizer).
 
     Validates that the weights hold exactly the expected names and shapes and only finite
     values, and (when config.json records one) that their sha256 is the recorded one;
@@ -606,3 +607,13 @@ def _check_config_against_state(mdoc: Any, state: dict[str, torch.Tensor],
                 f"{directory / WEIGHTS_NAME} is mis-shaped for its config.json, which says "
                 f"{key}={want!r} where the weights hold {have}: a foreign or corrupted "
                 "checkpoint")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "load_model":  # the old name of load_checkpoint, deprecated
+        from tl_spectral._deprecation import deprecated_function
+
+        return deprecated_function(load_checkpoint, "tl_spectral.models.load_model",
+                                   "tl_spectral.models.load_checkpoint (the project's GPT) or "
+                                   "tl_spectral.load_model (a TransformerLens model)")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

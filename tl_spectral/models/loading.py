@@ -1,19 +1,62 @@
 """Models by name, as ``tl-spectral analyze --model`` takes them: a zoo name, ``"random"``
-(a seeded random reference model) or the folder of a local Hugging Face model.
+(a seeded random reference model), the folder of a local Hugging Face model or a ``.gguf``
+file (dequantized once into the cache, :mod:`tl_spectral.models.gguf`).
 
-:func:`load_named_model` is not :func:`tl_spectral.models.load_model`, which reads one of
-the project's own checkpoints from its folder."""
+:func:`load_model` (``tls.load_model``) is the public loader: those, and a folder of the
+project's own checkpoint; :func:`tl_spectral.models.load_checkpoint` reads such a folder as
+the project's GPT itself."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tl_spectral.usage import UsageError
 
-__all__ = ["load_named_model", "random_reference_model", "resolve_model"]
+__all__ = ["check_device", "hub_offline", "load_model", "load_named_model",
+           "random_reference_model", "resolve_model"]
+
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+@contextlib.contextmanager
+def hub_offline() -> Iterator[None]:
+    """The Hugging Face hub offline for the duration of a load only: the environment
+    variables and ``huggingface_hub``'s constant (read once at its import) are restored
+    afterwards, so a user's later ``from_pretrained("gpt2")`` can still download."""
+    import huggingface_hub.constants as hub  # imported first: it reads the environment once
+
+    old_env = {k: os.environ.get(k) for k in _OFFLINE_VARS}
+    old_const = hub.HF_HUB_OFFLINE
+    os.environ.update({k: "1" for k in _OFFLINE_VARS})
+    hub.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        hub.HF_HUB_OFFLINE = old_const
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def check_device(device: Any) -> None:
+    """ValueError (one line) for a device this machine does not have, before any weights
+    load: ``"cuda"`` without CUDA, ``"mps"`` without MPS."""
+    import torch
+
+    kind = str(device).split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r}: CUDA is not available here; pass "
+                         "device='cpu'")
+    if kind == "mps" and not (hasattr(torch.backends, "mps")
+                              and torch.backends.mps.is_available()):
+        raise ValueError(f"device={str(device)!r}: MPS is not available here; pass "
+                         "device='cpu'")
 
 
 def random_reference_model(seed: int = 0):
@@ -32,7 +75,8 @@ def random_reference_model(seed: int = 0):
 
 
 def resolve_model(name: str) -> tuple[str, str]:
-    """(kind, target) for ``--model``: ("zoo", name), ("random", "random") or ("hf", folder).
+    """(kind, target) for ``--model``: ("zoo", name), ("random", "random"), ("hf", folder)
+    or ("gguf", file).
 
     A bare name is looked up in the zoo first (a local folder of the same name does not
     shadow it); a local Hugging Face folder is given as a path (with a ``/`` or starting
@@ -43,6 +87,8 @@ def resolve_model(name: str) -> tuple[str, str]:
         return "random", name
     if name in zoo.available():
         return "zoo", name
+    if name.lower().endswith(".gguf"):
+        return "gguf", _check_gguf_file(Path(name), name)
     looks_like_path = "/" in name or name.startswith(".") or os.sep in name
     p = Path(name)
     if looks_like_path and p.is_dir() and (p / "config.json").is_file():
@@ -53,8 +99,22 @@ def resolve_model(name: str) -> tuple[str, str]:
                          "model folder (save_pretrained output)")
     hint = f" (for the local folder, pass ./{name})" if p.is_dir() else ""
     raise UsageError(f"unknown model {name!r}{hint}; pass a zoo name "
-                     f"({', '.join(zoo.available())}), 'random', or the path of a local Hugging "
-                     "Face folder")
+                     f"({', '.join(zoo.available())}), 'random', the path of a local Hugging "
+                     "Face folder, or of a .gguf file")
+
+
+def _check_gguf_file(p: Path, name: str) -> str:
+    """``--model file.gguf``: a readable GGUF file of a supported architecture (its header
+    is read, not its weights)."""
+    from tl_spectral.models import gguf
+
+    if not p.is_file():
+        raise UsageError(f"--model {name}: no such file; pass the path of a .gguf file")
+    try:
+        gguf.check_architecture(gguf.read_header(p)["architecture"], f"--model {name}")
+    except (ValueError, ImportError) as e:
+        raise UsageError(_one_line(e)) from None
+    return str(p)
 
 
 #: Weight files that are read by unpickling (or in another framework): never loaded.
@@ -139,16 +199,96 @@ def _one_line(e: BaseException) -> str:
 
 def load_named_model(name: str) -> tuple[Any, Any]:
     """A TransformerLens model and its tokenizer from a zoo name, "random" or an HF folder
-    (see :func:`resolve_model`)."""
+    (see :func:`resolve_model`); the command line's ``--model``. :func:`load_model` also
+    takes a folder of the project's own checkpoint."""
     kind, target = resolve_model(name)
     if kind == "random":
         return random_reference_model()
     if kind == "hf":
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from transformer_lens.model_bridge import TransformerBridge
+        return _boot_hf_folder(target, "cpu")
+    if kind == "gguf":
+        from tl_spectral.models import gguf
 
-        model = TransformerBridge.boot_transformers(target, device="cpu")
-        return model, model.tokenizer
+        return gguf.load(target)
     from tl_spectral.models import zoo
 
     return zoo.load(target)
+
+
+def _boot_hf_folder(folder: str, device: Any) -> tuple[Any, Any]:
+    """A local Hugging Face folder booted as a TransformerBridge (TransformerLens 4.x), the
+    hub offline for the load only."""
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:  # TransformerLens 3.9
+        raise UsageError(
+            f"{folder}: a Hugging Face folder is booted with TransformerLens 4's "
+            "TransformerBridge.boot_transformers; on TransformerLens 3.9 build the model "
+            "yourself (HookedTransformer.from_pretrained(official_name, hf_model=...)) and "
+            "pass it to the probes") from None
+    with hub_offline():
+        model = TransformerBridge.boot_transformers(folder, device=device)
+    return model, model.tokenizer
+
+
+def _is_checkpoint(folder: Path) -> bool:
+    """``folder`` holds a checkpoint of the project's GPT (``save_model``'s config.json)."""
+    from tl_spectral.models.gpt import read_checkpoint_config
+
+    try:
+        read_checkpoint_config(folder)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return True
+
+
+def load_model(name_or_folder: str | os.PathLike, *, device: Any = "cpu") -> tuple[Any, Any]:
+    """A TransformerLens model and its tokenizer, offline: the one loader of the public API.
+
+    name_or_folder: a zoo name (``tls.zoo.available()``), ``"random"`` (a seeded random
+    6-layer TransformerBridge and the character tokenizer), the folder of a local Hugging
+    Face model (config.json + safetensors weights; booted with TransformerLens 4's
+    ``TransformerBridge.boot_transformers``), a ``.gguf`` file (dequantized once into the
+    cache, :mod:`tl_spectral.models.gguf`), or a folder written by
+    :func:`tl_spectral.models.save_model` (the project's GPT, converted with
+    :func:`~tl_spectral.models.convert.to_transformer_lens`, and its character tokenizer, or
+    None when the checkpoint records none).
+    A bare name is a zoo name; give a folder as a path (``"./my-model"``) or a ``Path``.
+    The project's GPT itself (for surgery) is :func:`tl_spectral.models.load_checkpoint`.
+
+    Raises ``ValueError`` (one line) for an unknown name, a folder that holds neither kind
+    of model, one with only pickled weights (never unpickled), or a device this machine
+    does not have.
+    """
+    check_device(device)
+    if isinstance(name_or_folder, os.PathLike):
+        path = Path(name_or_folder)
+        name = str(path) if ("/" in str(path) or os.sep in str(path)) else f"./{path}"
+    else:
+        name = str(name_or_folder)
+    folder = Path(name)
+    if name not in ("random",) and folder.is_dir() and _is_checkpoint(folder):
+        from tl_spectral.models import zoo
+        from tl_spectral.models.convert import to_transformer_lens
+        from tl_spectral.models.gpt import load_checkpoint, read_checkpoint_config
+
+        gpt = load_checkpoint(folder, map_location=device).eval()
+        doc = read_checkpoint_config(folder)
+        tok = zoo._char_tokenizer(doc) if "tokenizer" in doc else None
+        tl_model = to_transformer_lens(gpt, device=device)
+        if tok is not None:
+            zoo.attach_tokenizer(tl_model, tok, prepend_bos=getattr(tok, "bos", False))
+        return tl_model, tok
+    kind, target = resolve_model(name)
+    if kind == "random":
+        model, tok = random_reference_model()
+        return model.to(device), tok
+    if kind == "hf":
+        return _boot_hf_folder(target, device)
+    if kind == "gguf":
+        from tl_spectral.models import gguf
+
+        return gguf.load(target, device)
+    from tl_spectral.models import zoo
+
+    return zoo.load(target, device=device)

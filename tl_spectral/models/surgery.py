@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tl_spectral._deprecation import deprecated_method, renamed_arguments
 from tl_spectral.data.inputs import as_token_tensor
 from tl_spectral.models.attention import LinearAttention, make_attention
 from tl_spectral.models.gpt import GPT, GPTConfig
@@ -306,9 +307,7 @@ class LinearizationCurve(Result):
             best = k
         return best
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
-        return self.to_rows()
+    rows = deprecated_method("to_rows", "rows")
 
     def to_rows(self) -> list[dict[str, Any]]:
         rows = []
@@ -344,19 +343,22 @@ def plot_collapse(curves: Sequence[LinearizationCurve], ax: Any = None,
                                                       fine_tuned=fine_tuned)
 
 
-def linearization_curve(model: GPT, windows: torch.Tensor, *, ks: Sequence[int] | None = None,
+@renamed_arguments(windows="tokens")
+def linearization_curve(model: GPT, tokens: torch.Tensor, *, ks: Sequence[int] | None = None,
                         train_tokens: torch.Tensor | None = None,
                         fine_tune: FineTune | int | None = None, control: bool = False,
-                        name: str = "model", batch_size: int = 16, progress: bool = False
-                        ) -> LinearizationCurve:
-    """PPL on ``windows`` ``[n, seq_len + 1]`` with the first ``k`` layers linearized, for
+                        name: str = "model", batch_size: int = 16,
+                        progress: bool | None = None) -> LinearizationCurve:
+    """PPL on ``tokens`` ``[n, seq_len + 1]`` with the first ``k`` layers linearized, for
     ``k`` in ``ks`` (default ``0..n_layers``); zero-shot, and after a fine-tune of the
     swapped layers when ``fine_tune`` is given (each k fine-tuned from the original model).
     ``control``: with a fine-tune, also fine-tune the same k layers of the original model
-    *without* swapping them (same steps, data and seed) — ``ppl_control``."""
+    *without* swapping them (same steps, data and seed) — ``ppl_control``. progress: a line
+    per k (None: on a terminal or in a notebook, when fine-tuning). ``windows=``: the
+    deprecated name of ``tokens``."""
     if not isinstance(model, GPT):
         raise TypeError(f"expected a tl_spectral GPT, got {type(model).__name__}")
-    windows = as_token_tensor(windows, "windows", min_len=2)
+    windows = as_token_tensor(tokens, "tokens", min_len=2)
     L = model.cfg.n_layers
     ks = list(range(L + 1)) if ks is None else sorted({int(k) for k in ks})
     if any(not 0 <= k <= L for k in ks):
@@ -370,6 +372,10 @@ def linearization_curve(model: GPT, windows: torch.Tensor, *, ks: Sequence[int] 
         raise ValueError("fine-tuned curves need train_tokens")
     if control and not do_ft:
         raise ValueError("control=True compares fine-tunes: pass fine_tune=FineTune(...) too")
+    if progress is None:
+        from tl_spectral.progress import interactive
+
+        progress = do_ft and interactive()
     zs, ft = [], [] if do_ft else None
     ctl = [] if control else None
     for k in ks:
@@ -552,9 +558,7 @@ class CascadeAllocation(Result):
         """The reallocated model's :class:`GPTConfig`."""
         return allocated_config(GPTConfig.from_dict(self.model_config), self.d_head)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`to_rows`."""
-        return self.to_rows()
+    rows = deprecated_method("to_rows", "rows")
 
     def to_rows(self) -> list[dict[str, Any]]:
         return [{"layer": l, "routing_rank": r, "d_head_uniform": u, "d_head": d}

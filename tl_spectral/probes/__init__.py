@@ -1,11 +1,13 @@
 """Composable probes that run inside one TransformerLens forward pass.
 
-A probe needs no registration to run (pass it to ``run_probes``). Adding a built-in probe:
+A probe needs no registration to run (pass it to ``run_probes``). Probe classes end in
+``Probe``; their results are :class:`~tl_spectral.results.Result` kinds. Adding a built-in probe:
 one new module here, one import line below and one line in ``tl_spectral._PUBLIC`` (and
 docs/api.md); see docs/probes.md.
 """
 
-from tl_spectral.probes.attention_stats import AttentionStats, AttentionStatsResult
+from tl_spectral._deprecation import module_getattr
+from tl_spectral.probes.attention_stats import AttentionStatsProbe, AttentionStatsResult
 from tl_spectral.probes.base import LayerCapture, Probe, merge_tensor, reduce_state
 from tl_spectral.probes.contributions import ContributionProbe, ContributionStats
 from tl_spectral.probes.fields import (
@@ -13,19 +15,26 @@ from tl_spectral.probes.fields import (
     AttentionFields,
     StreamedAttentionFields,
 )
-from tl_spectral.probes.head_scores import HeadScores, HeadScoresResult
-from tl_spectral.probes.runner import Corpus, ProbeRun, as_corpus, run_probes, run_probes_on_cache
+from tl_spectral.probes.head_scores import HeadScoresProbe, HeadScoresResult
+from tl_spectral.probes.runner import (
+    Corpus,
+    ProbeRun,
+    as_corpus,
+    run_probes,
+    run_probes_on_cache,
+    run_probes_with_logits,
+)
 from tl_spectral.probes.sinks import SinkProbe, SinkStats
 
 __all__ = [
     "AttentionFieldProbe",
     "AttentionFields",
     "StreamedAttentionFields",
-    "AttentionStats",
+    "AttentionStatsProbe",
     "AttentionStatsResult",
     "ContributionProbe",
     "ContributionStats",
-    "HeadScores",
+    "HeadScoresProbe",
     "HeadScoresResult",
     "SinkProbe",
     "SinkStats",
@@ -38,4 +47,11 @@ __all__ = [
     "reduce_state",
     "run_probes",
     "run_probes_on_cache",
+    "run_probes_with_logits",
 ]
+
+#: old names of the probe classes, deprecated (docs/api.md, "Deprecated spellings")
+__getattr__ = module_getattr(__name__, {
+    "AttentionStats": ("AttentionStatsProbe", "tl_spectral.probes.attention_stats"),
+    "HeadScores": ("HeadScoresProbe", "tl_spectral.probes.head_scores"),
+})

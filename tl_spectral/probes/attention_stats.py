@@ -1,4 +1,4 @@
-"""AttentionStats: entropy, distance, first-token mass and mean pattern per layer and head."""
+"""AttentionStatsProbe: entropy, distance, first-token mass and mean pattern per layer and head."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import ClassVar, Optional, Sequence
 import torch
 from torch import Tensor
 
+from tl_spectral._deprecation import deprecated_method, module_getattr
 from tl_spectral.probes import shared
 from tl_spectral.probes.base import LayerCapture, Probe
 from tl_spectral.results import Result, register_result
@@ -54,7 +55,9 @@ class AttentionStatsResult(Result):
         per head; positions are labelled by index."""
         return self._draw("view", layer=layer, max_pos=max_pos)
 
-    def rows(self) -> list[dict]:
+    rows = deprecated_method("to_rows", "rows")
+
+    def to_rows(self) -> list[dict]:
         """One row per (layer, head): entropy, distance, first-token mass."""
         rows = []
         for li, layer in enumerate(self.layers):
@@ -111,7 +114,7 @@ def _plogp_sum(p: Tensor) -> Tensor:
     return p.clamp_min(tiny).log_().mul_(p).sum(-1)
 
 
-class AttentionStats(Probe):
+class AttentionStatsProbe(Probe):
     """Entropy, distance, first-token mass and mean pattern of every head.
 
     layers: which layers to read (default all). pattern_positions: the mean pattern is kept
@@ -122,7 +125,7 @@ class AttentionStats(Probe):
     The state stays on the model's device; the result is on the CPU.
     """
 
-    name: ClassVar[str] = "attention_stats"
+    name = "attention_stats"
 
     def __init__(self, layers: Optional[Sequence[int]] = None, name: Optional[str] = None,
                  *, pattern_positions: Optional[int] = 256):
@@ -134,7 +137,7 @@ class AttentionStats(Probe):
         self.pattern_positions = None if pattern_positions is None else int(pattern_positions)
         self.layers = None if layers is None else sorted(set(int(x) for x in layers))
         if name is not None:
-            self.name = name  # type: ignore[misc]
+            self.name = name
 
     def requires(self, view) -> dict[int, set[str]]:
         layers = self._read_layers(view)
@@ -215,3 +218,7 @@ class AttentionStats(Probe):
             model_name=view.name if view is not None else "",
             causal=view.causal if view is not None else True,
         )
+
+
+#: the old name of the probe class, deprecated (docs/api.md, "Deprecated spellings")
+__getattr__ = module_getattr(__name__, {"AttentionStats": ("AttentionStatsProbe", __name__)})

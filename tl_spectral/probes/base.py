@@ -23,7 +23,7 @@ combines two probes run apart.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import Tensor
@@ -117,11 +117,18 @@ def merge_tensor(a: Tensor, b: Tensor, reduction: str) -> Tensor:
 
 
 class Probe:
-    """Base class of all probes. Subclasses set ``name`` and implement the four methods."""
+    """Base class of all probes. Subclasses set ``name`` and implement the four methods.
 
-    name: ClassVar[str] = "probe"
-    reductions: ClassVar[dict[str, str]] = {}
-    """Reduction of each state key; keys not listed are summed."""
+    Naming: a probe class ends in ``Probe`` (``SinkProbe``); what its ``result()`` returns is
+    a :class:`~tl_spectral.results.Result` named for what it holds (``SinkStats``).
+    """
+
+    name: str = "probe"
+    """Key of the probe's result in ``run_probes``' output: a class default, which an
+    instance may override (the built-in probes' ``name=`` argument)."""
+    reductions: dict[str, str] = {}
+    """Reduction of each state key (a class default, which an instance may extend); keys
+    not listed are summed."""
 
     def __init__(self) -> None:
         self.state: dict[str, Tensor] = {}
@@ -212,7 +219,7 @@ class Probe:
     def _require_state(self) -> None:
         if not self.state:
             raise RuntimeError(
-                f"probe {self.name!r} has seen no data; run it with run_probes(model, data, "
+                f"probe {self.name!r} has seen no data; run it with run_probes(model, tokens, "
                 "[probe]) first"
             )
 

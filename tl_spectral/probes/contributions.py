@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from tl_spectral._deprecation import check_choice, deprecated_method
 from tl_spectral.analysis.contributions import (
     MEASURES,
     ContributionMaps,
@@ -39,11 +40,12 @@ from tl_spectral.analysis.contributions import (
     projected_value_norms,
     value_gram,
 )
-from tl_spectral.model_view import ModelView
+from tl_spectral.model_view import ModelView, layer_windows, window_allowed
 from tl_spectral.probes import shared
 from tl_spectral.probes.base import LayerCapture, Probe
 from tl_spectral.probes.shared import lag_sums as _lag_sums  # noqa: F401 - the old name
 from tl_spectral.results import Result, register_result
+from tl_spectral.types import ContributionMode
 
 
 # ----------------------------------------------------------------------------- maths
@@ -66,8 +68,7 @@ def contribution_map(
     bound ``Σ_j α_ij ‖ṽ_j‖``; 3. inter: ``o = Σ_h z^h W_O^h``, ``u^h = o W_O^hᵀ / ‖o‖²``;
     intra: ``u^h = z^h G^h / ‖o^h‖²``; 4. ``c = α ⊙ (u vᵀ)``.
     """
-    if mode not in ("intra", "inter"):
-        raise ValueError(f"mode must be 'intra' or 'inter', got {mode!r}")
+    check_choice("mode", mode, ContributionMode)
     rtol = default_rtol(pattern.dtype) if rtol is None else rtol
     G = value_gram(W_O)
     vnorm = projected_value_norms(v_heads, G)  # [b, H, k]
@@ -124,13 +125,20 @@ def _scaled_u(vp: "shared.ValueProducts", W_O: Tensor, mode: str, query_mask: Op
     return u.mul_(inv2.unsqueeze(-1)), inv
 
 
-def _full_window_counts(T: int, b: int, causal: bool, device: Any
+def _full_window_counts(T: int, b: int, causal: bool, device: Any,
+                        window: Optional[int] = None
                         ) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor]:
     """Allowed (query, key) pairs of ``b`` unpadded documents of ``T`` tokens, float64:
     per key ``[T]``, per lag ``(pos [T], neg [T])`` as :func:`_lag_sums` of the pair
-    count matrix, and in all ``[1]`` (causal: ``j <= i``; bidirectional: every pair)."""
+    count matrix, and in all ``[1]`` (causal: ``j <= i``, and ``i − j < W`` for a
+    sliding-window layer of width ``window``; bidirectional: every pair)."""
     n = torch.arange(T, 0, -1, dtype=torch.float64, device=device) * b  # b (T − x)
     if causal:
+        if window is not None and int(window) < T:
+            src = n.clamp(max=float(b * int(window)))  # b min(T − j, W)
+            lag = n.clone()
+            lag[int(window):] = 0.0  # b (T − ℓ) for ℓ < W
+            return src, (lag, torch.zeros_like(n)), lag.sum().reshape(1)
         return n.clone(), (n.clone(), torch.zeros_like(n)), n.sum().reshape(1)
     neg = n.clone()
     neg[0] = 0.0
@@ -230,7 +238,9 @@ class ContributionStats(Result):
     attention the head sum). Shapes:
 
     * ``source_mean`` [layer, head+1, pos]: mean over real queries ``i`` that may attend
-      to ``j`` of ``c_ij`` (token level: of ``C_ij``); ``source_attention`` [layer, head,
+      to ``j`` (``i ≥ j``, and ``i − j < W`` in a sliding-window layer of width ``W``:
+      :func:`~tl_spectral.model_view.layer_windows`; every pair count, negative share and
+      rank correlation below counts only such pairs) of ``c_ij`` (token level: of ``C_ij``); ``source_attention`` [layer, head,
       pos]: the same mean of ``α_ij``; ``source_count`` [layer, pos] pairs averaged;
     * ``lag_mean`` / ``lag_attention`` / ``lag_count``: the same by lag ``ℓ = i − j``, on the
       axis ``lags`` (``0 … T−1`` for causal models, ``−(T−1) … T−1`` for bidirectional ones);
@@ -315,11 +325,10 @@ class ContributionStats(Result):
         probe); default: the last layer."""
         return self._draw("view", layer=layer, doc=doc, **kwargs)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`summary_rows`."""
-        return self.summary_rows()
+    rows = deprecated_method("to_rows", "rows")
+    summary_rows = deprecated_method("to_rows", "summary_rows")
 
-    def summary_rows(self) -> list[dict]:
+    def to_rows(self) -> list[dict]:
         """One row per layer: token-level negative shares, the sink's (source 0) mean
         contribution and attention, and the token-level rank correlation of each baseline
         with the contribution."""
@@ -376,12 +385,12 @@ class ContributionProbe(Probe):
     when ``c_ij < −negative_rtol · Σ_j |c_ij|``, see :class:`ContributionStats`).
     """
 
-    name: ClassVar[str] = "contributions"
+    name = "contributions"
 
     def __init__(
         self,
         layers: Optional[Sequence[int]] = None,
-        mode: str = "inter",
+        mode: ContributionMode = "inter",
         keep_docs: Sequence[int] = (),
         rank_queries: int = 8,
         name: Optional[str] = None,
@@ -396,8 +405,7 @@ class ContributionProbe(Probe):
             raise ValueError(f"keep_positions must be a positive int or None, got {keep_positions}")
         #: kept maps cut to the first ``keep_positions`` queries and keys (None: whole)
         self.keep_positions = None if keep_positions is None else int(keep_positions)
-        if mode not in ("intra", "inter"):
-            raise ValueError(f"mode must be 'intra' or 'inter', got {mode!r}")
+        check_choice("mode", mode, ContributionMode)
         if rank_queries < 0:
             raise ValueError(f"rank_queries must be >= 0, got {rank_queries}")
         self.layers = None if layers is None else sorted(set(int(x) for x in layers))
@@ -429,7 +437,7 @@ class ContributionProbe(Probe):
             raise ValueError(f"negative_rtol must lie in [0, 1), got {negative_rtol}")
         self.negative_rtol = float(negative_rtol)
         if name is not None:
-            self.name = name  # type: ignore[misc]
+            self.name = name
         self._W: dict[int, Tensor] = {}
         self.reductions = {}  # instance level: kept-map keys are added per layer
 
@@ -437,6 +445,15 @@ class ContributionProbe(Probe):
         layers = self._read_layers(view)
         self._W = {}  # W_O is read from this run's model (weights edited in place between runs)
         return {layer: {"pattern", "v"} for layer in layers}
+
+    def _window(self, layer: int) -> Optional[int]:
+        """The layer's sliding window (None: full attention; :func:`~tl_spectral.
+        model_view.layer_windows`), read once per model."""
+        if self.view is None:
+            return None
+        if getattr(self, "_windows_of", None) is not self.view:
+            self._windows, self._windows_of = layer_windows(self.view), self.view
+        return self._windows[layer]
 
     def _workspace(self, n: int, T: int, like: Tensor) -> Tensor:
         """A ``[n, T, T]`` buffer kept between updates, zero outside the query blocks of
@@ -467,11 +484,10 @@ class ContributionProbe(Probe):
         padless = shared.padless(cap)
         W = self._w_o(layer, p.device).to(p.dtype)
         causal = self.view.causal if self.view is not None else True
+        window = self._window(layer)
         pair_count = None
         if not padless:
-            allow = torch.ones(T, T, dtype=torch.bool, device=p.device)
-            if causal:
-                allow = allow.tril()
+            allow = window_allowed(T, window, causal=causal, device=p.device)
             pairs = allow & qm[:, :, None] & qm[:, None, :]  # [b, q, k]
             pair_count = pairs.double().sum(0)
 
@@ -522,7 +538,7 @@ class ContributionProbe(Probe):
         acc(f"{layer}.src_c", src.double())
         acc(f"{layer}.src_a", shared.pattern_source_sums(cap).double())
         if pair_count is None:  # full windows: the counts in closed form (exact integers)
-            src_n, lag_n, pairs_n = _full_window_counts(T, b, causal, p.device)
+            src_n, lag_n, pairs_n = _full_window_counts(T, b, causal, p.device, window)
         else:
             src_n, lag_n = pair_count.sum(0), _lag_sums(pair_count, causal)
             pairs_n = pair_count.sum().reshape(1)
@@ -545,11 +561,11 @@ class ContributionProbe(Probe):
             sel = (cap.doc_index % self.rank_stride == 0).nonzero().flatten()
             if sel.numel():
                 idx = sel.to(p.device)
-                self._rank_update(layer, p, vp, u, inv, qm, causal, idx)
+                self._rank_update(layer, p, vp, u, inv, qm, causal, idx, window)
         if self.keep_docs:
             self._keep_update(layer, p, cap, W)
 
-    def _rank_update(self, layer, p, vp, u, inv, qm, causal, idx) -> None:
+    def _rank_update(self, layer, p, vp, u, inv, qm, causal, idx, window=None) -> None:
         # p: the batch's pattern; idx: its documents to use. Only the sampled query rows of
         # those documents are gathered (never a copy of their whole pattern), and their
         # four measures (those of contribution_weights) are formed from what update()
@@ -579,6 +595,8 @@ class ContributionProbe(Probe):
         allowed = qok[:, :, None] & qm[:, None, :]  # [b, n, k]
         if causal:
             allowed = allowed & (keys[None, None, :] <= qidx[:, :, None])
+            if window is not None:  # a sliding-window layer: only the keys it may see
+                allowed = allowed & (qidx[:, :, None] - keys[None, None, :] < int(window))
         sums = torch.zeros(H + 1, M, M, dtype=torch.float64, device=p.device)
         rows = torch.zeros(H + 1, dtype=torch.float64, device=p.device)
         al_h = allowed[:, None].expand(-1, H, -1, -1)
@@ -712,25 +730,43 @@ def layer_maps(
     model: Any,
     tokens: Tensor,
     layers: Optional[Sequence[int]] = None,
-    mode: str = "inter",
+    mode: ContributionMode = "inter",
     attention_mask: Optional[Tensor] = None,
 ) -> dict[int, ContributionMaps]:
     """Contribution maps of one batch, on request: ``{layer: ContributionMaps}``.
 
     tokens: ``[batch, pos]``; attention_mask: ``[batch, pos]`` (1 = real, right padded).
-    One forward pass with pattern and value hooks; the maps come from
+    One forward pass with pattern and value hooks on the wanted layers only, stopped after
+    the last of them (no later block, no logits); the maps come from
     ``contribution_weights`` (batch axis = the rows of ``tokens``).
     """
-    from tl_spectral.probes.faithfulness import capture_layers
+    from tl_spectral.model_view import PatternsNotExposedError
 
     view = model if isinstance(model, ModelView) else ModelView(model)
     if tokens.ndim == 1:
         tokens = tokens[None]
     mask = torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    caps, _ = capture_layers(view, tokens, mask)
-    wanted = range(view.n_layers) if layers is None else layers
+    wanted = sorted({int(x) for x in (range(view.n_layers) if layers is None else layers)})
+    caps: dict[int, dict[str, Tensor]] = {l: {} for l in wanted}
+
+    def grab(layer: int, kind: str):
+        def hook(t: Tensor, hook: Any = None) -> Tensor:
+            caps[layer][kind] = t.detach()
+            return t
+
+        return hook
+
+    hooks = [(view.hook_name(kind, l), grab(l, kind)) for l in wanted for kind in ("v", "pattern")]
+    # causal decoders never see right padding; encoders need the padding mask of the keys
+    am = None if (view.causal or bool(mask.all())) else mask.long()
+    with torch.no_grad():
+        view.run(tokens, attention_mask=am, fwd_hooks=hooks, return_type=None)
+    for l in wanted:
+        if "pattern" not in caps[l]:
+            raise PatternsNotExposedError(view.patterns_not_exposed_message(l))
     qm = mask.to(view.device)
     return {
-        l: contribution_weights(caps[l][0], caps[l][1], view.weights(l).W_O.to(view.device), mode, qm)
+        l: contribution_weights(caps[l]["pattern"], view.repeat_kv(caps[l]["v"], 2),
+                                view.weights(l).W_O.to(view.device), mode, qm)
         for l in wanted
     }

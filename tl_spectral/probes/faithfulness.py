@@ -47,6 +47,12 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from tl_spectral._deprecation import (
+    check_choice,
+    deprecated_method,
+    renamed_arguments,
+    warn_deprecated,
+)
 from tl_spectral.analysis.contributions import MEASURES, contribution_weights
 from tl_spectral.analysis.faithfulness import (
     WHICH,
@@ -65,6 +71,7 @@ from tl_spectral.probes.interventions import (  # noqa: F401 - METRICS, by_lengt
 )
 from tl_spectral.probes.runner import Corpus, _with_padding, as_corpus, check_count
 from tl_spectral.results import Result, register_result
+from tl_spectral.types import ContributionMode, FaithfulnessLevel, FaithfulnessScope
 
 STRATEGIES = ("pattern", "z")
 PAPER_ORDER = ("attention", "value_weighted", "output_normalized", "contribution")
@@ -445,17 +452,18 @@ class FaithfulnessResult(Result):
             self._areas(idx)), n, n_resamples=n_resamples, seed=seed, level=level)
         return {"comprehensiveness": iv[0], "sufficiency": iv[1]}
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame`` and the HTML view).
+    rows = deprecated_method("to_rows", "rows")
+
+    def to_rows(self, setting: Optional[int] = None) -> list[dict[str, Any]]:
+        """The main table (the Result protocol's, read by ``to_frame`` and the HTML view).
 
         One row per setting and measure: ``{setting, measure, comprehensiveness_area,
-        sufficiency_area}``.
+        sufficiency_area}``; with ``setting`` (an index into ``settings``), that setting's
+        rows only, without the ``setting`` column.
         """
-        return [{"setting": s, **row} for si, s in enumerate(self.settings)
-                for row in self.table(si)]
-
-    def table(self, setting: int = 0) -> list[dict]:
-        """Rows ``{measure, comprehensiveness_area, sufficiency_area}`` for one setting."""
+        if setting is None:
+            return [{"setting": s, **row} for si, s in enumerate(self.settings)
+                    for row in self.to_rows(si)]
         return [
             {
                 "measure": m,
@@ -464,6 +472,12 @@ class FaithfulnessResult(Result):
             }
             for i, m in enumerate(self.measures)
         ]
+
+    def table(self, setting: int = 0) -> list[dict]:
+        """Deprecated: use ``to_rows(setting)`` (removed in tl_spectral 0.3)."""
+        warn_deprecated(f"{type(self).__name__}.table(setting)",
+                        f"{type(self).__name__}.to_rows(setting)", stacklevel=3)
+        return self.to_rows(setting)
 
     def ordering(self, setting: int = 0) -> dict:
         """Measures ordered best first (comprehensiveness: largest area; sufficiency:
@@ -571,27 +585,29 @@ def _measure_scores(
     return out
 
 
+@renamed_arguments(data="tokens")
 def faithfulness(
     model: Any,
-    data: Any,
+    tokens: Any,
     *,
     layer: Optional[int] = None,
     measures: Sequence[str] = DEFAULT_MEASURES,
     fractions: Optional[Sequence[float]] = None,
-    mode: str = "inter",
-    level: str = "token",
-    scope: str = "query",
+    mode: ContributionMode = "inter",
+    level: FaithfulnessLevel = "token",
+    scope: FaithfulnessScope = "query",
     metric: Optional[str] = None,
     batch_size: int = 8,
     rows_per_pass: int = 64,
     seed: int = 0,
     attention_mask: Optional[Tensor] = None,
-    progress: bool = False,
+    progress: Optional[bool] = None,
 ) -> FaithfulnessResult:
     """Comprehensiveness and sufficiency curves of each measure (SPEC C.3).
 
-    model: TransformerLens model or ModelView; data: anything ``as_corpus`` reads (right
-    padded); layer: the one layer of the single-layer setting (default ``n_layers // 2``;
+    model: TransformerLens model or ModelView; tokens: anything ``as_corpus`` reads (right
+    padded; ``data=`` is its deprecated name); layer: the one layer of the single-layer
+    setting (default ``n_layers // 2``;
     the other setting removes in all layers at once); measures: names from
     ``analysis.contributions.MEASURES``, ``"random"`` (seeded uniform scores, a reference) or
     ``"abs_contribution"`` (``|C_ij|``, a diagnostic), optionally suffixed ``@intra`` / ``@inter`` to override ``mode``; fractions: removal grid
@@ -602,7 +618,8 @@ def faithfulness(
     head level — ranked together, ``round(r · N)`` removed: a global ranking under which
     value-weighted and output-normalized can differ); metric: ``"delta_ppl"`` (decoders, default)
     or ``"embedding_distance"`` (encoders, default); rows_per_pass: rows of one batched
-    intervention pass (documents × conditions).
+    intervention pass (documents × conditions); progress: a bar over the batches (None:
+    on a terminal or in a notebook, once the run takes 2 s).
 
     Steps per batch of documents: 1. a clean pass captures every layer's pattern and values
     and the clean statistics; 2. every measure is computed per layer and its removal order
@@ -616,10 +633,8 @@ def faithfulness(
     # Long on purpose: the checks of every argument, then one loop (batches × settings ×
     # measures) filling one statistics tensor; the steps inside are helpers already.
     view = model if isinstance(model, ModelView) else ModelView(model)
-    if level not in ("token", "head"):
-        raise ValueError(f"level must be 'token' or 'head', got {level!r}")
-    if mode not in ("intra", "inter"):
-        raise ValueError(f"mode must be 'intra' or 'inter', got {mode!r}")
+    check_choice("level", level, FaithfulnessLevel)
+    check_choice("mode", mode, ContributionMode)
     check_scope(scope)
     measures = list(measures)
     if not measures or len(set(measures)) != len(measures):
@@ -633,7 +648,7 @@ def faithfulness(
     view._check_layer(layer)
     batch_size = check_count("batch_size", batch_size)
     rows_per_pass = check_count("rows_per_pass", rows_per_pass)
-    data, attention_mask = _with_padding(view, data, attention_mask, "faithfulness")
+    data, attention_mask = _with_padding(view, tokens, attention_mask, "faithfulness")
     corpus: Corpus = by_length(as_corpus(data, attention_mask))
     strategy = intervention_strategy(view)
     met = DamageMetric(view, metric)
@@ -651,10 +666,10 @@ def faithfulness(
     scored = [m for m in measures if m not in structural]
     starts = range(0, len(corpus), batch_size)
     it: Any = starts
-    if progress:
-        from tl_spectral.progress import progress_bar as tqdm
+    if progress is not False:
+        from tl_spectral.progress import progress_bar
 
-        it = tqdm(starts, desc="faithfulness", unit="batch")
+        it = progress_bar(starts, desc="faithfulness", unit="batch", enabled=progress)
     for start in it:
         tokens = corpus.tokens[start : start + batch_size]
         mask = corpus.mask[start : start + batch_size]

@@ -34,6 +34,7 @@ from tl_spectral.probes import shared
 from tl_spectral.probes.base import LayerCapture, Probe, merge_tensor
 from tl_spectral.probes.pair_fields import needs_values, pair_field
 from tl_spectral.results import Result, register_result
+from tl_spectral.types import FieldKind
 
 
 def _lag_fields(A: Tensor, *, causal: bool, max_lag: Optional[int]) -> tuple[Tensor, Tensor]:
@@ -175,12 +176,10 @@ class AttentionFieldProbe(Probe):
     (default False: every state stays on the model's device; the result is on the CPU).
     """
 
-    name: ClassVar[str] = "attention_fields"
-    reductions: ClassVar[dict[str, str]] = {}
-
+    name = "attention_fields"
     def __init__(self, layers: Optional[Sequence[int]] = None, *, per_head: bool = False,
                  max_lag: Optional[int] = None, name: Optional[str] = None,
-                 offload: bool = False, field: str = "attention", streaming: bool = False,
+                 offload: bool = False, field: FieldKind = "attention", streaming: bool = False,
                  rank: int = 128, n_modes: int = 8, fold_every: int = 128,
                  band_options: Optional[dict] = None, jackknife_groups: int = 8,
                  jackknife_seed: int = 0):
@@ -212,8 +211,8 @@ class AttentionFieldProbe(Probe):
         self.per_head = per_head
         self.max_lag = max_lag
         if name is not None:
-            self.name = name  # type: ignore[misc]
-        self.reductions = {"doc_mask": "cat", "doc_index": "cat"}  # type: ignore[misc]
+            self.name = name
+        self.reductions = {"doc_mask": "cat", "doc_index": "cat"}
         self.streaming = bool(streaming)
         if self.streaming:
             from tl_spectral.analysis.streaming_pod import band_options as _bo
@@ -317,14 +316,18 @@ class AttentionFieldProbe(Probe):
                 A = torch.nn.functional.pad(A, (0, pad, 0, pad))
                 mask = torch.nn.functional.pad(mask, (0, pad), value=False)
             F, lags = _lag_fields(A, causal=self.view.causal, max_lag=self.max_lag)
-        # counts per (query, lag): a real query and a real key inside the document
+        # counts per (query, lag): a real query and a real key inside the document (and,
+        # in a sliding-window layer, inside the layer's window: the lags it may attend to)
+        window = self._window(cap.layer)
         if bool(mask.all()):  # full windows: every document's count is the same
-            count = self._full_count(T, lags, F).expand(mask.shape[0], -1, -1)
+            count = self._full_count(T, lags, F, window).expand(mask.shape[0], -1, -1)
         else:
             i = torch.arange(T, device=F.device)[:, None]
             lg = lags[None, :].to(F.device)
             j = i - lg if self.view.causal else i + lg
             inside = (j >= 0) & (j < T)
+            if window is not None and self.view.causal:
+                inside = inside & (lg < int(window))
             key_real = mask[:, j.clamp(0, T - 1)] & inside[None]  # [b, T, n_lags]
             count = (mask[:, :, None] & key_real).to(F.dtype)
         layer = cap.layer
@@ -373,7 +376,7 @@ class AttentionFieldProbe(Probe):
             # same full-window counts share the divisor
             nf = s.get(f"{layer}.n_full")
             key = (None if f"{layer}.count" in s else
-                   tuple(nf.tolist()) if nf is not None else ())
+                   (tuple(nf.tolist()) if nf is not None else (), self._window(layer)))
             den = dens.get(key) if key is not None else None
             if den is None:
                 cnt = self._count(s, layer, lags, S)
@@ -420,22 +423,38 @@ class AttentionFieldProbe(Probe):
         for t in ([] if n_full is None else torch.nonzero(n_full).flatten().tolist()):
             L = t if self.max_lag is None else int(self.max_lag)  # t = length − 1
             lg = torch.arange(0, L + 1) if causal else torch.arange(-L, L + 1)
-            full = self._full_count(t + 1, lg, S) * float(n_full[t])
+            full = self._full_count(t + 1, lg, S, self._window(layer)) * float(n_full[t])
             cnt[: full.shape[0], : full.shape[1]] += full
         return cnt
 
     # ------------------------------------------------------------------ streaming
-    def _full_count(self, T: int, lags: Tensor, like: Tensor) -> Tensor:
+    def _window(self, layer: int) -> Optional[int]:
+        """The layer's sliding window (None: full attention; :func:`~tl_spectral.
+        model_view.layer_windows`), read once per model."""
+        from tl_spectral.model_view import layer_windows
+
+        if self.view is None:
+            return None
+        if getattr(self, "_windows_of", None) is not self.view:
+            self._windows, self._windows_of = layer_windows(self.view), self.view
+        return self._windows[layer]
+
+    def _full_count(self, T: int, lags: Tensor, like: Tensor,
+                    window: Optional[int] = None) -> Tensor:
         """``[T, n_lags]``: 1 where query ``i`` and its key at lag ``τ`` lie inside a full
-        window of ``T`` tokens (``0 ≤ i ∓ τ < T``), else 0; kept between updates."""
+        window of ``T`` tokens (``0 ≤ i ∓ τ < T``) and, causal, inside the layer's sliding
+        window (``τ < window``), else 0; kept between updates."""
         causal = bool(self.view is not None and self.view.causal)
-        key = (T, causal, int(lags[0]), int(lags.numel()), like.dtype, like.device)
+        key = (T, causal, int(lags[0]), int(lags.numel()), like.dtype, like.device, window)
         cached = getattr(self, "_count_cache", None)
         if cached is None or cached[0] != key:
             i = torch.arange(T, device=like.device)[:, None]
             lg = lags[None, :].to(like.device)
             j = i - lg if causal else i + lg
-            self._count_cache = cached = (key, ((j >= 0) & (j < T)).to(like.dtype))
+            ok = (j >= 0) & (j < T)
+            if causal and window is not None:
+                ok = ok & (lg < int(window))
+            self._count_cache = cached = (key, ok.to(like.dtype))
         return cached[1]
 
     def _stream(self, layer: int, F: Tensor, mask: Tensor, count: Tensor,

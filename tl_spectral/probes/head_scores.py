@@ -1,4 +1,4 @@
-"""HeadScores: the per-head scores TransformerLens users look for first — previous-token,
+"""HeadScoresProbe: the per-head scores TransformerLens users look for first — previous-token,
 duplicate-token, induction and first-token — and the attention mass on chosen token sets
 (for encoders: [CLS], [SEP], punctuation), in the same pass as the other probes.
 
@@ -16,7 +16,7 @@ with rows of α summing to 1, the mean over queries of the attention mass on the
   al. 2022) the queries of the second block all have an earlier copy, so an induction head
   scores about one half (the share of such queries; random repeats inside the blocks add a
   little) and a head that ignores content far less.
-* first-token: ``D_ij = 1`` iff ``j = 0`` (the same number as AttentionStats'
+* first-token: ``D_ij = 1`` iff ``j = 0`` (the same number as AttentionStatsProbe's
   ``first_token_mass``).
 
 Over a corpus the score is pooled over every real query (``Σ_docs Σ_i mass_i / Σ_docs n_i``);
@@ -34,6 +34,7 @@ from typing import ClassVar, Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
+from tl_spectral._deprecation import deprecated_method, module_getattr
 from tl_spectral.probes.base import LayerCapture, Probe
 from tl_spectral.results import Result, register_result
 
@@ -76,7 +77,9 @@ class HeadScoresResult(Result):
             return self.set_mass[name]
         raise KeyError(f"unknown score {name!r}; one of {list(SCORES) + list(self.set_names)}")
 
-    def rows(self) -> list[dict]:
+    rows = deprecated_method("to_rows", "rows")
+
+    def to_rows(self) -> list[dict]:
         """One row per (layer, head): every score."""
         rows = []
         for li, layer in enumerate(self.layers):
@@ -105,14 +108,14 @@ class HeadScoresResult(Result):
         return self._draw("plot", names)
 
 
-class HeadScores(Probe):
+class HeadScoresProbe(Probe):
     """Per-head previous-token, induction, duplicate-token and first-token scores (and the
     attention mass on ``token_sets``), TransformerLens' detection patterns (module doc).
 
     layers: which layers (default all); token_sets: ``{name: token ids}``.
     """
 
-    name: ClassVar[str] = "head_scores"
+    name = "head_scores"
 
     def __init__(self, layers: Optional[Sequence[int]] = None,
                  token_sets: Optional[Mapping[str, Sequence[int]]] = None,
@@ -125,7 +128,7 @@ class HeadScores(Probe):
             if not v:
                 raise ValueError(f"token set {k!r} is empty; pass at least one token id")
         if name is not None:
-            self.name = name  # type: ignore[misc]
+            self.name = name
 
     def requires(self, view) -> dict[int, set[str]]:
         layers = self._read_layers(view)
@@ -204,3 +207,7 @@ def repeated_random_tokens(vocab: Sequence[int], n_seq: int, half: int,
     body = vocab_t[torch.randint(0, vocab_t.numel(), (n_seq, half), generator=g)]
     parts = [torch.as_tensor(list(prefix), dtype=torch.long).expand(n_seq, -1)] if prefix else []
     return torch.cat(parts + [body, body], dim=1)
+
+
+#: the old name of the probe class, deprecated (docs/api.md, "Deprecated spellings")
+__getattr__ = module_getattr(__name__, {"HeadScores": ("HeadScoresProbe", __name__)})

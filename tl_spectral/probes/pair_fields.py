@@ -36,26 +36,25 @@ is padding, the row is 0 (``contribution_map``'s rule); padded keys are 0 in eve
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, get_args
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_spectral._deprecation import check_choice
 from tl_spectral.analysis.contributions import projected_value_norms, value_gram
 from tl_spectral.probes.base import LayerCapture
 from tl_spectral.probes.contributions import contribution_map
+from tl_spectral.types import FieldKind
 
 #: the per-pair fields :func:`pair_field` computes (see the module docstring)
-FIELD_KINDS = ("attention", "contribution", "contribution_intra", "value_weighted",
-               "value_weighted_raw")
+FIELD_KINDS = get_args(FieldKind)
 
 
 def check_field_kind(kind: str) -> str:
     """``kind`` if it is one of :data:`FIELD_KINDS`, else a one-line ``ValueError``."""
-    if kind not in FIELD_KINDS:
-        raise ValueError(f"unknown field {kind!r}; pass one of {', '.join(FIELD_KINDS)}")
-    return kind
+    return check_choice("field", kind, FieldKind)
 
 
 def needs_values(kind: str) -> bool:

@@ -24,11 +24,18 @@ the layers where statistics of small weights are then not meaningful.
 Device: captures, masks, token ids and probe states stay on the model's device (CUDA when
 the model is on a GPU); nothing is copied to the CPU in the per-batch path. Results move to
 the CPU when they are built (``probe.result()``), i.e. for saving and plotting.
+
+Threads: the capture hooks are attached to the model, so every pass on a model sees every
+hook added to it. Runs on one model are therefore sequential: a second thread calling
+:func:`run_probes` on a model another thread is running probes on gets a ``RuntimeError``
+at once (nothing of either run is touched). Use one model per thread.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+import threading
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence, Union
@@ -36,7 +43,14 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence, Unio
 import torch
 from torch import Tensor
 
-from tl_spectral.model_view import CAPTURE_KINDS, ModelView, PatternsNotExposedError
+from tl_spectral._deprecation import renamed_arguments, warn_deprecated
+from tl_spectral.model_view import (
+    CAPTURE_KINDS,
+    ModelView,
+    PatternsNotExposedError,
+    layer_windows,
+    window_allowed,
+)
 from tl_spectral.probes.base import LayerCapture, Probe, StopForward, reduce_state
 from tl_spectral.probes.heap import release_free_heap
 
@@ -325,7 +339,9 @@ def _shard_range(n: int, rank: int, world: int) -> tuple[int, int]:
 
 
 class ProbeRun(NamedTuple):
-    """What ``run_probes(..., return_logits=True)`` returns; unpacks as ``results, logits``.
+    """Deprecated: what the deprecated ``run_probes(..., return_logits=True)`` returns; unpacks
+    as ``results, logits``. Use :func:`run_probes_with_logits`, which returns ``(logits,
+    results)`` in the order of TransformerLens' ``run_with_cache`` (``(logits, cache)``).
 
     results: ``{probe.name: Result}`` as ``run_probes`` returns by default.
     logits: ``[n_docs, pos, d_vocab]`` on the CPU, the model's logits of every document in
@@ -387,7 +403,7 @@ def _plan(
             hint = (f"{known[p].__name__}()" if p in known
                     else f"one of {', '.join(c.__name__ + '()' for c in known.values())}")
             raise TypeError(f"probes takes probe objects, not names: for {p!r} pass {hint}")
-        raise TypeError(f"probes takes Probe objects (e.g. AttentionStats()), got "
+        raise TypeError(f"probes takes Probe objects (e.g. AttentionStatsProbe()), got "
                         f"{type(p).__name__}")
     names = [p.name for p in probe_list]
     if len(set(names)) != len(names):
@@ -484,12 +500,51 @@ def _validate_user_hooks(view: ModelView, fwd_hooks: Optional[Sequence]) -> list
     return [tuple(h) for h in hooks]  # type: ignore[misc]
 
 
+#: id(model) -> (thread ident, depth) of the run_probes call holding the model. Entries are
+#: removed when that call returns, so the ids never outlive their models here.
+_RUNNING: dict[int, tuple[int, int]] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+def _one_run_per_model(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: the call holds its model (first argument) for its duration; another
+    thread's call on the same model raises a one-line ``RuntimeError`` before it starts.
+    The capture hooks live on the model, so two concurrent passes would each see the other's
+    batches (and the first to finish would remove the other's hooks). The same thread may
+    re-enter (e.g. from ``on_logits``)."""
+
+    @functools.wraps(fn)
+    def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+        key = id(model.model if isinstance(model, ModelView) else model)
+        me = threading.get_ident()
+        with _RUNNING_LOCK:
+            owner, depth = _RUNNING.get(key, (me, 0))
+            if owner != me:
+                raise RuntimeError(
+                    f"run_probes: another thread is running probes on this model "
+                    f"({type(model).__name__}); runs on one model must be sequential: use one "
+                    "model per thread, or wait for the other run to finish")
+            _RUNNING[key] = (me, depth + 1)
+        try:
+            return fn(model, *args, **kwargs)
+        finally:
+            with _RUNNING_LOCK:
+                if depth:
+                    _RUNNING[key] = (me, depth)
+                else:
+                    del _RUNNING[key]
+
+    return wrapper
+
+
+@renamed_arguments(data="tokens")
+@_one_run_per_model
 def run_probes(
     model: Any,
-    data: Any,
+    tokens: Any,
     probes: Union[Probe, Iterable[Probe]],
     batch_size: int = 16,
-    progress: bool = True,
+    progress: Optional[bool] = None,
     *,
     attention_mask: Optional[Tensor] = None,
     distributed: Optional[bool] = None,
@@ -500,9 +555,11 @@ def run_probes(
     accumulate: bool = False,
     check_patterns: bool = True,
 ) -> Any:
-    """Run ``probes`` over ``data`` with one forward pass per batch; return their results.
+    """Run ``probes`` over ``tokens`` with one forward pass per batch; return their results.
 
-    model: a TransformerLens model (or a :class:`ModelView`). data: see :func:`as_corpus`;
+    model: a TransformerLens model (or a :class:`ModelView`). tokens: the documents, as
+    ``model.to_tokens`` gives them (a ``[n_docs, pos]`` id tensor) or a ``DocumentWindows``
+    or a list of id sequences (see :func:`as_corpus`; ``data=`` is its deprecated name);
     lazy windows (:meth:`TokenFile.windows <tl_spectral.data.tokenfile.TokenFile.windows>`)
     are read batch by batch, never all at once; an ``ActivationCache`` of the model is
     handed to :func:`run_probes_on_cache`.
@@ -510,7 +567,10 @@ def run_probes(
     Passes: a probe whose ``next_pass()`` returns True after a pass (its states already
     reduced across processes) gets another pass over the same corpus — e.g.
     ``AttentionFieldProbe(streaming=True)``, which fixes its band windows after the first.
-    Returns ``{probe.name: probe.result()}`` (a :class:`ProbeRun` with ``return_logits``).
+    Returns ``{probe.name: probe.result()}``, always; :func:`run_probes_with_logits` also
+    returns the logits. progress: a progress bar over the batches (None: shown on a
+    terminal or in a notebook once the run takes more than 2 s; see
+    :func:`tl_spectral.progress.progress_bar`).
 
     State: each call starts its probes fresh (:meth:`Probe.reset`). ``accumulate=True``
     adds this corpus to what the probes already hold instead (their documents numbered
@@ -523,11 +583,12 @@ def run_probes(
     return. With hooks past the last layer the probes need (or a name filter), the pass runs
     to the end instead of stopping early.
 
-    Logits: ``return_logits=True`` runs every batch to the end and returns ``ProbeRun(results,
-    logits)`` with the ``[n_docs, pos, d_vocab]`` logits on the CPU; ``on_logits(start, logits)``
-    instead receives each batch's ``[batch, pos, d_vocab]`` logits on the model's device
-    (``start``: corpus index of the batch's first document; trailing padding columns
-    trimmed), so they never pile up in memory. Padded positions hold zeros.
+    Logits: :func:`run_probes_with_logits` returns them with the results
+    (``return_logits=True`` here is its deprecated spelling, returning ``ProbeRun(results,
+    logits)``); ``on_logits(start, logits)`` receives each batch's ``[batch, pos, d_vocab]``
+    logits on the model's device (``start``: corpus index of the batch's first document;
+    trailing padding columns trimmed), so they never pile up in memory. Padded positions hold
+    zeros.
 
     Checks, inside the real pass: every needed hook fires (a model whose attention is fused
     raises :class:`PatternsNotExposedError`); rows of real queries of each captured pattern
@@ -538,9 +599,17 @@ def run_probes(
     more than one process). Each process then runs its contiguous shard of the corpus and
     the probe states are reduced across processes before the results are built, so every
     rank returns the whole-corpus results.
+
+    Threads: runs on one model must be sequential (the hooks live on the model); a call
+    while another thread runs probes on the same model raises ``RuntimeError``. Use one
+    model per thread.
     """
     # Long on purpose: the public entry (checks, the pass loop with extra passes for streaming
     # probes, the logits); each step inside is a helper already.
+    if return_logits and not isinstance(return_logits, _KeepLogits):
+        warn_deprecated("run_probes(..., return_logits=True)",  # 5: past the decorators
+                        "logits, results = run_probes_with_logits(...)", stacklevel=5)
+    data = tokens
     view = model if isinstance(model, ModelView) else ModelView(model)
     batch_size = check_count("batch_size", batch_size)
     if hasattr(data, "cache_dict"):  # an ActivationCache: no pass to run
@@ -595,13 +664,14 @@ def run_probes(
                          want_logits=want_logits, edited=edited, offsets=offsets)
         starts = range(lo, hi, batch_size)
         iterator: Iterable[int] = starts
-        if progress:
-            from tl_spectral.progress import progress_bar as tqdm
+        if progress is not False:
+            from tl_spectral.progress import progress_bar
 
             desc = f"probes ({', '.join(p.name for p in active)})"
             if n_pass:
                 desc += f", pass {n_pass + 1}"
-            iterator = tqdm(starts, desc=desc, unit="batch", total=len(starts))
+            iterator = progress_bar(starts, desc=desc, unit="batch", total=len(starts),
+                                    enabled=progress)
 
         for start in iterator:
             stop = min(start + batch_size, hi)
@@ -649,6 +719,49 @@ def run_probes(
     return ProbeRun(results, all_logits)
 
 
+@renamed_arguments(data="tokens")
+def run_probes_with_logits(
+    model: Any,
+    tokens: Any,
+    probes: Union[Probe, Iterable[Probe]],
+    batch_size: int = 16,
+    progress: Optional[bool] = None,
+    *,
+    attention_mask: Optional[Tensor] = None,
+    distributed: Optional[bool] = None,
+    check_finite: bool = True,
+    fwd_hooks: Optional[Sequence[tuple[Any, HookFn]]] = None,
+    accumulate: bool = False,
+    check_patterns: bool = True,
+) -> tuple[Tensor, dict[str, Any]]:
+    """:func:`run_probes` that also returns the model's logits: ``logits, results``, in the
+    order of TransformerLens' ``logits, cache = model.run_with_cache(tokens)``.
+
+    logits: ``[n_docs, pos, d_vocab]`` on the CPU, every document in corpus order (this
+    process's shard under ``torch.distributed``), zero at padded positions; every batch runs
+    to the end. results: ``{probe.name: Result}`` as :func:`run_probes` returns. The
+    arguments are :func:`run_probes`' (to receive each batch's logits on the model's device
+    instead of keeping them all, pass ``on_logits=`` to :func:`run_probes`).
+    """
+    results, logits = _run_probes_kept_logits(
+        model, tokens, probes, batch_size, progress, attention_mask=attention_mask,
+        distributed=distributed, check_finite=check_finite, fwd_hooks=fwd_hooks,
+        accumulate=accumulate, check_patterns=check_patterns)
+    return logits, results
+
+
+def _run_probes_kept_logits(*args: Any, **kwargs: Any) -> "ProbeRun":
+    """``run_probes(..., return_logits=True)`` without its deprecation warning."""
+    return run_probes.__wrapped__(*args, return_logits=_KEEP_LOGITS, **kwargs)
+
+
+class _KeepLogits(int):
+    """The runner's own truthy ``return_logits`` (not the user's deprecated ``True``)."""
+
+
+_KEEP_LOGITS = _KeepLogits(1)
+
+
 def run_probes_on_cache(
     cache: Any,
     probes: Union[Probe, Iterable[Probe]],
@@ -668,8 +781,12 @@ def run_probes_on_cache(
     built with ``names_filter`` that lacks some gets an error listing them). model: the
     model (or ModelView) that produced it; default ``cache.model``. attention_mask:
     ``[batch, pos]`` (1 = real token) when the cached batch is right-padded; pass the same
-    mask the model ran with. tokens: the ``[batch, pos]`` token ids, only stored by probes
-    that keep them (e.g. ContributionProbe's ``keep_docs``); −1 when not given.
+    mask the model ran with. tokens: the ``[batch, pos]`` token ids, stored by probes
+    that keep them (e.g. ContributionProbe's ``keep_docs``; −1 when not given) and, without
+    a mask, read for padding as :func:`run_probes` does. With neither, the padding is read
+    from the cache's ``hook_embed`` (positions holding the pad token's embedding), with the
+    same :class:`PaddingInferredWarning`; a cache without ``hook_embed`` gets a
+    :class:`PaddingUnknownWarning` (every position counted as a token).
     accumulate, check_finite, check_patterns: as for :func:`run_probes`.
     """
     if model is None:
@@ -701,6 +818,8 @@ def run_probes_on_cache(
     B = int(t0.shape[0])
     T = int(t0.shape[-1] if first_kind == "pattern" else t0.shape[1])
     device = t0.device
+    if attention_mask is None and tokens is None:
+        attention_mask = _cache_padding(view, entries, batched, B, T)
     if attention_mask is None and tokens is not None:
         tokens = _as_token_tensor(tokens)
         if isinstance(tokens, Tensor) and tokens.dim() == 2 and tuple(tokens.shape) == (B, T):
@@ -743,6 +862,45 @@ def run_probes_on_cache(
     return {p.name: p.result() for p in probe_list}
 
 
+class PaddingUnknownWarning(UserWarning):
+    """A cached batch of several rows, passed without ``tokens`` or ``attention_mask``, whose
+    padding cannot be read from the cache: every position is taken as a real token."""
+
+
+def _cache_padding(view: ModelView, entries: Any, batched: bool, B: int,
+                   T: int) -> Optional[Tensor]:
+    """The padding of a cached batch passed without ``tokens`` or ``attention_mask``, inferred
+    as :func:`run_probes` infers it from tokens (:func:`infer_padding`, with its warning): the
+    pad-id positions are those where the cache's ``hook_embed`` is the pad token's embedding
+    (the row of ``W_E``, exactly). Without ``hook_embed`` (a ``names_filter`` cache) a
+    :class:`PaddingUnknownWarning` says the padding could not be checked. Nothing is done
+    for one row or a model whose tokenizer has no special pad id (as in run_probes)."""
+    tok = getattr(view.model, "tokenizer", None)
+    pad = getattr(tok, "pad_token_id", None)
+    added = getattr(tok, "added_tokens_decoder", None) or {}
+    if B < 2 or not isinstance(pad, int) or not getattr(added.get(pad), "special", False):
+        return None
+    emb = entries["hook_embed"] if "hook_embed" in entries else None
+    W_E = getattr(view.model, "W_E", None)
+    if emb is not None and not batched:
+        emb = emb.unsqueeze(0)
+    if emb is None or not isinstance(W_E, Tensor) or tuple(emb.shape[:2]) != (B, T) \
+            or not 0 <= pad < W_E.shape[0] or emb.shape[-1] != W_E.shape[-1]:
+        warnings.warn(
+            f"run_probes_on_cache: a batch of {B} rows without tokens= or attention_mask=, "
+            "and a cache without hook_embed to read the padding from: every position is "
+            "taken as a real token. Pass attention_mask (1 = real token; torch.ones(batch, "
+            "pos) if nothing is padded) or tokens= (the padding is then inferred)",
+            PaddingUnknownWarning, stacklevel=3)
+        return None
+    row = W_E[pad].detach().to(emb.device, emb.dtype)
+    is_pad = (emb.detach() == row).all(dim=-1)
+    proxy = torch.where(is_pad, pad, -1).long().cpu()  # the pad id where the cache shows it
+    _, mask = infer_padding(view, proxy, what="run_probes_on_cache (padding read from the "
+                            "cache's hook_embed)", shift=False)
+    return mask
+
+
 def _update(readers: list[Probe], cap: LayerCapture, offsets: dict[int, int]) -> None:
     for p in readers:
         off = offsets.get(id(p), 0)
@@ -775,6 +933,17 @@ class _BatchContext:
                 allowed = allowed & torch.ones(T_b, T_b, dtype=torch.bool, device=device).tril()
             self.allowed = allowed
 
+    def _layer_allowed(self, layer: int) -> Tensor:
+        """``allowed`` cut to the layer's sliding window (:func:`layer_windows`)."""
+        assert self.allowed is not None
+        if getattr(self, "_windows", None) is None:
+            self._windows = layer_windows(self.view)
+        w = self._windows[layer]
+        if w is None or w >= self.allowed.shape[-1]:
+            return self.allowed
+        T_b = self.allowed.shape[-1]
+        return self.allowed & window_allowed(T_b, w, device=self.allowed.device)
+
     def new_capture(self, layer: int, doc_index: Tensor) -> LayerCapture:
         return LayerCapture(layer=layer, mask=self.mask, tokens=self.tokens,
                             doc_index=doc_index, model_dtype=self.model_dtype)
@@ -783,9 +952,11 @@ class _BatchContext:
         """Detach, count underflow, cast to the analysis dtype, repeat kv heads, check rows."""
         x = t.detach()
         if kind == "pattern" and self.allowed is not None and self.underflow is not None:
-            # exact zeros where the model could attend: underflow in its own softmax
-            n_zero = ((x == 0) & self.allowed).sum()
-            n_all = self.allowed.sum() * x.shape[1]
+            # exact zeros where the model could attend (inside a sliding-window layer's
+            # window): underflow in its own softmax
+            allowed = self._layer_allowed(layer)
+            n_zero = ((x == 0) & allowed).sum()
+            n_all = allowed.sum() * x.shape[1]
             prev = self.underflow.get(layer)
             cur = torch.stack([n_zero, n_all]).double()
             self.underflow[layer] = cur if prev is None else prev + cur

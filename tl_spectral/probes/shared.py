@@ -124,7 +124,7 @@ def add_block_lag_sums(m: Tensor, a: int, e: int, pos: Tensor) -> None:
 class BlockSums:
     """The pattern's sums by key (:func:`pattern_source_sums`) and by lag
     (:func:`pattern_lag_sums`) gathered block by block by the first probe that walks over
-    the pattern's query blocks (AttentionStats' entropy, the value products), while each
+    the pattern's query blocks (AttentionStatsProbe's entropy, the value products), while each
     block is in cache: one pass over the pattern fewer for each. Only for causal patterns
     with standard strides whose sums no probe has asked for yet (otherwise inactive, and
     the memoised functions form them the usual way). ``add(a, e)`` for every block of

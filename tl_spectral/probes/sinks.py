@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Optional, Sequence
 import torch
 from torch import Tensor
 
+from tl_spectral._deprecation import deprecated_method, renamed_arguments
 from tl_spectral.analysis.contributions import _all_finite
 from tl_spectral.analysis.sinks import _check_sink_index, sink_geometry_from_products
 from tl_spectral.model_view import ModelView
@@ -129,11 +130,10 @@ class SinkStats(Result):
     n_docs: int = 0
     model_name: str = ""
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The main table (the Result protocol's hook, read by ``to_frame``): :meth:`summary_rows`."""
-        return self.summary_rows()
+    rows = deprecated_method("to_rows", "rows")
+    summary_rows = deprecated_method("to_rows", "summary_rows")
 
-    def summary_rows(self) -> list[dict]:
+    def to_rows(self) -> list[dict]:
         """One row per layer (head means unless stated)."""
         rows = []
         for li, layer in enumerate(self.layers):
@@ -177,7 +177,7 @@ class SinkProbe(Probe):
     threshold on the key score (0.3, Gu et al.); n_bins: histogram bins.
     """
 
-    name: ClassVar[str] = "sinks"
+    name = "sinks"
 
     def __init__(
         self,
@@ -195,13 +195,21 @@ class SinkProbe(Probe):
         self.threshold = float(threshold)
         self.n_bins = int(n_bins)
         if name is not None:
-            self.name = name  # type: ignore[misc]
+            self.name = name
         self._W: dict[int, Tensor] = {}
 
     def requires(self, view: ModelView) -> dict[int, set[str]]:
         layers = self._read_layers(view)
         self._W = {}  # W_O is read from this run's model (weights edited in place between runs)
         return {layer: {"pattern", "v"} for layer in layers}
+
+    def _window(self, layer: int) -> Optional[int]:
+        """The layer's sliding window (None: full attention), read once per run."""
+        from tl_spectral.model_view import layer_windows
+
+        if getattr(self, "_windows_of", None) is not self.view:
+            self._windows, self._windows_of = layer_windows(self.view), self.view
+        return self._windows[layer]
 
     def update(self, cap: LayerCapture) -> None:
         assert cap.pattern is not None and cap.v is not None and self.view is not None
@@ -225,7 +233,7 @@ class SinkProbe(Probe):
             vp.mass, vp.z, causal=causal, sink_index=self.sink_index, threshold=self.threshold,
             o=shared.head_outputs(cap, W, causal, self.sink_index, "o"),
             s=shared.head_outputs(cap, W, causal, self.sink_index, "s"),
-            key_totals=shared.pattern_doc_source_sums(cap),
+            key_totals=shared.pattern_doc_source_sums(cap), window=self._window(layer),
         )
         b, H, T = g.anti_alignment.shape
         nb = self.n_bins
@@ -361,7 +369,9 @@ class SinkInterventionResult(Result):
     n_docs: int = 0
     model_name: str = ""
 
-    def rows(self) -> list[dict]:
+    rows = deprecated_method("to_rows", "rows")
+
+    def to_rows(self) -> list[dict]:
         name = "ΔPPL" if self.metric == "delta_ppl" else "1 − cos(e', e)"
         return [{"setting": s, name: float(d)} for s, d in zip(self.settings, self.delta)]
 
@@ -374,9 +384,10 @@ class SinkInterventionResult(Result):
         return self._draw("plot", ax=ax)
 
 
+@renamed_arguments(data="tokens")
 def zero_sink_value(
     model: Any,
-    data: Any,
+    tokens: Any,
     *,
     layers: Optional[Sequence[int]] = None,
     sink_index: int = 0,
@@ -391,6 +402,8 @@ def zero_sink_value(
     (``o' = o − α_i0 ṽ_0``), so the intervention reuses the faithfulness hooks
     (:func:`tl_spectral.probes.faithfulness.removal_hooks`) with the sink column removed.
     Settings: each layer of ``layers`` (default all) alone, then all of them at once.
+    tokens: the documents (as for :func:`~tl_spectral.probes.runner.run_probes`; ``data=`` is
+    its deprecated name).
     """
     from tl_spectral.analysis.faithfulness import allowed_mask
     from tl_spectral.probes.faithfulness import (
@@ -407,7 +420,7 @@ def zero_sink_value(
         view._check_layer(layer)
     batch_size = check_count("batch_size", batch_size)
     rows_per_pass = check_count("rows_per_pass", rows_per_pass)
-    data, attention_mask = _with_padding(view, data, attention_mask, "zero_sink_value")
+    data, attention_mask = _with_padding(view, tokens, attention_mask, "zero_sink_value")
     corpus = by_length(as_corpus(data, attention_mask))
     strategy = intervention_strategy(view)
     met = DamageMetric(view, metric)

@@ -41,7 +41,7 @@ class ContributionSection:
         ctx.status("contributions and sinks: tables and figures")
         stats = results["contributions"]
         sinks = results["sinks"]
-        rows0 = stats.summary_rows()
+        rows0 = stats.to_rows()
         # the layer shown first (and kept in results/): the one drawing most attention to
         # position 0 (the sink layer), else the last
         view_layer = (max(rows0, key=lambda r: r["attn_on_first_token"])["layer"] if rows0
@@ -57,8 +57,8 @@ class ContributionSection:
             "C_ij = Σ_h c_ij^h, rows sum to 1) measure how much of each output a source "
             "actually supplies, and can be negative (SPEC C.1 [C]). Compared with raw attention "
             "α, value-weighted α‖ṽ‖ [K] and output-normalized α‖ṽ‖/‖o‖ (SPEC C.2 [C]).")
-        rows = stats.summary_rows()
-        sink_rows = sinks.summary_rows()
+        rows = stats.to_rows()
+        sink_rows = sinks.to_rows()
         pos = int(getattr(sinks, "sink_index", 0))
         tok0 = ""
         if ctx.tokens is not None and ctx.tokenizer is not None:
@@ -131,9 +131,9 @@ class ContributionSection:
                       "top sources are removed and less when only they are kept.")
             report.figure(plot_faithfulness_areas(res), "Faithfulness areas per measure: look for the measure with the highest "
                       "comprehensiveness and the lowest sufficiency area.")
-            report.table(res.table(0), "faithfulness areas, all layers",
+            report.table(res.to_rows(0), "faithfulness areas, all layers",
                          name="faithfulness_all_layers")
-            report.table(res.table(1), f"faithfulness areas, layer {res.layer}",
+            report.table(res.to_rows(1), f"faithfulness areas, layer {res.layer}",
                          name="faithfulness_layer")
         else:
             report.text("Faithfulness curves: not computed (pass --faithfulness-docs N to "

@@ -1,4 +1,4 @@
-"""Report section: the per-head scores of :class:`~tl_spectral.probes.head_scores.HeadScores`
+"""Report section: the per-head scores of :class:`~tl_spectral.probes.head_scores.HeadScoresProbe`
 (previous-token, duplicate-token, induction on repeated random sequences; for encoders the
 attention on [CLS], [SEP] and punctuation), one heads-by-layer map per score."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import string
 from typing import TYPE_CHECKING, Any
 
-from tl_spectral.probes.head_scores import HeadScores, repeated_random_tokens
+from tl_spectral.probes.head_scores import HeadScoresProbe, repeated_random_tokens
 from tl_spectral.viz.context import register_section
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class HeadScoresSection:
 
     def probes(self, ctx: ReportContext) -> list[Probe]:
         sets = {} if ctx.view.causal else encoder_token_sets(ctx.tokenizer)
-        return [HeadScores(token_sets=sets)]
+        return [HeadScoresProbe(token_sets=sets)]
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         import torch
@@ -71,7 +71,7 @@ class HeadScoresSection:
         rep = repeated_random_tokens(used.tolist(), INDUCTION_SEQS, half, prefix=prefix,
                                      seed=int(ctx.options.meta.get("seed", 0) or 0))
         ctx.status("head scores: induction on repeated random sequences")
-        ind = run_probes(ctx.view, rep, [HeadScores()], progress=False,  # all real tokens:
+        ind = run_probes(ctx.view, rep, [HeadScoresProbe()], progress=False,  # all real tokens:
                          attention_mask=torch.ones_like(rep, dtype=torch.bool))["head_scores"]
         ind.save(ctx.results_dir / "head_scores_repeated.safetensors")
         report.text(
@@ -133,8 +133,8 @@ class HeadScoresSection:
         if res.set_names and tops:
             report.finding(f"Encoder heads: the strongest attention on special and "
                            f"punctuation tokens — {tops}.")
-        rows = res.rows()
-        for r, i in zip(rows, ind.rows()):
+        rows = res.to_rows()
+        for r, i in zip(rows, ind.to_rows()):
             r["induction_repeated"] = i["induction"]
             del r["first_token"]  # the attention statistics' first_token_mass, shown there
             if "CLS" in res.set_names and same_cls:

@@ -163,7 +163,7 @@ class ScalePODSection:
                        + "; ".join(parts) + ". Effective rank H* per layer: "
                        + ", ".join(f"{lay}: {h}" for lay, h in hs) + ".")
         report.subsection("Per-layer summary and head allocation")
-        table = pod.table()
+        table = pod.to_rows()
         base = _baseline_pod(ctx, field, fields)
         if base is not None:
             for row, b in zip(table, base.layers):

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from tl_spectral.probes import AttentionStats, Probe
+from tl_spectral.probes import AttentionStatsProbe, Probe
 from tl_spectral.viz.context import (  # noqa: F401 - shared by the sections, re-exported
     SECTIONS,
     SHOWN_POSITIONS,
@@ -97,7 +97,7 @@ class AttentionStatsSection(ReportSection):
 
     def probes(self, ctx: ReportContext) -> list[Probe]:
         # the report shows SHOWN_POSITIONS; --save-raw keeps every position's mean pattern
-        return [AttentionStats(pattern_positions=None if ctx.save_raw else 256)]
+        return [AttentionStatsProbe(pattern_positions=None if ctx.save_raw else 256)]
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         import math
@@ -173,7 +173,7 @@ class AttentionStatsSection(ReportSection):
             "positions, log colour scale): look for a bright first column (a sink), a bright "
             "diagonal (current token) or sub-diagonal (previous token).")
         report.subsection("Per-head table")
-        rows = res.rows()
+        rows = res.to_rows()
         report.table(rows, "per-head statistics (shown: per layer the head with the most "
                            "position-0 mass and the most focused head)", name="attention_heads",
                      show=_informative_head_rows(rows))

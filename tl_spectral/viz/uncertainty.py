@@ -17,51 +17,20 @@ which N would resolve it.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
-#: groups of the delete-a-group jackknife (at most the number of documents)
-JACKKNIFE_GROUPS = 8
 #: H* at or above this share of the N − 1 possible modes reads "bounded by N"
 N_BOUND_SHARE = 0.75
 
 
-def group_jackknife(statistic: Callable[[torch.Tensor], Any], n_docs: int, *,
-                    n_groups: int = JACKKNIFE_GROUPS, seed: int = 0,
-                    level: float = 0.95) -> dict[str, Any]:
-    """Delete-a-group jackknife of ``statistic(idx) -> Tensor`` over documents (module doc).
-    Returns ``{"estimate", "low", "high", "se", "replicates"}`` tensors and ``"meta"``."""
-    n_docs = int(n_docs)
-    if n_docs < 2:
-        raise ValueError(f"the jackknife needs at least 2 documents, got {n_docs}")
-    from tl_spectral.analysis.streaming_pod import document_groups
-
-    groups = document_groups(n_docs, n_groups, seed)
-    est = torch.as_tensor(statistic(torch.arange(n_docs)), dtype=torch.float64)
-    reps = []
-    for grp in groups:
-        keep = torch.ones(n_docs, dtype=torch.bool)
-        keep[grp] = False
-        reps.append(torch.as_tensor(statistic(torch.nonzero(keep).flatten()),
-                                    dtype=torch.float64))
-    return jackknife_interval(est, torch.stack(reps), seed=seed, level=level)
-
-
-def jackknife_interval(est: torch.Tensor, replicates: torch.Tensor, *, seed: int = 0,
-                       level: float = 0.95) -> dict[str, Any]:
-    """The delete-a-group interval of an estimate from its ``G`` replicates ``[G, …]``
-    (module doc): ``{"estimate", "low", "high", "se", "replicates", "meta"}``."""
-    from scipy.stats import t as student_t
-
-    R = replicates
-    G = R.shape[0]
-    se = torch.sqrt((G - 1) / G * ((R - R.mean(0)) ** 2).sum(0))
-    q = float(student_t.ppf(0.5 + level / 2, G - 1))
-    return {"estimate": est, "low": est - q * se, "high": est + q * se, "se": se,
-            "replicates": R,
-            "meta": {"n_groups": int(G), "seed": int(seed), "level": float(level),
-                     "t_quantile": q}}
+# the statistics live on the analysis floor (issue 38); re-exported here for compatibility
+from tl_spectral.analysis.bootstrap import (  # noqa: E402,F401
+    JACKKNIFE_GROUPS,
+    group_jackknife,
+    jackknife_interval,
+)
 
 
 def _advice_rows(pod: Any, jk: dict[str, Any]) -> list[dict[str, Any]]:

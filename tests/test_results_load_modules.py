@@ -1,0 +1,65 @@
+"""Issue 36 item 2: ``Result.load`` imports only modules that define result kinds.
+
+A file's header names the module of its kind; before the fix any ``tl_spectral.…`` name
+passed, so a header naming ``tl_spectral.__main__`` made ``load`` run the command line
+(and ``sys.exit(2)`` in the caller)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tl_spectral
+from tl_spectral.results import _REGISTRY, _RESULT_MODULES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_PROBE = r"""
+import json, sys
+import torch
+from safetensors.torch import save_file
+from tl_spectral.results import Result
+module, path = sys.argv[1], sys.argv[2]
+header = {"format": "tl_spectral.result/1", "kind": "made_up_kind", "module": module,
+          "fields": {}}
+save_file({"x": torch.zeros(1)}, path, metadata={"tl_spectral": json.dumps(header)})
+try:
+    Result.load(path)
+except ValueError as exc:
+    print("REFUSED", json.dumps(str(exc)))
+print("IMPORTED", json.dumps(sorted(m for m in ("tl_spectral.__main__", "tl_spectral.cli")
+                                    if m in sys.modules)))
+"""
+
+
+@pytest.mark.parametrize("module", ["tl_spectral.__main__", "tl_spectral.cli"])
+def test_a_header_naming_the_command_line_is_refused_and_nothing_runs(tmp_path, module):
+    """Run in a fresh process: the module must not even be imported, the caller must not
+    exit, and the refusal is one line naming the module."""
+    r = subprocess.run([sys.executable, "-c", _PROBE, module, str(tmp_path / "r.safetensors")],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
+    assert "REFUSED" in lines, r.stdout
+    message = json.loads(lines["REFUSED"])
+    assert "\n" not in message and module in message and "never imported" in message
+    assert json.loads(lines["IMPORTED"]) == []
+
+
+def test_the_allow_list_is_the_registry_s_library_modules():
+    """The allow-list equals the modules that register library result kinds, once every
+    module of the package is imported (a new result module must join the list)."""
+    for info in pkgutil.walk_packages(tl_spectral.__path__, "tl_spectral."):
+        if info.name != "tl_spectral.__main__":
+            importlib.import_module(info.name)
+    library = {cls.__module__ for cls in _REGISTRY.values()
+               if cls.__module__.startswith("tl_spectral.")} - {"tl_spectral.results"}
+    assert _RESULT_MODULES == library
+    assert not {"tl_spectral.__main__", "tl_spectral.cli"} & _RESULT_MODULES

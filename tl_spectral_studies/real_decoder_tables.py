@@ -1,0 +1,194 @@
+"""The generated blocks of docs/real_decoder.md from the committed results of
+``tl-spectral study real-decoder``: the verdict table and the "In short" bullets from the claims
+registry's records, and one table per step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tl_spectral_studies._common import fmt_interval
+
+
+# ----------------------------------------------------------------------------- verdicts
+def verdicts(results_dir: str | Path, model: str = "smollm2-135m") -> list[dict]:
+    """The verdict records of the claims registry (:mod:`tl_spectral_studies.claims`) for the
+    results in ``results_dir``, as ``verdicts.json`` holds them (measured claims only).
+    Every label comes from :mod:`tl_spectral_studies.claims.rules`."""
+    import dataclasses
+
+    from tl_spectral_studies.claims import catalog, registry, render
+
+    m = dataclasses.replace(registry.MODELS[model], results=str(Path(results_dir).resolve()))
+    recs = catalog.records(registry.ROOT, {m.key: m})
+    return render.model_records(recs, m.key)
+
+
+# ----------------------------------------------------------------------------- tables
+def verdict_markdown(V: list[dict]) -> str:
+    """The verdict table of docs/real_decoder.md from the records (number, label, rule)."""
+    L = ["| claim (paper) | number [95% CI] | verdict | rule |", "|---|---|---|---|"]
+    for v in V:
+        note = f" ({v['note']})" if v.get("note") else ""
+        L.append(f"| {v['id']}: {v['claim']} | {v['number']}{note} | {v['label']} | "
+                 f"{v['rule']} |")
+    return "\n".join(L)
+
+
+def _iv_cell(iv: dict, i: int | None = None, fmt: str = "{:.3f}") -> str:
+    if i is None:
+        return fmt_interval(iv, fmt)
+    return fmt_interval({k: iv[k][i] for k in ("estimate", "low", "high")}, fmt)
+
+
+def sinks_markdown(s: dict) -> str:
+    lay = s["layer_ids"]
+    out = []
+    for name, st in s["settings"].items():
+        out.append(f"**{name}** (first tokens: {', '.join(sorted(set(st['first_tokens'])))}; "
+                   f"sink layers: {st['sink_layers'] or 'none'}; zero the sink in every layer: "
+                   f"PPL'/PPL − 1 = {fmt_interval(st['zero_sink_ppl'], '{:+.3g}')})")
+        out.append("")
+        out.append("| layer | α_i0 | C_i0 | ‖ṽ_0‖/mean ‖ṽ_j‖ | cos(o,ṽ_0) | cos(o,ṽ_j) | "
+                   "cos(ṽ_0,s) | 0<ρ*<1 | ‖o'‖/‖o‖−1 | cone clean → zeroed | max head α_i0 | "
+                   "sink heads (key score > 0.3) |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        b, p = st["brute"], st["probe"]
+        for i, li in enumerate(lay):
+            out.append(
+                f"| {li} | {_iv_cell(b['attn0'], i)} | {_iv_cell(b['C0'], i)} | "
+                f"{_iv_cell(b['v0_over_vothers'], i, '{:.2f}')} | "
+                f"{b['cos_factor']['estimate'][i]:.2f} | "
+                f"{b['cos_factor_others']['estimate'][i]:.2f} | "
+                f"{_iv_cell(p['cos_v0_s'], i, '{:.2f}')} | "
+                f"{_iv_cell(p['rho_star_in_0_1'], i, '{:.2f}')} | "
+                f"{b['rel_norm_change']['estimate'][i]:+.2f} | "
+                f"{b['cone_clean']['estimate'][i]:.2f} → {b['cone_zeroed']['estimate'][i]:.2f} | "
+                f"{max(st['brute_head_attn0'][i]):.3f} | "
+                f"{sum(1 for x in st['head_key_score'][i] if x > 0.3)} of "
+                f"{len(st['head_key_score'][i])} |")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def faith_markdown(f: dict) -> str:
+    L = ["| setting | measure | comprehensiveness area [95% CI] | sufficiency area [95% CI] |",
+         "|---|---|---|---|"]
+    for si, sname in enumerate(f["settings"]):
+        for mi, m in enumerate(f["measures"]):
+            c = {k: f["areas"][k][si][mi][0] for k in ("estimate", "low", "high")}
+            s = {k: f["areas"][k][si][mi][1] for k in ("estimate", "low", "high")}
+            L.append(f"| {sname} | {m} | {fmt_interval(c)} | {fmt_interval(s)} |")
+    L.append("")
+    L.append(f"Areas of the relative ΔPPL curve (PPL'/PPL − 1) over removal fractions "
+             f"{f['fractions'][0]}–{f['fractions'][-1]}; {f['n_docs']} documents of "
+             f"{f['length']} tokens (start token first), layer-wide ranking; intervals: "
+             f"bootstrap over documents. Aliases (identical rankings by construction): "
+             f"{f['aliases'] or 'none'}.")
+    return "\n".join(L)
+
+
+def routing_markdown(r: dict) -> str:
+    offs = r["offsets"]
+    L = ["| layer | " + " | ".join(f"Δ = {o}" for o in offs) + " | causal mean (min–max) | "
+         "rank R at Δ = 0 | rank F at Δ = 0 |", "|---|" + "---|" * (len(offs) + 3)]
+    for row in r["per_layer"]:
+        L.append(f"| {row['layer']} | " + " | ".join(f"{x:.3f}" for x in row["rf_by_offset"])
+                 + f" | {row['rf_causal']:.3f} ({row['rf_causal_min']:.3f}–"
+                 f"{row['rf_causal_max']:.3f}) | {row['rank_R_by_offset'][0]:.1f} | "
+                 f"{row['rank_F_by_offset'][0]:.1f} |")
+    L.append("| Gaussian | " + " | ".join(f"{x:.3f}" for x in r["gaussian_rf_by_offset"])
+             + f" | {r['gaussian']['routing_fraction_causal']:.3f} | "
+             f"{r['gaussian']['eff_rank_R_delta0']:.1f} | {r['gaussian']['eff_rank_F_delta0']:.1f} |")
+    L.append("")
+    L.append(f"Routing fraction ‖R(Δ)‖²/‖M(Δ)‖² (head mean), M(Δ) = W_Q R(Δ) W_Kᵀ with the RMSNorm "
+             f"gain folded; causal mean over the offsets of a {r['n_ctx']}-token window; "
+             f"capacity {r['capacity']}. Over all {r['n_heads_total']} heads: Δ = 0 "
+             f"{fmt_interval(r['routing_fraction_delta0'])}, causal "
+             f"{fmt_interval(r['routing_fraction_causal'])}; Δ = {offs[-1]} minus Δ = 0 "
+             f"{fmt_interval(r['offset_effect'], '{:+.3g}')}; last − first third of the "
+             f"layers: causal routing fraction {fmt_interval(r['depth_effect_rf'], '{:+.3g}')}, "
+             f"rank of R {fmt_interval(r['depth_effect_rank_R'], '{:+.3g}')} (intervals: "
+             f"bootstrap over heads).")
+    return "\n".join(L)
+
+
+def scales_markdown(sc: dict) -> str:
+    b = sc["bootstrap"]
+    L = ["| layer | dominant scales | E fine | E medium | E coarse | E fine − coarse [95% CI] | "
+         "T_spec (R²) | H*(0.1) [jackknife] | heads rec. / uniform |", "|---|" + "---|" * 8]
+    for i, row in enumerate(sc["table"]):
+        jk = b["jackknife"]["layers"][i]["H_star"]
+        L.append(f"| {row['layer']} | {row['dominant_scales']} | {row['E_fine']:.2f} | "
+                 f"{row['E_medium']:.2f} | {row['E_coarse']:.2f} | "
+                 f"{fmt_interval(b['layers'][i]['E_fine_minus_coarse'], '{:+.2f}')} | "
+                 f"{row['T_spec']:.3g} ({row['tspec_r2']:.2f}) | {row['H_star']} "
+                 f"[{jk['low']:.0f}, {jk['high']:.0f}] | {row['recommended_heads']} / "
+                 f"{row['uniform_heads']} |")
+    L.append("")
+    L.append(f"N = {sc['n_docs']} windows × {sc['length']} tokens ({sc['corpus']}); H* ≤ N − 1 "
+             f"by construction. Per-head diversity (layers "
+             f"{[p['layer'] for p in sc['per_head']]}): "
+             + "; ".join(f"layer {p['layer']}: {_diversity_text(p['diversity'])}"
+                         for p in sc["per_head"]) + ".")
+    return "\n".join(L)
+
+
+def _diversity_text(d: dict) -> str:
+    def g(k: str, fmt: str = "{:.2f}") -> str:
+        v = d.get(k)
+        return "—" if v is None else fmt.format(v) if isinstance(v, float) else str(v)
+
+    return (f"peak scales {g('peak_scale_min')}–{g('peak_scale_max')} "
+            f"(log2 std {g('log2_peak_scale_std')}), {g('n_scale_classes')} scale classes, "
+            f"band counts {d.get('band_counts')}, mean pairwise TV {g('mean_pairwise_tv')}, "
+            f"head H* {g('H_star_min')}–{g('H_star_max')}")
+
+
+def interventions_markdown(it: dict) -> str:
+    L = [f"Clean PPL {it['ppl_clean']:.3f} ({it['n_docs']} windows × {it['length']} tokens).",
+         "", "| leading layers linearized k | PPL | PPL'/PPL − 1 [95% CI, paired] |",
+         "|---|---|---|"]
+    for row in it["linearization"]:
+        L.append(f"| {row['k']} | {row['ppl_changed']:.3f} | "
+                 f"{fmt_interval(row, '{:+.3g}')} |")
+    L += ["", "| layers | keep routing (filtering removed) | keep filtering (routing removed) | "
+          "log PPL difference (routing removed − filtering removed) |", "|---|---|---|---|"]
+    for label, row in it["removal"].items():
+        L.append(f"| {label} | {fmt_interval(row['keep_routing'], '{:+.3g}')} | "
+                 f"{fmt_interval(row['keep_filtering'], '{:+.3g}')} | "
+                 f"{fmt_interval(row['log_ppl_routing_removed_minus_filtering_removed'], '{:+.3g}')} |")
+    return "\n".join(L)
+
+
+def tables(results_dir: str | Path) -> dict[str, str]:
+    """Every generated block of docs/real_decoder.md, by key."""
+    import dataclasses
+
+    from tl_spectral_studies.claims import catalog, registry, render
+
+    d = Path(results_dir)
+    out = {"real_decoder/verdict": verdict_markdown(verdicts(d))}
+    m = dataclasses.replace(registry.MODELS["smollm2-135m"], results=str(d.resolve()))
+    out["real_decoder/in_short"] = render.in_short(catalog.records(registry.ROOT, {m.key: m}))
+    for step, fn in (("sinks", sinks_markdown), ("faithfulness", faith_markdown),
+                     ("routing", routing_markdown), ("scales", scales_markdown),
+                     ("interventions", interventions_markdown)):
+        p = d / f"{step}.json"
+        if p.is_file():
+            out[f"real_decoder/{step}"] = fn(json.loads(p.read_text()))
+    return out
+
+
+def markdown(results_dir: str | Path) -> str:
+    return "\n\n".join(tables(results_dir).values())
+
+
+def write_verdicts(results_dir: str | Path) -> list[dict]:
+    V = verdicts(results_dir)
+    (Path(results_dir) / "verdicts.json").write_text(
+        json.dumps(V, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return V
+
+
