@@ -163,3 +163,17 @@ def test_release_free_heap_gives_freed_pages_back():
     after = rss_kib()
     libc.free(keep)
     assert before - after > 30 * 1024  # most of the 50 MiB went back
+
+
+def test_pair_counts_equal_the_brute_force_counts(causal_model):
+    docs = _docs([9, 5, 9, 7], 4)
+    probe = AttentionFieldProbe(max_lag=3)
+    res = run_probes(causal_model, docs, [probe], batch_size=2, progress=False)[
+        "attention_fields"]
+    m = res.doc_mask.bool()
+    T = m.shape[1]
+    i = torch.arange(T)[:, None]
+    j = i - res.lags[None, :]
+    real = m[:, :, None] & m[:, j.clamp(0, T - 1)] & (j >= 0)[None]
+    for layer in (0, 1):
+        assert torch.equal(probe.pair_counts(layer), real.sum(0).float())

@@ -420,7 +420,7 @@ def test_field_means_and_counts_use_the_window(gemma, padded):
         ok = (key >= 0) & (lags[None, :] < (w or T))
         real = mask[:, :, None] & mask[:, key.clamp(0, T - 1)] & ok[None]
         cnt = real.sum(0).double()
-        torch.testing.assert_close(probe.state[f"{layer}.count"].double(), cnt)
+        torch.testing.assert_close(probe.pair_counts(layer).double(), cnt)
         want = torch.where(cnt > 0, (F * real).sum(0) / cnt.clamp_min(1), 0.0)
         torch.testing.assert_close(res.mean[str(layer)].double(), want, rtol=1e-5, atol=1e-7)
         if w is not None:  # the model's own field is 0 beyond the window: nothing was cut

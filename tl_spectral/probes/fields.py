@@ -410,6 +410,18 @@ class AttentionFieldProbe(Probe):
         square field at the end (the "sum" reduction of runs of two lengths) requires."""
         return _tri_mask(int(like.shape[-2]), int(like.shape[-1]), like.device)
 
+    def pair_counts(self, layer: int) -> Tensor:
+        """Documents counted at each (query, lag) of ``layer`` — a real query and a real key
+        inside the document and the layer's window — ``[T, n_lags]`` on the CPU: the
+        divisor of the ensemble mean (full windows' counts are formed here, not stored)."""
+        if self.streaming:
+            raise ValueError("pair_counts is for streaming=False; a streaming probe keeps "
+                             "its counts in the first pass's statistics")
+        self._require_state()
+        s = {k: v.cpu() for k, v in self.state.items() if k.startswith(f"{layer}.")}
+        F = s[f"{layer}.fields"]
+        return self._count(s, layer, self._lags(int(F.shape[-1])), F[0])
+
     def _count(self, s: dict, layer: int, lags: Tensor, S: Tensor) -> Tensor:
         """Pairs per (query, lag) of the layer's documents, ``[T, n_lags]``: the padded
         batches' counts (``count``) plus, per window length ``t``, ``n_full[t − 1]`` full
