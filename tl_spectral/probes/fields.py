@@ -4,12 +4,16 @@ Per layer it streams the head-mean field ``A_s(i, j)`` (or every head's, on requ
 document ``s`` into lag coordinates (SPEC A.3; causal ``tau = i - j``, bidirectional
 ``tau = j - i``), truncated to ``max_lag``, in float32. It keeps
 
-- a running sum and count per (query, lag) for the ensemble mean (the Reynolds split), and
+- a running sum per (query, lag) for the ensemble mean (the Reynolds split) — causal: its
+  triangle ``τ ≤ i`` only, ``T(T + 1)/2`` values with every lag — with the pair counts of
+  padded batches (full windows are counted by length, ``n_full``, and their counts formed
+  in :meth:`AttentionFieldProbe.result`), and
 - the per-document lag fields (a "cat" state), so fluctuations ``u_s = A_s - Ā`` are
   formed once at the end.
 
-N = 1,000 documents at T = 256 with all 256 lags is 262 MB per layer (float32). Padded
-positions never enter the mean, and their fluctuation is set to zero (no energy).
+N = 1,000 documents at T = 256 with all 256 lags is 262 MB per layer (float32): the state
+grows linearly in N (docs/probes.md, "Memory: how each probe grows"). Padded positions
+never enter the mean, and their fluctuation is set to zero (no energy).
 
 ``streaming=True`` keeps instead statistics whose size does not grow with N (see
 :mod:`tl_spectral.analysis.streaming_pod` and docs/scale_pod.md, "Corpora larger than
