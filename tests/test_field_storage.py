@@ -177,3 +177,16 @@ def test_pair_counts_equal_the_brute_force_counts(causal_model):
     real = m[:, :, None] & m[:, j.clamp(0, T - 1)] & (j >= 0)[None]
     for layer in (0, 1):
         assert torch.equal(probe.pair_counts(layer), real.sum(0).float())
+
+
+def test_the_pass_trims_once_per_trim_bytes_of_patterns(monkeypatch):
+    from tl_spectral.probes import heap
+
+    calls = []
+    monkeypatch.setattr(heap, "release_free_heap", lambda: calls.append(1) or True)
+    counter = [0]
+    step = heap.TRIM_BYTES // 4 + 1
+    for _ in range(7):
+        heap.note_freed(counter, step)
+    assert len(calls) == 1  # after the 4th layer (4 × step ≥ TRIM_BYTES), none since
+    assert counter[0] == 3 * step

@@ -5,8 +5,10 @@ heap (``malloc``'s arenas), below blocks still in use: the process's resident se
 the probes' states plus these holes, which grow layer after layer (about 100 MiB over the 30
 layers of SmolLM2-135M at T = 1,024). :func:`release_free_heap` calls glibc's
 ``malloc_trim(0)``, which returns every whole free page of the heap to the system; the runner
-calls it after a pass, before the results are built (issue 42). Elsewhere (macOS, musl,
-Windows) it does nothing.
+calls it after a pass, before the results are built, and during the pass once per
+:data:`TRIM_BYTES` of attention patterns its layers captured (:func:`note_freed`: a trim costs
+milliseconds, worth it only after large buffers came and went; issue 42). Elsewhere (macOS,
+musl, Windows) it does nothing.
 """
 
 from __future__ import annotations
@@ -38,3 +40,17 @@ def release_free_heap() -> bool:
     or there is no glibc."""
     fn = _trim()
     return bool(fn(0)) if fn is not None else False
+
+
+#: attention-pattern bytes captured between two trims during a pass (128 MiB: four layers of
+#: SmolLM2-135M at T = 1,024, batch 1)
+TRIM_BYTES = 128 << 20
+
+
+def note_freed(counter: list[int], nbytes: int) -> None:
+    """Add ``nbytes`` (a layer's capture, just freed) to ``counter[0]``; trim the heap and
+    restart the count once it reaches :data:`TRIM_BYTES`."""
+    counter[0] += int(nbytes)
+    if counter[0] >= TRIM_BYTES:
+        counter[0] = 0
+        release_free_heap()

@@ -52,7 +52,7 @@ from tl_spectral.model_view import (
     window_allowed,
 )
 from tl_spectral.probes.base import LayerCapture, Probe, StopForward, reduce_state
-from tl_spectral.probes.heap import release_free_heap
+from tl_spectral.probes.heap import note_freed, release_free_heap
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -1024,6 +1024,7 @@ def _run_batch(view: ModelView, tokens: Tensor, mask: Tensor, doc_index: Tensor,
     needs, readers, last_layer = plan.needs, plan.readers, plan.last_layer
     stop_early, want_logits, offsets = plan.stop_early, plan.want_logits, plan.offsets
     captures: dict[int, LayerCapture] = {}
+    freed = [0]  # pattern bytes captured since the last heap trim (heap.note_freed)
     pending = {layer: set(kinds) for layer, kinds in needs.items()}
     device = view.device
     ctx = _BatchContext(view, mask, tokens, device, check_finite=plan.check_finite,
@@ -1045,6 +1046,8 @@ def _run_batch(view: ModelView, tokens: Tensor, mask: Tensor, doc_index: Tensor,
             if not pending[layer]:
                 _update(readers[layer], cap, offsets)
                 del captures[layer]
+                if cap.pattern is not None:  # its T × T buffers are freed: trim now and then
+                    note_freed(freed, cap.pattern.numel() * cap.pattern.element_size())
                 if stop_early and layer == last_layer and not any(pending.values()):
                     raise StopForward
             return t
