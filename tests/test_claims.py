@@ -413,9 +413,6 @@ def test_no_import_circle_in_the_studies_and_analysis():
     assert not cyc, cyc
 
 
-@pytest.mark.xfail(strict=True, reason="tl_spectral.models gguf → loading → zoo (function-level "
-                   "imports, from the gguf merge; not this issue's files): remove this mark "
-                   "when it is broken")
 def test_no_import_circle_anywhere():
     assert not _cycles(_imports(ROOT))
 

@@ -130,15 +130,15 @@ def test_section_keys_come_from_the_one_registry():
 
     assert not hasattr(cli, "SECTION_KEYS")
     assert section_keys() == tuple(f().key for f in SECTIONS) == (
-        "attention_stats", "head_scores", "scale_pod", "routing_filtering", "contributions",
-        "surgery")
+        "sanity", "attention_stats", "head_scores", "scale_pod", "routing_filtering",
+        "contributions", "surgery")
 
     class Extra:
         key, title, order = "extra_test_section", "Extra", 25
 
     try:
         register_section(Extra)
-        assert section_keys()[:4] == ("attention_stats", "head_scores", "scale_pod",
+        assert section_keys()[:5] == ("sanity", "attention_stats", "head_scores", "scale_pod",
                                       "extra_test_section")
         with pytest.raises(ValueError, match="already registered"):
             register_section(type("Other", (), {"key": "scale_pod"}))

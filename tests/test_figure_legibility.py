@@ -103,3 +103,68 @@ def test_per_layer_figures_of_a_deep_model_are_legible():
         problems += figure_problems(fig, name)
         plt.close(fig)
     assert not problems, "\n".join(problems)
+
+
+def _report_figure_problems(tmp_path, monkeypatch, folder, n_docs: int = 8,
+                            ticks: list | None = None) -> tuple[list, list]:
+    """Every figure of ``tl-spectral analyze --model folder`` checked before it is saved:
+    (titles seen, problems); ``ticks`` collects each figure's tick labels."""
+    ticks = [] if ticks is None else ticks
+    import tl_spectral.viz.report as rep
+    from tl_spectral.cli import main
+
+    seen: list[str] = []
+    problems: list[str] = []
+    orig = rep.figure_to_base64
+
+    def checked(fig, *a, **k):
+        title = fig._suptitle.get_text() if fig._suptitle is not None else ""
+        if not title:
+            title = next((ax.get_title() for ax in fig.axes if ax.get_title()), "")
+        seen.append(title)
+        problems.extend(figure_problems(fig, f"report figure {len(seen)} {title[:40]!r}"))
+        ticks.append(" ".join(t.get_text() for ax in fig.axes
+                              for t in ax.get_xticklabels() + ax.get_yticklabels()))
+        return orig(fig, *a, **k)
+
+    monkeypatch.setattr(rep, "figure_to_base64", checked)
+    out = tmp_path / "r"
+    assert main(["analyze", "--model", str(folder), "--n-docs", str(n_docs), "--length", "40",
+                 "--out", str(out), "--no-progress"]) == 0
+    return seen, problems
+
+
+def test_figures_of_a_30_layer_report_are_legible(tmp_path, monkeypatch):
+    """Issue 40 item 1: a random model of SmolLM2's shape (30 layers, 9 heads): no two texts
+    of any figure overlap (layer ticks thinned, no per-point R² beyond 12 layers), every
+    text legible. Fails on the T_spec / H* figure of before (ticks "0123456789101112…" and
+    thirty R² annotations on top of each other)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _tiny_hf import save_smol_shape
+
+    folder = save_smol_shape(tmp_path / "smol30", d_mlp=32)
+    seen, problems = _report_figure_problems(tmp_path, monkeypatch, folder)
+    assert len(seen) >= 10
+    assert not problems, "\n".join(problems)
+
+
+def test_figures_of_an_18_layer_gemma3_report_are_legible(tmp_path, monkeypatch):
+    """A random Gemma-3 shape (18 layers, sliding-window layers with global layers 5, 11,
+    17): legible figures, the global layers marked G on the layer axes."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _deep_models import save_gemma3_shape
+
+    marked: list[str] = []
+    folder = save_gemma3_shape(tmp_path / "gemma18")
+    seen, problems = _report_figure_problems(tmp_path, monkeypatch, folder, ticks=marked)
+    assert not problems, "\n".join(problems)
+    # the per-layer figures mark the three global layers
+    per_layer = [m for m in marked if "5 G" in m]
+    assert len(per_layer) >= 6, marked
+    assert all("11 G" in m and "17 G" in m for m in per_layer)

@@ -493,3 +493,29 @@ def test_cuda_on_a_machine_without_it_is_one_line_before_any_weights(cache, monk
     check_device("cpu")
     check_device(torch.device("cpu"))
 
+
+
+def test_a_token_file_written_for_a_gguf_file_matches_it_however_it_is_spelled(
+        tmp_path, monkeypatch):
+    from tl_spectral.cli import _same_model
+
+    f = write_gguf(tmp_path / "m.gguf")
+    monkeypatch.chdir(tmp_path)
+    assert _same_model(str(f.resolve()), "m.gguf") and _same_model(str(f), "./m.gguf")
+    assert not _same_model(str(f.resolve()), "other.gguf")
+
+
+def test_a_problem_found_by_the_caller_is_checked_again_under_the_lock(cache):
+    _, f = cache
+    dest = build(f)
+    calls: list = []
+    # load() checks the cache in a thread while TransformerLens imports; a problem it saw is
+    # re-checked under the build lock (another process may have rebuilt it meanwhile)
+    assert gguf.ensure_cache(f, progress=False, builder=stub_builder(calls),
+                             checked="config.json is missing") == dest
+    assert calls == []
+    (dest / "config.json").write_text("{}")
+    with pytest.warns(UserWarning, match="rebuilding"):
+        gguf.ensure_cache(f, progress=False, builder=stub_builder(calls),
+                          checked="config.json does not match its manifest (SHA-256)")
+    assert len(calls) == 1

@@ -117,7 +117,7 @@ def test_the_cycle_finder_can_fail():
 
 #: the floors of docs/architecture.md, lowest first; "leaf" is the plotting leaf
 _GROUND_MODELS = {"gpt", "attention", "convert", "zoo", "train", "train_config", "loading",
-                  "smollm2"}
+                  "smollm2", "gguf", "hub"}
 
 
 def floor(module: str):
@@ -128,7 +128,7 @@ def floor(module: str):
     parts = module.split(".")
     if module in ("tl_spectral.results", "tl_spectral.model_view", "tl_spectral.usage",
                   "tl_spectral.files", "tl_spectral._leftovers", "tl_spectral.outdirs",
-                  "tl_spectral.progress") \
+                  "tl_spectral.progress", "tl_spectral._deprecation", "tl_spectral.types") \
             or parts[:2] == ["tl_spectral", "data"]:
         return 0
     if parts[:2] == ["tl_spectral", "models"]:

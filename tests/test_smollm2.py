@@ -219,6 +219,43 @@ def test_an_edited_real_cache_is_rebuilt_with_a_warning(smol, tmp_path, monkeypa
     assert (dest / "config.json").read_bytes() == (good / "config.json").read_bytes()
 
 
+def test_the_gguf_file_itself_is_a_model(smol, tmp_path, monkeypatch):
+    """``--model path/to/file.gguf``: the same loader on the user's file (its own cache
+    folder; the start-token convention from the GGUF's metadata: SmolLM2's file says
+    add_bos_token false). The build is a stub that links the zoo's cache files (the real
+    build is the fixture's); the boot and the logits are real."""
+    from tl_spectral.cli import _display_name
+    from tl_spectral.models import gguf
+    from tl_spectral.models.loading import load_named_model, resolve_model
+
+    bridge, tok, _ = smol
+    good = smollm2.cache_dir()
+    meta = gguf.read_manifest(good)
+    f = smollm2.gguf_path()
+    assert gguf.read_header(f)["add_bos_token"] is False
+
+    def linked_build(src, out, *, name, progress=True):
+        assert src == f.resolve()
+        for g in good.iterdir():
+            if g.name != gguf.MANIFEST:
+                os.link(g, out / g.name) if g.name == "model.safetensors" else \
+                    shutil.copy2(g, out / g.name)
+        return {"architecture": "llama", "add_bos_token": False,
+                "hf_class": meta["hf_class"]}
+
+    monkeypatch.setenv("TL_SPECTRAL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf, "dequantize", linked_build)
+    assert resolve_model(str(f)) == ("gguf", str(f))
+    mine, mine_tok = load_named_model(str(f))
+    assert gguf.cache_dir(f).name.startswith("gguf-SmolLM2-135M-Instruct.Q4_1-b179c9523d0e")
+    assert mine.cfg.model_name == f.name and mine.cfg.default_prepend_bos is False
+    assert _display_name(str(f), "gguf") == f.name
+    toks = _text_tokens(tok)
+    with torch.no_grad():
+        torch.testing.assert_close(mine(toks), bridge(toks), rtol=0, atol=0)
+    assert mine_tok.encode("Hello world") == tok.encode("Hello world")
+
+
 def test_missing_package_says_what_to_install(monkeypatch):
     from importlib import metadata
 

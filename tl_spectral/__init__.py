@@ -93,6 +93,7 @@ _PUBLIC: dict[str, str] = {
     "RankTruncationCurve": "tl_spectral.models.ablations",
     "LinearizationCurve": "tl_spectral.models.surgery",
     "CascadeAllocation": "tl_spectral.models.surgery",
+    "token_strings": "tl_spectral.viz.context",
 }
 #: old public names, deprecated for one release: old name -> (new name, module); each use
 #: warns (docs/api.md, "Deprecated spellings")

@@ -548,7 +548,8 @@ def _same_model(recorded: str, model: str) -> bool:
     folders, the same folder however it is written (``../m`` and ``/abs/m``)."""
     if recorded == model:
         return True
-    looks = [("/" in m or m.startswith(".") or os.sep in m) for m in (recorded, model)]
+    looks = [("/" in m or m.startswith(".") or os.sep in m or m.lower().endswith(".gguf"))
+             for m in (recorded, model)]
     if not all(looks):
         return False
     try:
@@ -670,7 +671,7 @@ def tokenizer_for(name: str):
         return load_named_model(name)[1]
     from transformers import AutoTokenizer
 
-    from tl_spectral.models.loading import hub_offline
+    from tl_spectral.models.hub import hub_offline
 
     with hub_offline():
         return AutoTokenizer.from_pretrained(target)

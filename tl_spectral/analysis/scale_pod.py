@@ -312,8 +312,10 @@ class ScalePODResult(Result):
     ``allocation``: one row per layer — ``layer``, ``H_star`` (whole-field ``H*_l``),
     ``H_star_str`` (``"≥ N-1"`` when saturated), ``saturated``, ``share`` (``H*_l / sum``),
     ``quota`` (``budget * share``), ``recommended`` (integers >= 1 summing to ``head_budget``)
-    and ``uniform`` (the model's heads per layer). Saturated layers enter with their lower
-    bound ``N - 1``.
+    and ``uniform`` (the model's heads per layer), ``bounded`` (H* bounded by the number of
+    documents: :func:`h_star_bounded`), ``H_star_bound`` (the bound at the layer's N:
+    :func:`h_star_bound`) and ``advice`` (``recommended`` when no layer is
+    bounded, else None). Saturated layers enter with their lower bound ``N - 1``.
     """
 
     kind: ClassVar[str] = "scale_pod"
@@ -378,7 +380,10 @@ class ScalePODResult(Result):
                     "beta": layer.full["beta"],
                     "tspec_r2": layer.full["tspec_r2"],
                     "H_star": alloc["H_star_str"],
-                    "recommended_heads": alloc["recommended"],
+                    "H_star_bounded": bool(alloc.get("bounded", False)),
+                    "recommended_heads": (alloc["advice"] if alloc.get("advice") is not None
+                                          else "—") if "advice" in alloc
+                    else alloc["recommended"],
                     "uniform_heads": alloc["uniform"],
                 }
             )
@@ -735,23 +740,90 @@ def scale_pod(
 def allocation_table(
     layers: Sequence[ScalePODLayer], uniform: Sequence[int], budget: int
 ) -> list[dict[str, Any]]:
-    """The head-allocation rows of :class:`ScalePODResult` from per-layer results."""
+    """The head-allocation rows of :class:`ScalePODResult` from per-layer results.
+
+    ``recommended`` is the arithmetic allocation ∝ H*; ``bounded`` marks a layer whose H*
+    the number of documents bounds (:func:`h_star_bounded`); ``advice`` is ``recommended``
+    only when NO layer is bounded (the allocation divides the budget by shares of the sum,
+    so one bounded H* — a lower bound — makes every share unreliable), else None."""
     hs = [layer.H_star for layer in layers]
     rec = allocate_heads(hs, budget)
     total = sum(hs)
+    bounded = [layer_h_star_bounded(layer) for layer in layers]
+    any_bounded = any(bounded)
+    bounds = [h_star_bound(layer.n_documents, float(layer.config.get("epsilon", 0.1)))
+              for layer in layers]
     return [
         {
             "layer": layer.layer,
             "H_star": h,
             "H_star_str": layer.full["H_star_str"],
             "saturated": layer.H_star_saturated,
+            "bounded": b,
+            "H_star_bound": hb,
             "share": h / total,
             "quota": budget * h / total,
             "recommended": r,
+            "advice": None if any_bounded else r,
             "uniform": int(u),
         }
-        for layer, h, r, u in zip(layers, hs, rec, uniform)
+        for layer, h, r, u, b, hb in zip(layers, hs, rec, uniform, bounded, bounds)
     ]
+
+
+# ------------------------------------------------------------------ H* bounded by N
+def h_star_bound(n_docs: int, epsilon: float = 0.1) -> int:
+    """The smallest H* that reads "bounded by the number of documents" at ``N = n_docs``:
+    the H*(ε) of a 1/k spectrum over the ``N − 1`` modes an ensemble of N mean-removed
+    fields has, ``min{K : H_K ≥ (1 − ε) H_{N−1}}`` with ``H_n = Σ_{k≤n} 1/k``
+    (docs/scale_pod.md, "When N bounds H*"). A spectrum no steeper than 1/k has energy that
+    keeps growing with the number of modes, so its H* grows with N without limit (about
+    ``e^{−εγ} (N − 1)^{1−ε}``): it reports the number of documents, not the layer.
+    Values at ε = 0.1: N = 4 → 3, 8 → 6, 16 → 11, 32 → 21, 64 → 40."""
+    m = int(n_docs) - 1
+    if m < 1:
+        return 0
+    if not 0.0 <= float(epsilon) < 1.0:
+        raise ValueError(f"epsilon must lie in [0, 1) (got {epsilon})")
+    target = (1.0 - float(epsilon)) * sum(1.0 / k for k in range(1, m + 1))
+    acc = 0.0
+    for k in range(1, m + 1):
+        acc += 1.0 / k
+        if acc >= target * (1.0 - 1e-12):
+            return k
+    return m
+
+
+def h_star_bounded(h_star: float, n_docs: int, epsilon: float = 0.1, *,
+                   saturated: bool = False) -> bool:
+    """Whether ``h_star`` at ``N = n_docs`` documents is bounded by N and says nothing about
+    the layer: ``H* ≥`` :func:`h_star_bound` ``(N, ε)``, or ``saturated`` (H* reached the
+    ``N − 1`` modes, or a streamed POD's rank cap before ``1 − ε`` of the energy). The ONE
+    rule of the library, the report (findings, tables, figures) and the notebooks."""
+    h = float(h_star)
+    if saturated:
+        return True
+    if not math.isfinite(h) or int(n_docs) < 2:
+        return True
+    return h >= h_star_bound(int(n_docs), epsilon)
+
+
+def layer_h_star_bounded(layer: Any) -> bool:
+    """:func:`h_star_bounded` of a :class:`ScalePODLayer` (its own N, ε and saturation)."""
+    return h_star_bounded(layer.H_star, layer.n_documents,
+                          float(layer.config.get("epsilon", 0.1)),
+                          saturated=bool(layer.H_star_saturated))
+
+
+def docs_to_resolve(h_star: float, epsilon: float = 0.1) -> int:
+    """The smallest number of documents N at which ``h_star`` would sit below the bound
+    (:func:`h_star_bound` ``(N) > H*``): a floor for a bounded layer, whose true H* is at
+    least the measured one — rerun there and check that H* stops growing."""
+    h = float(h_star)
+    n = max(2, int(h) + 2)
+    while h_star_bound(n, epsilon) <= h:
+        n += 1
+    return n
 
 
 # ----------------------------------------------------------------------------- bootstrap

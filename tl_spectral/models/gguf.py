@@ -439,16 +439,22 @@ def _sweep(root: Path, cache_name: str) -> None:
 Builder = Callable[..., dict]
 
 
+_UNCHECKED = "unchecked"
+
+
 def ensure_cache(model: str | os.PathLike | Entry, *, progress: bool = True,
-                 builder: Builder | None = None) -> Path:
+                 builder: Builder | None = None, checked: str | None = _UNCHECKED) -> Path:
     """The verified cache folder of a zoo name or GGUF file, built when missing or invalid
     (a warning says why it is rebuilt). One process builds; others wait for it and use its
     result. ``builder``: what writes the folder (default :func:`dequantize`; tests pass a
-    stub)."""
+    stub). ``checked``: :func:`cache_problem`'s answer when the caller has just computed
+    it (otherwise it is computed here)."""
     src = _source(model)
     root = cache_root()
     dest = root / src.cache_name
-    if cache_problem(dest, src.sha256) is None:
+    if checked == _UNCHECKED:
+        checked = cache_problem(dest, src.sha256)
+    if checked is None:
         _sweep(root, src.cache_name)
         return dest
     root.mkdir(parents=True, exist_ok=True)
@@ -615,7 +621,7 @@ def load(model: str | os.PathLike | Entry, device: Any = "cpu", *,
     the model saw in training; :func:`start_token_id` gives its id for framing windows.
     The Hugging Face hub is offline during the load only.
     """
-    from tl_spectral.models.loading import check_device, hub_offline
+    from tl_spectral.models.hub import check_device, hub_offline
 
     check_device(device)
     src = _source(model)
@@ -625,7 +631,7 @@ def load(model: str | os.PathLike | Entry, device: Any = "cpu", *,
         raise RuntimeError(f"loading {src.name} needs TransformerLens 4 (TransformerBridge); "
                            "TransformerLens 3.9 has no offline path for GGUF models")
     with hub_offline():
-        folder = ensure_cache(src, progress=progress)
+        folder = _ensure_while_importing(src, progress)
         meta = read_manifest(folder)
         from transformer_lens.model_bridge import TransformerBridge
 
@@ -636,10 +642,24 @@ def load(model: str | os.PathLike | Entry, device: Any = "cpu", *,
     return bridge, bridge.tokenizer
 
 
+def _ensure_while_importing(src: _Source, progress: bool) -> Path:
+    """:func:`ensure_cache`, the manifest's checksums computed in a thread while
+    TransformerLens is imported (hashlib releases the GIL: on two cores the 1 GB of a
+    cache is checked for free)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(cache_problem, cache_root() / src.cache_name, src.sha256)
+        import transformer_lens.model_bridge  # noqa: F401 - the import overlapped
+
+        problem = fut.result()
+    return ensure_cache(src, progress=progress, checked=problem)
+
+
 def tokenizer(model: str | os.PathLike | Entry, *, progress: bool = True) -> Any:
     """The Hugging Face tokenizer of a zoo GGUF entry or GGUF file, from its cache (built
     when missing) without loading the weights."""
-    from tl_spectral.models.loading import hub_offline
+    from tl_spectral.models.hub import hub_offline
 
     with hub_offline():
         folder = ensure_cache(model, progress=progress)

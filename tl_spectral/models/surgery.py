@@ -410,10 +410,13 @@ def linearization_curve(model: GPT, tokens: torch.Tensor, *, ks: Sequence[int] |
 @torch.no_grad()
 def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int] | None = None,
                            name: str | None = None, batch_size: int = 8) -> LinearizationCurve:
-    """Zero-shot linearization curve of a causal TransformerLens model (or ModelView) with
-    standard positional embeddings, by pattern hooks: for each k the first k layers' patterns
-    are replaced by ``α_ij ∝ φ(q_i)·φ(k_j)`` on the model's own ``hook_q`` / ``hook_k``
-    (:class:`~tl_spectral.models.convert.LinearPatternHook`). tokens: ``[n, pos + 1]``.
+    """Zero-shot linearization curve of a causal TransformerLens model (or ModelView), by
+    pattern hooks: for each k the first k layers' patterns are replaced by
+    ``α_ij ∝ φ(q_i)·φ(k_j)`` on the model's own ``hook_q`` / ``hook_k``
+    (:class:`~tl_spectral.models.convert.LinearPatternHook`); on a rotary model (a
+    TransformerBridge) on its rotated ``hook_rot_q`` / ``hook_rot_k``, the vectors whose dot
+    product forms the score (after QK-norm where the model has one; a sliding window is not
+    applied to the linear pattern). tokens: ``[n, pos + 1]``.
 
     Caveat: on a converted GPT with unequal d_head per layer, ``hook_q`` of a narrower
     layer is scaled by ``sqrt(d_max / d_l)`` (see ``convert``), so its linear pattern differs
@@ -428,10 +431,12 @@ def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int
         raise ValueError(f"{view.name} is not a causal language model; the ΔPPL curve needs "
                          "next-token prediction")
     pe = str(getattr(getattr(view.model, "cfg", None), "positional_embedding_type", "standard"))
-    if pe != "standard":
-        raise ValueError(f"{view.name} uses {pe!r} positions: hook_q/hook_k are not the "
-                         "vectors whose dot product forms the score; pass a model with "
-                         "standard (learned/absolute) positions")
+    rot = pe == "rotary" and _has_rotated_hooks(view)
+    if pe != "standard" and not rot:
+        raise ValueError(f"{view.name} uses {pe!r} positions and exposes no hook on its "
+                         "rotated queries and keys (hook_rot_q / hook_rot_k): hook_q/hook_k "
+                         "are not the vectors whose dot product forms the score; pass a model "
+                         "with standard positions or a TransformerBridge of a rotary model")
     if tokens.dim() != 2 or tokens.shape[1] < 2:
         raise ValueError(f"tokens must be [n, pos+1], got {tuple(tokens.shape)}")
     L = view.n_layers
@@ -442,6 +447,8 @@ def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int
         for l in range(k):
             h = LinearPatternHook(l, view.d_head)
             n = h.names()
+            if rot:  # the rotated vectors (after any QK-norm): their dot product is the score
+                n = {**n, "q": f"blocks.{l}.attn.hook_rot_q", "k": f"blocks.{l}.attn.hook_rot_k"}
             hooks += [(n["q"], h.capture_q), (n["k"], h.capture_k), (n["pattern"], h.pattern)]
         tot, cnt = 0.0, 0
         for s in range(0, tokens.shape[0], batch_size):
@@ -455,7 +462,16 @@ def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int
     return LinearizationCurve(
         model_name=name or view.name, attention="tl", normalization="?", n_layers=L, ks=ks,
         base_ppl=ppl[0], ppl_zero_shot=ppl, n_windows=int(tokens.shape[0]),
-        seq_len=int(tokens.shape[1] - 1), note="zero-shot via TransformerLens pattern hooks")
+        seq_len=int(tokens.shape[1] - 1),
+        note="zero-shot via TransformerLens pattern hooks"
+             + (" on the rotated queries and keys (hook_rot_q / hook_rot_k)" if rot else ""))
+
+
+def _has_rotated_hooks(view: Any) -> bool:
+    """Whether the model exposes its rotated queries and keys (TransformerBridge of a rotary
+    model: ``blocks.0.attn.hook_rot_q`` / ``hook_rot_k``, ``[batch, pos, head, d]``)."""
+    names = getattr(view.model, "hook_dict", None) or {}
+    return "blocks.0.attn.hook_rot_q" in names and "blocks.0.attn.hook_rot_k" in names
 
 
 # ------------------------------------------------------------ cascade allocation

@@ -140,7 +140,7 @@ def load(name: str, device: str | torch.device = "cpu") -> tuple[Any, Any]:
     ValueError before any weights load). The Hugging Face hub is offline during the load
     only.
     """
-    from tl_spectral.models.loading import check_device
+    from tl_spectral.models.hub import check_device
 
     check_device(device)
     if name in SHIPPED:
@@ -189,7 +189,7 @@ def minilm_path() -> Path:
 
 
 def _load_minilm(device):
-    from tl_spectral.models.loading import hub_offline
+    from tl_spectral.models.hub import hub_offline
 
     with hub_offline():
         return _boot_minilm(str(minilm_path()), device)

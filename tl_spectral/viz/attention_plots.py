@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from tl_spectral.viz.figures import register_plot
+from tl_spectral.viz.layer_plots import set_layer_axis
 
 
 def quantile_norm(values: np.ndarray, n_levels: int = 12):
@@ -86,7 +87,7 @@ def plot_attention_stats(res: Any, caption: str = ""):
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_xticks(range(a.shape[1]))
-        ax.set_yticks(range(len(res.layers)), [str(x) for x in res.layers])
+        set_layer_axis(ax, res.layers, axis="y")
         fig.colorbar(im, ax=ax, shrink=0.85, label=title.split(" (")[-1].rstrip(")")
                      if "(" in title else "share of attention")
     if caption:
@@ -131,7 +132,7 @@ def attention_stats_figure(res):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
-        ax.set_yticks(range(len(res.layers)), [str(x) for x in res.layers])
+        set_layer_axis(ax, res.layers, axis="y")
         fig.colorbar(im, ax=ax, shrink=0.85, label=unit)
     fig.suptitle(f"AttentionStats — {res.model_name}", fontsize=11)
     return fig

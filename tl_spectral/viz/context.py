@@ -117,6 +117,9 @@ class ReportContext:
     sanity: dict = field(default_factory=dict, repr=False)
     #: the ``--baseline random`` twin and its results, computed once per run
     baseline_cache: dict = field(default_factory=dict, repr=False)
+    #: {(layer, head): [role, …]}: what the sections found each head doing; the report
+    #: names every such head ONCE, with all its roles (:func:`head_roles_finding`)
+    head_roles: dict = field(default_factory=dict, repr=False)
     _t0: float = field(default_factory=time.perf_counter, repr=False)
 
     def __post_init__(self) -> None:
@@ -141,6 +144,10 @@ class ReportContext:
         if self.options.progress:
             print(f"[{time.perf_counter() - self._t0:6.1f} s] {message}", file=sys.stderr,
                   flush=True)
+
+    def add_head_role(self, layer: int, head: int, role: str) -> None:
+        """Record ``role`` (a phrase with its number) of head ``(layer, head)``."""
+        self.head_roles.setdefault((int(layer), int(head)), []).append(role)
 
     def token_strings(self, ids) -> list[str]:
         """One display string per token, decoded the tokenizer's way (:func:`token_strings`)."""
@@ -200,15 +207,39 @@ def _decode(tok: Any, ids: list[int]) -> str:
         return tok.decode(ids)
 
 
-def token_strings(tok: Any, ids: Any) -> list[str]:
-    """Display strings of a token sequence, decoded the tokenizer's way: token k shows what
-    decoding ``ids[:k + 1]`` adds to the text of ``ids[:k]``, so word pieces join (BERT's
-    ``##`` pieces, no spaces inside a word), byte-level BPE spaces show as spaces, and a
-    character split over several byte tokens appears whole on the token that completes it
-    (the tokens before it show ``·``). Falls back to decoding each token alone where the
-    running text is not a prefix of the next (a tokenizer whose decode rewrites earlier
-    text). Newlines show as ``\\n``."""
-    ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+def _tokenizer_of(obj: Any) -> Any:
+    """The tokenizer of a TransformerLens model, a ModelView, or the tokenizer itself."""
+    if hasattr(obj, "decode"):
+        return obj
+    for owner in (obj, getattr(obj, "model", None)):
+        tok = getattr(owner, "tokenizer", None)
+        if tok is not None and hasattr(tok, "decode"):
+            return tok
+    raise ValueError(f"token_strings needs a tokenizer or a model that has one (.tokenizer); "
+                     f"got {type(obj).__name__} without one: pass the tokenizer itself")
+
+
+def token_strings(model: Any, tokens: Any, *, visible_whitespace: bool = True) -> list[str]:
+    """Display strings of a token sequence, decoded the tokenizer's way — the labels of the
+    report, the views and the notebooks (``tls.token_strings(model, tokens)``).
+
+    model: a tokenizer, or a TransformerLens model / :class:`~tl_spectral.ModelView` whose
+    ``.tokenizer`` decodes; tokens: one sequence of ids (list or 1-D tensor).
+
+    Token k shows what decoding ``tokens[:k + 1]`` adds to the text of ``tokens[:k]``, so
+    word pieces join (BERT's ``##`` pieces, no spaces inside a word), byte-level BPE spaces
+    show as spaces (``'Ġgood'`` reads ``' good'``), and a character split over several byte
+    tokens appears whole on the token that completes it (the tokens before it show ``·``).
+    Falls back to decoding each token alone where the running text is not a prefix of the
+    next (a tokenizer whose decode rewrites earlier text). Newlines show as ``\\n``, tabs as
+    ``\\t``; with ``visible_whitespace`` a token of spaces only shows ``␣`` per space (a
+    blank label would be invisible)."""
+    tok = _tokenizer_of(model)
+    raw = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
+    if any(isinstance(i, (list, tuple)) for i in raw):
+        raise ValueError("token_strings takes ONE sequence of ids; pass tokens[i] for "
+                         "sequence i of a batch")
+    ids = [int(i) for i in raw]
     out: list[str] = []
     done = ""
     for k, i in enumerate(ids):
@@ -224,5 +255,14 @@ def token_strings(tok: Any, ids: Any) -> list[str]:
                 piece = _decode(tok, [i])
         except Exception:  # noqa: BLE001 - a tokenizer that cannot decode: show the id
             piece = str(i)
-        out.append(piece.replace("\n", "\\n"))
+        out.append(_shown(piece, visible_whitespace))
     return out
+
+
+def _shown(piece: str, visible: bool) -> str:
+    """Newlines, tabs and carriage returns escaped; a whitespace-only piece made visible."""
+    if visible and piece and not piece.strip(" "):
+        return "␣" * len(piece)
+    for ch, rep in (("\n", "\\n"), ("\t", "\\t"), ("\r", "\\r")):
+        piece = piece.replace(ch, rep)
+    return piece

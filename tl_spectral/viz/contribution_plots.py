@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from tl_spectral.viz.figures import layer_key, layer_style, register_plot
+from tl_spectral.viz.layer_plots import MAX_LAYER_LABELS, set_layer_axis
 from tl_spectral.viz.sink_plots import plot_rho_star, plot_sink_rates  # noqa: F401
 from tl_spectral.viz.views import contribution_view  # noqa: F401 - re-exported
 
@@ -63,14 +64,15 @@ def plot_spearman(stats: Any, skip: tuple = ()):
     mat = torch.stack([stats.rank_corr[:, -1, stats.measures.index(m), ci] for m in others],
                       dim=1).float().numpy()  # [layer, measure]
     L = len(stats.layers)
-    fig, ax = plt.subplots(figsize=(1.9 * len(others) + 2.5, 0.45 * L + 1.6),
+    annotate = L <= MAX_LAYER_LABELS  # deeper: the values are in the table
+    fig, ax = plt.subplots(figsize=(1.9 * len(others) + 2.5,
+                                    (0.45 if annotate else 0.18) * L + 1.6),
                            constrained_layout=True)
     im = ax.imshow(mat, vmin=-1, vmax=1, cmap="RdBu_r", aspect="auto")
     ax.set_xticks(range(len(others)), [f"{short.get(m, m)} vs c" for m in others], fontsize=9)
-    ax.set_yticks(range(L), [str(x) for x in stats.layers], fontsize=9)
     ax.set_xlabel("attention-only measure")
-    ax.set_ylabel("layer")
-    for a in range(L):
+    set_layer_axis(ax, stats.layers, axis="y")
+    for a in range(L if annotate else 0):
         for b in range(len(others)):
             ax.text(b, a, f"{mat[a, b]:.2f}", ha="center", va="center", fontsize=9,
                     color="white" if abs(mat[a, b]) > 0.6 else "black")
@@ -197,7 +199,8 @@ def contribution_stats_plot_negative(res):
     """Heat maps (layer × head, last column = token level) of the negative shares."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), constrained_layout=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, max(3.4, 0.16 * len(res.layers) + 1.4)),
+                             constrained_layout=True)
     H = res.negative_fraction.shape[1] - 1
     xt = [str(h) for h in range(H)] + ["Σh"]
     what = (f"share of pairs with c < −{res.negative_rtol:g}·Σ|c_row|" if res.negative_rtol
@@ -206,9 +209,8 @@ def contribution_stats_plot_negative(res):
                                      (res.negative_mass, "negative mass Σ|c⁻| / Σ|c|"))):
         im = ax.imshow(m.numpy(), aspect="auto", cmap="viridis", vmin=0)
         ax.set_xticks(range(H + 1), xt, fontsize=8)
-        ax.set_yticks(range(len(res.layers)), [str(x) for x in res.layers])
         ax.set_xlabel("head")
-        ax.set_ylabel("layer")
+        set_layer_axis(ax, res.layers, axis="y")
         ax.set_title(title, fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.85, label="share" if m is res.negative_fraction
                      else "share of |c|")

@@ -67,17 +67,23 @@ class ContributionSection:
             best = max(range(len(rows)), key=lambda i: rows[i]["attn_on_first_token"])
             r = rows[best]
             is_sink = r["attn_on_first_token"] >= 0.2
+            n_docs, T = int(ctx.tokens.shape[0]), int(ctx.tokens.shape[1])
             report.finding(
                 f"Position {pos}{tok0} {'is a sink' if is_sink else 'is not a strong sink'}: "
                 f"in layer {r['layer']} it draws {100 * r['attn_on_first_token']:.0f}% of the "
                 f"attention but supplies {100 * r['C_on_first_token']:.0f}% of the output "
                 f"(token-level contribution); over layers the attention share runs "
                 f"{100 * min(x['attn_on_first_token'] for x in rows):.0f}–"
-                f"{100 * max(x['attn_on_first_token'] for x in rows):.0f}%.")
+                f"{100 * max(x['attn_on_first_token'] for x in rows):.0f}% (n = {n_docs} "
+                f"windows of {T} tokens, one framing: position {pos} is each window's own "
+                f"token {pos}; a sink's share can change with what that token is, which this "
+                "report does not vary).")
             neg = max(rows, key=lambda x: x["neg_mass_share"])
+            share = 100 * neg["neg_mass_share"]
             report.finding(
-                f"Negative contributions: up to {100 * neg['neg_mass_share']:.0f}% of the "
-                f"contribution mass is negative (layer {neg['layer']}).")
+                f"Negative contributions: up to {share:.2g}% of the contribution mass is "
+                f"negative (layer {neg['layer']})"
+                + (": negligible." if share < 1 else "."))
         report.subsection("Contributions")
         vw, on = "spearman_value_weighted_vs_c", "spearman_output_normalized_vs_c"
         skip: tuple = ()

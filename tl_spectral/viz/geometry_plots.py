@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from tl_spectral.viz.figures import layer_key, register_plot
+from tl_spectral.viz.layer_plots import set_layer_axis
 
 __all__ = ["plot_budget", "plot_eigenvalues", "plot_routing_rank"]
 
@@ -55,10 +56,8 @@ def plot_budget(geometry: Any, *, ax: Any = None, jitter: float = 0.12, seed: in
     xs = x[:, None] + rng.uniform(-jitter, jitter, size=(n_layers, n_heads))
     ax.scatter(xs.ravel(), frac.ravel(), s=10, alpha=0.6, color="tab:red", zorder=3, label="heads")
     ax.axhline(0.5, color="0.6", ls=":", lw=1)
-    ax.set_xticks(x)
-    ax.set_xticklabels(geometry.layer_names, rotation=90 if n_layers > 16 else 0)
+    set_layer_axis(ax, geometry.layer_names)
     ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("layer")
     ax.set_ylabel("routing fraction ‖R‖²/‖M‖²")
     ax.set_title("Spectral budget (filtering = 1 − routing)")
     fig.tight_layout()
@@ -111,10 +110,8 @@ def plot_routing_rank(
         else:
             cap = geometry.routing_capacity.detach().cpu().double().numpy()
         ax.plot(x, cap / 2 if planes else cap, ls="--", color="tab:gray", label="capacity")
-    ax.set_xticks(x)
-    ax.set_xticklabels(geometry.layer_names, rotation=90 if n_layers > 16 else 0)
+    set_layer_axis(ax, geometry.layer_names)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("layer")
     what = "S" if is_sd else "R"
     kind = "entropy eff. rank" if measure == "entropy" else "participation ratio"
     ax.set_ylabel(f"rotation planes of {what}" if planes else f"{kind} of {what}")

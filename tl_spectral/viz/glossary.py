@@ -8,6 +8,31 @@ GLOSSARY: dict[str, str] = {
     # shared
     "layer": "layer index (0 = first block)",
     "head": "head index within the layer",
+    "uniform_entropy_bound": "mean over real queries of log(#visible keys): the entropy of "
+                             "attention spread evenly, where every head of an untrained model "
+                             "sits",
+    "heads": "heads of the model (layers × heads per layer)",
+    "heads_near_uniform": "heads whose mean entropy is at least 98% of the uniform bound",
+    "entropy_min": "lowest mean entropy of any head (nats)",
+    "entropy_max": "highest mean entropy of any head (nats)",
+    "score": "which head score (previous_token, duplicate_token, induction)",
+    "planted_head": "the score of a planted head on the same inputs: the share of queries whose "
+                    "detection pattern marks any key (a head that attends only there)",
+    "counted_from": "a head counts as doing the job from half the planted score (this "
+                    "report's rule)",
+    "best": "the best head's score",
+    "best_layer": "layer of the best head",
+    "best_head": "head (within its layer) of the best head",
+    "model_ppl": "next-token perplexity of the model on the report's first windows",
+    "random_weights_ppl": "the same on the same architecture with random weights (N(0, 0.02²) "
+                          "matrices, gains 1, biases 0; seeded)",
+    "unigram_ppl": "exp of the entropy of the predicted tokens' frequencies in those windows: "
+                   "the perplexity of a unigram model fitted on them",
+    "vocabulary": "the model's vocabulary size (the perplexity of uniform guessing)",
+    "windows": "windows of the check",
+    "predicted_tokens": "next-token predictions the perplexities average over",
+    "attention": "the layer's attention: 'global' (full attention over every earlier "
+                 "token) or 'local' (within a sliding window), from the model's layer_types",
     "k": "number of leading layers whose attention is replaced by linear attention",
     # attention statistics
     "entropy": "mean over real queries of the attention entropy −Σ_j α_ij log α_ij (nats); "
@@ -28,12 +53,20 @@ GLOSSARY: dict[str, str] = {
     "H_star": "effective rank H*(ε=0.1): modes needed for 90% of the field's energy "
               "('≥ N−1' = saturated by the number of documents)",
     "H_star_str": "H* as text ('≥ N−1' when saturated)",
+    "H_star_bounded": "H* bounded by the number of documents N: at or above the H* of a 1/k "
+                      "spectrum over the N − 1 modes (docs/scale_pod.md, 'When N bounds H*'); "
+                      "such an H* reports N, not the layer, and gives no head advice",
+    "bounded": "H* bounded by the number of documents N (see H_star_bounded)",
+    "advice": "heads recommended for the layer ∝ H* — only when no layer's H* is bounded "
+              "by N (else none: '—')",
     "saturated": "H* reached N−1 (more documents would be needed to resolve it)",
     "share": "H* of the layer over the sum of H* over layers",
     "quota": "head budget × share (before rounding)",
-    "recommended": "heads recommended for the layer (∝ H*, at least 1, summing to the budget)",
+    "recommended": "heads ∝ H* for the layer (at least 1, summing to the budget): the "
+                   "arithmetic, advice only when no layer's H* is bounded by N (see advice)",
     "recommended_heads": "heads recommended for the layer (∝ H*, at least 1, summing to the "
-                         "model's head count)",
+                         "model's head count); '—' when H* is bounded by N in any layer (the "
+                         "shares of a sum with a lower bound in it are not advice)",
     "uniform": "heads the model has in that layer",
     "uniform_heads": "heads the model has in that layer",
     # QK geometry

@@ -90,14 +90,11 @@ class HeadScoresSection:
         best = {name: r.top(name, 1)[0] for name, r in (("previous_token", res),
                                                          ("duplicate_token", res),
                                                          ("induction", ind))}
-        report.finding(
-            "Head scores [TL]: best previous-token head "
-            f"L{best['previous_token'][0]}H{best['previous_token'][1]} "
-            f"({best['previous_token'][2]:.2f}); best induction head (repeated random "
-            f"tokens) L{best['induction'][0]}H{best['induction'][1]} "
-            f"({best['induction'][2]:.2f}); best duplicate-token head "
-            f"L{best['duplicate_token'][0]}H{best['duplicate_token'][1]} "
-            f"({best['duplicate_token'][2]:.2f}).")
+        if ctx.view.causal:
+            _presence(report, ctx, best, {
+                "previous_token": planted_score(ctx.tokens, ctx.mask, "previous_token"),
+                "duplicate_token": planted_score(ctx.tokens, ctx.mask, "duplicate_token"),
+                "induction": planted_score(rep, None, "induction")})
         panels = [
             {"values": res.previous_token.numpy(), "title": "previous-token score, scale [0, 1]",
              "vmin": 0.0, "vmax": 1.0, "cbar": "score"},
@@ -142,6 +139,66 @@ class HeadScoresSection:
         report.table(rows, "per-head scores (induction_repeated: on the repeated random "
                            "sequences; induction: on the report's windows)", name="head_scores",
                      show=_top_rows(rows))
+
+
+#: a head counts as doing a job from this share of the score a planted head (one that puts
+#: all its attention where the detection pattern points, whenever it points anywhere) gets
+#: on the same inputs — this report's rule
+PRESENCE_SHARE = 0.5
+
+_JOBS = {"previous_token": "previous-token", "duplicate_token": "duplicate-token",
+         "induction": "induction"}
+
+
+def planted_score(tokens: Any, mask: Any, score: str) -> float:
+    """The score a planted head gets on ``tokens [n, T]``: the share of real queries whose
+    detection pattern (probes.head_scores) marks at least one key — the previous token
+    (i ≥ 1), an earlier copy of the current token (duplicate), or the token after one
+    (induction)."""
+    import torch
+
+    t = torch.as_tensor(tokens)
+    n, T = t.shape
+    m = torch.ones_like(t, dtype=torch.bool) if mask is None else torch.as_tensor(mask).bool()
+    idx = torch.arange(T)
+    if score == "previous_token":
+        has = (idx >= 1)[None, :].expand(n, T)
+    elif score == "duplicate_token":
+        same = t[:, :, None] == t[:, None, :]
+        has = (same & (idx[None, :] < idx[:, None])).any(-1)
+    elif score == "induction":
+        shifted = t[:, :, None] == t[:, None, :-1]  # key j = k' + 1, t_(j−1) = t_i
+        has = (shifted & (idx[None, :-1] < idx[:, None])).any(-1) if T > 1 \
+            else torch.zeros(n, T, dtype=torch.bool)
+    else:
+        raise ValueError(f"unknown score {score!r}; pick one of {sorted(_JOBS)}")
+    return float((has & m).sum()) / max(int(m.sum()), 1)
+
+
+def _presence(report: Report, ctx: ReportContext, best: dict, planted: dict) -> None:
+    """Per score: a head that reaches PRESENCE_SHARE of a planted head's score is recorded
+    as doing the job (named once, in the heads finding); the jobs no head does are ONE
+    finding of absence, with the best score, the planted score and the rule; both in a
+    table of references."""
+    rows, absent = [], []
+    for name, (lay, h, v) in best.items():
+        ref = planted[name]
+        rows.append({"score": name, "planted_head": ref, "counted_from": PRESENCE_SHARE * ref,
+                     "best": v, "best_layer": lay, "best_head": h})
+        if ref > 0 and v >= PRESENCE_SHARE * ref:
+            ctx.add_head_role(lay, h, f"a {_JOBS[name]} head ({v:.2f}; planted "
+                                      f"{ref:.2f})")
+        else:
+            absent.append(f"no {_JOBS[name]} head (best {v:.2f}, a planted one scores "
+                          f"{ref:.2f})")
+    report.table(rows, "head-score references: a planted head's score and the best head's",
+                 name="head_score_references")
+    if absent:
+        report.finding(
+            "Head scores [TL]: " + "; ".join(absent) + f". A head counts from "
+            f"{100 * PRESENCE_SHARE:.0f}% of a planted head's score on the same inputs "
+            "(this report's rule; the planted score is the share of queries the detection "
+            "pattern marks).")
 
 
 def _top_rows(rows: list[dict]) -> list[int]:

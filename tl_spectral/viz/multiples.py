@@ -338,7 +338,10 @@ def modes_mosaic(pod: Any, max_rows: int = 48):
     img = mosaic_image(panels, gap=2)
     L = len(lays)
     fig_w = min(11.0, 1.6 + cols * 2.4)
-    fig_h = max(3.0, min(24.0, L * (T + 2) * (fig_w - 1.6) / (cols * (m + 2)) / 90 * 0.6 + 1.4))
+    # at least 0.22 in per layer (a label of 8 pt each, whatever the depth)
+    fig_h = max(3.0, min(24.0, max(0.22 * L + 1.6,
+                                   L * (T + 2) * (fig_w - 1.6) / (cols * (m + 2)) / 90 * 0.6
+                                   + 1.4)))
     fig, ax = plt.subplots(figsize=(fig_w, fig_h))
     im = ax.imshow(img, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
     _panel_ticks(ax, cols, m, 2, ["whole field"] + [f"band {k + 1}" for k in range(nb)], "x")
@@ -380,16 +383,17 @@ def coherence_map(pod: Any):
 
 
 def layer_log_mesh(edges: Any, values: Any, layer_labels: list[str], *, cmap: str, xlabel: str,
-                   title: str, cbar_label: str):
+                   title: str, cbar_label: str, vmin: float = 0.0, vmax: float = 1.0):
     """Layers (rows, top to bottom) × a log-scaled axis (cell ``edges``) heat map of a
-    quantity on the full range [0, 1], with its colour bar; one row per layer."""
+    quantity on ``[vmin, vmax]`` (default the full range [0, 1]), with its colour bar; one
+    row per layer."""
     import matplotlib.pyplot as plt
     import numpy as np
 
     L = len(layer_labels)
     h = max(2.8, 0.2 * L + 1.3)
     fig, ax = plt.subplots(figsize=(7.5, h))
-    mesh = ax.pcolormesh(edges, np.arange(L + 1) - 0.5, values, cmap=cmap, vmin=0, vmax=1)
+    mesh = ax.pcolormesh(edges, np.arange(L + 1) - 0.5, values, cmap=cmap, vmin=vmin, vmax=vmax)
     ax.set_xscale("log")
     ax.invert_yaxis()
     step = max(1, math.ceil(L / 32))

@@ -41,7 +41,7 @@ figure img{max-width:100%;height:auto;border:1px solid #ddd}
 figcaption{font-size:.9em;color:#444}
 .cvview [tabindex]:focus{outline:2px solid #1a4f9c}
 .cvview h4{font-size:1.17em}
-.cvview h5{font-size:1em}
+.cvview h5{font-size:1em;white-space:nowrap;overflow:visible}
 .tablewrap{max-width:100%;overflow-x:auto;margin:.6em 0}
 table{border-collapse:collapse;font-size:.85em}
 th,td{border:1px solid #ccc;padding:.2em .5em;text-align:right;white-space:nowrap}
@@ -454,6 +454,10 @@ class Report:
         self._n_sets = 0
         #: appended to every figure caption (the run: model, windows, seed)
         self.figure_suffix = ""
+        #: per layer "local"/"global" for a model that mixes sliding-window and full
+        #: attention (viz.layer_plots.layer_kinds): every per-layer table gets an
+        #: ``attention`` column and every layer axis of a figure marks the global layers
+        self.layer_kinds: Optional[list[str]] = None
 
     # ------------------------------------------------------------------ structure
     def _anchor(self, title: str) -> str:
@@ -517,6 +521,10 @@ class Report:
         self._current().parts.append(fragment)
 
     def _img(self, fig: Any, alt: str) -> str:
+        if self.layer_kinds:
+            from tl_spectral.viz.layer_plots import mark_layer_axes
+
+            mark_layer_axes(fig, self.layer_kinds)
         mime = "image/svg+xml" if self.figure_format == "svg" else "image/png"
         data = figure_to_base64(fig, fmt=self.figure_format)
         return f'<img src="data:{mime};base64,{data}" alt="{esc(alt)}"/>'
@@ -554,6 +562,10 @@ class Report:
         ``max_shown`` rows) only the rows ``show`` (default: the first ``max_shown``) in view,
         the whole table behind a toggle."""
         rows = list(rows)
+        if self.layer_kinds and rows and "layer" in rows[0] and "attention" not in rows[0]:
+            from tl_spectral.viz.layer_plots import mark_rows
+
+            rows = mark_rows(rows, self.layer_kinds)
         sec = self._current()
         if not rows:
             if caption:

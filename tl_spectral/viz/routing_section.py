@@ -1,7 +1,7 @@
 """Report section: routing/filtering weight geometry of every head (SPEC B.1, B.3).
 
 Weights only (no probe): ``tl_spectral.geometry.model.model_qk_geometry`` of the report's model
-with LayerNorm folded; per-layer table, spectral budget, routing-rank cascade, eigenvalues
+with its pre-attention normalization folded (LayerNorm or RMSNorm, named from the model); per-layer table, spectral budget, routing-rank cascade, eigenvalues
 in the complex plane, and the per-head table saved as CSV + safetensors under ``results/``.
 Models whose heads cannot be read get a paragraph saying which and why instead.
 """
@@ -57,7 +57,7 @@ class RoutingFilteringSection:
         unstable = int(geo.unstable.sum())
         report.text(
             "For every head, the interaction kernel M = W_Q W_Kᵀ in the residual space "
-            f"({'LayerNorm folded' if ctx.view.pre_ln and fold else 'weights as they are'}) "
+            f"({norm_folded(ctx.view) if fold else 'weights as they are'}) "
             "splits into filtering F = (M + Mᵀ)/2 and routing R = (M − Mᵀ)/2. The budget is "
             "‖R‖²/‖M‖² (0.5 for a kernel with no preference); the routing rank is the entropy "
             "effective rank of R (one rotation plane = 2; capacity min(2·d_head, d_model)); a "
@@ -88,7 +88,6 @@ class RoutingFilteringSection:
         (tl_spectral.geometry.rotary): routing fraction against the offset per layer, and its
         average over the causal offset distribution of the report's windows."""
         from tl_spectral.geometry.model import UnreadableHeadsError, model_rotary_geometry
-        from tl_spectral.viz.multiples import heads_by_layer_figure
 
         T = int(ctx.tokens.shape[1])
         ctx.status("routing/filtering: offset-resolved rotary geometry of every head")
@@ -120,31 +119,81 @@ class RoutingFilteringSection:
             "routing fraction ‖R_skew(Δ)‖²/‖M(Δ)‖² (0.5 = no preference) is computed exactly "
             f"at every offset, and averaged over the {dist} offset distribution of the "
             f"report's {T}-token windows (the share of routing in the kernel's energy over "
-            "the pairs attention actually sees). "
-            + ("LayerNorm folded." if ctx.view.pre_ln and fold else ""))
+            "the pairs attention actually sees). Offsets follow one convention throughout: "
+            "Δ = j − i ≤ 0 for a key j behind the query i (figures plot the distance back, "
+            "−Δ = i − j). Weights: " + (norm_folded(ctx.view) if fold
+                                         else "as they are") + ".")
         mr = geo.mean_routing_fraction
+        lm = mr.mean(1)
+        lo_l, hi_l = int(lm.argmin()), int(lm.argmax())
         report.finding(
             f"Routing fraction of the rotary kernels averaged over the {dist} offsets of "
-            f"{T}-token windows: {float(mr.mean()):.2f} over all heads (layers "
-            f"{float(mr.mean(1).min()):.2f}–{float(mr.mean(1).max()):.2f}; 0.5 = no "
-            "preference).")
+            f"{T}-token windows, head means per layer: {float(lm[lo_l]):.3f} (layer {lo_l}) "
+            f"to {float(lm[hi_l]):.3f} (layer {hi_l}); 0.5 = no preference.")
         report.table(rows, "per layer (means over heads): routing fraction at Δ = 0, averaged "
                            f"over the {dist} offsets, and its range over offsets",
                      name="rotary_geometry_layers")
         report.figure(_routing_vs_offset(lags, mrf.double().numpy()),
-                      "Head-mean routing fraction of every layer against the lag (white = 0.5, "
-                      "no preference): look for layers whose routing share changes with "
-                      "distance (rows that change colour from left to right).")
-        report.figure(heads_by_layer_figure([
-            {"values": mr.numpy(), "title": f"routing fraction averaged over {dist} offsets, "
-                                            "scale [0, 1]", "vmin": 0.0, "vmax": 1.0,
-             "cmap": "RdBu_r", "cbar": "‖R‖²/‖M‖²"},
-            {"values": geo._at_zero().numpy(), "title": "routing fraction at Δ = 0, scale "
-                                                        "[0, 1]", "vmin": 0.0, "vmax": 1.0,
-             "cmap": "RdBu_r", "cbar": "‖R‖²/‖M‖²"},
-        ], list(range(geo.n_layers)), ncols=2),
-            "Per head: red heads route (antisymmetric kernels move information between "
-            "positions), blue heads filter (symmetric kernels match like with like).")
+                      "Head-mean routing fraction of every layer against the distance back "
+                      "−Δ = i − j (colour scale set by the data, centred on 0.5 = no "
+                      "preference, white): look for rows that change colour from left to right "
+                      "(layers whose routing share changes with distance).")
+        _head_maps(report, mr.numpy(), geo._at_zero().numpy(), dist, geo.n_layers)
+
+
+def norm_folded(view: Any) -> str:
+    """What folding the pre-attention normalization means for ``view``'s model, named from
+    the model (ModelView.normalization): LayerNorm (gain, bias, centring), RMSNorm (gain
+    only; Gemma's 1 + w), or nothing to fold."""
+    kind = str(getattr(view, "normalization", "") or "").upper()
+    cfg = getattr(getattr(view, "model", None), "cfg", None)
+    if not getattr(view, "pre_ln", True) or not kind or kind in ("NONE", "LNPRE"):
+        return "no pre-attention normalization to fold (weights as they are)"
+    if "RMS" in kind:
+        offset = bool(getattr(cfg, "rmsnorm_uses_offset", False))
+        return ("RMSNorm gain folded" + (" (Gemma's 1 + w)" if offset else "")
+                + "; RMSNorm neither centres nor adds a bias, so the kernel acts on x / rms(x)")
+    return "LayerNorm folded (gain and bias, weights centred over d_model)"
+
+
+def _diverging_range(*arrays: Any, centre: float = 0.5) -> tuple[float, float]:
+    """A colour range symmetric about ``centre`` that just holds the data (at least ±1e-3)."""
+    import numpy as np
+
+    half = max([1e-3] + [float(np.nanmax(np.abs(np.asarray(a) - centre))) for a in arrays])
+    return centre - half, centre + half
+
+
+def _head_maps(report: Report, mean_rf: Any, rf0: Any, dist: str, n_layers: int) -> None:
+    """Per-head routing fraction averaged over the offsets, beside either the map at Δ = 0
+    (when the two differ visibly) or the difference Δ = 0 minus average (when they would
+    look alike); each colour scale set by its data, 0.5 (or 0) white."""
+    import numpy as np
+
+    from tl_spectral.viz.multiples import heads_by_layer_figure
+
+    lo, hi = _diverging_range(mean_rf, rf0)
+    diff = np.asarray(rf0) - np.asarray(mean_rf)
+    alike = float(np.abs(diff).max()) < 0.25 * max(hi - lo, 1e-9)
+    first = {"values": mean_rf, "title": f"averaged over {dist} offsets\n"
+                                         f"scale {lo:.3f}–{hi:.3f}", "vmin": lo, "vmax": hi,
+             "cmap": "RdBu_r", "cbar": "‖R‖²/‖M‖² (white 0.5)"}
+    if alike:
+        d = max(float(np.abs(diff).max()), 1e-6)
+        second = {"values": diff, "title": f"at Δ = 0 minus averaged\nscale ±{d:.2g}",
+                  "vmin": -d, "vmax": d, "cmap": "PuOr_r", "cbar": "difference (white 0)"}
+        cap = ("Per head, the routing fraction ‖R‖²/‖M‖²: red heads route (antisymmetric "
+               "kernels move information between positions), blue heads filter (symmetric "
+               "kernels match like with like); the map at Δ = 0 would look the same, so the "
+               "right map shows how it differs (Δ = 0 minus the average).")
+    else:
+        second = {"values": rf0, "title": f"at Δ = 0\nscale {lo:.3f}–{hi:.3f}",
+                  "vmin": lo, "vmax": hi, "cmap": "RdBu_r", "cbar": "‖R‖²/‖M‖² (white 0.5)"}
+        cap = ("Per head, the routing fraction ‖R‖²/‖M‖²: red heads route (antisymmetric "
+               "kernels move information between positions), blue heads filter (symmetric "
+               "kernels match like with like); left averaged over the offsets, right at "
+               "Δ = 0.")
+    report.figure(heads_by_layer_figure([first, second], list(range(n_layers)), ncols=2), cap)
 
 
 def _lag_grid(T: int) -> list[int]:
@@ -172,15 +221,22 @@ def _write_head_csv(geo: Any, path: Any) -> None:
 
 
 def _routing_vs_offset(lags: list, rf: Any):
-    """Layers × lag heat map of the head-mean routing fraction ``rf [layer, lag]`` (lag on a
-    log axis, full range [0, 1])."""
+    """Layers × distance-back heat map of the head-mean routing fraction ``rf [layer, lag]``
+    (lag −Δ = i − j on a log axis drawn at 1 + (i − j)); colour scale symmetric about 0.5
+    (no preference, white) and just holding the data, 0.5 marked on the colour bar."""
     import numpy as np
 
     from tl_spectral.viz.multiples import layer_log_mesh
 
     x = np.asarray(lags, dtype=float) + 1
     edges = np.concatenate([[x[0] / 1.25], np.sqrt(x[1:] * x[:-1]), [x[-1] * 1.25]])
-    return layer_log_mesh(edges, rf, [str(i) for i in range(rf.shape[0])], cmap="RdBu_r",
-                          xlabel="lag i − j + 1 (tokens, log)",
-                          title="head-mean routing fraction ‖R_skew(Δ)‖²/‖M(Δ)‖² against the lag",
-                          cbar_label="routing fraction (full range [0, 1])")
+    lo, hi = _diverging_range(rf)
+    fig = layer_log_mesh(edges, rf, [str(i) for i in range(rf.shape[0])], cmap="RdBu_r",
+                         xlabel="distance back −Δ = i − j (tokens; log axis at 1 + (i − j))",
+                         title="head-mean routing fraction ‖R_skew(Δ)‖²/‖M(Δ)‖² against "
+                               "the offset",
+                         cbar_label=f"routing fraction (scale {lo:.3f}–{hi:.3f}; white 0.5)",
+                         vmin=lo, vmax=hi)
+    cbar = fig.axes[-1]
+    cbar.axhline(0.5, color="k", lw=1.0)
+    return fig

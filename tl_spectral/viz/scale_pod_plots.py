@@ -390,28 +390,47 @@ def plot_coherence(layer: Any, *, scales: list[float] | None = None):
     return fig
 
 
-def plot_tspec_hstar(result: Any):
-    """``T_spec`` (with the fit's R²) and ``H*`` across layers, beside the head allocation
-    (recommended vs uniform). Saturated ``H*`` values (``≥ N−1``) are drawn hollow.
+def plot_tspec_hstar(result: Any, layer_kinds: Any = None):
+    """``T_spec`` and ``H*`` across layers, beside the head allocation (recommended vs
+    uniform). ``H*`` values bounded by the number of documents
+    (:func:`~tl_spectral.analysis.scale_pod.h_star_bounded`) are drawn hollow and grey, with
+    the bound as a dashed line; their ``T_spec`` grey too. The ∝ H* bars are drawn only
+    when no layer is bounded (else the figure says why there is no advice). Up to
+    ``MAX_LAYER_LABELS`` layers every point carries its fit's R²; deeper models get thinned
+    layer ticks and the R² in the table.
 
     Args:
         result: a :class:`ScalePODResult`.
+        layer_kinds: per layer "local"/"global" (global layers marked G), or None.
     """
     import matplotlib.pyplot as plt
 
+    from tl_spectral.viz.layer_plots import MAX_LAYER_LABELS, set_layer_axis
+
     layers = [lay.layer for lay in result.layers]
-    x = np.arange(len(layers))
-    fig, axes = plt.subplots(1, 3, figsize=(12.5, 3.4))
+    L = len(layers)
+    x = np.arange(L)
+    # the library's rule, carried by the allocation rows (a result saved before it: the
+    # saturation flag)
+    bounded = np.array([bool(row.get("bounded", row["saturated"])) for row in result.allocation],
+                       dtype=bool)
+    fig, axes = plt.subplots(1, 3, figsize=(max(12.5, 0.3 * L + 6), 3.6))
     ts = np.array([lay.T_spec for lay in result.layers], dtype=float)
     r2 = [lay.full["tspec_r2"] for lay in result.layers]
     ax = axes[0]
-    ax.plot(x, ts, "o-", color="tab:blue", label="whole field")
-    for xi, t, r in zip(x, ts, r2):
-        if math.isfinite(t):  # the last label to the left of its point (clear of the bar)
-            ax.annotate(
-                f"R²={r:.2f}", (xi, t), fontsize=8, textcoords="offset points",
-                xytext=(-30, 5) if xi == x[-1] else (2, 4),
-            )
+    ax.plot(x, ts, "-", color="tab:blue", zorder=2)
+    if (~bounded).any():  # (no legend entry for points that are not there)
+        ax.scatter(x[~bounded], ts[~bounded], color="tab:blue", zorder=3, label="whole field")
+    if bounded.any():
+        ax.scatter(x[bounded], ts[bounded], facecolors="none", edgecolors="0.55", zorder=3,
+                   label="whole field, H* bounded by N")
+    if L <= MAX_LAYER_LABELS:
+        for xi, t, r in zip(x, ts, r2):
+            if math.isfinite(t):  # the last label to the left of its point (clear of the bar)
+                ax.annotate(
+                    f"R²={r:.2f}", (xi, t), fontsize=8, textcoords="offset points",
+                    xytext=(-30, 5) if xi == x[-1] else (2, 4),
+                )
     # band values are markers only: band b of one layer and band b of the next are at
     # different scales, so no line joins them; the colour gives the band's scale a*
     bx, by, bs = [], [], []
@@ -432,43 +451,56 @@ def plot_tspec_hstar(result: Any):
         cb.ax.tick_params(labelsize=8)
     ax.set_title("spectral concentration T_spec = 1/β", fontsize=9)
     ax.set_ylabel("T_spec")
-    ax = axes[1]
-    H = np.array([row["H_star"] for row in result.allocation], dtype=float)
-    sat = np.array([row["saturated"] for row in result.allocation], dtype=bool)
-    ax.plot(x, H, "-", color="tab:green")
-    ax.scatter(x[~sat], H[~sat], color="tab:green", zorder=3, label="H*(ε)")
-    ax.scatter(
-        x[sat],
-        H[sat],
-        facecolors="none",
-        edgecolors="tab:green",
-        zorder=3,
-        label="≥ N−1 (saturated)",
-    )
-    eps = result.config.get("epsilon", 0.1)
-    n_av = max(int(lay.full.get("n_available", 0) or 0) for lay in result.layers)
-    if n_av > 0:  # the axis from 0 to the N − 1 modes an ensemble of N fields has
-        ax.axhline(n_av, color="0.5", ls="--", lw=0.8, label=f"N − 1 = {n_av} (all modes)")
-        ax.set_ylim(0, n_av * 1.08)
-    ax.set_title(f"effective rank H*(ε={eps:g})", fontsize=9)
-    ax.set_ylabel("H* (modes for 90% energy)")
-    ax.legend(fontsize=8)
-    ax = axes[2]
-    rec = [row["recommended"] for row in result.allocation]
-    uni = [row["uniform"] for row in result.allocation]
-    ax.bar(x - 0.2, uni, width=0.4, color="0.7", label="uniform")
-    ax.bar(x + 0.2, rec, width=0.4, color="tab:orange", label="∝ H*")
-    ax.set_title(f"heads per layer (budget {result.head_budget})", fontsize=9)
-    ax.set_ylabel("heads")
-    ax.set_ylim(0, 1.35 * max([*uni, *rec, 1]))  # room above the bars for the legend
-    ax.legend(fontsize=8, loc="upper center", ncol=2)
+    _hstar_panel(axes[1], result, x, bounded)
+    _heads_panel(axes[2], result, x, bounded)
     for a in axes:
-        a.set_xticks(x)
-        a.set_xticklabels(layers)
-        a.set_xlabel("layer")
+        set_layer_axis(a, layers, layer_kinds)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def _hstar_panel(ax: Any, result: Any, x: Any, bounded: Any) -> None:
+    """H* per layer: resolved values filled green, bounded ones hollow grey, the bound and
+    the N − 1 modes as lines."""
+    H = np.array([row["H_star"] for row in result.allocation], dtype=float)
+    ax.plot(x, H, "-", color="tab:green", lw=0.8)
+    if (~bounded).any():
+        ax.scatter(x[~bounded], H[~bounded], color="tab:green", zorder=3, label="H*(ε)")
+    if bounded.any():
+        ax.scatter(x[bounded], H[bounded], facecolors="none", edgecolors="0.55", zorder=3,
+                   label="bounded by N")
+    eps = result.config.get("epsilon", 0.1)
+    N = max(int(lay.n_documents) for lay in result.layers)
+    top = max(N - 1, int(np.nanmax(H)) if len(H) else 1, 1)
+    ax.axhline(N - 1, color="0.5", ls=":", lw=0.8, label=f"N − 1 = {N - 1}")
+    hb = result.allocation[0].get("H_star_bound") if result.allocation else None
+    if hb is not None:
+        ax.axhline(hb, color="0.4", ls="--", lw=0.8, label=f"bound {hb} at N = {N}")
+    ax.set_ylim(0, top * 1.45)  # room above for the legend
+    ax.set_title(f"effective rank H*(ε={eps:g})", fontsize=9)
+    ax.set_ylabel("H* (modes for 90% energy)")
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
+
+
+def _heads_panel(ax: Any, result: Any, x: Any, bounded: Any) -> None:
+    """Uniform heads per layer, and the ∝ H* advice when no layer is bounded."""
+    uni = [row["uniform"] for row in result.allocation]
+    ax.bar(x - 0.2, uni, width=0.4, color="0.7", label="uniform")
+    if not bounded.any():
+        rec = [row["recommended"] for row in result.allocation]
+        ax.bar(x + 0.2, rec, width=0.4, color="tab:orange", label="∝ H*")
+    else:
+        rec = []
+        ax.text(0.5, 0.68, f"no advice ∝ H*:\nH* bounded by N\nin {int(bounded.sum())} of "
+                           f"{len(bounded)} layers", transform=ax.transAxes, ha="center",
+                va="center", fontsize=8, color="0.25",
+                bbox={"facecolor": "white", "edgecolor": "0.7"})
+    ax.set_title(f"heads per layer (budget {result.head_budget})", fontsize=9)
+    ax.set_ylabel("heads")
+    # room above the bars for the legend (and the note)
+    ax.set_ylim(0, (1.35 if not bounded.any() else 2.0) * max([*uni, *rec, 1]))
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
 
 
 # ------------------------------------------------------------ figures of the result kinds

@@ -81,7 +81,7 @@ class ScalePODSection:
         advice: dict[str, list[dict]] = {}
         for f in report_fields(ctx):
             alloc = self._render_field(report, results[_probe_name(f)], ctx, f)
-            if alloc:
+            if alloc and all(r.get("advice") is not None for r in alloc):
                 advice[f] = alloc
         if len(advice) > 1:
             self._reconcile(report, advice)
@@ -96,7 +96,7 @@ class ScalePODSection:
         rows = []
         for i, r0 in enumerate(advice[fields[0]]):
             row: dict[str, Any] = {"layer": r0["layer"]}
-            vals = [advice[f][i]["recommended"] for f in fields]
+            vals = [advice[f][i]["advice"] for f in fields]
             for f, v in zip(fields, vals):
                 row[f"recommended_{f}"] = v
             row["heads_range"] = f"{min(vals)}–{max(vals)}" if min(vals) != max(vals) \
@@ -158,10 +158,9 @@ class ScalePODSection:
             parts.append(f"coarse-scaled (a ≥ 20): layers {_layers_text(coarse)}")
         if not parts:
             parts.append("no layer has half its scale energy in one band")
-        hs = [(row["layer"], row["H_star_str"]) for row in pod.allocation]
         report.finding(("Scales: " if plain else f"Scales of the {what} fields: ")
-                       + "; ".join(parts) + ". Effective rank H* per layer: "
-                       + ", ".join(f"{lay}: {h}" for lay, h in hs) + ".")
+                       + "; ".join(parts) + ".")
+        _h_star_finding(report, pod, what)
         report.subsection("Per-layer summary and head allocation")
         table = pod.to_rows()
         base = _baseline_pod(ctx, field, fields)
@@ -176,8 +175,8 @@ class ScalePODSection:
                 "windows. Columns ending in _random are its numbers: a layer whose H*, T_spec "
                 "or scale shares sit at the reference's says little about learned structure.")
         report.table(table, "per-layer summary", name=f"scale_pod_layers{sfx}")
-        report.table(pod.allocation, "head allocation (recommended vs uniform)",
-                     name=f"head_allocation{sfx}")
+        report.table(_allocation_rows(pod), "head allocation (recommended vs uniform; none "
+                     "where H* is bounded by N)", name=f"head_allocation{sfx}")
         _uncertainty(report, fields, pod, ctx, what)
         ctx.status(f"scale POD ({what}): figures")
         from tl_spectral.viz.multiples import (
@@ -201,7 +200,10 @@ class ScalePODSection:
                       "coarser scales.")
         report.figure(pod.plot_tspec_hstar(),
                       "T_spec and H* across layers: look for layers with a high H* (many modes "
-                      "needed: rich structure) and how the head allocation follows it.")
+                      "needed: rich structure) and how the head allocation follows it. Hollow "
+                      "grey points: H* bounded by the number of documents (at or above the "
+                      "dashed bound), which says nothing about the layer and gives no advice; "
+                      "each fit's R² is in the per-layer table (tspec_r2).")
         report.subsection("Scalograms, every layer")
         ctx.status(f"scale POD figures ({field}): scalograms")
         report.figure(scalograms_mosaic(pod),
@@ -224,6 +226,49 @@ class ScalePODSection:
         return pod.allocation
 
 
+def _allocation_rows(pod: Any) -> list[dict]:
+    """The report's head-allocation table: H*, whether N bounds it, the share and the
+    recommended heads ('—' when any layer is bounded: no advice from a lower bound)."""
+    return [{"layer": r["layer"], "H_star": r["H_star_str"],
+             "H_star_bounded": bool(r.get("bounded", False)), "share": r["share"],
+             "quota": r["quota"],
+             "recommended_heads": r["advice"] if r.get("advice") is not None else "—",
+             "uniform_heads": r["uniform"]} for r in pod.allocation]
+
+
+def _h_star_finding(report: Report, pod: Any, what: str) -> None:
+    """ONE finding on H*: the resolved layers' values, and where the number of documents
+    bounds it, which layers, the rule (docs/scale_pod.md) and the N that might resolve them."""
+    from tl_spectral.analysis.scale_pod import docs_to_resolve, h_star_bound, layer_h_star_bounded
+
+    lays = list(pod.layers)
+    N = max(int(lay.n_documents) for lay in lays)
+    eps = float(pod.config.get("epsilon", 0.1))
+    bound = h_star_bound(N, eps)
+    bad = [lay for lay in lays if layer_h_star_bounded(lay)]
+    good = [lay for lay in lays if not layer_h_star_bounded(lay)]
+    rule = (f"at N = {N} documents an H* of {bound} or more of the {N - 1} possible modes is "
+            "what a spectrum no steeper than 1/k gives, whose H* grows with N without limit "
+            "(docs/scale_pod.md)")
+    if not bad:
+        report.finding(
+            f"Effective rank H* of the {what} fields, resolved in every layer ({rule}; every "
+            "layer is below): " + ", ".join(f"{lay.layer}: {lay.H_star}" for lay in lays)
+            + ". The heads ∝ H* are in the allocation table.")
+        return
+    n_try = docs_to_resolve(max(lay.H_star for lay in bad), eps)
+    names = ", ".join(str(lay.layer) for lay in bad[:12]) + (", …" if len(bad) > 12 else "")
+    report.finding(
+        f"H* of the {what} fields is bounded by the number of documents in {len(bad)} of "
+        f"{len(lays)} layers ({names}; H* {min(lay.H_star for lay in bad)}–"
+        f"{max(lay.H_star for lay in bad)}): {rule}, so there it says nothing about the "
+        f"layer and no heads are recommended from it (nor in any layer: the allocation "
+        f"divides by the sum). N = {n_try} documents is the least that could resolve the "
+        f"largest (--n-docs {n_try} or more; check that H* stops growing)"
+        + (". Resolved: " + ", ".join(f"{lay.layer}: {lay.H_star}" for lay in good[:12])
+           + (", …" if len(good) > 12 else "") if good else "") + ".")
+
+
 def _scalogram_pair(layer: Any):
     import matplotlib.pyplot as plt
 
@@ -239,21 +284,11 @@ def _scalogram_pair(layer: Any):
 def _uncertainty(report: Report, fields: Any, pod: Any, ctx: ReportContext, what: str) -> None:
     """Jackknife intervals over documents of H*, T_spec and the heads per layer, and a
     finding when the number of documents bounds H*."""
-    from tl_spectral.viz.uncertainty import n_bound, pod_jackknife, streamed_pod_jackknife
+    from tl_spectral.analysis.scale_pod import layer_h_star_bounded
+    from tl_spectral.viz.uncertainty import pod_jackknife, streamed_pod_jackknife
 
     N = int(fields.n_docs)
-    hs = [float(lay.H_star) for lay in pod.layers]
-    bound, n_try = n_bound(hs, N)
-    if bound:
-        lays = [pod.layers[i].layer for i in bound]
-        report.finding(
-            f"H* of the {what} fields is bounded by the number of documents in "
-            f"{len(lays)} of {len(pod.layers)} layers ({', '.join(map(str, lays[:12]))}"
-            f"{', …' if len(lays) > 12 else ''}): the POD of N = {N} fields has at most "
-            f"{N - 1} modes and H* reaches {min(hs[i] for i in bound):.0f}–"
-            f"{max(hs[i] for i in bound):.0f} of them, so it says nothing about the layer; "
-            f"rerun with --n-docs {n_try} or more (H*, T_spec and the head advice below are "
-            "bounded too).")
+    withheld = any(layer_h_star_bounded(lay) for lay in pod.layers)
     streamed = bool(getattr(fields, "jackknife", None))
     if N < 4 or not (streamed or hasattr(fields, "fluctuations")):
         report.text("Intervals over documents need at least 4 documents"
@@ -279,14 +314,17 @@ def _uncertainty(report: Report, fields: Any, pod: Any, ctx: ReportContext, what
            f"first pass's {int(fields.rank)} POD directions, exact while the ensemble's rank "
            "is within the cap)" if streamed else "")
         + ". An interval of zero width for H* means every replicate gave the same "
-        "value (H* bounded by N gives N' − 1 in every replicate: see the finding above).")
+        "value (H* bounded by N gives N' − 1 in every replicate: see the finding above)."
+        + (" No recommended heads: H* is bounded by N in some layer (the H* finding)."
+           if withheld else ""))
     rows = [{"layer": r["layer"], "H_star": r["H_star"],
              "H_star_interval": f"{r['H_star_low']:.3g}–{r['H_star_high']:.3g}",
              "T_spec": r["T_spec"],
              "T_spec_interval": f"{r['T_spec_low']:.3g}–{r['T_spec_high']:.3g}",
-             "recommended": r["heads"],
-             "recommended_range": (f"{r['heads_min']}–{r['heads_max']}"
-                                   if r["heads_min"] != r["heads_max"] else str(r["heads"]))}
+             "recommended": "—" if withheld else r["heads"],
+             "recommended_range": "—" if withheld else (
+                 f"{r['heads_min']}–{r['heads_max']}" if r["heads_min"] != r["heads_max"]
+                 else str(r["heads"]))}
             for r in jk["rows"]]
     report.table(rows, "H*, T_spec and recommended heads with their jackknife intervals "
                        "over documents", name=f"scale_pod_intervals_{what.replace(' ', '_')}")

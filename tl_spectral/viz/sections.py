@@ -31,6 +31,7 @@ from tl_spectral.viz.contribution_section import ContributionSection  # noqa: F4
 from tl_spectral.viz.head_scores_section import HeadScoresSection  # noqa: F401
 from tl_spectral.viz.report import Report
 from tl_spectral.viz.routing_section import RoutingFilteringSection  # noqa: F401
+from tl_spectral.viz.sanity_section import SanitySection  # noqa: F401
 from tl_spectral.viz.scale_pod_section import ScalePODSection  # noqa: F401
 from tl_spectral.viz.surgery_section import SurgerySection  # noqa: F401
 
@@ -70,6 +71,9 @@ def uniform_entropy_bound(ctx: ReportContext) -> float:
 UNIFORM_SHARE = 0.98
 #: the model "looks untrained" when at least this share of its heads is uniform
 UNTRAINED_HEAD_SHARE = 0.9
+#: a head with at least this mean mass on position 0 is named as a position-0 (sink) head
+#: (the contributions section's sink threshold)
+SINK_HEAD_MASS = 0.2
 
 
 
@@ -86,6 +90,57 @@ def featured_layers(res: Any) -> dict[int, str]:
         if float(strong[i]) >= 0.5:
             out[i] = (out[i] + ", " if i in out else "") + "sink layer"
     return out
+
+
+def _uniform_check(report: Report, ctx: ReportContext, ent: Any) -> tuple[Any, float]:
+    """The heads at the uniform-entropy bound: a one-row table, and the verdict on training
+    (a finding) when the sanity section's perplexity check did not run. Returns (the
+    near-uniform mask, its share)."""
+    bound = uniform_entropy_bound(ctx)
+    near = ent >= UNIFORM_SHARE * bound
+    share = float(near.float().mean())
+    ctx.sanity["uniform_head_share"] = share
+    checked_ppl = "ppl" in ctx.sanity  # the sanity section's perplexity check ran
+    report.table([{"uniform_entropy_bound": bound, "heads": near.numel(),
+                   "heads_near_uniform": int(near.sum()), "entropy_min": float(ent.min()),
+                   "entropy_max": float(ent.max())}],
+                 "uniform-attention check", name="uniform_attention_check")
+    if bound > 0 and share >= UNTRAINED_HEAD_SHARE and not checked_ppl:
+        report.finding(
+            f"This model looks untrained: {int(near.sum())} of {near.numel()} heads attend "
+            f"almost uniformly (mean entropy within {100 * (1 - UNIFORM_SHARE):.0f}% of "
+            f"the uniform bound {bound:.3f} nats, the entropy of spreading attention evenly "
+            f"over the visible keys; the heads run {float(ent.min()):.3f}–"
+            f"{float(ent.max()):.3f}). The numbers below describe a random network, not "
+            "learned structure.", first="top")
+    elif not checked_ppl:
+        report.finding(
+            f"Sanity: {int(near.sum())} of {near.numel()} heads attend almost uniformly "
+            f"(entropy ≥ {100 * UNIFORM_SHARE:.0f}% of the uniform bound {bound:.3f} "
+            f"nats, the entropy of even attention); {near.numel() - int(near.sum())} are "
+            "more focused.", first=True)
+    else:
+        report.text(
+            f"{int(near.sum())} of {near.numel()} heads attend almost uniformly (mean "
+            f"entropy ≥ {100 * UNIFORM_SHARE:.0f}% of the uniform bound {bound:.3f} nats, "
+            "the entropy of even attention over the visible keys); the perplexity check "
+            "(sanity section) is the verdict on training.")
+    return near, share
+
+
+def _head_roles(report: Report, ctx: ReportContext, res: Any, ent: Any, ftm: Any) -> None:
+    """The most focused head and the strongest position-0 head (when it puts at least
+    ``SINK_HEAD_MASS`` of its attention there), as roles (named once, in the report's
+    heads finding)."""
+    li, h = divmod(int(ent.argmin()), ent.shape[1])
+    lj, hj = divmod(int(ftm.argmax()), ftm.shape[1])
+    ctx.add_head_role(res.layers[li], h, f"the most focused head (entropy "
+                                         f"{float(ent[li, h]):.3f} nats)")
+    if float(ftm[lj, hj]) >= SINK_HEAD_MASS:  # else no head parks on position 0
+        ctx.add_head_role(res.layers[lj], hj, f"the strongest position-0 head "
+                                              f"({100 * float(ftm[lj, hj]):.0f}% of its "
+                                              "attention on position 0)")
+    ctx.sanity["heads_anchor"] = report.anchor
 
 
 @register_section
@@ -124,33 +179,10 @@ class AttentionStatsSection(ReportSection):
             "attention distribution (nats), the mean distance Σ_j α_ij |i − j| (tokens), and the "
             "mass on position 0 (the first token; a sink indicator).")
         ent = res.entropy.float()
-        bound = uniform_entropy_bound(ctx)
-        near = ent >= UNIFORM_SHARE * bound
-        share = float(near.float().mean())
-        ctx.sanity["uniform_head_share"] = share
-        T = int(ctx.tokens.shape[1])
-        if bound > 0 and share >= UNTRAINED_HEAD_SHARE:
-            report.finding(
-                f"This model looks untrained: {int(near.sum())} of {near.numel()} heads attend "
-                f"almost uniformly (mean entropy within {100 * (1 - UNIFORM_SHARE):.0f}% of "
-                f"the uniform bound {bound:.3f} nats, the entropy of spreading attention evenly "
-                f"over the visible keys; the heads run {float(ent.min()):.3f}–"
-                f"{float(ent.max()):.3f}). The numbers below describe a random network, not "
-                "learned structure.", first="top")
-        else:
-            report.finding(
-                f"Sanity: {int(near.sum())} of {near.numel()} heads attend almost uniformly "
-                f"(entropy ≥ {100 * UNIFORM_SHARE:.0f}% of the uniform bound {bound:.2f} "
-                f"nats, the entropy of even attention); {near.numel() - int(near.sum())} are "
-                "more focused.", first=True)
-        li, h = divmod(int(ent.argmin()), ent.shape[1])
+        near, share = _uniform_check(report, ctx, ent)
         ftm = res.first_token_mass.float()
-        lj, hj = divmod(int(ftm.argmax()), ftm.shape[1])
-        report.finding(
-            f"Most focused head: layer {res.layers[li]} head {h} (entropy {float(ent[li, h]):.2f} "
-            f"nats of a uniform bound {bound:.2f}); strongest position-0 head: layer "
-            f"{res.layers[lj]} head {hj} ({100 * float(ftm[lj, hj]):.0f}% of its attention on "
-            "position 0).")
+        _head_roles(report, ctx, res, ent, ftm)
+        T = int(ctx.tokens.shape[1])
         dist = res.distance.float().numpy()
         dlo, dhi = data_range(dist, noise=1.0)
         marks = (near.numpy() if share < UNTRAINED_HEAD_SHARE else None)
@@ -214,6 +246,11 @@ class AttentionStatsSection(ReportSection):
                                "attention": pack_maps(cap[layer][i], 0.0, 1.0, tri=causal)}))
         feat = featured_layers(res)
         first = next(iter(feat))
+        notes = {(1, str(layers[i])): note for i, note in feat.items()}
+        for i, kind in enumerate(report.layer_kinds or []):
+            if kind == "global" and i < len(layers):
+                key = (1, str(layers[i]))
+                notes[key] = (notes[key] + ", " if key in notes else "") + "global attention"
         report.view_set(
             items, ["document", "layer"], "patterns",
             f"Attention patterns on the first {n} tokens of {len(docs)} documents (pick a "
@@ -221,9 +258,21 @@ class AttentionStatsSection(ReportSection):
             "look back one token, copy from an earlier occurrence, or park on position 0.",
             default=(str(docs[0]), str(layers[first])), packed=["attention"],
             standalone=[(str(docs[0]), str(layers[i])) for i in feat],
-            option_notes={(1, str(layers[i])): note for i, note in feat.items()},
+            option_notes=notes,
             summary=f"Open the interactive attention patterns ({len(docs)} documents × "
                     f"{len(layers)} layers; rendered when opened)")
+
+
+def head_roles_finding(report: Report, ctx: ReportContext) -> None:
+    """ONE finding naming every head a section found doing something, each once with all its
+    roles ("L18H8: the most focused head (…); the strongest position-0 head (…)"), placed
+    after the sanity findings."""
+    if not ctx.head_roles:
+        return
+    items = sorted(ctx.head_roles.items())
+    text = "; ".join(f"L{lay}H{h}: " + ", ".join(roles) for (lay, h), roles in items)
+    report.finding(f"Heads that stand out — {text}.", anchor=ctx.sanity.get("heads_anchor"),
+                   first=True)
 
 
 def section_keys() -> tuple[str, ...]:
@@ -317,11 +366,17 @@ def build_report(
     )
     report.figure_suffix = f" [{ctx.name}; {run}]"
     report.references = list(REFERENCES)
+    from tl_spectral.viz.layer_plots import kinds_note, layer_kinds
+
+    report.layer_kinds = layer_kinds(ctx.view)
+    if report.layer_kinds:
+        report.meta["layers"] = kinds_note(ctx.view)
     for s in secs:
         ctx.status(f"section: {s.title}")
         t = time.perf_counter()
         s.render(report, results, ctx)
         timings[f"section {s.key}"] = time.perf_counter() - t
+    head_roles_finding(report, ctx)
     report.note(f"Generated by tl-spectral analyze for {ctx.name} on {run}. Every figure, "
                 "table and view is about this model only; stored study results come from "
                 "tl-spectral study NAME and the docs.")

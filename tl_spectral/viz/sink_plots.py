@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from tl_spectral.viz.figures import layer_key, layer_style, register_plot
+from tl_spectral.viz.layer_plots import set_layer_axis
 
 
 def plot_sink_rates(sinks: Any):
@@ -27,9 +28,8 @@ def plot_sink_rates(sinks: Any):
         ax.scatter(xs.numpy(), ys.numpy(), s=12, c="cyan", marker="o",
                    label=f"key score > {sinks.threshold}")
         ax.set_xticks(range(a.shape[1]))
-        ax.set_yticks(range(len(sinks.layers)), [str(x) for x in sinks.layers])
         ax.set_xlabel("head")
-        ax.set_ylabel("layer")
+        set_layer_axis(ax, sinks.layers, axis="y")
         ax.set_title(title, fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.85, label=unit)
     axes[1].legend(fontsize=8, loc="upper right")
@@ -78,7 +78,9 @@ def sink_stats_plot_anti_alignment(res):
     """Distribution of cos(ṽ_0, s_i) per layer (all heads), and its mean per head."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+    # constrained layout: laid out at draw time, after a report marks its layer ticks
+    fig, axes = plt.subplots(1, 2, figsize=(11, max(3.6, 0.16 * len(res.layers) + 1.4)),
+                             gridspec_kw={"width_ratios": [3, 2]}, constrained_layout=True)
     edges = res.anti_edges.numpy()
     centers = 0.5 * (edges[1:] + edges[:-1])
     for li, layer in enumerate(res.layers):
@@ -91,12 +93,10 @@ def sink_stats_plot_anti_alignment(res):
     axes[0].set_title("anti-alignment of the sink value and the semantic vector", fontsize=9)
     layer_key(axes[0], res.layers)
     im = axes[1].imshow(res.anti_mean.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1)
-    axes[1].set_yticks(range(len(res.layers)), [str(x) for x in res.layers])
     axes[1].set_xlabel("head")
-    axes[1].set_ylabel("layer")
+    set_layer_axis(axes[1], res.layers, axis="y")
     axes[1].set_title("mean cos(ṽ_0, s_i)", fontsize=9)
     fig.colorbar(im, ax=axes[1], shrink=0.85, label="mean cosine")
-    fig.tight_layout()
     return fig
 
 

@@ -1,9 +1,10 @@
 """Report section: spectral surgery (SPEC B.5) of the report's own model.
 
-On a causal model with standard positions: the zero-shot linearization curve — PPL of the
+On a causal model (standard or rotary positions): the zero-shot linearization curve — PPL of the
 report's documents with the first k layers' patterns replaced by the ELU+1 linear pattern
 ``α_ij ∝ φ(q_i)·φ(k_j)`` (:func:`~tl_spectral.models.surgery.tl_linearization_curve`,
-pattern hooks; no probe needed). The stored study of other models (collapse curves, cascade
+pattern hooks; no probe needed); the model's perplexity check is the sanity section's. The
+stored study of other models (collapse curves, cascade
 allocations) is ``tl-spectral study surgery`` and docs/surgery.md, not part of this report.
 """
 
@@ -18,16 +19,12 @@ if TYPE_CHECKING:
     from tl_spectral.viz.report import Report
 
 
-#: a perplexity at least this share of the vocabulary size reads as "untrained"
-PPL_UNTRAINED_SHARE = 0.5
-
-
 @register_section
 class SurgerySection:
     """A report section (the ``ReportSection`` protocol: key, title, probes, render)."""
 
     key = "surgery"
-    title = "Spectral surgery (linearization and cascade allocation)"
+    title = "Spectral surgery (zero-shot linearization)"
     order = 50
     #: documents of the linearization curve
     n_docs = 16
@@ -45,46 +42,66 @@ class SurgerySection:
                         "against.")
             return
         ctx.status("surgery: zero-shot linearization curve")
+        rotary = ctx.view.positional == "rotary"
         report.text(
             "Causal ELU+1 linear attention (φ = elu + 1) on a layer's own q, k, v is attention "
             "with pattern α_ij ∝ φ(q_i)·φ(k_j), O(T) to compute. Linearizing the first k layers "
             "and measuring the perplexity change gives the collapse curve of SPEC B.5 (paper [B]: "
             "7 leading layers of a 125M S–D model within 5%, standard attention collapsing "
-            "from layer 3); head dimensions set from the measured routing rank give SPEC B.6's "
-            "cascade allocation (paper [B]: 47–65% fewer attention parameters at +3.9% to +8.4% PPL)."
-        )
-        toks = ctx.tokens[:self.n_docs]
+            "from layer 3)."
+            + (" This model has rotary positions: q and k are taken after the rotation (and "
+               "after its QK-norm, where it has one), the vectors whose dot product forms the "
+               "score, so the linear pattern keeps the rotary phases; a sliding window is not "
+               "applied to it." if rotary else ""))
+        report.text(
+            "The cascade allocation of SPEC B.6 (head dimensions set from each layer's "
+            "routing rank, paper [B]: 47–65% fewer attention parameters at +3.9% to +8.4% "
+            "PPL) is not run here: it rebuilds the model with new head widths and retrains "
+            "it, which only the project's own GPT models allow (tl-spectral study surgery, "
+            "docs/surgery.md); a loaded model cannot be rebuilt that way.")
+        deep = ctx.view.n_layers > EVERY_K_UP_TO
+        toks = ctx.tokens[:self.n_docs // 2 if deep else self.n_docs]
         try:
-            curve = tl_linearization_curve(ctx.view, toks, name=ctx.view.name)
+            curve = tl_linearization_curve(ctx.view, toks, name=ctx.view.name,
+                                           ks=curve_ks(ctx.view.n_layers))
         except ValueError as e:
-            report.text(f"Zero-shot linearization of this model skipped: {e}")
-        else:
-            curve.save(ctx.results_dir / "surgery_tl_curve.safetensors")
-            V = int(getattr(ctx.view, "d_vocab", -1))
-            if V > 1 and curve.base_ppl >= PPL_UNTRAINED_SHARE * V:
-                report.finding(
-                    f"This model looks untrained: its perplexity on the report's windows is "
-                    f"{curve.base_ppl:.4g}, {curve.base_ppl / V:.2f} × its vocabulary size {V} "
-                    "(a model that predicts every token as equally likely has perplexity "
-                    "equal to the vocabulary size). The numbers below describe a network that "
-                    "has not learned this text.", first="top")
-            elif V > 1:
-                report.finding(
-                    f"Sanity: perplexity {curve.base_ppl:.4g} on the report's windows, far "
-                    f"below the vocabulary size {V} (the perplexity of uniform guessing).",
-                    first=True)
-            report.text(
-                f"This model, zero-shot, on {toks.shape[0]} of the report's windows "
-                f"({toks.shape[1] - 1} predicted tokens each): PPL {curve.base_ppl:.4g} with "
-                f"softmax everywhere; {_layers(curve.max_k_within(0.05))} stay within 5%.")
-            report.finding(
-                f"Linearization: {_layers(curve.max_k_within(0.05))} can be replaced by "
-                f"linear attention within 5% perplexity (base PPL {curve.base_ppl:.4g}, "
-                "zero-shot).")
-            report.table(curve.to_rows(), "PPL with the first k layers linearized (zero-shot)",
-                         name="linearization_curve")
-            report.figure(curve.plot(), "Relative perplexity change with the first k layers linearized: look for "
-                      "the k where the curve leaves the 5% band (the layers that need softmax).")
+            report.text("The linearization curve cannot run on this model: its queries and keys "
+                        f"are not reachable by pattern hooks ({e}).")
+            return
+        curve.save(ctx.results_dir / "surgery_tl_curve.safetensors")
+        report.text(
+            f"This model, zero-shot, on {toks.shape[0]} of the report's windows "
+            f"({toks.shape[1] - 1} predicted tokens each): PPL {curve.base_ppl:.4g} with "
+            f"softmax everywhere; {_layers(curve.max_k_within(0.05))} stay within 5%"
+            + ("." if ctx.view.n_layers <= EVERY_K_UP_TO else
+               f" (k on a grid of {len(curve.ks)} values, one forward pass each: the table "
+               "lists them; the count is the largest grid value within 5%)."))
+        report.finding(
+            f"Linearization: {_layers(curve.max_k_within(0.05))} can be replaced by "
+            f"linear attention within 5% perplexity (base PPL {curve.base_ppl:.4g}, "
+            "zero-shot).")
+        report.table(curve.to_rows(), "PPL with the first k layers linearized (zero-shot)",
+                     name="linearization_curve")
+        report.figure(curve.plot(), "Relative perplexity change with the first k layers "
+                      "linearized: look for the k where the curve leaves the 5% band (the "
+                      "layers that need softmax).")
+
+
+#: up to this many layers the curve linearizes every k (on ``n_docs`` windows); deeper models
+#: a grid of about 10 k on half the windows
+EVERY_K_UP_TO = 12
+
+
+def curve_ks(n_layers: int) -> list[int]:
+    """The k of the curve: every k up to ``EVERY_K_UP_TO`` layers; deeper, 0–4 and 5
+    log-spaced values from 6 to every layer (one forward pass per k and window: 10 passes
+    at 30 layers instead of 31)."""
+    import numpy as np
+
+    L = int(n_layers)
+    if L <= EVERY_K_UP_TO:
+        return list(range(L + 1))
+    return sorted({*range(5), *(int(round(x)) for x in np.geomspace(6, L, 5)), L})
 
 
 def _layers(k: int) -> str:

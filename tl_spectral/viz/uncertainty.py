@@ -10,20 +10,15 @@ Each layer's whole-field POD spectrum of any subset of documents comes from ONE 
 Gram ``G = X Xᵀ`` of its fluctuation fields (``centred_gram_resample``): the jackknife costs
 one ``[N, N]`` eigen-decomposition per layer and replicate after one pass.
 
-Also: when the number of documents bounds H* (the POD of N fields has at most N − 1 modes),
-which N would resolve it.
+Also: which layers the number of documents bounds (the library's rule,
+``tl_spectral.analysis.scale_pod.h_star_bounded``) and which N might resolve them.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import torch
-
-#: H* at or above this share of the N − 1 possible modes reads "bounded by N"
-N_BOUND_SHARE = 0.75
-
 
 # the statistics live on the analysis floor (issue 38); re-exported here for compatibility
 from tl_spectral.analysis.bootstrap import (  # noqa: E402,F401
@@ -150,10 +145,16 @@ def streamed_pod_jackknife(fields: Any, pod: Any) -> dict[str, Any]:
             "n_docs": int(fields.n_docs)}
 
 
-def n_bound(h_star: Sequence[float], n_docs: int) -> tuple[list[int], int]:
-    """(indices of the layers whose H* is bounded by the number of documents — H* at or
-    above ``N_BOUND_SHARE`` of the N − 1 modes an ensemble of N fields has — and the number
-    of documents to try: 4 N, at least 64)."""
-    bound = [i for i, h in enumerate(h_star)
-             if math.isfinite(h) and n_docs > 1 and h >= N_BOUND_SHARE * (n_docs - 1)]
-    return bound, max(4 * int(n_docs), 64)
+def n_bound(h_star: Sequence[float], n_docs: int,
+            epsilon: float = 0.1) -> tuple[list[int], int]:
+    """(indices of the layers whose H* is bounded by the number of documents — the ONE rule,
+    :func:`~tl_spectral.analysis.scale_pod.h_star_bounded` — and the least number of
+    documents that could resolve the largest of them,
+    :func:`~tl_spectral.analysis.scale_pod.docs_to_resolve`; ``n_docs`` when none is
+    bounded)."""
+    from tl_spectral.analysis.scale_pod import docs_to_resolve, h_star_bounded
+
+    bound = [i for i, h in enumerate(h_star) if h_star_bounded(h, n_docs, epsilon)]
+    if not bound:
+        return [], int(n_docs)
+    return bound, docs_to_resolve(max(float(h_star[i]) for i in bound), epsilon)

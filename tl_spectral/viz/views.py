@@ -145,13 +145,13 @@ def contribution_view(
         raise TypeError(
             f"contribution_view takes ContributionMaps first, got {type(maps).__name__}: pass "
             "e.g. layer_maps(model, tokens)[layer] (or ContributionStats.maps(layer)), then the "
-            "document's token strings (model.to_str_tokens(tokens[0]))"
+            "document's token strings (tls.token_strings(model, tokens[0]))"
         )
     if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
         raise TypeError(
             f"contribution_view: tokens are the document's token strings, got "
             f"{type(tokens).__name__}{' of ' + type(next(iter(tokens))).__name__ if not isinstance(tokens, str) and len(tokens) else ''}; "
-            "pass e.g. model.to_str_tokens(tokens[0])"
+            "pass e.g. tls.token_strings(model, tokens[0])"
         )
     if not 0 < clip_quantile <= 1:
         raise ValueError(f"clip_quantile must be in (0, 1], got {clip_quantile}")
@@ -163,7 +163,9 @@ def contribution_view(
     a = m.abs().flatten()
     lim = float(a.max()) if clip_quantile == 1 else float(torch.quantile(a, clip_quantile))
     lim = lim or 1.0
-    names = [f"{measure} H{h}" for h in range(per_head.shape[0])] + [f"{measure} Σ heads"]
+    # short badges ("H3", "Σ heads"): circuitsvis pins each at its thumbnail's top right, and
+    # a long one ("contribution H3") ran past the thumbnail's left edge, clipped
+    names = [f"H{h}" for h in range(per_head.shape[0])] + ["Σ heads"]
     return NotebookView(cv.attention.attention_heads(
         attention=m.clamp(-lim, lim), tokens=list(tokens[:n]), attention_head_names=names,
         max_value=lim, min_value=-lim, positive_color="red", negative_color="blue",

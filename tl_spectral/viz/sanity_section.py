@@ -1,0 +1,131 @@
+"""Report section: is this a trained language model (issue 40 item 3)?
+
+For every causal language model: the perplexity of the report's own windows beside two
+references — the same architecture with random weights (:func:`~tl_spectral.viz.baseline.
+random_copy`, the ``--baseline random`` twin) and a unigram model of the same windows
+(``exp`` of the unigram entropy of the predicted tokens, fitted on them: an optimistic
+reference) — and the vocabulary size (uniform guessing). A model whose perplexity is not
+below the unigram reference has learned no more than token frequencies: the report says it
+looks untrained, first. Encoders (no next-token prediction) get the attention-entropy check
+of the attention statistics only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from tl_spectral.viz.context import register_section
+
+if TYPE_CHECKING:
+    from tl_spectral.viz.context import ReportContext
+    from tl_spectral.viz.report import Report
+
+#: windows of the perplexity check (the first ones of the report)
+SANITY_DOCS = 16
+
+
+def window_perplexity(view: Any, tokens: Any, mask: Any = None, batch_size: int = 2) -> float:
+    """Next-token perplexity of ``view`` on the windows ``tokens [n, T]`` (targets at
+    positions 1…T−1 where ``mask`` marks real tokens), a few windows at a time so the logits
+    of a large vocabulary never exist for all windows at once."""
+    import torch
+    import torch.nn.functional as F
+
+    tot, cnt = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, int(tokens.shape[0]), batch_size):
+            w = tokens[s:s + batch_size]
+            logits = view.run(w[:, :-1], return_type="logits")
+            tgt = w[:, 1:].to(logits.device)
+            keep = torch.ones_like(tgt, dtype=torch.bool) if mask is None \
+                else mask[s:s + batch_size, 1:].to(logits.device).bool()
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                   tgt.reshape(-1), reduction="none")
+            tot += float(loss[keep.reshape(-1)].sum())
+            cnt += int(keep.sum())
+            del logits
+    return math.exp(tot / max(cnt, 1))
+
+
+def unigram_perplexity(tokens: Any, mask: Any = None) -> float:
+    """``exp`` of the entropy of the predicted tokens' frequencies (positions 1…T−1, real
+    tokens only): the perplexity of a unigram model fitted on these very windows."""
+    import torch
+
+    tgt = tokens[:, 1:]
+    if mask is not None:
+        tgt = tgt[mask[:, 1:].bool()]
+    _, counts = torch.unique(tgt.reshape(-1), return_counts=True)
+    p = counts.double() / counts.sum()
+    return float(torch.exp(-(p * p.log()).sum()))
+
+
+@register_section
+class SanitySection:
+    """A report section (the ``ReportSection`` protocol: key, title, probes, render)."""
+
+    key = "sanity"
+    title = "Sanity: is this a trained language model?"
+    order = 5
+
+    def probes(self, ctx: ReportContext) -> list:
+        return []  # its own forward passes
+
+    def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
+        report.section(self.title)
+        if not ctx.view.causal:
+            report.text("This model is bidirectional (an encoder): there is no next-token "
+                        "perplexity to check. The attention statistics' uniform-attention "
+                        "check is its sanity check.")
+            return
+        ctx.status("sanity: perplexity of the model, of its random twin and of a unigram model")
+        n = min(SANITY_DOCS, int(ctx.tokens.shape[0]))
+        toks = ctx.tokens[:n]
+        mask = None if ctx.mask is None else ctx.mask[:n]
+        ppl = window_perplexity(ctx.view, toks, mask)
+        ppl_rand = _random_twin_perplexity(ctx, toks, mask)
+        ppl_uni = unigram_perplexity(toks, mask)
+        V = int(getattr(ctx.view, "d_vocab", 0) or 0)
+        ctx.sanity.update({"ppl": ppl, "ppl_random": ppl_rand, "ppl_unigram": ppl_uni})
+        n_pred = int(mask[:, 1:].sum()) if mask is not None else n * (int(toks.shape[1]) - 1)
+        report.text(
+            f"Perplexity of next-token prediction on the first {n} of the report's windows "
+            f"({n_pred} predicted tokens), beside the same architecture with random weights "
+            "(matrices N(0, 0.02²), gains 1, biases 0; seeded), a unigram model of these "
+            "windows (exp of the entropy of their token frequencies: what counting tokens "
+            f"achieves) and the vocabulary size (uniform guessing). A trained model sits far "
+            "below the unigram reference; a model at or above it has learned nothing a token "
+            "count does not know.")
+        report.table([{"model_ppl": ppl, "random_weights_ppl": ppl_rand,
+                       "unigram_ppl": ppl_uni, "vocabulary": V, "windows": n,
+                       "predicted_tokens": n_pred}],
+                     "perplexity of the model and its references", name="sanity_perplexity")
+        if ppl >= ppl_uni:
+            report.finding(
+                f"This model looks untrained: its perplexity on the report's windows is "
+                f"{ppl:.4g}, no better than a unigram model of the same windows ({ppl_uni:.4g}); "
+                f"the same architecture with random weights scores {ppl_rand:.4g}"
+                + (f" and uniform guessing {V}" if V else "")
+                + ". The numbers below describe a network that has not learned this text.",
+                first="top")
+        else:
+            report.finding(
+                f"Sanity: perplexity {ppl:.4g} on the report's windows, below a unigram model "
+                f"of them ({ppl_uni:.4g}) and the same architecture with random weights "
+                f"({ppl_rand:.4g}): a trained language model.", first=True)
+
+
+def _random_twin_perplexity(ctx: ReportContext, toks: Any, mask: Any) -> float:
+    """Perplexity of the re-initialised twin (kept for ``--baseline random``, else freed)."""
+    from tl_spectral.model_view import ModelView
+    from tl_spectral.viz.baseline import random_copy
+
+    cache = ctx.baseline_cache
+    view = cache.get("view")
+    if view is None:
+        seed = int(ctx.options.meta.get("seed", 0) or 0)
+        view = ModelView(random_copy(ctx.view.model, seed=seed))
+        if ctx.options.baseline == "random":
+            cache["view"] = view
+    return window_perplexity(view, toks, mask)
