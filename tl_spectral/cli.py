@@ -47,7 +47,8 @@ from tl_spectral.outdirs import (
 from tl_spectral.outdirs import (
     tmp_out_dir as _tmp_out_dir,
 )
-from tl_spectral.usage import ArgumentParser, UsageError
+from tl_spectral.usage import ArgumentParser, UsageError, disk_full, disk_full_message
+from tl_spectral.usage import one_line as _one_line
 
 # OpenMP threads that spin while they wait turn small batched linear algebra (the rotary
 # geometry's per-head eigenvalues) 30-1000x slower when another process holds a core (seen on
@@ -937,8 +938,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (UsageError, ValueError, OSError) as e:
         if debug:
             raise
-        if not isinstance(e, UsageError) and _disk_full(e):
-            print(f"tl-spectral {cmd}: error: {_disk_full_message(e)}", file=sys.stderr)
+        if not isinstance(e, UsageError) and disk_full(e):
+            print(f"tl-spectral {cmd}: error: {disk_full_message(e)}", file=sys.stderr)
             return 2
         msg = _one_line(e)
         if not isinstance(e, UsageError) and "weights_only" in msg:
@@ -951,8 +952,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
         import pickle
 
-        if _disk_full(e):  # the user's environment, not a bug (SafetensorError, torch …)
-            print(f"tl-spectral {cmd}: error: {_disk_full_message(e)}", file=sys.stderr)
+        if disk_full(e):  # the user's environment, not a bug (SafetensorError, torch …)
+            print(f"tl-spectral {cmd}: error: {disk_full_message(e)}", file=sys.stderr)
             return 2
         if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e):
             # never pass on torch's advice to unpickle with weights_only=False
@@ -965,42 +966,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 _NO_UNPICKLE = ("a weights file could not be read without unpickling it, which tl-spectral "
                 "never does; pass a model folder with safetensors weights (model.safetensors)")
-
-
-def _disk_full(e: BaseException) -> bool:
-    """Whether ``e`` (or an exception it was raised from) says the disk or the user's quota
-    is full: an OSError with ENOSPC / EDQUOT, or a message with 'No space left' or 'Disk
-    quota exceeded' (safetensors, torch and others re-raise the OS's error as text)."""
-    import errno
-
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
-            return True
-        text = str(e).lower()
-        if "no space left" in text or "disk quota exceeded" in text:
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def _disk_full_message(e: BaseException) -> str:
-    """One line: what filled up, and (unless the error already says how) what to do."""
-    where = getattr(e, "filename", None)
-    msg = _one_line(e)
-    at = f" while writing {where}" if where and str(where) not in msg else ""
-    advice = "" if "free" in msg.lower() else (
-        "; free some space or pass an output folder (--out, -o) on another disk, and run "
-        "again")
-    return f"the disk is full or over quota{at}: {msg}{advice}"
-
-
-def _one_line(e: BaseException) -> str:
-    msg = str(e) or type(e).__name__
-    if isinstance(e, FileNotFoundError) and e.filename and str(e.filename) not in msg:
-        msg = f"{msg}: {e.filename}"
-    return " ".join(msg.split())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -411,7 +411,12 @@ def zero_sink_value(
         intervention_strategy,
         removal_hooks,
     )
-    from tl_spectral.probes.interventions import DamageMetric, by_length, padding_attention_mask
+    from tl_spectral.probes.interventions import (
+        DamageMetric,
+        by_length,
+        logit_rows,
+        padding_attention_mask,
+    )
     from tl_spectral.probes.runner import _with_padding, as_corpus, check_count
 
     view = model if isinstance(model, ModelView) else ModelView(model)
@@ -425,6 +430,9 @@ def zero_sink_value(
     strategy = intervention_strategy(view)
     met = DamageMetric(view, metric)
     _check_targets(met, corpus, "zero_sink_value")
+    if met.metric == "delta_ppl":  # a pass's logits within LOGIT_BUDGET (large vocabularies)
+        cap = logit_rows(view, int(corpus.tokens.shape[1]))
+        batch_size, rows_per_pass = min(batch_size, cap), min(rows_per_pass, cap)
     settings = [[l] for l in layers] + [layers]
     names = [f"layer {l}" for l in layers] + ["all layers"]
     S = len(settings)
