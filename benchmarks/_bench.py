@@ -52,3 +52,16 @@ def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int, *,
             f()
             times[k].append(time.perf_counter() - t0)
     return times
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's high-water mark ``VmHWM`` of this process to its current resident
+    set (write 5 to ``/proc/self/clear_refs``), after a ``gc.collect()``. False when the
+    kernel refused (then ``VmHWM`` also covers what ran before)."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        return False
+    return True

@@ -16,13 +16,26 @@ the plain forward pass (``model(tokens, return_type=None)``), interleaved, after
 of both: ``ratio`` = median of ``--repeats`` (3) wall times of the configuration / median of
 the forward's; ``cpu_ratio`` the same from process CPU time (other jobs on a shared machine
 disturb it far less than wall time); ``spread`` = (max − min) / median of the per-repeat
-ratios. Peak memory, in the same process after the timing: resident set after the model is
-loaded plus the peak growth of one call (``VmHWM`` reset before it), configuration / forward.
+ratios.
+
+Peak memory (issue 42 item 1), in processes of its own: for every configuration a fresh
+process loads the model, runs one warm-up of the *plain forward only*, then the measured
+call (``run_probes`` with the configuration's probes) and reads its peak resident set
+(``VmHWM`` of the whole process, the kernel's high-water mark reset once the model is
+loaded, so that a transient of the loader does not hide the call's peak); a process of its
+own does the same with the plain forward as the measured call. ``mem_ratio`` = peak of the
+configuration's process / peak of the forward-only process (``peak_rss_mib``,
+``forward_peak_rss_mib``; ``load_peak_rss_mib``: the loader's own high-water mark, for
+information). Before issue 42 the memory was read in the timing process after a warm-up
+call *of the probes*: its base resident set already held what that call had left
+(allocator caches, the probes' grown buffers), counted as base on both sides, so the ratio
+read 1.02 for the four probes where a user's process holds 1.5× the forward's.
 
 Targets (issue 32): ``all`` ≤ 1.5, every probe alone ≤ 1.25, peak memory of ``all`` ≤ 1.3.
 Last line: one JSON object.
 Usage: ``python benchmarks/real_model.py [--model smollm2-135m|gpt2-small] [--random]
-[--length 1024] [--batch 1] [--repeats 3] [--configs all,stats,contributions,sinks,fields]``.
+[--length 1024] [--batch 1] [--repeats 3] [--configs all,stats,contributions,sinks,fields]
+[--memory-only]`` (``--memory-only``: the memory processes alone, no timing).
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _bench import peak_rss_growth_mib, proc_status_kib
+from _bench import proc_status_kib, reset_peak_rss
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = ("all", "stats", "contributions", "sinks", "fields")
@@ -103,7 +116,8 @@ def make_probes(config: str) -> list:
     return [make[k]() for k in keys]
 
 
-def child(args: argparse.Namespace) -> None:
+def _data(args: argparse.Namespace):
+    """(description, plain, probes) of a child process (one torch thread): the two calls."""
     import torch
 
     torch.set_num_threads(1)
@@ -122,6 +136,12 @@ def child(args: argparse.Namespace) -> None:
         return run_probes(model, tokens, make_probes(args.config), batch_size=args.batch,
                           progress=False)
 
+    return desc, plain, probes
+
+
+def child(args: argparse.Namespace) -> None:
+    """Time the configuration beside the plain forward, interleaved, in this process."""
+    desc, plain, probes = _data(args)
     plain()
     probes()  # warm-up of both
     wall: dict[str, list[float]] = {"plain": [], "probes": []}
@@ -133,9 +153,6 @@ def child(args: argparse.Namespace) -> None:
             wall[k].append(time.perf_counter() - t0)
             cpu[k].append(time.process_time() - c0)
     per = [q / p for p, q in zip(wall["plain"], wall["probes"])]
-    base = proc_status_kib("VmRSS")
-    g_plain = peak_rss_growth_mib(plain)
-    g_probes = peak_rss_growth_mib(probes)
     med = statistics.median
     print(json.dumps({
         "config": args.config, "model": desc, "T": args.length, "batch": args.batch,
@@ -144,9 +161,29 @@ def child(args: argparse.Namespace) -> None:
         "spread": (max(per) - min(per)) / med(per),
         "plain_s": med(wall["plain"]), "probes_s": med(wall["probes"]),
         "plain_cpu_s": med(cpu["plain"]), "probes_cpu_s": med(cpu["probes"]),
-        "mem_ratio": (base + g_probes * 1024) / (base + g_plain * 1024),
-        "base_rss_mib": base / 1024, "plain_growth_mib": g_plain, "probes_growth_mib": g_probes,
     }))
+
+
+def mem_child(args: argparse.Namespace) -> None:
+    """Peak resident set of this fresh process: the model loaded (high-water mark reset
+    then), one warm-up of the plain forward, the measured call (``--config forward``: the
+    plain forward again)."""
+    desc, plain, probes = _data(args)
+    load_peak = proc_status_kib("VmHWM")
+    reset_peak_rss()
+    plain()  # warm-up: the plain forward only
+    out = plain() if args.config == "forward" else probes()
+    peak = proc_status_kib("VmHWM")
+    del out
+    print(json.dumps({"config": args.config, "model": desc, "peak_rss_mib": peak / 1024,
+                      "load_peak_rss_mib": load_peak / 1024}))
+
+
+def _run_child(cmd: list[str], env: dict, what: str) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if out.returncode:
+        raise SystemExit(f"{what} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -158,12 +195,18 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--memory-only", action="store_true",
+                    help="only the peak-memory processes (no timing)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mem-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
     ap.add_argument("--folder", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args)
+        return
+    if args.mem_child:
+        mem_child(args)
         return
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     bad = sorted(set(configs) - set(CONFIGS))
@@ -182,29 +225,44 @@ def main() -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1",
                "PYTHONPATH": os.pathsep.join([str(HERE.parent), *sys.path])}
         rows = {}
-        for c in configs:
-            cmd = [sys.executable, __file__, "--child", "--config", c, "--model", args.model,
+
+        def cmd(flag: str, c: str) -> list[str]:
+            out = [sys.executable, __file__, flag, "--config", c, "--model", args.model,
                    "--length", str(args.length), "--batch", str(args.batch),
                    "--repeats", str(args.repeats)]
-            if folder is not None:
-                cmd += ["--folder", folder]
-            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            if out.returncode:
-                raise SystemExit(f"configuration {c} failed:\n{out.stderr[-3000:]}")
-            r = json.loads(out.stdout.strip().splitlines()[-1])
+            return out + (["--folder", folder] if folder is not None else [])
+
+        fwd = _run_child(cmd("--mem-child", "forward"), env, "the forward-only process")
+        print(f"forward only: peak resident set {fwd['peak_rss_mib']:.0f} MiB", flush=True)
+        for c in configs:
+            r = {} if args.memory_only else _run_child(cmd("--child", c), env,
+                                                        f"configuration {c}")
+            m = _run_child(cmd("--mem-child", c), env, f"configuration {c} (memory)")
+            r.setdefault("model", m["model"])
+            r.update(peak_rss_mib=m["peak_rss_mib"], load_peak_rss_mib=m["load_peak_rss_mib"],
+                     mem_ratio=m["peak_rss_mib"] / fwd["peak_rss_mib"])
             rows[c] = r
+            if args.memory_only:
+                print(f"{c:>13}: peak memory {r['peak_rss_mib']:.0f} MiB = "
+                      f"{r['mem_ratio']:.3f} x forward", flush=True)
+                continue
             print(f"{c:>13}: forward {r['plain_s']:.2f} s, probes {r['probes_s']:.2f} s -> "
                   f"ratio {r['ratio']:.3f} (CPU {r['cpu_ratio']:.3f}, spread "
-                  f"{r['spread']:.2f}), peak memory {r['mem_ratio']:.3f}", flush=True)
+                  f"{r['spread']:.2f}), peak memory {r['peak_rss_mib']:.0f} MiB = "
+                  f"{r['mem_ratio']:.3f} x forward", flush=True)
     first = next(iter(rows.values()))
     summary = {
         "benchmark": "real_model", "model": first["model"], "T": args.length,
         "batch": args.batch, "repeats": args.repeats, "threads": 1,
-        **{f"{c}_ratio": round(r["ratio"], 3) for c, r in rows.items()},
-        **{f"{c}_cpu_ratio": round(r["cpu_ratio"], 3) for c, r in rows.items()},
-        **{f"{c}_spread": round(r["spread"], 3) for c, r in rows.items()},
+        **{f"{c}_{k}": round(r[k], 3) for c, r in rows.items()
+           for k in ("ratio", "cpu_ratio", "spread") if k in r},
         **{f"{c}_mem_ratio": round(r["mem_ratio"], 3) for c, r in rows.items()},
-        "forward_s": {c: round(r["plain_s"], 3) for c, r in rows.items()},
+        "forward_s": {c: round(r["plain_s"], 3) for c, r in rows.items() if "plain_s" in r},
+        "forward_peak_rss_mib": round(fwd["peak_rss_mib"], 1),
+        "peak_rss_mib": {c: round(r["peak_rss_mib"], 1) for c, r in rows.items()},
+        "load_peak_rss_mib": round(fwd["load_peak_rss_mib"], 1),
+        "memory": "fresh process per configuration: model loaded, VmHWM reset, one warm-up "
+                  "of the plain forward, the measured call",
     }
     print(json.dumps(summary))
 

@@ -7,9 +7,11 @@ run_probes pass, on the model's device (CUDA when available).
 
 overhead_ratio = time(run_probes) / time(plain forward), same run, interleaved; target <= 2.0.
 peak_mem_ratio = peak memory of run_probes / of the plain forward: CUDA max allocated on a
-GPU; on the CPU, in a fresh subprocess each, the resident set after the model is built plus
-the peak RSS growth of one call (VmHWM reset before it, _bench.peak_rss_growth_mib); target
-<= 1.5. time_exponent: least-squares slope of log(probe time) on log T over T = 256, 512,
+GPU; on the CPU, in a fresh subprocess each: the model built, the kernel's high-water mark
+VmHWM reset, one warm-up of the plain forward only, the measured call, then VmHWM (the peak
+resident set of the whole process from the model's load on; issue 42: before, the warm-up was
+a call of the measured side itself and the base resident set was read after it, so what that
+call left counted as base); target <= 1.5. time_exponent: least-squares slope of log(probe time) on log T over T = 256, 512,
 1,024, probe time = time(run_probes) − time(plain forward) (expected ≈ 2: every probe is
 O(T²) per head); time_exponent_total: the same for time(run_probes).
 Knobs: BENCH_REPEATS / --repeats (default 3), BENCH_DEVICE (default cuda if available),
@@ -30,7 +32,7 @@ import statistics
 import subprocess
 import sys
 
-from _bench import interleaved_times, peak_rss_growth_mib, proc_status_kib
+from _bench import interleaved_times, proc_status_kib, reset_peak_rss
 
 BATCH = 2
 T_MAX = 1024
@@ -103,10 +105,10 @@ def mem_child(mode: str) -> None:
     set_threads()
     model, tokens = build()
     fn = plain if mode == "plain" else probes
-    fn(model, tokens[:, :64])  # warm-up allocations of the model itself
-    base = proc_status_kib("VmRSS")
-    growth = peak_rss_growth_mib(lambda: fn(model, tokens))  # VmHWM reset before the call
-    print(json.dumps({"max_kb": base + growth * 1024, "growth_mib": growth}))
+    reset_peak_rss()  # the loader's own high-water mark left out
+    plain(model, tokens)  # warm-up: the plain forward only (issue 42), on both sides
+    fn(model, tokens)
+    print(json.dumps({"max_kb": proc_status_kib("VmHWM")}))
 
 
 def cuda_peak(model, tokens, fn) -> int:

@@ -21,7 +21,7 @@ def no_model(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(cli, "load_model", boom)
+    monkeypatch.setattr(cli, "load_named_model", boom)
 
 
 def _run(capsys, *argv):
@@ -108,3 +108,22 @@ def test_other_internal_errors_keep_exit_1(capsys, monkeypatch):
     monkeypatch.setitem(cli.COMMANDS, "analyze", analyze)
     code, err = _run(capsys, "analyze")
     assert code == 1 and "internal error" in err
+
+
+def test_a_report_from_a_token_file_scores_the_planted_heads_on_its_windows(tmp_path):
+    """The head-score references read a token file's windows lazily (a TokenWindows is not a
+    tensor: the report died with a TypeError), and give the tensor path's numbers."""
+    from tl_spectral.data.tokenfile import TokenFile
+    from tl_spectral.viz.head_scores_section import planted_score
+
+    rows = [[(7 * i + 3 * d) % 11 + 1 for i in range(40)] for d in range(70)]
+    tok = write_token_file(tmp_path / "t.tok", rows)
+    windows = TokenFile(tok).windows(70, 16)
+    dense = windows.batch(0, len(windows))
+    assert dense.shape == (70, 16)
+    for score in ("previous_token", "duplicate_token", "induction"):
+        assert planted_score(windows, None, score) == pytest.approx(
+            planted_score(dense, None, score))
+    assert cli.main(["analyze", "--model", "random", "--tokens", str(tok), "--tokens-model-ok",
+                     "--n-docs", "3", "--length", "8", "--out", str(tmp_path / "r"),
+                     "--no-progress"]) == 0

@@ -420,7 +420,7 @@ def test_field_means_and_counts_use_the_window(gemma, padded):
         ok = (key >= 0) & (lags[None, :] < (w or T))
         real = mask[:, :, None] & mask[:, key.clamp(0, T - 1)] & ok[None]
         cnt = real.sum(0).double()
-        torch.testing.assert_close(probe.state[f"{layer}.count"].double(), cnt)
+        torch.testing.assert_close(probe.pair_counts(layer).double(), cnt)
         want = torch.where(cnt > 0, (F * real).sum(0) / cnt.clamp_min(1), 0.0)
         torch.testing.assert_close(res.mean[str(layer)].double(), want, rtol=1e-5, atol=1e-7)
         if w is not None:  # the model's own field is 0 beyond the window: nothing was cut
@@ -661,3 +661,39 @@ def test_offset_zero_qk_geometry_folds_the_qk_norm(gemma):
         want = R.square().sum((-2, -1)) / M.square().sum((-2, -1))
         torch.testing.assert_close(g.routing_fraction[layer].double(), want, rtol=1e-4, atol=1e-6)
         assert float((raw.routing_fraction[layer].double() - want).abs().max()) > 1e-3
+
+
+def test_next_token_nll_equals_log_softmax_and_passes_keep_their_logits_in_budget(
+        big_vocab, monkeypatch):
+    """ΔPPL interventions on a large vocabulary: the NLL equals −log_softmax at the target
+    (no full log_softmax copy), and no pass forms more than LOGIT_BUDGET bytes of logits; the
+    curves are the same as with one pass for everything."""
+    import tl_spectral.probes.interventions as iv
+    from tl_spectral.probes.faithfulness import faithfulness
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, 50, generator=g)
+    toks = torch.randint(0, 50, (3, 7), generator=g)
+    ref = -torch.log_softmax(logits[:, :-1], -1).gather(-1, toks[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(iv.next_token_nll(logits, toks), ref)
+
+    bridge = big_vocab[0] if isinstance(big_vocab, tuple) else big_vocab
+    V = int(bridge.cfg.d_vocab)
+    toks = torch.randint(1, V, (4, 12), generator=g)
+    kw = dict(measures=["attention"], fractions=[0.0, 0.5], layer=0, progress=False)
+    free = faithfulness(bridge, toks, **kw)
+    seen: list[int] = []
+    run = iv.DamageMetric.run
+
+    def spy(self, tokens, mask, hooks, *, attn_mask):
+        seen.append(int(tokens.shape[0]) * int(tokens.shape[1]) * V * 4)
+        return run(self, tokens, mask, hooks, attn_mask=attn_mask)
+
+    monkeypatch.setattr(iv, "LOGIT_BUDGET", 2 * 12 * V * 4)  # two rows a pass
+    monkeypatch.setattr(iv.DamageMetric, "run", spy)
+    capped = faithfulness(bridge, toks, **kw)
+    assert seen and max(seen) <= 2 * 12 * V * 4
+    for a, b in zip(free.to_rows(), capped.to_rows()):
+        for k, v in a.items():
+            if isinstance(v, float):
+                assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k

@@ -128,7 +128,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC_NOTEBOOK = {"api.md": "quickstart", "architecture.md": "quickstart", "probes.md": "quickstart",
                 "scale_pod.md": "scale_pod", "contributions.md": "contributions_sinks",
                 "routing_filtering.md": "routing_filtering", "surgery.md": "surgery",
-                "models.md": "smollm2", "real_decoder.md": "smollm2", "report.md": "quickstart"}
+                "models.md": "smollm2", "real_decoder.md": "smollm2", "claims.md": "smollm2", "report.md": "quickstart"}
 
 
 def test_readme_links_every_notebook_with_a_picture():

@@ -292,7 +292,7 @@ def _mistakes():
         "contribution_view(model, tokens)": (lambda m: tls.contribution_view(m, t),
                                              TypeError, "ContributionMaps"),
         "contribution_view ids": (lambda m: tls.contribution_view(
-            tls.layer_maps(m, t[:1], layers=[0])[0], t[0]), TypeError, "to_str_tokens"),
+            tls.layer_maps(m, t[:1], layers=[0])[0], t[0]), TypeError, "token_strings"),
         "document_windows(text, model)": (lambda m: tls.document_windows("abc " * 50, m, 2, 8),
                                           TypeError, r"model\.tokenizer"),
         "mask of 2": (lambda m: run_probes(m, t, S, progress=False,

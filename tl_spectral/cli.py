@@ -47,7 +47,8 @@ from tl_spectral.outdirs import (
 from tl_spectral.outdirs import (
     tmp_out_dir as _tmp_out_dir,
 )
-from tl_spectral.usage import ArgumentParser, UsageError
+from tl_spectral.usage import ArgumentParser, UsageError, disk_full, disk_full_message
+from tl_spectral.usage import one_line as _one_line
 
 # OpenMP threads that spin while they wait turn small batched linear algebra (the rotary
 # geometry's per-head eigenvalues) 30-1000x slower when another process holds a core (seen on
@@ -321,7 +322,9 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     elif tokenizer is not None:
         windows = _windows(text, tokenizer, args)
     status(f"loading {args.model}")
+    t_load = time.perf_counter()
     model, tokenizer = load_named_model(args.model)
+    stages = {"load model": time.perf_counter() - t_load}  # the stage table's first row
     _check_finite_weights(model, args.model)
     if dist_env is not None and torch.cuda.is_available():
         model = model.to(f"cuda:{dist_env[2]}")
@@ -376,7 +379,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
                             save_raw=args.save_raw, progress=not args.no_progress,
                             stream_rank=args.stream_rank, fields=fields,
                             figure_format=args.figure_format, baseline=args.baseline)
-    results = None
+    results, probe_pass_s = None, 0.0
     if dist_env is not None:  # every rank runs its shard; the states reduce across ranks
         import torch.distributed as dist
 
@@ -392,8 +395,10 @@ def analyze(argv: Optional[list[str]] = None) -> int:
             probes = [p for s in secs for p in s.probes(pctx)]
             status(f"probes: rank {dist_env[0]} of {dist_env[1]} runs its shard of "
                    f"{len(tokens)} windows")
+            t_pass = time.perf_counter()
             results = run_probes(view, tokens, probes, batch_size=args.batch_size,
                                  progress=not args.no_progress, attention_mask=mask)
+            probe_pass_s = time.perf_counter() - t_pass
         dist.destroy_process_group()  # rendering runs on rank 0 alone, in one process
         if not rank0:
             return 0
@@ -407,9 +412,15 @@ def analyze(argv: Optional[list[str]] = None) -> int:
             results_dir=tmp / "results", mask=mask, model_name=name, options=options,
         )
         ctx._t0 = t0
+        if results is not None:  # the pass ran above, across the processes
+            ctx.timings["probe pass"] = probe_pass_s
         ctx.results_dir.mkdir(parents=True, exist_ok=True)
         build_report(ctx, secs, batch_size=args.batch_size, progress=not args.no_progress,
                      results=results)
+        if not args.no_progress:  # each stage's seconds and share of the probe pass
+            from tl_spectral.stages import stage_table
+
+            print(stage_table(ctx.timings, before=stages), file=sys.stderr, flush=True)
         (tmp / REPORT_MARKER).write_text(json.dumps({
             "tool": "tl-spectral analyze", "model": args.model, "corpus": corpus_name,
             "n_docs": args.n_docs, "length": args.length, "seed": args.seed,
@@ -927,8 +938,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (UsageError, ValueError, OSError) as e:
         if debug:
             raise
-        if not isinstance(e, UsageError) and _disk_full(e):
-            print(f"tl-spectral {cmd}: error: {_disk_full_message(e)}", file=sys.stderr)
+        if not isinstance(e, UsageError) and disk_full(e):
+            print(f"tl-spectral {cmd}: error: {disk_full_message(e)}", file=sys.stderr)
             return 2
         msg = _one_line(e)
         if not isinstance(e, UsageError) and "weights_only" in msg:
@@ -941,8 +952,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
         import pickle
 
-        if _disk_full(e):  # the user's environment, not a bug (SafetensorError, torch …)
-            print(f"tl-spectral {cmd}: error: {_disk_full_message(e)}", file=sys.stderr)
+        if disk_full(e):  # the user's environment, not a bug (SafetensorError, torch …)
+            print(f"tl-spectral {cmd}: error: {disk_full_message(e)}", file=sys.stderr)
             return 2
         if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e):
             # never pass on torch's advice to unpickle with weights_only=False
@@ -955,42 +966,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 _NO_UNPICKLE = ("a weights file could not be read without unpickling it, which tl-spectral "
                 "never does; pass a model folder with safetensors weights (model.safetensors)")
-
-
-def _disk_full(e: BaseException) -> bool:
-    """Whether ``e`` (or an exception it was raised from) says the disk or the user's quota
-    is full: an OSError with ENOSPC / EDQUOT, or a message with 'No space left' or 'Disk
-    quota exceeded' (safetensors, torch and others re-raise the OS's error as text)."""
-    import errno
-
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
-            return True
-        text = str(e).lower()
-        if "no space left" in text or "disk quota exceeded" in text:
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def _disk_full_message(e: BaseException) -> str:
-    """One line: what filled up, and (unless the error already says how) what to do."""
-    where = getattr(e, "filename", None)
-    msg = _one_line(e)
-    at = f" while writing {where}" if where and str(where) not in msg else ""
-    advice = "" if "free" in msg.lower() else (
-        "; free some space or pass an output folder (--out, -o) on another disk, and run "
-        "again")
-    return f"the disk is full or over quota{at}: {msg}{advice}"
-
-
-def _one_line(e: BaseException) -> str:
-    msg = str(e) or type(e).__name__
-    if isinstance(e, FileNotFoundError) and e.filename and str(e.filename) not in msg:
-        msg = f"{msg}: {e.filename}"
-    return " ".join(msg.split())
 
 
 if __name__ == "__main__":  # pragma: no cover

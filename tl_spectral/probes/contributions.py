@@ -470,7 +470,9 @@ class ContributionProbe(Probe):
         W = self._W.get(layer)
         if W is None or W.device != device:
             assert self.view is not None
-            W = self._W[layer] = self.view.weights(layer).W_O.to(device)
+            # the current layer's only: a copy per layer would stay for the whole run
+            W = self.view.weights(layer).W_O.to(device)
+            self._W = {layer: W}
         return W
 
     def update(self, cap: LayerCapture) -> None:

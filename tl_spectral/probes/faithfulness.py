@@ -67,6 +67,7 @@ from tl_spectral.probes.interventions import (  # noqa: F401 - METRICS, by_lengt
     METRICS,
     DamageMetric,
     by_length,
+    logit_rows,
     padding_attention_mask,
 )
 from tl_spectral.probes.runner import Corpus, _with_padding, as_corpus, check_count
@@ -653,6 +654,9 @@ def faithfulness(
     strategy = intervention_strategy(view)
     met = DamageMetric(view, metric)
     _check_targets(met, corpus, "faithfulness")
+    if met.metric == "delta_ppl":  # a pass's logits within LOGIT_BUDGET (large vocabularies)
+        cap = logit_rows(view, int(corpus.tokens.shape[1]))
+        batch_size, rows_per_pass = min(batch_size, cap), min(rows_per_pass, cap)
     settings = ["all layers", f"layer {layer}"]
     setting_layers = [list(range(view.n_layers)), [layer]]
     S, M, F = len(settings), len(measures), len(fr)

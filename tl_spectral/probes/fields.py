@@ -4,12 +4,16 @@ Per layer it streams the head-mean field ``A_s(i, j)`` (or every head's, on requ
 document ``s`` into lag coordinates (SPEC A.3; causal ``tau = i - j``, bidirectional
 ``tau = j - i``), truncated to ``max_lag``, in float32. It keeps
 
-- a running sum and count per (query, lag) for the ensemble mean (the Reynolds split), and
+- a running sum per (query, lag) for the ensemble mean (the Reynolds split) — causal: its
+  triangle ``τ ≤ i`` only, ``T(T + 1)/2`` values with every lag — with the pair counts of
+  padded batches (full windows are counted by length, ``n_full``, and their counts formed
+  in :meth:`AttentionFieldProbe.result`), and
 - the per-document lag fields (a "cat" state), so fluctuations ``u_s = A_s - Ā`` are
   formed once at the end.
 
-N = 1,000 documents at T = 256 with all 256 lags is 262 MB per layer (float32). Padded
-positions never enter the mean, and their fluctuation is set to zero (no energy).
+N = 1,000 documents at T = 256 with all 256 lags is 262 MB per layer (float32): the state
+grows linearly in N (docs/probes.md, "Memory: how each probe grows"). Padded positions
+never enter the mean, and their fluctuation is set to zero (no energy).
 
 ``streaming=True`` keeps instead statistics whose size does not grow with N (see
 :mod:`tl_spectral.analysis.streaming_pod` and docs/scale_pod.md, "Corpora larger than
@@ -22,6 +26,7 @@ factors under the windows the first pass fixed. Its result,
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Sequence
 
@@ -83,6 +88,13 @@ def _causal_mean_lag_field(p: Tensor, max_lag: Optional[int]) -> tuple[Tensor, T
                                  pd.storage_offset() + a * (T + 1) - (e - 1))
             F[d, a:e, :e] = rows.mean(0).flip(-1)
     return F[..., : L + 1], torch.arange(0, L + 1)
+
+
+@functools.lru_cache(maxsize=4)
+def _tri_mask(T: int, n_lags: int, device: torch.device) -> Tensor:
+    """``[T, n_lags]`` bool, True at ``τ ≤ i`` (see :meth:`AttentionFieldProbe._tri`)."""
+    i = torch.arange(T, device=device)[:, None]
+    return torch.arange(n_lags, device=device)[None, :] <= i
 
 
 @register_result
@@ -264,7 +276,8 @@ class AttentionFieldProbe(Probe):
         W = self._W.get(layer)
         if W is None or W.device != device:
             assert self.view is not None
-            W = self._W[layer] = self.view.weights(layer).W_O.to(device)
+            W = self.view.weights(layer).W_O.to(device)
+            self._W = {layer: W}  # the current layer's only
         return W
 
     def begin(self, n_docs: int, length: int) -> None:
@@ -325,9 +338,20 @@ class AttentionFieldProbe(Probe):
         if self.streaming:  # constant-memory statistics instead of every document's field
             self._stream(layer, F, mask, count, cap.doc_index)
             return
-        self.accumulate(f"{layer}.sum", F.sum(dim=0))
-        self.accumulate(f"{layer}.count", count.sum(dim=0))
-        self.accumulate(f"{layer}.fields", F.to("cpu") if self.offload else F.contiguous())
+        if self.view.causal:  # the causal lag field's sum is 0 above its diagonal: keep the
+            S = F.sum(dim=0)  # [(head,) T, n_lags] → [(head,) T(T + 1)/2] (full lags)
+            self._keep(f"{layer}.sum_tri", S.masked_select(self._tri(F)).reshape(
+                *S.shape[:-2], -1))
+            del S
+        else:
+            self.accumulate(f"{layer}.sum", F.sum(dim=0))
+        if bool(mask.all()):  # full windows: their count is n · _full_count, formed in result()
+            n_full = torch.zeros(T, dtype=torch.float64, device=F.device)
+            n_full[T - 1] = float(mask.shape[0])  # by window length: runs of several merge
+            self.accumulate(f"{layer}.n_full", n_full)
+        else:
+            self.accumulate(f"{layer}.count", count.sum(dim=0))
+        self._keep(f"{layer}.fields", F.to("cpu") if self.offload else F.contiguous())
         if layer == self.layers[0]:
             self.accumulate("doc_mask", mask.to(torch.uint8))
             self.accumulate("doc_index", cap.doc_index)
@@ -339,22 +363,85 @@ class AttentionFieldProbe(Probe):
         assert self.layers is not None
         s = {k: v.cpu() for k, v in self.state.items()}  # state lives on the model's device
         T = int(s["doc_mask"].shape[1])
-        n_lags = int(s[f"{self.layers[0]}.count"].shape[-1])
+        n_lags = int(s[f"{self.layers[0]}.fields"].shape[-1])
         causal = self.view.causal if self.view is not None else True
         L = (n_lags - 1) if causal else (n_lags - 1) // 2
         lags = torch.arange(0, L + 1) if causal else torch.arange(-L, L + 1)
-        fields, means = {}, {}
+        fields, means, dens = {}, {}, {}
         for layer in self.layers:
-            cnt = s[f"{layer}.count"]
-            if self.per_head:
-                cnt = cnt[None]
-            means[str(layer)] = torch.where(cnt > 0, s[f"{layer}.sum"] / cnt.clamp_min(1.0), 0.0)
-            fields[str(layer)] = s[f"{layer}.fields"]
+            F = fields[str(layer)] = s[f"{layer}.fields"]
+            S = s.get(f"{layer}.sum")
+            if S is None:  # the causal triangle (τ ≤ i) back into [(head,) T, n_lags]
+                S = F.new_zeros(F.shape[1:])
+                S.masked_scatter_(self._tri(S), s[f"{layer}.sum_tri"].to(S.dtype))
+            else:
+                S = S.clone()
+            # the mean where(count > 0, S / max(count, 1), 0), in place in S; layers with the
+            # same full-window counts share the divisor
+            nf = s.get(f"{layer}.n_full")
+            key = (None if f"{layer}.count" in s else
+                   (tuple(nf.tolist()) if nf is not None else (), self._window(layer)))
+            den = dens.get(key) if key is not None else None
+            if den is None:
+                cnt = self._count(s, layer, lags, S)
+                den = (cnt.clamp_min(1.0), cnt <= 0)
+                if key is not None:
+                    dens[key] = den
+            means[str(layer)] = S.div_(den[0]).masked_fill_(den[1], 0.0)
+            del S, den
         return AttentionFields(
             fields=fields, mean=means, doc_mask=s["doc_mask"].to(torch.uint8)[:, :T], lags=lags,
             layers=list(self.layers), causal=causal, per_head=self.per_head,
             model_name=self.view.name if self.view is not None else "", field=self.field,
         )
+
+    def _keep(self, key: str, value: Tensor) -> None:
+        """:meth:`accumulate` of a tensor this update made and no one else holds: the first
+        batch's is kept as it is instead of copied (no second ``T × n_lags`` buffer per
+        layer, and no hole left below the kept one in the allocator's heap)."""
+        own = (value.is_contiguous() and value.storage_offset() == 0
+               and value.untyped_storage().nbytes() == value.numel() * value.element_size())
+        if key not in self.state and own:
+            self.state[key] = value.detach()
+        else:
+            self.accumulate(key, value)
+
+    @staticmethod
+    def _tri(like: Tensor) -> Tensor:
+        """``[T, n_lags]`` bool, True at ``τ ≤ i``: the causal lag field's nonzero part, kept
+        row by row (``T(T + 1)/2`` of ``T²`` values with every lag). The order is row-major,
+        so a shorter window's triangle is a prefix of a longer one's, as zero-padding the
+        square field at the end (the "sum" reduction of runs of two lengths) requires."""
+        return _tri_mask(int(like.shape[-2]), int(like.shape[-1]), like.device)
+
+    def pair_counts(self, layer: int) -> Tensor:
+        """Documents counted at each (query, lag) of ``layer`` — a real query and a real key
+        inside the document and the layer's window — ``[T, n_lags]`` on the CPU: the
+        divisor of the ensemble mean (full windows' counts are formed here, not stored)."""
+        if self.streaming:
+            raise ValueError("pair_counts is for streaming=False; a streaming probe keeps "
+                             "its counts in the first pass's statistics")
+        self._require_state()
+        s = {k: v.cpu() for k, v in self.state.items() if k.startswith(f"{layer}.")}
+        F = s[f"{layer}.fields"]
+        return self._count(s, layer, self._lags(int(F.shape[-1])), F[0])
+
+    def _count(self, s: dict, layer: int, lags: Tensor, S: Tensor) -> Tensor:
+        """Pairs per (query, lag) of the layer's documents, ``[T, n_lags]``: the padded
+        batches' counts (``count``) plus, per window length ``t``, ``n_full[t − 1]`` full
+        windows' :meth:`_full_count` zero-padded to ``[T, n_lags]`` (not stored per layer:
+        ``T × n_lags`` floats fewer per layer; the same integers as summing every batch's)."""
+        T, n_lags = int(S.shape[-2]), int(lags.numel())
+        cnt = s.get(f"{layer}.count")
+        cnt = torch.zeros(T, n_lags, dtype=S.dtype) if cnt is None else cnt.to(S.dtype, copy=True)
+        n_full = s.get(f"{layer}.n_full")
+        causal = lags.numel() == 0 or int(lags[0]) == 0
+        for t in ([] if n_full is None else torch.nonzero(n_full).flatten().tolist()):
+            L = t if self.max_lag is None else int(self.max_lag)  # t = length − 1
+            lg = torch.arange(0, L + 1) if causal else torch.arange(-L, L + 1)
+            full = self._full_count(t + 1, lg, S, self._window(layer)) * float(n_full[t])
+            cnt[: full.shape[0], : full.shape[1]] += full
+        return cnt
 
     # ------------------------------------------------------------------ streaming
     def _window(self, layer: int) -> Optional[int]:

@@ -13,7 +13,8 @@ from tl_spectral.model_view import ModelView
 from tl_spectral.probes.base import StopForward
 from tl_spectral.probes.runner import Corpus
 
-__all__ = ["METRICS", "DamageMetric", "by_length", "padding_attention_mask"]
+__all__ = ["LOGIT_BUDGET", "METRICS", "DamageMetric", "by_length", "logit_rows", "next_token_nll",
+           "padding_attention_mask"]
 
 #: the damage metrics: PPL change (decoders), embedding distance (encoders)
 METRICS = ("delta_ppl", "embedding_distance")
@@ -24,6 +25,31 @@ def by_length(corpus: Corpus) -> Corpus:
     statistic here is a sum over documents, so the order does not matter)."""
     order = torch.sort(corpus.mask.sum(1), descending=True, stable=True).indices
     return Corpus(tokens=corpus.tokens[order], mask=corpus.mask[order])
+
+
+#: bytes of float32 logits one intervention pass may form (the rows of a pass are capped so
+#: that rows × T × d_vocab × 4 stays under it: Gemma 3's 262,144-token vocabulary at T = 256
+#: takes 268 MB a row)
+LOGIT_BUDGET = 1 << 30
+
+
+def logit_rows(view: ModelView, length: int, budget: Optional[int] = None) -> int:
+    """The most rows of ``length`` tokens whose float32 logits fit in ``budget`` bytes
+    (default :data:`LOGIT_BUDGET`; at least 1)."""
+    budget = LOGIT_BUDGET if budget is None else budget
+    per_row = max(1, int(length)) * max(1, int(view.d_vocab)) * 4
+    return max(1, int(budget) // per_row)
+
+
+def next_token_nll(logits: Tensor, tokens: Tensor) -> Tensor:
+    """``[rows, T − 1]`` negative log-likelihood of each next token, row by row in float32
+    (no full ``log_softmax`` copy of the logits: ``logsumexp − logit of the target``)."""
+    tgt = tokens[:, 1:].to(logits.device)
+    out = torch.empty(tgt.shape, dtype=torch.float32, device=logits.device)
+    for r in range(logits.shape[0]):
+        row = logits[r, :-1].float()
+        out[r] = torch.logsumexp(row, -1) - row.gather(-1, tgt[r].unsqueeze(-1)).squeeze(-1)
+    return out
 
 
 class DamageMetric:
@@ -50,9 +76,7 @@ class DamageMetric:
         if self.metric == "delta_ppl":
             with torch.no_grad():
                 logits = view.run(tokens, attention_mask=attn_mask, fwd_hooks=hooks)
-            logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-            tgt = tokens[:, 1:].to(logp.device)
-            nll = -logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+            nll = next_token_nll(logits, tokens)
             ok = (mask[:, 1:] & mask[:, :-1]).to(nll.device)
             return torch.stack([(nll * ok).sum(-1), ok.sum(-1).to(nll.dtype)], -1).double().cpu()
         name = f"blocks.{view.n_layers - 1}.hook_resid_post"

@@ -66,6 +66,7 @@ from tl_spectral.probes.corpus import (  # noqa: F401  (re-exported: the runner'
     check_count,
     infer_padding,
 )
+from tl_spectral.probes.heap import note_freed, release_free_heap
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -448,6 +449,7 @@ def run_probes(
 
     for p in probe_list:
         p._docs_seen = p.docs_seen + len(corpus)
+    release_free_heap()  # the pass's freed buffers back to the system before the results
     results = {p.name: p.result() for p in probe_list}
     if not return_logits:
         return results
@@ -765,6 +767,7 @@ def _run_batch(view: ModelView, tokens: Tensor, mask: Tensor, doc_index: Tensor,
     needs, readers, last_layer = plan.needs, plan.readers, plan.last_layer
     stop_early, want_logits, offsets = plan.stop_early, plan.want_logits, plan.offsets
     captures: dict[int, LayerCapture] = {}
+    freed = [0]  # pattern bytes captured since the last heap trim (heap.note_freed)
     pending = {layer: set(kinds) for layer, kinds in needs.items()}
     device = view.device
     ctx = _BatchContext(view, mask, tokens, device, check_finite=plan.check_finite,
@@ -786,6 +789,8 @@ def _run_batch(view: ModelView, tokens: Tensor, mask: Tensor, doc_index: Tensor,
             if not pending[layer]:
                 _update(readers[layer], cap, offsets)
                 del captures[layer]
+                if cap.pattern is not None:  # its T × T buffers are freed: trim now and then
+                    note_freed(freed, cap.pattern.numel() * cap.pattern.element_size())
                 if stop_early and layer == last_layer and not any(pending.values()):
                     raise StopForward
             return t

@@ -216,8 +216,9 @@ class SinkProbe(Probe):
         layer = cap.layer
         p = cap.pattern.float()
         W = self._W.get(layer)
-        if W is None or W.device != p.device:  # read once, kept on the model's device
-            W = self._W[layer] = self.view.weights(layer, device=p.device).W_O
+        if W is None or W.device != p.device:  # on the model's device; the current layer's
+            W = self.view.weights(layer, device=p.device).W_O  # only (not one per layer
+            self._W = {layer: W}  # for the whole run)
         qm = cap.mask
         causal = self.view.causal
         _check_sink_index(self.sink_index, p.shape[-1])
@@ -410,7 +411,12 @@ def zero_sink_value(
         intervention_strategy,
         removal_hooks,
     )
-    from tl_spectral.probes.interventions import DamageMetric, by_length, padding_attention_mask
+    from tl_spectral.probes.interventions import (
+        DamageMetric,
+        by_length,
+        logit_rows,
+        padding_attention_mask,
+    )
     from tl_spectral.probes.runner import _with_padding, as_corpus, check_count
 
     view = model if isinstance(model, ModelView) else ModelView(model)
@@ -424,6 +430,9 @@ def zero_sink_value(
     strategy = intervention_strategy(view)
     met = DamageMetric(view, metric)
     _check_targets(met, corpus, "zero_sink_value")
+    if met.metric == "delta_ppl":  # a pass's logits within LOGIT_BUDGET (large vocabularies)
+        cap = logit_rows(view, int(corpus.tokens.shape[1]))
+        batch_size, rows_per_pass = min(batch_size, cap), min(rows_per_pass, cap)
     settings = [[l] for l in layers] + [layers]
     names = [f"layer {l}" for l in layers] + ["all layers"]
     S = len(settings)

@@ -157,9 +157,27 @@ def planted_score(tokens: Any, mask: Any, score: str) -> float:
     (induction)."""
     import torch
 
-    t = torch.as_tensor(tokens)
+    if not isinstance(tokens, torch.Tensor):  # a token file's windows: read 64 at a time
+        from tl_spectral.probes.corpus import as_corpus
+
+        corpus = as_corpus(tokens, mask)
+        hits = real = 0
+        for lo in range(0, len(corpus), 64):
+            t, m = corpus.batch(lo, min(lo + 64, len(corpus)))
+            hits += _planted_hits(t, m, score)
+            real += int(m.sum())
+        return hits / max(real, 1)
+    m = None if mask is None else torch.as_tensor(mask).bool()
+    if m is None:
+        m = torch.ones(tokens.shape, dtype=torch.bool)
+    return _planted_hits(tokens, m, score) / max(int(m.sum()), 1)
+
+
+def _planted_hits(t: Any, m: Any, score: str) -> int:
+    """The real queries ``m`` of ``t [n, T]`` whose planted head marks at least one key."""
+    import torch
+
     n, T = t.shape
-    m = torch.ones_like(t, dtype=torch.bool) if mask is None else torch.as_tensor(mask).bool()
     idx = torch.arange(T)
     if score == "previous_token":
         has = (idx >= 1)[None, :].expand(n, T)
@@ -172,7 +190,7 @@ def planted_score(tokens: Any, mask: Any, score: str) -> float:
             else torch.zeros(n, T, dtype=torch.bool)
     else:
         raise ValueError(f"unknown score {score!r}; pick one of {sorted(_JOBS)}")
-    return float((has & m).sum()) / max(int(m.sum()), 1)
+    return int((has & m.to(has.device)).sum())
 
 
 def _presence(report: Report, ctx: ReportContext, best: dict, planted: dict) -> None:
