@@ -154,13 +154,38 @@ class ReportContext:
         return token_strings(self.tokenizer, ids)
 
 
+@dataclass(frozen=True)
+class ModelPass:
+    """A computation on the model that a section needs besides the probe pass — a forward
+    pass with hooks of its own (perplexity, induction on repeated tokens, faithfulness
+    ablations, the random-weight twin, the linearization curve) or a read of the weights
+    (QK geometry). Sections declare them (``ReportSection.passes``); the report's plan runs
+    them, once per ``key``, after the probe pass, with a progress line and a row in the stage
+    table each (``pass <key>``); their results join the probe results under ``key`` and the
+    sections only render.
+
+    Attributes:
+        key: the result's name in ``results`` (two sections declaring one key share the run).
+        title: what the progress line says while it runs.
+        run: ``run(ctx) -> result``; the only code of a section that touches the model.
+    """
+
+    key: str
+    title: str
+    run: Callable[["ReportContext"], Any]
+
+
 class ReportSection:
-    """A section: the probes it needs (run together with every other section's) and a render."""
+    """A section: the probes it needs (run together with every other section's), the model
+    passes it needs besides them (:class:`ModelPass`), and a render that reads results only."""
 
     key: str = "section"
     title: str = "Section"
 
     def probes(self, ctx: ReportContext) -> list[Probe]:
+        return []
+
+    def passes(self, ctx: ReportContext) -> list[ModelPass]:
         return []
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:

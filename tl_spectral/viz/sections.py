@@ -11,6 +11,7 @@ and save what a reload needs under ``results/`` (raw per-query maps only with
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 import json
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from tl_spectral.viz.context import (  # noqa: F401 - shared by the sections, re
     SHOWN_POSITIONS,
     VIEW_DOCS,
     VIEW_HEADS_FOR_3_DOCS,
+    ModelPass,
     ReportContext,
     ReportSection,
     register_section,
@@ -317,6 +319,56 @@ def _zoo_description(name: str) -> Optional[str]:
     return zoo.describe(name).split(": ", 1)[1]
 
 
+@dataclass
+class ReportPlan:
+    """What a report runs on the model, declared by its sections before anything runs: the
+    probes of the ONE probe pass and the other model passes (:class:`ModelPass`, once per
+    key, in section order)."""
+
+    sections: list
+    probes: list
+    passes: list
+
+
+def plan_report(ctx: ReportContext, sections: Optional[list[ReportSection]] = None
+                ) -> ReportPlan:
+    """The plan of a report: every section's probes and model passes (nothing runs)."""
+    secs = sections if sections is not None else [f() for f in SECTIONS]
+    probes: list[Probe] = [p for s in secs for p in s.probes(ctx)]
+    passes: dict[str, ModelPass] = {}
+    for s in secs:
+        for mp in getattr(s, "passes", lambda c: [])(ctx):
+            passes.setdefault(mp.key, mp)
+    return ReportPlan(secs, probes, list(passes.values()))
+
+
+def run_probe_pass(ctx: ReportContext, plan: ReportPlan, batch_size: int = 16,
+                   progress: bool = True) -> dict[str, Any]:
+    """The plan's probe pass over the context's windows (timed as ``probe pass``)."""
+    from tl_spectral.probes import run_probes
+
+    if not plan.probes:
+        return {}
+    n_docs, T = int(ctx.tokens.shape[0]), int(ctx.tokens.shape[1])
+    ctx.status(f"probes: one pass over {n_docs} windows of {T} tokens")
+    t = time.perf_counter()
+    results = run_probes(ctx.view, ctx.tokens, plan.probes, batch_size=batch_size,
+                         progress=progress, attention_mask=ctx.mask)
+    ctx.timings["probe pass"] = time.perf_counter() - t
+    return results
+
+
+def run_model_passes(ctx: ReportContext, plan: ReportPlan, results: dict[str, Any]) -> None:
+    """The plan's other model passes, in order, each timed as ``pass <key>``; their results
+    join ``results``. After this, nothing of the report touches the model."""
+    for mp in plan.passes:
+        ctx.status(mp.title)
+        t = time.perf_counter()
+        results[mp.key] = mp.run(ctx)
+        ctx.timings[f"pass {mp.key}"] = time.perf_counter() - t
+    ctx.baseline_cache.clear()  # the random twin, if one was built: freed before rendering
+
+
 def build_report(
     ctx: ReportContext,
     sections: Optional[list[ReportSection]] = None,
@@ -325,31 +377,26 @@ def build_report(
     title: Optional[str] = None,
     results: Optional[dict[str, Any]] = None,
 ) -> Path:
-    """Run all sections' probes in one pass, render every section, write index.html.
+    """Plan the report, run its probe pass and model passes, render every section from the
+    results, write index.html.
 
     results: the probes' results when they were already computed (e.g. reduced across the
-    processes of ``torchrun`` by ``tl-spectral analyze``); then no probe runs here."""
-    from tl_spectral.probes import run_probes
-
+    processes of ``torchrun`` by ``tl-spectral analyze``); then no probe pass runs here."""
     if ctx.options.progress is None:
         ctx.options = dataclasses.replace(ctx.options, progress=progress)
-    #: seconds per phase (the probe pass, each section, the writing), for benchmarks
+    plan = plan_report(ctx, sections)
+    secs = plan.sections
+    results = dict(results) if results is not None else run_probe_pass(
+        ctx, plan, batch_size=batch_size, progress=progress)
+    run_model_passes(ctx, plan, results)
+    return render_report(ctx, secs, results, title=title)
+
+
+def render_report(ctx: ReportContext, secs: list, results: dict[str, Any],
+                  title: Optional[str] = None) -> Path:
+    """Render every section from ``results`` (probe and pass results) and write the page."""
     timings: dict[str, float] = ctx.timings
-    secs = sections if sections is not None else [f() for f in SECTIONS]
-    probes: list[Probe] = []
-    for s in secs:
-        probes.extend(s.probes(ctx))
     n_docs, T = int(ctx.tokens.shape[0]), int(ctx.tokens.shape[1])
-    if results is not None:
-        pass
-    elif not probes:
-        results = {}
-    else:
-        ctx.status(f"probes: one pass over {n_docs} windows of {T} tokens")
-        t = time.perf_counter()
-        results = run_probes(ctx.view, ctx.tokens, probes, batch_size=batch_size,
-                             progress=progress, attention_mask=ctx.mask)
-        timings["probe pass"] = time.perf_counter() - t
     seed = ctx.options.meta.get("seed")
     run = f"{n_docs} windows × {T} tokens" + (f", seed {seed}" if seed is not None else "")
     about = _zoo_description(ctx.name)
