@@ -320,7 +320,7 @@ def test_report_section_renders(tmp_path):
     rep = Report("t")
     sec = SurgerySection()
     assert sec.probes(ctx) == []
-    sec.render(rep, {}, ctx)
+    sec.render(rep, {mp.key: mp.run(ctx) for mp in sec.passes(ctx)}, ctx)
     out = rep.write(tmp_path / "r")
     html = out.read_text()
     assert "Spectral surgery" in html and "curve" in html.lower()

@@ -433,8 +433,8 @@ def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int
     pe = str(getattr(getattr(view.model, "cfg", None), "positional_embedding_type", "standard"))
     rot = pe == "rotary" and _has_rotated_hooks(view)
     if pe != "standard" and not rot:
-        raise ValueError(f"{view.name} uses {pe!r} positions and exposes no hook on its "
-                         "rotated queries and keys (hook_rot_q / hook_rot_k): hook_q/hook_k "
+        raise ValueError(f"{view.name} uses {pe!r} positions and no hook on its rotated "
+                         "queries and keys (hook_rot_q / hook_rot_k) fires: hook_q/hook_k "
                          "are not the vectors whose dot product forms the score; pass a model "
                          "with standard positions or a TransformerBridge of a rotary model")
     if tokens.dim() != 2 or tokens.shape[1] < 2:
@@ -471,7 +471,21 @@ def _has_rotated_hooks(view: Any) -> bool:
     """Whether the model exposes its rotated queries and keys (TransformerBridge of a rotary
     model: ``blocks.0.attn.hook_rot_q`` / ``hook_rot_k``, ``[batch, pos, head, d]``)."""
     names = getattr(view.model, "hook_dict", None) or {}
-    return "blocks.0.attn.hook_rot_q" in names and "blocks.0.attn.hook_rot_k" in names
+    if "blocks.0.attn.hook_rot_q" not in names or "blocks.0.attn.hook_rot_k" not in names:
+        return False
+    # declared is not enough: a bridge of a native rotary model lists them but never calls
+    # them (its attention rotates inside); check on two tokens that both fire
+    fired: set[str] = set()
+
+    def seen(t: torch.Tensor, hook: Any = None) -> torch.Tensor:
+        fired.add(hook.name)
+        return t
+
+    with torch.no_grad():
+        view.run(torch.zeros(1, 2, dtype=torch.long),
+                 fwd_hooks=[("blocks.0.attn.hook_rot_q", seen),
+                            ("blocks.0.attn.hook_rot_k", seen)])
+    return fired == {"blocks.0.attn.hook_rot_q", "blocks.0.attn.hook_rot_k"}
 
 
 # ------------------------------------------------------------ cascade allocation

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tl_spectral.probes import ContributionProbe, Probe, SinkProbe
-from tl_spectral.viz.context import register_section
+from tl_spectral.viz.context import ModelPass, register_section
 from tl_spectral.viz.contribution_plots import (
     plot_faithfulness_areas,
     plot_spearman,
@@ -19,6 +19,17 @@ from tl_spectral.viz.sink_plots import plot_rho_star
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
     from tl_spectral.viz.report import Report
+
+
+def faithfulness_pass(ctx: "ReportContext") -> Any:
+    """The faithfulness pass: curves on the first ``faithfulness_docs`` windows."""
+    from tl_spectral.probes.faithfulness import faithfulness
+
+    n_f = int(ctx.options.faithfulness_docs)
+    toks = ctx.tokens[:n_f]  # every token real unless the context says otherwise:
+    mask = (ctx.mask[:n_f] if ctx.mask is not None  # never inferred from a pad id
+            else torch.ones(tuple(toks.shape), dtype=torch.bool))
+    return faithfulness(ctx.view, toks, attention_mask=mask)
 
 
 @register_section
@@ -36,6 +47,13 @@ class ContributionSection:
         return [ContributionProbe(keep_docs=view_documents(ctx),
                                   keep_positions=None if ctx.save_raw else SHOWN_POSITIONS),
                 SinkProbe()]
+
+    def passes(self, ctx: "ReportContext") -> list[ModelPass]:
+        n_f = int(ctx.options.faithfulness_docs)
+        if n_f <= 0:
+            return []
+        return [ModelPass("faithfulness", f"faithfulness curves on {n_f} documents",
+                          faithfulness_pass)]
 
     def render(self, report: "Report", results: dict[str, Any], ctx: "ReportContext") -> None:
         ctx.status("contributions and sinks: tables and figures")
@@ -125,13 +143,7 @@ class ContributionSection:
         n_f = int(ctx.options.faithfulness_docs)
         report.subsection("Faithfulness")
         if n_f > 0:
-            from tl_spectral.probes.faithfulness import faithfulness
-
-            ctx.status(f"faithfulness curves on {n_f} documents")
-            toks = ctx.tokens[:n_f]  # every token real unless the context says otherwise:
-            mask = (ctx.mask[:n_f] if ctx.mask is not None  # never inferred from a pad id
-                    else torch.ones(tuple(toks.shape), dtype=torch.bool))
-            res = faithfulness(ctx.view, toks, attention_mask=mask)
+            res = results["faithfulness"]
             res.save(ctx.results_dir / "faithfulness.safetensors")
             report.figure(res.plot_curves(), "Faithfulness curves: the better measure changes the output more when its "
                       "top sources are removed and less when only they are kept.")

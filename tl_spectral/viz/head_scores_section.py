@@ -8,7 +8,7 @@ import string
 from typing import TYPE_CHECKING, Any
 
 from tl_spectral.probes.head_scores import HeadScoresProbe, repeated_random_tokens
-from tl_spectral.viz.context import register_section
+from tl_spectral.viz.context import ModelPass, register_section
 
 if TYPE_CHECKING:
     from tl_spectral.probes import Probe
@@ -40,6 +40,33 @@ def encoder_token_sets(tokenizer: Any) -> dict[str, list[int]]:
     return out
 
 
+def repeated_sequences(ctx: ReportContext) -> tuple[Any, int]:
+    """The induction probe's input: ``INDUCTION_SEQS`` repeated random sequences (a random
+    block of ``half`` tokens of the vocabulary of (at most 64 of) the report's windows, past
+    position 0, then the same block again, after position 0 of the first window), seeded."""
+    import torch
+
+    sample = ctx.tokens[: min(64, int(ctx.tokens.shape[0]))]
+    used = torch.unique(sample[:, 1:] if sample.shape[1] > 1 else sample)
+    half = max(2, min(INDUCTION_HALF, (ctx.view.n_ctx - 1) // 2,
+                      (int(ctx.tokens.shape[1]) - 1) // 2))
+    prefix = ctx.tokens[0, :1].tolist()
+    rep = repeated_random_tokens(used.tolist(), INDUCTION_SEQS, half, prefix=prefix,
+                                 seed=int(ctx.options.meta.get("seed", 0) or 0))
+    return rep, half
+
+
+def induction_pass(ctx: ReportContext) -> Any:
+    """The induction pass: head scores on the repeated random sequences (all real tokens)."""
+    import torch
+
+    from tl_spectral.probes import run_probes
+
+    rep, _ = repeated_sequences(ctx)
+    return run_probes(ctx.view, rep, [HeadScoresProbe()], progress=False,
+                      attention_mask=torch.ones_like(rep, dtype=torch.bool))["head_scores"]
+
+
 @register_section
 class HeadScoresSection:
     """A report section (the ``ReportSection`` protocol: key, title, probes, render)."""
@@ -52,27 +79,18 @@ class HeadScoresSection:
         sets = {} if ctx.view.causal else encoder_token_sets(ctx.tokenizer)
         return [HeadScoresProbe(token_sets=sets)]
 
-    def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
-        import torch
+    def passes(self, ctx: ReportContext) -> list[ModelPass]:
+        return [ModelPass("head_scores_repeated", "head scores: induction on repeated random "
+                          "sequences", induction_pass)]
 
-        from tl_spectral.probes import run_probes
+    def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         from tl_spectral.viz.multiples import heads_by_layer_figure
 
         res = results["head_scores"]
         res.save(ctx.results_dir / "head_scores.safetensors")
         report.section(self.title)
-        # induction on repeated random sequences (a second, small pass)
-        # the vocabulary of (at most 64 of) the report's windows, past position 0
-        sample = ctx.tokens[: min(64, int(ctx.tokens.shape[0]))]
-        used = torch.unique(sample[:, 1:] if sample.shape[1] > 1 else sample)
-        half = max(2, min(INDUCTION_HALF, (ctx.view.n_ctx - 1) // 2,
-                          (int(ctx.tokens.shape[1]) - 1) // 2))
-        prefix = ctx.tokens[0, :1].tolist()
-        rep = repeated_random_tokens(used.tolist(), INDUCTION_SEQS, half, prefix=prefix,
-                                     seed=int(ctx.options.meta.get("seed", 0) or 0))
-        ctx.status("head scores: induction on repeated random sequences")
-        ind = run_probes(ctx.view, rep, [HeadScoresProbe()], progress=False,  # all real tokens:
-                         attention_mask=torch.ones_like(rep, dtype=torch.bool))["head_scores"]
+        rep, half = repeated_sequences(ctx)
+        ind = results["head_scores_repeated"]
         ind.save(ctx.results_dir / "head_scores_repeated.safetensors")
         report.text(
             "Per head, the scores of TransformerLens' head detector [TL] "

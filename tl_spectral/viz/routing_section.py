@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tl_spectral.viz.context import register_section
+from tl_spectral.viz.context import ModelPass, register_section
 
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
@@ -33,23 +33,49 @@ class RoutingFilteringSection:
     def probes(self, ctx: ReportContext) -> list:
         return []  # weights only
 
+    def passes(self, ctx: ReportContext) -> list[ModelPass]:
+        if ctx.view.positional == "rotary":
+            return [ModelPass("rotary_qk_geometry", "routing/filtering: offset-resolved "
+                              "rotary geometry of every head", self.rotary_geometry)]
+        return [ModelPass("qk_geometry", "routing/filtering: QK geometry of every head",
+                          self.geometry)]
+
+    def geometry(self, ctx: ReportContext) -> Any:
+        """The weights pass of a model with standard positions: ``model_qk_geometry``, or
+        why its heads cannot be read (a str)."""
+        from tl_spectral.geometry.model import UnreadableHeadsError, model_qk_geometry
+
+        try:
+            return model_qk_geometry(ctx.view, fold_ln=self.fold_ln,
+                                     allow_rotary=self.allow_rotary)
+        except UnreadableHeadsError as e:
+            return str(e)
+
+    def rotary_geometry(self, ctx: ReportContext) -> Any:
+        """The weights pass of a rotary model: ``model_rotary_geometry`` over the report's
+        window length (spectra at Δ = 0 only: the report shows energies, which the stored
+        trigonometric forms give exactly at any offset), or why it cannot run (a str)."""
+        from tl_spectral.geometry.model import UnreadableHeadsError, model_rotary_geometry
+
+        try:
+            return model_rotary_geometry(
+                ctx.view, fold_ln=self.fold_ln, n_ctx=int(ctx.tokens.shape[1]), offsets=[0],
+                distribution="causal" if ctx.view.causal else "uniform",
+                average_ranks=False)
+        except UnreadableHeadsError as e:
+            return str(e)
+
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
-        from tl_spectral.geometry.model import (
-            UnreadableHeadsError,
-            geometry_layer_table,
-            model_qk_geometry,
-        )
+        from tl_spectral.geometry.model import geometry_layer_table
 
         report.section(self.title)
-        ctx.status("routing/filtering: QK geometry of every head")
         fold = self.fold_ln
         if ctx.view.positional == "rotary":
-            self._rotary(report, ctx, fold)
+            self._rotary(report, ctx, fold, results["rotary_qk_geometry"])
             return
-        try:
-            geo = model_qk_geometry(ctx.view, fold_ln=fold, allow_rotary=self.allow_rotary)
-        except UnreadableHeadsError as e:
-            report.text(f"The QK geometry of this model could not be computed: {e}")
+        geo = results["qk_geometry"]
+        if isinstance(geo, str):
+            report.text(f"The QK geometry of this model could not be computed: {geo}")
             return
         geo.save(ctx.results_dir / "qk_geometry.safetensors")
         geo.to_csv(ctx.results_dir / "qk_geometry_heads.csv")
@@ -83,22 +109,13 @@ class RoutingFilteringSection:
                       "Eigenvalues of M per head (scaled by each head's largest modulus): "
                       "eigenvalues with a positive real part mark unstable heads.")
 
-    def _rotary(self, report: Report, ctx: ReportContext, fold: bool) -> None:
+    def _rotary(self, report: Report, ctx: ReportContext, fold: bool, geo: Any) -> None:
         """Rotary models: the kernel depends on the offset Δ = j − i, M(Δ) = W_Q R(Δ) W_Kᵀ
         (tl_spectral.geometry.rotary): routing fraction against the offset per layer, and its
         average over the causal offset distribution of the report's windows."""
-        from tl_spectral.geometry.model import UnreadableHeadsError, model_rotary_geometry
-
         T = int(ctx.tokens.shape[1])
-        ctx.status("routing/filtering: offset-resolved rotary geometry of every head")
-        try:
-            # spectra at Δ = 0 only: the report shows energies, which the stored
-            # trigonometric forms give exactly at any offset (geo.energies)
-            geo = model_rotary_geometry(ctx.view, fold_ln=fold, n_ctx=T, offsets=[0],
-                                        distribution="causal" if ctx.view.causal else "uniform",
-                                        average_ranks=False)
-        except UnreadableHeadsError as e:
-            report.text(f"The rotary QK geometry of this model could not be computed: {e}")
+        if isinstance(geo, str):
+            report.text(f"The rotary QK geometry of this model could not be computed: {geo}")
             return
         lags = _lag_grid(T)
         rf = geo.energies([-x for x in lags])["routing_fraction"]  # [layer, head, n]

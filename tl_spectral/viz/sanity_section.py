@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from tl_spectral.viz.context import register_section
+from tl_spectral.viz.context import ModelPass, register_section
 
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
@@ -70,7 +70,13 @@ class SanitySection:
     order = 5
 
     def probes(self, ctx: ReportContext) -> list:
-        return []  # its own forward passes
+        return []
+
+    def passes(self, ctx: ReportContext) -> list[ModelPass]:
+        if not ctx.view.causal:
+            return []
+        return [ModelPass("sanity_perplexity", "sanity: perplexity of the model, of its random "
+                          "twin and of a unigram model", sanity_perplexities)]
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         report.section(self.title)
@@ -79,16 +85,10 @@ class SanitySection:
                         "perplexity to check. The attention statistics' uniform-attention "
                         "check is its sanity check.")
             return
-        ctx.status("sanity: perplexity of the model, of its random twin and of a unigram model")
-        n = min(SANITY_DOCS, int(ctx.tokens.shape[0]))
-        toks = ctx.tokens[:n]
-        mask = None if ctx.mask is None else ctx.mask[:n]
-        ppl = window_perplexity(ctx.view, toks, mask)
-        ppl_rand = _random_twin_perplexity(ctx, toks, mask)
-        ppl_uni = unigram_perplexity(toks, mask)
-        V = int(getattr(ctx.view, "d_vocab", 0) or 0)
+        r = results["sanity_perplexity"]
+        ppl, ppl_rand, ppl_uni = r["model_ppl"], r["random_weights_ppl"], r["unigram_ppl"]
+        n, n_pred, V = r["windows"], r["predicted_tokens"], r["vocabulary"]
         ctx.sanity.update({"ppl": ppl, "ppl_random": ppl_rand, "ppl_unigram": ppl_uni})
-        n_pred = int(mask[:, 1:].sum()) if mask is not None else n * (int(toks.shape[1]) - 1)
         report.text(
             f"Perplexity of next-token prediction on the first {n} of the report's windows "
             f"({n_pred} predicted tokens), beside the same architecture with random weights "
@@ -97,9 +97,7 @@ class SanitySection:
             f"achieves) and the vocabulary size (uniform guessing). A trained model sits far "
             "below the unigram reference; a model at or above it has learned nothing a token "
             "count does not know.")
-        report.table([{"model_ppl": ppl, "random_weights_ppl": ppl_rand,
-                       "unigram_ppl": ppl_uni, "vocabulary": V, "windows": n,
-                       "predicted_tokens": n_pred}],
+        report.table([dict(r)],
                      "perplexity of the model and its references", name="sanity_perplexity")
         if ppl >= ppl_uni:
             report.finding(
@@ -114,6 +112,21 @@ class SanitySection:
                 f"Sanity: perplexity {ppl:.4g} on the report's windows, below a unigram model "
                 f"of them ({ppl_uni:.4g}) and the same architecture with random weights "
                 f"({ppl_rand:.4g}): a trained language model.", first=True)
+
+
+def sanity_perplexities(ctx: ReportContext) -> dict[str, Any]:
+    """The sanity pass: perplexity of the model, of its random-weight twin and of a unigram
+    model on the first ``SANITY_DOCS`` windows (a JSON-able row)."""
+    n = min(SANITY_DOCS, int(ctx.tokens.shape[0]))
+    toks = ctx.tokens[:n]
+    mask = None if ctx.mask is None else ctx.mask[:n]
+    ppl = window_perplexity(ctx.view, toks, mask)
+    ppl_rand = _random_twin_perplexity(ctx, toks, mask)
+    n_pred = int(mask[:, 1:].sum()) if mask is not None else n * (int(toks.shape[1]) - 1)
+    return {"model_ppl": ppl, "random_weights_ppl": ppl_rand,
+            "unigram_ppl": unigram_perplexity(toks, mask),
+            "vocabulary": int(getattr(ctx.view, "d_vocab", 0) or 0), "windows": n,
+            "predicted_tokens": n_pred}
 
 
 def _random_twin_perplexity(ctx: ReportContext, toks: Any, mask: Any) -> float:

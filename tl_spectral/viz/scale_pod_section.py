@@ -6,11 +6,12 @@ the field)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING, Any
 
 from tl_spectral.probes import AttentionFieldProbe, Probe
 from tl_spectral.probes.pair_fields import check_field_kind
-from tl_spectral.viz.context import register_section
+from tl_spectral.viz.context import ModelPass, register_section
 
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
@@ -77,10 +78,18 @@ class ScalePODSection:
                     for f in report_fields(ctx)]
         return [AttentionFieldProbe(field=f, name=_probe_name(f)) for f in report_fields(ctx)]
 
+    def passes(self, ctx: ReportContext) -> list[ModelPass]:
+        if ctx.options.baseline != "random":
+            return []
+        return [ModelPass(f"baseline_{f}", f"baseline: probe pass and scale POD of the {f} "
+                          "fields of the re-initialised twin",
+                          functools.partial(baseline_pod, field=f)) for f in report_fields(ctx)]
+
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         advice: dict[str, list[dict]] = {}
         for f in report_fields(ctx):
-            alloc = self._render_field(report, results[_probe_name(f)], ctx, f)
+            alloc = self._render_field(report, results[_probe_name(f)], ctx, f,
+                                       results.get(f"baseline_{f}"))
             if alloc and all(r.get("advice") is not None for r in alloc):
                 advice[f] = alloc
         if len(advice) > 1:
@@ -117,7 +126,7 @@ class ScalePODSection:
                      name="head_allocation_by_field")
 
     def _render_field(self, report: Report, fields: Any, ctx: ReportContext,
-                      field: str) -> list:
+                      field: str, base: Any = None) -> list:
         what, text = FIELD_TEXT[field]
         plain = field == "attention"
         report.section(self.title if plain else f"Scale-selective POD of {what} fields")
@@ -163,7 +172,6 @@ class ScalePODSection:
         _h_star_finding(report, pod, what)
         report.subsection("Per-layer summary and head allocation")
         table = pod.to_rows()
-        base = _baseline_pod(ctx, field, fields)
         if base is not None:
             for row, b in zip(table, base.layers):
                 row["H_star_random"] = b.full["H_star_str"]
@@ -330,11 +338,9 @@ def _uncertainty(report: Report, fields: Any, pod: Any, ctx: ReportContext, what
                        "over documents", name=f"scale_pod_intervals_{what.replace(' ', '_')}")
 
 
-def _baseline_pod(ctx: ReportContext, field: str, fields: Any) -> Any:
-    """The scale POD of ``field`` for the re-initialised twin of the model
-    (``options["baseline"] == "random"``), computed once per field; None without a baseline."""
-    if ctx.options.baseline != "random":
-        return None
+def baseline_pod(ctx: ReportContext, field: str) -> Any:
+    """The baseline pass: the scale POD of ``field`` for the re-initialised twin of the
+    model (``--baseline random``), the twin built once per report."""
     from tl_spectral.model_view import ModelView
     from tl_spectral.probes import run_probes
     from tl_spectral.viz.baseline import random_copy
@@ -344,7 +350,6 @@ def _baseline_pod(ctx: ReportContext, field: str, fields: Any) -> Any:
         ctx.status("baseline: the same configuration re-initialised")
         seed = int(ctx.options.meta.get("seed", 0) or 0)
         cache["view"] = ModelView(random_copy(ctx.view.model, seed=seed))
-    ctx.status(f"baseline: probe pass and scale POD of the {field} fields")
     res = run_probes(cache["view"], ctx.tokens,
                      [AttentionFieldProbe(field=field,
                                           name="baseline")],

@@ -156,6 +156,10 @@ class AttentionStatsSection(ReportSection):
         # the report shows SHOWN_POSITIONS; --save-raw keeps every position's mean pattern
         return [AttentionStatsProbe(pattern_positions=None if ctx.save_raw else 256)]
 
+    def passes(self, ctx: ReportContext) -> list[ModelPass]:
+        return [ModelPass("view_patterns", "attention statistics: patterns of the documents "
+                          "the views show", view_patterns)]
+
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         import math
 
@@ -212,32 +216,20 @@ class AttentionStatsSection(ReportSection):
                            "position-0 mass and the most focused head)", name="attention_heads",
                      show=_informative_head_rows(rows))
         report.subsection("Interactive view")
-        self._views(report, res, ctx)
+        self._views(report, res, ctx, results)
 
-    def _views(self, report: Report, res: Any, ctx: ReportContext) -> None:
+    def _views(self, report: Report, res: Any, ctx: ReportContext,
+               results: dict[str, Any]) -> None:
         """Every layer's patterns on the first tokens of a few documents, lazily rendered
         circuitsvis views behind a document and a layer selector (layers 0 → L−1; the layers
         that matter marked and the most focused one shown first)."""
-        import torch
-
         from tl_spectral.viz.report import pack_maps
 
-        ctx.status("attention statistics: interactive views")
         docs = view_documents(ctx)
-        n = min([SHOWN_POSITIONS] + [ctx.doc_length(d) for d in docs])
+        cap = results["view_patterns"]
+        n = int(cap[0].shape[-1])
         toks = ctx.tokens[: len(docs), :n]  # docs are the first windows (a slice: lazy token files)
-        cap: dict[int, Any] = {}
         layers = list(range(ctx.view.n_layers))
-
-        def hook_for(layer: int):
-            def hook(t, hook=None):
-                cap[layer] = t.detach().cpu()
-                return t
-            return hook
-
-        with torch.no_grad():
-            ctx.view.run(toks, fwd_hooks=[(ctx.view.hook_pattern(layer), hook_for(layer))
-                                          for layer in layers], return_type=None)
         strings = [ctx.token_strings(toks[i]) for i in range(len(docs))]
         causal = ctx.view.causal
         items = []
@@ -263,6 +255,28 @@ class AttentionStatsSection(ReportSection):
             option_notes=notes,
             summary=f"Open the interactive attention patterns ({len(docs)} documents × "
                     f"{len(layers)} layers; rendered when opened)")
+
+
+def view_patterns(ctx: ReportContext) -> dict[int, Any]:
+    """The views' pass: every layer's patterns ``[doc, head, q, k]`` on the first tokens
+    (at most ``SHOWN_POSITIONS``) of the documents the views show."""
+    import torch
+
+    docs = view_documents(ctx)
+    n = min([SHOWN_POSITIONS] + [ctx.doc_length(d) for d in docs])
+    toks = ctx.tokens[: len(docs), :n]  # docs are the first windows (a slice: lazy token files)
+    cap: dict[int, Any] = {}
+
+    def hook_for(layer: int):
+        def hook(t, hook=None):
+            cap[layer] = t.detach().cpu()
+            return t
+        return hook
+
+    with torch.no_grad():
+        ctx.view.run(toks, fwd_hooks=[(ctx.view.hook_pattern(layer), hook_for(layer))
+                                      for layer in range(ctx.view.n_layers)], return_type=None)
+    return cap
 
 
 def head_roles_finding(report: Report, ctx: ReportContext) -> None:

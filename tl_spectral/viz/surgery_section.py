@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tl_spectral.viz.context import register_section
+from tl_spectral.viz.context import ModelPass, register_section
 
 if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
@@ -30,18 +30,34 @@ class SurgerySection:
     n_docs = 16
 
     def probes(self, ctx: ReportContext) -> list:
-        return []  # its own forward passes with pattern hooks
+        return []
 
-    def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
+    def passes(self, ctx: ReportContext) -> list[ModelPass]:
+        if not ctx.view.causal:
+            return []
+        return [ModelPass("surgery_tl_curve", "surgery: zero-shot linearization curve",
+                          self.curve)]
+
+    def curve(self, ctx: ReportContext) -> Any:
+        """The pass: the zero-shot linearization curve on the first windows (a
+        ``LinearizationCurve``), or the reason it cannot run (a str)."""
         from tl_spectral.models.surgery import tl_linearization_curve
 
+        deep = ctx.view.n_layers > EVERY_K_UP_TO
+        toks = ctx.tokens[:self.n_docs // 2 if deep else self.n_docs]
+        try:
+            return tl_linearization_curve(ctx.view, toks, name=ctx.view.name,
+                                          ks=curve_ks(ctx.view.n_layers))
+        except ValueError as e:
+            return str(e)
+
+    def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         report.section(self.title)
         if not ctx.view.causal:
             report.text("Does not apply: this model is bidirectional (an encoder), not a causal "
                         "language model, so there is no next-token perplexity to linearize "
                         "against.")
             return
-        ctx.status("surgery: zero-shot linearization curve")
         rotary = ctx.view.positional == "rotary"
         report.text(
             "Causal ELU+1 linear attention (φ = elu + 1) on a layer's own q, k, v is attention "
@@ -59,19 +75,15 @@ class SurgerySection:
             "PPL) is not run here: it rebuilds the model with new head widths and retrains "
             "it, which only the project's own GPT models allow (tl-spectral study surgery, "
             "docs/surgery.md); a loaded model cannot be rebuilt that way.")
-        deep = ctx.view.n_layers > EVERY_K_UP_TO
-        toks = ctx.tokens[:self.n_docs // 2 if deep else self.n_docs]
-        try:
-            curve = tl_linearization_curve(ctx.view, toks, name=ctx.view.name,
-                                           ks=curve_ks(ctx.view.n_layers))
-        except ValueError as e:
+        curve = results["surgery_tl_curve"]
+        if isinstance(curve, str):
             report.text("The linearization curve cannot run on this model: its queries and keys "
-                        f"are not reachable by pattern hooks ({e}).")
+                        f"are not reachable by pattern hooks ({curve}).")
             return
         curve.save(ctx.results_dir / "surgery_tl_curve.safetensors")
         report.text(
-            f"This model, zero-shot, on {toks.shape[0]} of the report's windows "
-            f"({toks.shape[1] - 1} predicted tokens each): PPL {curve.base_ppl:.4g} with "
+            f"This model, zero-shot, on {curve.n_windows} of the report's windows "
+            f"({curve.seq_len} predicted tokens each): PPL {curve.base_ppl:.4g} with "
             f"softmax everywhere; {_layers(curve.max_k_within(0.05))} stay within 5%"
             + ("." if ctx.view.n_layers <= EVERY_K_UP_TO else
                f" (k on a grid of {len(curve.ks)} values, one forward pass each: the table "
