@@ -786,6 +786,23 @@ def _band_dict(options: ScalePODOptions, coherence_queries: Any) -> dict:
     return band_options({**d, "coherence_queries": coherence_queries})
 
 
+def _check_band_settings(asked: dict, opts: dict) -> None:
+    """Refuse a streamed ``.scale_pod`` setting ``asked`` that is no band setting or differs
+    from the probe's ``opts``: the windows were fixed before the second pass."""
+    for k, v in asked.items():
+        if k not in opts:
+            raise ValueError(f"unknown option {k!r} for a streamed scale POD; pass "
+                             "options=ScalePODOptions(...), n_modes, head_budget or "
+                             "coherence_queries")
+        if _jsonable({k: v})[k] != _jsonable({k: opts[k]})[k]:
+            raise ValueError(
+                f"{k}={v!r} differs from the streaming probe's {opts[k]!r}: the band windows "
+                "were fixed before the second pass; pass it to AttentionFieldProbe("
+                "streaming=True, options=ScalePODOptions(...) or coherence_queries=...) "
+                "and run it again"
+            )
+
+
 def _same_queries(a: Any, b: Any) -> bool:
     return _jsonable({"q": a})["q"] == _jsonable({"q": b})["q"]
 
@@ -882,18 +899,7 @@ class StreamedAttentionFields(Result):
         epsilon = ScalePODOptions.of(options, old, "StreamedAttentionFields.scale_pod").epsilon
         if self.n_docs < 2:
             raise ValueError(f"POD needs at least 2 documents, the ensemble has {self.n_docs}")
-        for k, v in asked.items():
-            if k not in opts:
-                raise ValueError(f"unknown option {k!r} for a streamed scale POD; pass "
-                                 "options=ScalePODOptions(...), n_modes, head_budget or "
-                                 "coherence_queries")
-            if _jsonable({k: v})[k] != _jsonable({k: opts[k]})[k]:
-                raise ValueError(
-                    f"{k}={v!r} differs from the streaming probe's {opts[k]!r}: the band windows "
-                    f"were fixed before the second pass; pass it to AttentionFieldProbe("
-                    f"streaming=True, options=ScalePODOptions(...) or coherence_queries=...) "
-                    "and run it again"
-                )
+        _check_band_settings(asked, opts)
         L = len(self.layers)
         uniform = [int(n_heads)] * L if isinstance(n_heads, int) else [int(x) for x in n_heads]
         if len(uniform) != L:
