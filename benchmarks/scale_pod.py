@@ -33,7 +33,7 @@ import pywt
 import torch
 
 from tl_spectral.analysis.pod import pod
-from tl_spectral.analysis.scale_pod import lag_fields, scale_pod
+from tl_spectral.analysis.scale_pod import ScalePODOptions, lag_fields, scale_pod
 from tl_spectral.analysis.wavelets import LagCWT, default_scales
 from tl_spectral.data.corpora import tiny_shakespeare
 from tl_spectral.data.tokenizers import CharTokenizer
@@ -210,7 +210,7 @@ def main() -> None:
     print(f"forward+collect {t_fwd:.1f}s, plain forward {t_plain:.1f}s", flush=True)
     gc.collect()
     t0 = time.perf_counter()
-    res = scale_pod(col.fields, col.lags, n_heads=8, center=True)
+    res = scale_pod(col.fields, col.lags, n_heads=8, options=ScalePODOptions(center=True))
     t_analysis = time.perf_counter() - t0
     print(f"analysis {t_analysis:.1f}s", flush=True)
     for row in res.to_rows():

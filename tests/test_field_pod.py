@@ -8,8 +8,10 @@ import math
 import pytest
 import torch
 
-from tl_spectral.analysis.scale_pod import scale_pod_layer
+from tl_spectral.analysis.scale_pod import ScalePODOptions, scale_pod_layer
 from tl_spectral_studies.field_pod import STATS, LayerBootstrap, differs, table_markdown, verdict
+
+CENTER = ScalePODOptions(center=True)
 
 
 def _fields(N=10, T=16, seed=0):
@@ -25,7 +27,7 @@ def _fields(N=10, T=16, seed=0):
 
 
 def _direct(F: torch.Tensor) -> torch.Tensor:
-    lay = scale_pod_layer(F, center=True, coherence_queries=None)
+    lay = scale_pod_layer(F, coherence_queries=None, options=CENTER)
     peak = float(lay.scales[int(lay.scale_energy.argmax())])
     b = lay.band_energy
     return torch.tensor([peak, b["fine"], b["medium"], b["coarse"], lay.T_spec, lay.H_star],

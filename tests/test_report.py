@@ -285,7 +285,7 @@ def test_streamed_jackknife_equals_the_in_memory_one():
     res = run_probes(m, toks, [AttentionFieldProbe(name="exact"),
                                AttentionFieldProbe(name="streamed", streaming=True, rank=16,
                                                    jackknife_groups=4, jackknife_seed=3,
-                                                   band_options={"coherence_queries": None})],
+                                                   coherence_queries=None)],
                      progress=False)
     f, s = res["exact"], res["streamed"]
     assert {k.split(".")[0] for k in s.jackknife} == {str(layer) for layer in s.layers}
@@ -314,7 +314,7 @@ def test_streamed_jackknife_equals_the_in_memory_one():
             assert abs(ra[key] - rb[key]) <= 1e-3 * max(1.0, abs(ra[key])), (key, ra, rb)
     # off: no per-group moments, a clear error
     off = run_probes(m, toks, [AttentionFieldProbe(streaming=True, rank=16, jackknife_groups=0,
-                                                   band_options={"coherence_queries": None})],
+                                                   coherence_queries=None)],
                      progress=False)["attention_fields"]
     assert off.jackknife == {}
     with pytest.raises(ValueError, match="jackknife_groups"):
@@ -345,7 +345,7 @@ def test_streamed_jackknife_moments_merge_only_in_one_basis():
 
     m, _ = random_reference_model()
     g = torch.Generator().manual_seed(1)
-    kw = dict(streaming=True, rank=16, band_options={"coherence_queries": None})
+    kw = dict(streaming=True, rank=16, coherence_queries=None)
     a, b = AttentionFieldProbe(**kw), AttentionFieldProbe(**kw)
     run_probes(m, torch.randint(0, 60, (6, 16), generator=g), [a], progress=False)
     run_probes(m, torch.randint(0, 60, (6, 16), generator=g), [b], progress=False)

@@ -22,6 +22,7 @@ from tl_spectral.analysis.coherence import (
 from tl_spectral.analysis.pod import pod
 from tl_spectral.analysis.scale_pod import (
     ScalePODLayer,
+    ScalePODOptions,
     ScalePODResult,
     allocate_heads,
     gaussian_lag_window,
@@ -31,6 +32,8 @@ from tl_spectral.analysis.scale_pod import (
 )
 from tl_spectral.analysis.wavelets import LagCWT, default_scales
 from tl_spectral.results import Result
+
+CENTER = ScalePODOptions(center=True)
 
 f64 = torch.float64
 
@@ -89,7 +92,7 @@ def test_layer_matches_brute_force(causal):
         )
     )
     F, lags = lag_fields(A, causal=causal)
-    r = scale_pod_layer(F, lags, center=True, n_modes=4, coherence_queries=4)
+    r = scale_pod_layer(F, lags, n_modes=4, coherence_queries=4, options=CENTER)
     assert r.causal == causal
     u = A - A.mean(0)
     ref = pod(u.reshape(N, -1))
@@ -123,8 +126,8 @@ def test_layer_matches_brute_force(causal):
 def test_float32_fields_agree_with_float64():
     A = _causal_patterns(20, 32, seed=3)
     F, lags = lag_fields(A)
-    r64 = scale_pod_layer(F, lags, center=True, coherence_queries=None)
-    r32 = scale_pod_layer(F.float(), lags, center=True, coherence_queries=None)
+    r64 = scale_pod_layer(F, lags, coherence_queries=None, options=CENTER)
+    r32 = scale_pod_layer(F.float(), lags, coherence_queries=None, options=CENTER)
     assert r32.dominant_scales == pytest.approx(r64.dominant_scales)
     assert torch.allclose(r32.full_eigenvalues[:10], r64.full_eigenvalues[:10], rtol=1e-4)
     assert torch.allclose(r32.scale_energy, r64.scale_energy, rtol=1e-4)
@@ -164,7 +167,7 @@ def test_synthetic_recovers_scales_ranks_and_modes():
     Bo = torch.linalg.qr(B.T)[0].T  # orthonormal structures spanning the same space
     c = _orthogonal_coeffs(N, [3.0, 2.0, 1.0])
     F = (c @ Bo).reshape(N, T, T)
-    r = scale_pod_layer(F, max_dominant=2, coherence_queries=8)
+    r = scale_pod_layer(F, coherence_queries=8, options=ScalePODOptions(max_dominant=2))
     assert r.full["n_available"] == 3  # rank recovered exactly
     assert r.full["rank"] == 3
     # modes = the orthonormal structures (coefficients orthogonal => POD diagonalises)
@@ -194,7 +197,7 @@ def test_synthetic_band_isolates_its_structure():
     a = torch.randn(N, generator=g, dtype=f64)
     b = torch.randn(N, generator=g, dtype=f64)
     F = a[:, None, None] * fine + b[:, None, None] * coarse * torch.ones(T, 1, dtype=f64)
-    r = scale_pod_layer(F, center=True, coherence_queries=None)
+    r = scale_pod_layer(F, coherence_queries=None, options=CENTER)
     idx = int(np.argmin([abs(math.log(x / 4.0)) for x in r.dominant_scales]))
     band = r.bands[idx]
     assert band["lag_max"] < 40
@@ -257,13 +260,13 @@ def test_errors():
     with pytest.raises(ValueError, match=r"\[N documents, T queries, n_lags\]"):
         scale_pod_layer(torch.randn(3, 8))
     with pytest.raises(ValueError, match="zero fluctuation"):
-        scale_pod_layer(torch.ones(3, 8, 8), center=True)
+        scale_pod_layer(torch.ones(3, 8, 8), options=CENTER)
     with pytest.raises(ValueError, match="NaN"):
         scale_pod_layer(torch.full((3, 8, 8), float("nan")))
     with pytest.raises(ValueError, match="unequal shape across layers"):
         scale_pod([torch.randn(3, 8, 8), torch.randn(3, 8, 6)], n_heads=2)
     with pytest.raises(ValueError, match="budget"):
-        scale_pod([F, F], n_heads=2, head_budget=1, center=True)
+        scale_pod([F, F], n_heads=2, head_budget=1, options=CENTER)
 
 
 # ----------------------------------------------------------------------------- allocation
@@ -301,7 +304,7 @@ def model_result():
         A = _causal_patterns(16, 32, seed=10 + layer, temp=1.0 + layer).float()
         F, lags = lag_fields(A, max_lag=24)
         fields.append(F)
-    return scale_pod(fields, lags, n_heads=4, center=True, coherence_queries=6, n_modes=3)
+    return scale_pod(fields, lags, n_heads=4, coherence_queries=6, n_modes=3, options=CENTER)
 
 
 def test_model_result_table_and_roundtrip(model_result, tmp_path):
@@ -358,8 +361,10 @@ def test_saturation_cap_follows_centering():
     the fields passed are not mean-free (center=False on raw fields)."""
     g = torch.Generator().manual_seed(0)
     F = torch.randn(6, 8, 8, generator=g, dtype=f64) + 1.0
-    fl = scale_pod_layer(F, center=True, epsilon=0.0, coherence_queries=None)
+    exact = ScalePODOptions(center=True, epsilon=0.0)
+    fl = scale_pod_layer(F, coherence_queries=None, options=exact)
     assert fl.full["n_available"] == 5 and fl.H_star_saturated
     assert fl.full["H_star_str"] == "≥ 5"
-    raw = scale_pod_layer(F, center=False, epsilon=0.0, coherence_queries=None)
+    raw = scale_pod_layer(F, coherence_queries=None,
+                          options=ScalePODOptions(center=False, epsilon=0.0))
     assert raw.full["n_available"] == 6 and raw.full["H_star_str"] == "≥ 6"

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tl_spectral.analysis.scale_pod import (
     ScalePODHeadsLayer,
     ScalePODHeadsResult,
+    ScalePODOptions,
     head_diversity,
     lag_fields,
     scale_pod,
@@ -23,6 +24,8 @@ from tl_spectral.analysis.scale_pod import (
     scale_pod_layer,
 )
 from tl_spectral.results import Result
+
+CENTER = ScalePODOptions(center=True)
 
 f64 = torch.float64
 _POD_KEYS = ("dim", "n_available", "H_star", "H_star_saturated", "H_star_str", "tspec_n_fit")
@@ -85,13 +88,13 @@ def test_head_mean_through_per_head_path_is_todays_result(causal):
     """The mean of the per-head fields, fed as one head, gives scale_pod_layer's results."""
     F4, lags = _head_fields(N=12, H=4, T=24, seed=1, causal=causal)
     Fbar = F4.mean(1)  # the head-mean field [N, T, n_lags]
-    ref = scale_pod_layer(Fbar, lags, center=True, coherence_queries=None)
-    r = scale_pod_heads_layer(Fbar[:, None], lags, center=True)
+    ref = scale_pod_layer(Fbar, lags, coherence_queries=None, options=CENTER)
+    r = scale_pod_heads_layer(Fbar[:, None], lags, options=CENTER)
     assert r.n_heads == 1 and r.causal == causal
     _assert_head_equals_layer(r, 0, ref, rtol=1e-9)
     # float32 fields: the same to float32 round-off of the Grams
-    ref32 = scale_pod_layer(Fbar.float(), lags, center=True, coherence_queries=None)
-    r32 = scale_pod_heads_layer(Fbar.float()[:, None], lags, center=True)
+    ref32 = scale_pod_layer(Fbar.float(), lags, coherence_queries=None, options=CENTER)
+    r32 = scale_pod_heads_layer(Fbar.float()[:, None], lags, options=CENTER)
     assert r32.dominant_scales[0] == ref32.dominant_scales
     assert int(r32.H_star[0]) == ref32.H_star
     assert torch.allclose(r32.eigenvalues(0), ref32.full_eigenvalues, rtol=1e-5, atol=1e-9)
@@ -103,8 +106,8 @@ def test_model_level_h1_matches_scale_pod():
     for layer in range(2):
         F4, lags = _head_fields(N=10, H=2, T=20, seed=10 + layer, max_lag=14)
         fields.append(F4.mean(1))
-    ref = scale_pod(fields, lags, n_heads=2, center=True, layer_ids=ids, coherence_queries=None)
-    res = scale_pod_heads([f[:, None] for f in fields], lags, center=True, layer_ids=ids)
+    ref = scale_pod(fields, lags, n_heads=2, layer_ids=ids, coherence_queries=None, options=CENTER)
+    res = scale_pod_heads([f[:, None] for f in fields], lags, layer_ids=ids, options=CENTER)
     assert isinstance(res, ScalePODHeadsResult) and res.n_layers == 2
     for a, b in zip(res.layers, ref.layers):
         assert a.layer == b.layer
@@ -118,12 +121,12 @@ def test_model_level_h1_matches_scale_pod():
 def test_each_head_equals_head_mean_path_on_its_field(causal, lag_window, head_chunk):
     N, H, T = 10, 3, 24
     F4, lags = _head_fields(N, H, T, seed=2, causal=causal)
-    kw = dict(center=True, lag_window=lag_window)
-    r = scale_pod_heads_layer(F4, lags, head_chunk=head_chunk, **kw)
+    opts = ScalePODOptions(center=True, lag_window=lag_window)
+    r = scale_pod_heads_layer(F4, lags, head_chunk=head_chunk, options=opts)
     assert r.scalogram.shape == (H, 48, lags.numel())
     assert r.full_eigenvalues.shape == (H, N) and r.band_eigenvalues.shape == (H, 3, N)
     for h in range(H):  # brute force: today's path on that head's field alone
-        ref = scale_pod_layer(F4[:, h], lags, coherence_queries=None, **kw)
+        ref = scale_pod_layer(F4[:, h], lags, coherence_queries=None, options=opts)
         _assert_head_equals_layer(r, h, ref)
         assert float(r.peak_scale[h]) == float(r.scales[ref.scale_energy.argmax()])
 
@@ -188,13 +191,13 @@ def test_what_is_linear_in_the_per_head_moments():
 )
 def test_random_shapes_match_brute_force(N, H, T, causal, seed):
     F4, lags = _head_fields(N, H, T, seed=seed, causal=causal)
-    r = scale_pod_heads_layer(F4, lags, center=True, head_chunk=2)
+    r = scale_pod_heads_layer(F4, lags, head_chunk=2, options=CENTER)
     d = r.diversity
     assert d["n_heads"] == H and d["n_active"] == sum(r.active)
     for h in range(H):
         if not r.active[h]:
             continue
-        ref = scale_pod_layer(F4[:, h], lags, center=True, coherence_queries=None)
+        ref = scale_pod_layer(F4[:, h], lags, coherence_queries=None, options=CENTER)
         assert r.dominant_scales[h] == pytest.approx(ref.dominant_scales, rel=1e-12)
         assert int(r.H_star[h]) == ref.H_star
         assert torch.allclose(r.eigenvalues(h), ref.full_eigenvalues, rtol=1e-8, atol=1e-13)
@@ -246,7 +249,7 @@ def test_inactive_head_is_reported_not_fatal():
     the other heads get exactly their own results."""
     F4, lags = _head_fields(8, 3, 16, seed=5)
     F4[:, 1] = F4[0, 1]  # head 1 identical in every document: zero fluctuation
-    r = scale_pod_heads_layer(F4, lags, center=True)
+    r = scale_pod_heads_layer(F4, lags, options=CENTER)
     assert r.active == [True, False, True]
     assert r.dominant_scales[1] == [] and r.full[1] is None and r.bands[1] == []
     assert int(r.H_star[1]) == 0 and math.isnan(float(r.T_spec[1]))
@@ -254,11 +257,11 @@ def test_inactive_head_is_reported_not_fatal():
     assert r.diversity["n_active"] == 2 and r.diversity["band_assignment"][1] is None
     for h in (0, 2):
         _assert_head_equals_layer(
-            r, h, scale_pod_layer(F4[:, h], lags, center=True, coherence_queries=None)
+            r, h, scale_pod_layer(F4[:, h], lags, coherence_queries=None, options=CENTER)
         )
     assert r.to_rows()[1]["active"] is False
     with pytest.raises(ValueError, match="zero fluctuation energy in every head"):
-        scale_pod_heads_layer(F4[:, 1:2], lags, center=True)
+        scale_pod_heads_layer(F4[:, 1:2], lags, options=CENTER)
 
 
 def test_errors():
@@ -270,12 +273,12 @@ def test_errors():
     with pytest.raises(ValueError, match="unequal shape across layers"):
         scale_pod_heads([F4, F4[:, :1]], lags)
     with pytest.raises(ValueError, match="lag_window"):
-        scale_pod_heads_layer(F4, lags, lag_window="x")
+        scale_pod_heads_layer(F4, lags, options=ScalePODOptions(lag_window="x"))
     bad = F4.clone()
     bad[1, 1, 2, 3] = math.nan
     with pytest.raises(ValueError, match="NaN or inf"):
         scale_pod_heads_layer(bad, lags, head_chunk=1)
-    r = scale_pod_heads_layer(list(F4), lags, center=True)  # a sequence of [H, T, n_lags]
+    r = scale_pod_heads_layer(list(F4), lags, options=CENTER)  # a sequence of [H, T, n_lags]
     with pytest.raises(ValueError, match="head must lie"):
         r.eigenvalues(2)
 
@@ -285,7 +288,7 @@ def test_save_load_roundtrip(tmp_path):
     fields = [_head_fields(8, 3, 16, seed=20 + i)[0] for i in range(2)]
     lags = torch.arange(16)
     fields[1][:, 2] = fields[1][0, 2]  # an inactive head: NaNs and None survive the trip
-    res = scale_pod_heads(fields, lags, center=True, layer_ids=[1, 4])
+    res = scale_pod_heads(fields, lags, layer_ids=[1, 4], options=CENTER)
     d = res.to_dict(include_curves=True)
     json.dumps(d)
     assert [row["layer"] for row in res.diversity_table()] == [1, 4]
@@ -334,35 +337,71 @@ def test_attention_fields_per_head_scale_pod(native_ln):
     assert int(one.H_star[0]) == ref.H_star
 
 
-def test_scale_pod_options_is_one_parameter_object_for_both_paths():
-    """ScalePODOptions carries the knobs shared by scale_pod_layer and
-    scale_pod_heads_layer: the same numbers as the keywords, validated once, frozen; the
-    old keywords keep working; both at once is refused."""
+def test_scale_pod_options_is_the_one_way_to_pass_the_settings():
+    """ScalePODOptions carries the settings of scale_pod_layer, scale_pod_heads_layer,
+    scale_pod and scale_pod_heads: validated once, frozen. The old keywords still work for
+    one release with a DeprecationWarning naming the replacement, give the same numbers,
+    and are refused next to options=; an unknown keyword is a TypeError."""
     import dataclasses
-
-    from tl_spectral.analysis.scale_pod import (
-        ScalePODOptions,
-        scale_pod_heads_layer,
-        scale_pod_layer,
-    )
 
     g = torch.Generator().manual_seed(3)
     F = torch.randn(6, 2, 16, 16, generator=g, dtype=torch.float64)
     opts = ScalePODOptions(epsilon=0.2, max_dominant=2, center=True)
     a = scale_pod_heads_layer(F, options=opts)
-    b = scale_pod_heads_layer(F, epsilon=0.2, max_dominant=2, center=True)
-    torch.testing.assert_close(a.scale_energy, b.scale_energy)
-    torch.testing.assert_close(a.H_star, b.H_star)
+    with pytest.warns(DeprecationWarning, match=r"options=ScalePODOptions\(center=\.\.\."):
+        b = scale_pod_heads_layer(F, epsilon=0.2, max_dominant=2, center=True)
+    assert torch.equal(a.scale_energy, b.scale_energy) and torch.equal(a.H_star, b.H_star)
     la = scale_pod_layer(F[:, 0], options=opts, n_modes=2, coherence_queries=None)
-    lb = scale_pod_layer(F[:, 0], epsilon=0.2, max_dominant=2, center=True, n_modes=2,
-                         coherence_queries=None)
-    assert la.full["H_star"] == lb.full["H_star"]
+    with pytest.deprecated_call(match="scale_pod_layer"):
+        lb = scale_pod_layer(F[:, 0], epsilon=0.2, max_dominant=2, center=True, n_modes=2,
+                             coherence_queries=None)
+    assert la.full == lb.full and torch.equal(la.full_modes, lb.full_modes)
+    for fn, arg in ((scale_pod, [F[:, 0]]), (scale_pod_heads, [F])):
+        kw = {"n_heads": 2} if fn is scale_pod else {}
+        with pytest.deprecated_call(match=fn.__name__):
+            old = fn(arg, epsilon=0.2, **kw)
+        new = fn(arg, options=ScalePODOptions(epsilon=0.2), **kw)
+        assert old.layers[0].config == new.layers[0].config
     with pytest.raises(dataclasses.FrozenInstanceError):
         opts.epsilon = 0.3  # type: ignore[misc]
     with pytest.raises(ValueError, match="not both"):
         scale_pod_layer(F[:, 0], options=opts, epsilon=0.3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'epsilonn'"):
+        scale_pod_layer(F[:, 0], epsilonn=0.3)
+    with pytest.raises(ValueError, match="must be a ScalePODOptions"):
+        scale_pod_heads_layer(F, options={"epsilon": 0.2})
     for bad, match in (({"epsilon": 1.0}, "epsilon"), ({"lag_window": "both"}, "lag_window"),
                        ({"max_dominant": 0}, "max_dominant"), ({"lag_chunk": 0}, "lag_chunk"),
                        ({"min_ratio": float("nan")}, "min_ratio")):
         with pytest.raises(ValueError, match=match):
             ScalePODOptions(**bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_one_engine_head_mean_is_the_case_of_one_head(dtype):
+    """The invariants the single engine (scale_pod_engine) relies on: the head-mean layer is
+    the engine on one head, so scale_pod_layer(F) and scale_pod_heads_layer(F[:, None])
+    agree bit for bit on the scalogram and dominant scales (same arithmetic), and to
+    rounding on the eigenvalues (the same Grams; eigh there, eigvalsh here); and a Gram is
+    formed only for band slots a head of the chunk uses."""
+    from tl_spectral.analysis.scale_pod_engine import head_chunk, prepare
+
+    g = torch.Generator().manual_seed(11)
+    F = torch.randn(9, 20, 20, generator=g, dtype=torch.float64).cumsum(-1).to(dtype)
+    opts = ScalePODOptions(center=True, max_dominant=6)
+    lay = scale_pod_layer(F, options=opts, coherence_queries=None)
+    hd = scale_pod_heads_layer(F[:, None], options=opts, scalogram_method="matmul")
+    assert torch.equal(lay.scalogram, hd.scalogram[0])
+    assert lay.dominant_scales == hd.dominant_scales[0]
+
+    def close(x, y):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12 * float(x.abs().max()))
+
+    n = lay.full["n_available"]
+    close(lay.full_eigenvalues[:n], hd.full_eigenvalues[0, :n])
+    for b, row in enumerate(lay.bands):
+        close(lay.band_eigenvalues[str(b)], hd.eigenvalues(0, b))
+        exact = ("band", "scale", "lag_min", "lag_max", "n_lags", "dim", "H_star", "n_available")
+        assert {k: row[k] for k in exact} == {k: hd.bands[0][b][k] for k in exact}
+    c = head_chunk(prepare(F[:, None], None, opts), 0, 1)
+    assert c.grams.shape[1] == 1 + len(lay.bands) < 1 + opts.max_dominant

@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import make_native
 
+from tl_spectral.analysis.scale_pod import ScalePODOptions
 from tl_spectral.probes import run_probes
 from tl_spectral.probes.fields import AttentionFieldProbe, StreamedAttentionFields
 from tl_spectral.results import Result
@@ -71,7 +72,8 @@ def test_rank_cap_bounds_hstar_and_saves(tmp_path):
     K = 4
     st = run_probes(model, toks, [AttentionFieldProbe(streaming=True, rank=K, fold_every=8, n_modes=2)],
                     batch_size=8, progress=False)["attention_fields"]
-    a, b = mem.scale_pod(n_heads=4, epsilon=0.01), st.scale_pod(n_heads=4, epsilon=0.01)
+    eps = ScalePODOptions(epsilon=0.01)
+    a, b = mem.scale_pod(n_heads=4, options=eps), st.scale_pod(n_heads=4, options=eps)
     for la, lb in zip(a.layers, b.layers):
         assert la.dominant_scales == lb.dominant_scales
         assert abs(la.full["total_energy"] - lb.full["total_energy"]) <= 1e-6 * la.full["total_energy"]
@@ -89,7 +91,7 @@ def test_rank_cap_bounds_hstar_and_saves(tmp_path):
         assert float(lb.full_eigenvalues[0]) <= float(la.full_eigenvalues[0]) * (1 + 1e-5)
     st.save(tmp_path / "s.safetensors")
     back = Result.load(tmp_path / "s.safetensors")
-    _compare(b, back.scale_pod(n_heads=4, epsilon=0.01), rtol=1e-6)
+    _compare(b, back.scale_pod(n_heads=4, options=ScalePODOptions(epsilon=0.01)), rtol=1e-6)
 
 
 def test_streaming_memory_does_not_grow_with_n():
@@ -131,10 +133,14 @@ def test_bad_arguments():
         AttentionFieldProbe(streaming=True, per_head=True)
     with pytest.raises(ValueError, match="rank must be"):
         AttentionFieldProbe(streaming=True, rank=0)
-    with pytest.raises(ValueError, match="unknown band options"):
-        AttentionFieldProbe(streaming=True, band_options={"epsilon": 0.1})
     with pytest.raises(ValueError, match="streaming=True only"):
-        AttentionFieldProbe(band_options={"max_dominant": 2})
+        AttentionFieldProbe(options=ScalePODOptions(max_dominant=2))
+    with pytest.raises(ValueError, match="streaming=True only"):
+        AttentionFieldProbe(coherence_queries=4)
+    with pytest.raises(ValueError, match="epsilon chooses no band window"):
+        AttentionFieldProbe(streaming=True, options=ScalePODOptions(epsilon=0.2))
+    with pytest.raises(ValueError, match="must be a ScalePODOptions"):
+        AttentionFieldProbe(streaming=True, options={"max_dominant": 2})
     model = make_native(seed=3, n_ctx=16, n_layers=1)
     with pytest.raises(ValueError, match="full windows"):
         run_probes(model, [torch.arange(10), torch.arange(7)], [AttentionFieldProbe(streaming=True)],
@@ -142,7 +148,22 @@ def test_bad_arguments():
     st = run_probes(model, _tokens(6, 16), [AttentionFieldProbe(streaming=True, rank=8)],
                     progress=False)["attention_fields"]
     with pytest.raises(ValueError, match="differs from the streaming probe"):
-        st.scale_pod(n_heads=4, max_dominant=1)
+        st.scale_pod(n_heads=4, options=ScalePODOptions(max_dominant=1))
+
+
+def test_band_options_dict_is_deprecated_for_options():
+    """AttentionFieldProbe(band_options={...}) warns, naming options=ScalePODOptions(...) and
+    coherence_queries=, and chooses exactly the windows those choose."""
+    new = AttentionFieldProbe(streaming=True, coherence_queries=None,
+                              options=ScalePODOptions(max_dominant=2, lag_window="absolute"))
+    with pytest.deprecated_call(match=r"options=ScalePODOptions\(\.\.\.\), coherence_queries"):
+        old = AttentionFieldProbe(streaming=True, band_options={
+            "max_dominant": 2, "lag_window": "absolute", "coherence_queries": None})
+    assert old.band_options == new.band_options and old.options == new.options
+    with pytest.deprecated_call(), pytest.raises(ValueError, match="unknown band options"):
+        AttentionFieldProbe(streaming=True, band_options={"epsilon": 0.1})
+    with pytest.deprecated_call(), pytest.raises(ValueError, match="streaming=True only"):
+        AttentionFieldProbe(band_options={"max_dominant": 2})
 
 
 def test_streamed_contribution_field_equals_in_memory():

@@ -46,6 +46,7 @@ _PUBLIC: dict[str, str] = {
     "zero_sink_value": "tl_spectral.probes.sinks",
     "scale_pod": "tl_spectral.analysis.scale_pod",
     "scale_pod_heads": "tl_spectral.analysis.scale_pod",
+    "ScalePODOptions": "tl_spectral.analysis.scale_pod_options",
     "pod": "tl_spectral.analysis.pod",
     "qk_geometry": "tl_spectral.geometry.qk",
     "sd_geometry": "tl_spectral.geometry.qk",

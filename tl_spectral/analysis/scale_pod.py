@@ -40,17 +40,20 @@ from torch import Tensor
 
 from tl_spectral._deprecation import deprecated_method
 from tl_spectral.analysis.coherence import coherence_from_spectrum, cross_spectrum, default_queries
-from tl_spectral.analysis.lags import check_lags, gaussian_lag_window, lag_fields, stack_fields
+from tl_spectral.analysis.lags import gaussian_lag_window, lag_fields, stack_fields
 from tl_spectral.analysis.pod import (
     PODResult,
     effective_rank,
     pod_from_gram,
     spectral_concentration,
 )
+from tl_spectral.analysis.scale_pod_engine import head_chunk, prepare
 from tl_spectral.analysis.scale_pod_heads import (  # the per-head variant; public here too
     ScalePODHeadsLayer,
     ScalePODHeadsResult,
+    band_row,
     head_diversity,
+    options_config,
     scale_pod_heads,
     scale_pod_heads_layer,
 )
@@ -61,9 +64,7 @@ from tl_spectral.analysis.wavelets import (
     LagCWT,
     band_energies,
     default_scales,
-    dominant_scales,
     scale_energy,
-    scalogram_from_moment,
 )
 from tl_spectral.results import Result, register_result
 
@@ -408,257 +409,118 @@ class ScalePODResult(Result):
 
 
 # ----------------------------------------------------------------------------- analysis
+#: summary keys of every POD (whole field or band) of a :class:`ScalePODLayer`
+_LAYER_POD_KEYS = ("dim", "rank", "n_available", "total_energy", "H_star", "H_star_saturated",
+                   "H_star_str", "beta", "T_spec", "tspec_r2", "tspec_n_fit")
+
+
 def scale_pod_layer(
     F: Float[Tensor, "N T n_lags"] | Sequence[Tensor],
     lags: Tensor | None = None,
     *,
     layer: int = 0,
-    center: bool = False,
-    scales=None,
-    wavelet: str = DEFAULT_WAVELET,
-    max_dominant: int = 3,
-    min_ratio: float = 1.5,
-    min_peak_fraction: float = 0.01,
-    window_threshold: float = 1e-4,
-    lag_window: str = "signed",
-    epsilon: float = 0.10,
     n_modes: int = 8,
     coherence_queries: int | Sequence[int] | Tensor | None = 16,
-    lag_chunk: int = 16,
     options: ScalePODOptions | None = None,
+    **old_options: Any,
 ) -> ScalePODLayer:
     """Scale-selective POD of one layer's lag-coordinate fields.
 
     F: ``[N, T, n_lags]`` fluctuation fields ``F_s(i, tau)`` (or a sequence of ``[T, n_lags]``
         fields, which must all have the same shape); float32 is fine (Grams accumulate in
-        float64). With ``center=True`` the ensemble mean is subtracted here.
+        float64). With ``ScalePODOptions(center=True)`` the ensemble mean is subtracted here.
     lags: ``[n_lags]`` consecutive integer lags (default ``0..n_lags-1``, causal). Causal
         fields (``lags >= 0``): ``tau = i - j``; bidirectional: ``tau = j - i``. Truncated
         lag ranges (``max_lag``) are allowed; scales still default to ``1..T/2``.
-    scales: ``[S]`` CWT scales (default :func:`default_scales` ``(T)``: 48 geometric, 1 to T/2).
-    wavelet: PyWavelets continuous wavelet (default ``"cmor1.5-1.0"``).
-    max_dominant, min_ratio: dominant scales = at most ``max_dominant`` largest local maxima
-        of ``E(a)``, pairwise at least a factor ``min_ratio`` apart, each at least
-        ``min_peak_fraction`` of the largest ``E(a)`` (see
-        :func:`~tl_spectral.analysis.wavelets.dominant_scales`).
-    window_threshold: band snapshots keep the lags where ``G_m > window_threshold``.
-    lag_window: ``"signed"`` (SPEC: ``G_m(tau)``) or ``"absolute"`` (``G_m(|tau|)``, both
-        directions of a bidirectional field).
-    epsilon: tolerance of ``H*(epsilon)``. n_modes: modes kept per POD (eigenvalues are
-        always all kept). coherence_queries: an int ``Q`` (strided subset,
-        :func:`~tl_spectral.analysis.coherence.default_queries`), explicit query indices, or
-        None / 0 to skip the coherence. lag_chunk: lags per batched Gram GEMM.
-    options: a :class:`~tl_spectral.analysis.scale_pod_options.ScalePODOptions` holding the
-        settings above (instead of the keywords; pass one or the other).
-    """
-    # Long on purpose: numbered steps (1-3) over one lag-major copy of the fields; split, every
-    # step would pass that copy and a dozen intermediates to the next.
-    o = ScalePODOptions.resolve(
-        options, center=center, scales=scales, wavelet=wavelet, max_dominant=max_dominant,
-        min_ratio=min_ratio, min_peak_fraction=min_peak_fraction,
-        window_threshold=window_threshold, lag_window=lag_window, epsilon=epsilon,
-        lag_chunk=lag_chunk)
-    center, scales, wavelet, lag_window = o.center, o.scales, o.wavelet, o.lag_window
-    max_dominant, min_ratio, min_peak_fraction = o.max_dominant, o.min_ratio, o.min_peak_fraction
-    window_threshold, epsilon, lag_chunk = o.window_threshold, o.epsilon, o.lag_chunk
-    F = stack_fields(F)
-    if F.is_complex():
-        raise ValueError("F must be real")
-    if not F.is_floating_point():
-        F = F.to(torch.float32)
-    N, T, n_lags = (int(d) for d in F.shape)
-    if N < 2:
-        raise ValueError(
-            f"scale-selective POD needs at least N=2 documents (got N={N}); a single "
-            "snapshot has no fluctuation"
-        )
-    if T < 4:
-        raise ValueError(f"need T >= 4 tokens per document (got T={T})")
-    lags = check_lags(lags, n_lags)
-    if lag_window not in ("signed", "absolute"):
-        raise ValueError(f"lag_window must be 'signed' or 'absolute' (got {lag_window!r})")
-    if not bool(torch.isfinite(F.sum(dtype=torch.float64))):
-        raise ValueError("F contains NaN or inf")
-    causal = bool(lags.min() >= 0)
-    # Lag-major copy Ft[tau, s, i] (centred if asked): every later step reads it contiguously.
-    Ft = torch.empty(n_lags, N, T, dtype=F.dtype)
-    mean64 = F.mean(0, dtype=torch.float64)  # [T, n_lags]
-    if center:
-        mean = mean64.to(F.dtype)
-        centered = True
-    else:  # fluctuations as passed: mean-free up to rounding? (then at most N - 1 modes)
-        mean = None
-        rms = float(F.pow(2).sum(dtype=torch.float64)) / N
-        centered = float(mean64.pow(2).sum()) <= (1e3 * torch.finfo(F.dtype).eps) ** 2 * rms
-    del mean64
-    step = max(1, (1 << 22) // (T * n_lags))
-    for s0 in range(0, N, step):
-        blk = F[s0 : s0 + step]
-        if mean is not None:
-            blk = blk - mean
-        Ft[:, s0 : s0 + step, :] = blk.permute(2, 0, 1)
-    del mean
-    eps = torch.finfo(F.dtype).eps
-    scales_t = default_scales(T) if scales is None else torch.as_tensor(scales, dtype=torch.float64)
-    op = LagCWT(
-        n_lags,
-        scales_t,
-        wavelet,
-        dtype=torch.float64 if F.dtype == torch.float64 else torch.float32,
-    )
-    scales_t = op.scales
+    n_modes: modes kept per POD (eigenvalues are always all kept). coherence_queries: an int
+        ``Q`` (strided subset, :func:`~tl_spectral.analysis.coherence.default_queries`),
+        explicit query indices, or None / 0 to skip the coherence.
+    options: a :class:`~tl_spectral.analysis.scale_pod_options.ScalePODOptions` (default
+        ``ScalePODOptions()``): centring, CWT scales and wavelet, the dominant-scale rule
+        (``max_dominant``, ``min_ratio``, ``min_peak_fraction``), the band windows
+        (``window_threshold``, ``lag_window``), ``epsilon`` of ``H*(epsilon)`` and
+        ``lag_chunk``; what each means is said there. The same names as keywords
+        (``center=True``, ...) are deprecated.
 
-    # 1. scalogram E(a, tau) = diag(M_a C M_a^H), C = mean_{s,i} x x^T; dominant scales; bands
-    prof = Ft.view(n_lags, N * T)
-    C = (prof @ prof.T).to(torch.float64) / (N * T)
-    E_at = scalogram_from_moment(C, op)  # [S, n_lags]
+    Steps 1-2 (scalogram, dominant scales, windows, Grams) are the per-head engine's
+    (:mod:`~tl_spectral.analysis.scale_pod_engine`) on one head, this field; here the Grams
+    are decomposed with modes and per-document coefficients, and step 3 adds the coherence.
+    """
+    o = ScalePODOptions.of(options, old_options, "scale_pod_layer")
+    s = prepare(stack_fields(F)[:, None], lags, o)  # the head-mean field: one head
+    N, _, T, n_lags = s.shape
+    c = head_chunk(s, 0, 1, scalogram_method="matmul")
+    E_at = c.E_at[0]
     E_a = scale_energy(E_at)
     if not float(E_a.sum()) > 0:
         raise ValueError(
             "the fields have zero fluctuation energy; pass fluctuations A_s - mean (or "
-            "center=True) of an ensemble whose fields differ"
+            "ScalePODOptions(center=True)) of an ensemble whose fields differ"
         )
-    dom = dominant_scales(
-        E_a,
-        scales_t,
-        max_scales=max_dominant,
-        min_ratio=min_ratio,
-        min_peak_fraction=min_peak_fraction,
-    )
-    a_star = [float(scales_t[i]) for i in dom]
-    fixed = band_energies(E_a, scales_t)
+    a_star = [float(s.scales[i]) for i in c.dominant[0]]
+    masks = list(c.masks[0, : len(a_star)])
+    windows = list(c.windows[0, : len(a_star)])
+    Ft, grams, centered = c.Ft[0], c.grams[0], c.centered(o.center, s.eps)[0]
+    del c
 
-    # 2. windows and Gram matrices (whole field + bands) from per-lag Grams
-    windows, masks = [], []
-    for a in a_star:
-        g = gaussian_lag_window(lags, a, absolute=lag_window == "absolute")
-        m = g > window_threshold
-        windows.append(torch.where(m, g, torch.zeros_like(g)))
-        masks.append(m)
-    weights = torch.stack([torch.ones(n_lags, dtype=torch.float64)] + [w**2 for w in windows])
-    weights = weights.to(F.dtype)  # [1 + n_bands, n_lags]
-    grams = torch.zeros(weights.shape[0], N * N, dtype=torch.float64)
-    for c0 in range(0, n_lags, lag_chunk):
-        c1 = min(n_lags, c0 + lag_chunk)
-        Fc = Ft[c0:c1]  # [w, N, T]
-        Kc = torch.bmm(Fc, Fc.transpose(1, 2)).view(c1 - c0, N * N)  # [w, N*N]
-        grams += (weights[:, c0:c1] @ Kc).to(torch.float64)
-        del Kc
-    grams /= N
-    grams = grams.view(-1, N, N)
+    def run_pod(k: int, window: Tensor | None, mask: Tensor | None) -> PODResult:
+        dim = T * (n_lags if mask is None else int(mask.sum()))
+        return pod_from_gram(grams[k], _projector(Ft, window, mask), dim, rank=n_modes,
+                             epsilon=o.epsilon, centered=centered, eps=s.eps, clip_rank=True)
 
-    def projector(window: Tensor | None, mask: Tensor | None):
-        def project(B: Tensor) -> Tensor:
-            # B^T X as [r, T, lags]: (B^T Ft[tau]) for every lag, then window and crop
-            Y = torch.matmul(B.T.to(F.dtype), Ft).permute(1, 2, 0)  # [r, T, n_lags]
-            if window is not None:
-                Y = Y[:, :, mask] * window[mask].to(F.dtype)
-            return Y.reshape(Y.shape[0], -1)
-
-        return project
-
-    def run_pod(gram: Tensor, window, mask, dim: int) -> PODResult:
-        return pod_from_gram(
-            gram,
-            projector(window, mask),
-            dim,
-            rank=n_modes,
-            epsilon=epsilon,
-            centered=centered,
-            eps=eps,
-            clip_rank=True,
-        )
-
-    full = run_pod(grams[0], None, None, T * n_lags)
-    band_pods: list[PODResult] = []
-    for b, (w, m) in enumerate(zip(windows, masks)):
-        band_pods.append(run_pod(grams[1 + b], w, m, T * int(m.sum())))
-    del grams
-
-    # 3. coherence over a strided subset of queries
-    if coherence_queries is None or (isinstance(coherence_queries, int) and coherence_queries == 0):
-        coh, q_idx = None, None
-    else:
-        if isinstance(coherence_queries, int):
-            q_idx = default_queries(T, coherence_queries)
-        else:
-            q_idx = torch.as_tensor(coherence_queries, dtype=torch.int64).flatten()
-            if q_idx.numel() == 0 or q_idx.min() < 0 or q_idx.max() >= T:
-                raise ValueError(f"coherence_queries must be query indices in [0, {T - 1}]")
-        G = cross_spectrum(Ft[:, :, q_idx].permute(1, 2, 0), op, method="moments")
-        coh = coherence_from_spectrum(G).to(torch.float32)
-
-    def summ(p: PODResult) -> dict[str, Any]:
-        s = p.headline()
-        return {
-            k: s[k]
-            for k in (
-                "dim",
-                "rank",
-                "n_available",
-                "total_energy",
-                "H_star",
-                "H_star_saturated",
-                "H_star_str",
-                "beta",
-                "T_spec",
-                "tspec_r2",
-                "tspec_n_fit",
-            )
-        }
-
-    bands = []
-    for b, (a, m, p) in enumerate(zip(a_star, masks, band_pods)):
-        bl = lags[m]
-        bands.append(
-            {
-                "band": b,
-                "scale": a,
-                "sigma": a / 2.0,
-                "lag_min": int(bl.min()),
-                "lag_max": int(bl.max()),
-                "n_lags": int(bl.numel()),
-                **summ(p),
-            }
-        )
+    full = run_pod(0, None, None)
+    band_pods = [run_pod(1 + b, w, m) for b, (w, m) in enumerate(zip(windows, masks))]
+    coh, q_idx = _coherence(Ft, s.op, coherence_queries, T)
+    lags_t = s.lags
     return ScalePODLayer(
-        layer=int(layer),
-        causal=causal,
-        n_documents=N,
-        n_queries=T,
-        lags=lags,
-        scales=scales_t.clone(),
-        scalogram=E_at,
-        scale_energy=E_a,
-        dominant_scales=a_star,
-        band_energy=fixed,
-        full_eigenvalues=full.eigenvalues,
-        full_modes=full.modes.reshape(-1, T, n_lags),
-        full_coefficients=full.coefficients,
-        full=summ(full),
+        layer=int(layer), causal=s.causal, n_documents=N, n_queries=T, lags=lags_t,
+        scales=s.scales.clone(), scalogram=E_at, scale_energy=E_a, dominant_scales=a_star,
+        band_energy=band_energies(E_a, s.scales),
+        full_eigenvalues=full.eigenvalues, full_modes=full.modes.reshape(-1, T, n_lags),
+        full_coefficients=full.coefficients, full=_summary(full),
         band_eigenvalues={str(b): p.eigenvalues for b, p in enumerate(band_pods)},
-        band_modes={
-            str(b): p.modes.reshape(-1, T, int(m.sum()))
-            for b, (p, m) in enumerate(zip(band_pods, masks))
-        },
+        band_modes={str(b): p.modes.reshape(-1, T, int(m.sum()))
+                    for b, (p, m) in enumerate(zip(band_pods, masks))},
         band_coefficients={str(b): p.coefficients for b, p in enumerate(band_pods)},
-        band_lags={str(b): lags[m].clone() for b, m in enumerate(masks)},
-        bands=bands,
-        coherence=coh,
-        coherence_queries=q_idx,
-        config={
-            "wavelet": wavelet,
-            "epsilon": float(epsilon),
-            "max_dominant": int(max_dominant),
-            "min_ratio": float(min_ratio),
-            "min_peak_fraction": float(min_peak_fraction),
-            "window_threshold": float(window_threshold),
-            "lag_window": lag_window,
-            "n_modes": int(n_modes),
-            "center": bool(center),
-            "n_scales": int(scales_t.numel()),
-        },
+        band_lags={str(b): lags_t[m].clone() for b, m in enumerate(masks)},
+        bands=[band_row(b, a, lags_t[m], _summary(p))
+               for b, (a, m, p) in enumerate(zip(a_star, masks, band_pods))],
+        coherence=coh, coherence_queries=q_idx,
+        config=options_config(o, int(s.scales.numel()), n_modes=n_modes),
     )
+
+
+def _summary(p: PODResult) -> dict[str, Any]:
+    s = p.headline()
+    return {k: s[k] for k in _LAYER_POD_KEYS}
+
+
+def _projector(Ft: Tensor, window: Tensor | None, mask: Tensor | None):
+    """``B -> B^T X`` for the (windowed, cropped) snapshots of the lag-major fields
+    ``Ft [n_lags, N, T]``, as ``[r, T * L]``, without forming ``X``."""
+
+    def project(B: Tensor) -> Tensor:
+        Y = torch.matmul(B.T.to(Ft.dtype), Ft).permute(1, 2, 0)  # [r, T, n_lags]
+        if window is not None:
+            Y = Y[:, :, mask] * window[mask].to(Ft.dtype)
+        return Y.reshape(Y.shape[0], -1)
+
+    return project
+
+
+def _coherence(Ft: Tensor, op: LagCWT, queries, T: int) -> tuple[Tensor | None, Tensor | None]:
+    """Step 3: ``gamma_ij(a)`` over the queries ``queries`` (an int: a strided subset; None
+    or 0: none) of the lag-major fields ``Ft [n_lags, N, T]``; ``(coherence, query index)``."""
+    if queries is None or (isinstance(queries, int) and queries == 0):
+        return None, None
+    if isinstance(queries, int):
+        q_idx = default_queries(T, queries)
+    else:
+        q_idx = torch.as_tensor(queries, dtype=torch.int64).flatten()
+        if q_idx.numel() == 0 or q_idx.min() < 0 or q_idx.max() >= T:
+            raise ValueError(f"coherence_queries must be query indices in [0, {T - 1}]")
+    G = cross_spectrum(Ft[:, :, q_idx].permute(1, 2, 0), op, method="moments")
+    return coherence_from_spectrum(G).to(torch.float32), q_idx
 
 
 def allocate_heads(h_star: Sequence[float], budget: int, *, min_heads: int = 1) -> list[int]:
@@ -700,6 +562,7 @@ def scale_pod(
     n_heads: int | Sequence[int],
     head_budget: int | None = None,
     layer_ids: Sequence[int] | None = None,
+    options: ScalePODOptions | None = None,
     **layer_kwargs: Any,
 ) -> ScalePODResult:
     """Scale-selective POD of every layer plus the head allocation.
@@ -708,9 +571,11 @@ def scale_pod(
         all of the same shape; lags: ``[n_lags]`` shared by all layers.
     n_heads: heads per layer of the model (int or ``[L]``), the uniform allocation.
     head_budget: total heads to distribute (default ``sum(n_heads)``).
-    layer_ids: layer numbers (default ``0..L-1``). Other keyword arguments go to
-    :func:`scale_pod_layer`.
+    layer_ids: layer numbers (default ``0..L-1``). options: a
+    :class:`~tl_spectral.analysis.scale_pod_options.ScalePODOptions`. Other keyword
+    arguments (``n_modes``, ``coherence_queries``) go to :func:`scale_pod_layer`.
     """
+    o = ScalePODOptions.of(options, ScalePODOptions.split(layer_kwargs), "scale_pod")
     fields = list(fields)
     if not fields:
         raise ValueError("no layers given")
@@ -728,7 +593,8 @@ def scale_pod(
     ids = list(range(L)) if layer_ids is None else [int(x) for x in layer_ids]
     if len(ids) != L:
         raise ValueError(f"layer_ids has {len(ids)} entries for {L} layers")
-    layers = [scale_pod_layer(f, lags, layer=li, **layer_kwargs) for li, f in zip(ids, fields)]
+    layers = [scale_pod_layer(f, lags, layer=li, options=o, **layer_kwargs)
+              for li, f in zip(ids, fields)]
     return ScalePODResult(
         layers=layers,
         allocation=allocation_table(layers, uniform, budget),

@@ -16,17 +16,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from tl_spectral._deprecation import deprecated_method
-from tl_spectral.analysis.lags import check_lags
 from tl_spectral.analysis.pod import effective_rank, spectral_concentration
+from tl_spectral.analysis.scale_pod_engine import Chunk, Setup, prepare
+from tl_spectral.analysis.scale_pod_engine import head_chunk as head_chunk_of
 from tl_spectral.analysis.scale_pod_options import ScalePODOptions
-from tl_spectral.analysis.wavelets import (
-    DEFAULT_WAVELET,
-    FIXED_BANDS,
-    LagCWT,
-    default_scales,
-    dominant_scales,
-    scalogram_from_moments,
-)
+from tl_spectral.analysis.wavelets import FIXED_BANDS
 from tl_spectral.results import Result, register_result
 
 #: Summary keys of every POD (whole field or band) in the per-head results.
@@ -328,34 +322,10 @@ def head_diversity(
         for k in ("peak_scale_min", "peak_scale_max", "peak_scale_ratio",
                   "log2_peak_scale_std", "log2_centroid_scale_std"):
             out[k] = nan
-    # scale classes: single linkage in log a with threshold log(class_ratio)
-    classes: list[int | None] = [None] * H
-    order = sorted(idx, key=lambda h: float(peak_scale[h]))
-    c, prev = -1, None
-    for h in order:
-        a = float(peak_scale[h])
-        if prev is None or a / prev >= class_ratio:
-            c += 1
-        classes[h] = c
-        prev = a
-    out["scale_classes"] = classes
-    out["n_scale_classes"] = c + 1
-    be = band_energy.to(torch.float64)[act]
-    names = list(band_names)
-    out["band_share_mean"] = {
-        k: (float(be[:, b].mean()) if idx else nan) for b, k in enumerate(names)
-    }
-    out["band_share_std"] = {
-        k: (float(be[:, b].std(unbiased=False)) if idx else nan) for b, k in enumerate(names)
-    }
-    assign: list[str | None] = [None] * H
-    for h in idx:
-        assign[h] = names[int(torch.argmax(band_energy[h]))]
-    counts = {k: sum(1 for h in idx if assign[h] == k) for k in names}
-    out["band_assignment"] = assign
-    out["band_counts"] = counts
-    out["band_entropy_bits"] = _class_entropy_bits(list(counts.values()))
-    out["band_entropy_norm"] = out["band_entropy_bits"] / math.log2(len(names))
+    out["scale_classes"] = _scale_classes(peak_scale, idx, H, class_ratio)
+    out["n_scale_classes"] = max((c for c in out["scale_classes"] if c is not None),
+                                 default=-1) + 1
+    out.update(_band_stats(band_energy, act, idx, list(band_names)))
     if len(idx) >= 2:
         p = scale_energy.to(torch.float64)[act]
         p = p / p.sum(-1, keepdim=True)
@@ -368,6 +338,45 @@ def head_diversity(
     out["H_star_min"] = int(hs.min()) if idx else 0
     out["H_star_max"] = int(hs.max()) if idx else 0
     out["H_star_mean"] = float(hs.mean()) if idx else nan
+    return out
+
+
+def _scale_classes(peak_scale: Tensor, idx: list[int], H: int, class_ratio: float
+                   ) -> list[int | None]:
+    """Per head its scale class (None: inactive): the active heads ``idx`` sorted by peak
+    scale, a new class wherever consecutive peak scales differ by at least ``class_ratio``
+    (single linkage in ``log a``), numbered by increasing scale."""
+    classes: list[int | None] = [None] * H
+    c, prev = -1, None
+    for h in sorted(idx, key=lambda h: float(peak_scale[h])):
+        a = float(peak_scale[h])
+        if prev is None or a / prev >= class_ratio:
+            c += 1
+        classes[h] = c
+        prev = a
+    return classes
+
+
+def _band_stats(band_energy: Tensor, act: Tensor, idx: list[int], names: list[str]
+                ) -> dict[str, Any]:
+    """Band shares over the active heads (mean, std), each head's band and the entropy of
+    the assignment (:func:`head_diversity`)."""
+    nan = math.nan
+    be = band_energy.to(torch.float64)[act]
+    out: dict[str, Any] = {
+        "band_share_mean": {k: (float(be[:, b].mean()) if idx else nan)
+                            for b, k in enumerate(names)},
+        "band_share_std": {k: (float(be[:, b].std(unbiased=False)) if idx else nan)
+                           for b, k in enumerate(names)},
+    }
+    assign: list[str | None] = [None] * int(act.numel())
+    for h in idx:
+        assign[h] = names[int(torch.argmax(band_energy[h]))]
+    counts = {k: sum(1 for h in idx if assign[h] == k) for k in names}
+    out["band_assignment"] = assign
+    out["band_counts"] = counts
+    out["band_entropy_bits"] = _class_entropy_bits(list(counts.values()))
+    out["band_entropy_norm"] = out["band_entropy_bits"] / math.log2(len(names))
     return out
 
 
@@ -428,30 +437,23 @@ def scale_pod_heads_layer(
     lags: Tensor | None = None,
     *,
     layer: int = 0,
-    center: bool = False,
-    scales=None,
-    wavelet: str = DEFAULT_WAVELET,
-    max_dominant: int = 3,
-    min_ratio: float = 1.5,
-    min_peak_fraction: float = 0.01,
-    window_threshold: float = 1e-4,
-    lag_window: str = "signed",
-    epsilon: float = 0.10,
-    lag_chunk: int = 16,
     head_chunk: int | None = None,
     scalogram_method: str = "auto",
     inactive_rtol: float | None = None,
     options: ScalePODOptions | None = None,
+    **old_options: Any,
 ) -> ScalePODHeadsLayer:
     """Scale-selective POD of every head of one layer, batched over heads.
 
     F: ``[N, H, T, n_lags]`` per-head fluctuation fields ``F_{s,h}(i, tau)`` (or a sequence of
-        ``N`` fields ``[H, T, n_lags]``); float32 is fine. Every other argument means what it
-        means in :func:`scale_pod_layer` (same defaults), and each head gets exactly what
-        :func:`scale_pod_layer` computes for that head's field alone — scalogram, scale energy,
-        fixed-band shares, dominant scales, its own Gaussian band windows, POD eigenvalues,
-        ``T_spec`` and ``H*`` of the whole field and of each band — without modes,
-        coefficients or coherence.
+        ``N`` fields ``[H, T, n_lags]``); float32 is fine. options: a
+        :class:`~tl_spectral.analysis.scale_pod_options.ScalePODOptions` (default
+        ``ScalePODOptions()``); its settings mean what they mean in :func:`scale_pod_layer`,
+        and each head gets exactly what :func:`scale_pod_layer` computes for that head's
+        field alone (one engine, :mod:`~tl_spectral.analysis.scale_pod_engine`) — scalogram,
+        scale energy, fixed-band shares, dominant scales, its own band windows, POD
+        eigenvalues, ``T_spec`` and ``H*`` of the whole field and of each band — without
+        modes, coefficients or coherence.
     head_chunk: heads per batch (default all): the lag-major copy of the fields, the per-lag
         Grams and the ``[H, 1 + max_dominant, N, N]`` Gram stack are formed for that many heads
         at once. Memory: the caller's ``F``, one lag-major copy of ``head_chunk`` heads, and
@@ -459,265 +461,170 @@ def scale_pod_heads_layer(
     scalogram_method: see :func:`~tl_spectral.analysis.wavelets.scalogram_from_moments`.
     inactive_rtol: a head whose fluctuation energy ``sum u^2 / N`` is at most ``inactive_rtol``
         times the larger of the layer's largest head fluctuation energy and the head's own
-        field energy (``sum F^2 / N`` as passed, before centring) is *inactive* (e.g. a head that always attends to the
-        first token: its field never fluctuates) and reported with NaN scales and
-        ``H* = 0`` instead of raising; default ``(1e3 eps)^2`` of the field dtype. A layer
-        with no active head raises.
+        field energy (``sum F^2 / N`` as passed, before centring) is *inactive* (e.g. a head
+        that always attends to the first token: its field never fluctuates) and reported
+        with NaN scales and ``H* = 0`` instead of raising; default ``(1e3 eps)^2`` of the
+        field dtype. A layer with no active head raises.
 
-    Batching: the lag second moments ``C_h`` (one ``bmm``), the scalograms (one batched
-    :func:`scalogram_from_moments`), the per-lag Grams (one batched GEMM per lag chunk for
-    all heads), their band-weighted sums (one ``bmm`` with the per-head windows) and the
-    eigen-decompositions (one batched ``eigh``) each treat heads as a batch dimension;
-    only the peak picking on ``E_h(a)`` (``S`` numbers per head) and the scalar summaries of
-    each eigenvalue vector run per head.
-    options: a :class:`~tl_spectral.analysis.scale_pod_options.ScalePODOptions` holding the
-        settings above (instead of the keywords; pass one or the other).
+    Batching: moments, scalograms, per-lag Grams, their band-weighted sums and the
+    eigenvalues (one batched ``eigvalsh``) treat heads as a batch dimension; only the peak
+    picking on ``E_h(a)`` and the scalar summaries of each eigenvalue vector run per head.
+    The settings as keywords (``center=True``, ...) are deprecated: pass ``options``.
     """
-    # Long on purpose: the batched-over-heads mirror of scale_pod_layer, step for step (a test
-    # compares them); split, the chunked per-head intermediates would thread through helpers.
-    o = ScalePODOptions.resolve(
-        options, center=center, scales=scales, wavelet=wavelet, max_dominant=max_dominant,
-        min_ratio=min_ratio, min_peak_fraction=min_peak_fraction,
-        window_threshold=window_threshold, lag_window=lag_window, epsilon=epsilon,
-        lag_chunk=lag_chunk)
-    center, scales, wavelet, lag_window = o.center, o.scales, o.wavelet, o.lag_window
-    max_dominant, min_ratio, min_peak_fraction = o.max_dominant, o.min_ratio, o.min_peak_fraction
-    window_threshold, epsilon, lag_chunk = o.window_threshold, o.epsilon, o.lag_chunk
-    F = _stack_head_fields(F)
-    if F.is_complex():
-        raise ValueError("F must be real")
-    if not F.is_floating_point():
-        F = F.to(torch.float32)
-    N, H, T, n_lags = (int(d) for d in F.shape)
-    if N < 2:
-        raise ValueError(
-            f"scale-selective POD needs at least N=2 documents (got N={N}); a single "
-            "snapshot has no fluctuation"
-        )
-    if H < 1:
-        raise ValueError("F has no heads (H = 0)")
-    if T < 4:
-        raise ValueError(f"need T >= 4 tokens per document (got T={T})")
-    lags = check_lags(lags, n_lags)
-    if lag_window not in ("signed", "absolute"):
-        raise ValueError(f"lag_window must be 'signed' or 'absolute' (got {lag_window!r})")
-    if max_dominant < 1:
-        raise ValueError(f"max_dominant must be >= 1 (got {max_dominant})")
-    causal = bool(lags.min() >= 0)
-    eps = torch.finfo(F.dtype).eps
-    rtol = (1e3 * eps) ** 2 if inactive_rtol is None else float(inactive_rtol)
-    scales_t = default_scales(T) if scales is None else torch.as_tensor(scales, dtype=torch.float64)
-    op = LagCWT(
-        n_lags,
-        scales_t,
-        wavelet,
-        dtype=torch.float64 if F.dtype == torch.float64 else torch.float32,
-    )
-    scales_t = op.scales
-    S = int(scales_t.numel())
-    M = int(max_dominant)
+    o = ScalePODOptions.of(options, old_options, "scale_pod_heads_layer")
+    s = prepare(_stack_head_fields(F), lags, o)
+    N, H, T, n_lags = s.shape
+    acc = _Heads.empty(H, int(s.scales.numel()), n_lags, N, int(o.max_dominant))
     hc = H if head_chunk is None else max(1, int(head_chunk))
-    names = list(FIXED_BANDS)
-    band_mask = torch.stack(
-        [
-            ((scales_t >= lo) if lo_in else (scales_t > lo)) & ((scales_t <= hi) if hi_in else (scales_t < hi))
-            for lo, hi, lo_in, hi_in in FIXED_BANDS.values()
-        ]
-    ).to(torch.float64)  # [3, S]
-    tau = lags.to(torch.float64)
-    if lag_window == "absolute":
-        tau = tau.abs()
-
-    E_at = torch.zeros(H, S, n_lags, dtype=torch.float64)
-    lam_full = torch.zeros(H, N, dtype=torch.float64)
-    lam_band = torch.zeros(H, M, N, dtype=torch.float64)
-    band_scales = torch.full((H, M), math.nan, dtype=torch.float64)
-    centered_all: list[bool] = [bool(center)] * H
-    dominant: list[list[float]] = [[] for _ in range(H)]
-    raw_energy = torch.zeros(H, dtype=torch.float64)  # sum F^2 / N of the fields passed
-    fluct_energy = torch.zeros(H, dtype=torch.float64)  # sum u^2 / N of the fluctuations
-    full_s: list[dict | None] = [None] * H
-    bands_s: list[list[dict]] = [[] for _ in range(H)]
     for h0 in range(0, H, hc):
-        h1 = min(H, h0 + hc)
-        nh = h1 - h0
-        # lag-major (centred) copy Ft[h, tau, s, i] of this chunk of heads
-        Fh = F[:, h0:h1]
-        mean64 = Fh.mean(0, dtype=torch.float64)  # [nh, T, n_lags]
-        if not bool(torch.isfinite(mean64).all()):  # NaN / inf anywhere reach the mean
-            raise ValueError("F contains NaN or inf")
-        mean_sq = mean64.pow(2).sum(dim=(1, 2))  # [nh] ||mean||^2
-        mean = mean64.to(F.dtype) if center else None
-        del mean64
-        Ft = torch.empty(nh, n_lags, N, T, dtype=F.dtype)
-        step = max(1, (1 << 22) // (nh * T * n_lags))
-        for s0 in range(0, N, step):
-            blk = Fh[s0 : s0 + step]
-            if mean is not None:
-                blk = blk - mean
-            Ft[:, :, s0 : s0 + step, :] = blk.permute(1, 3, 0, 2)
-        del mean, Fh
-        # 1. lag second moments (one bmm) and scalograms (batched)
-        prof = Ft.view(nh, n_lags, N * T)
-        C = torch.bmm(prof, prof.transpose(1, 2)).to(torch.float64) / (N * T)
-        # energy of what Ft holds, sum ||x||^2 / N; the raw fields' = that + ||mean||^2
-        held = torch.diagonal(C, dim1=-2, dim2=-1).sum(-1) * T
-        fluct_energy[h0:h1] = held
-        if center:
-            raw_energy[h0:h1] = held + mean_sq
-        else:  # fields passed as fluctuations: mean-free up to rounding?
-            raw_energy[h0:h1] = held
-            cen = mean_sq <= (1e3 * eps) ** 2 * held
-            centered_all[h0:h1] = [bool(x) for x in cen]
-        E_at[h0:h1] = scalogram_from_moments(C, op, method=scalogram_method)
-        del C, prof
-        E_c = E_at[h0:h1].sum(-1)  # [nh, S]
-        # dominant scales: peak picking on the S numbers of each head
-        for j in range(nh):
-            if not float(E_c[j].sum()) > 0:
-                continue
-            dom = dominant_scales(
-                E_c[j],
-                scales_t,
-                max_scales=M,
-                min_ratio=min_ratio,
-                min_peak_fraction=min_peak_fraction,
-            )
-            dominant[h0 + j] = [float(scales_t[i]) for i in dom]
-            band_scales[h0 + j, : len(dom)] = scales_t[dom]
-        has_band = ~torch.isnan(band_scales[h0:h1])  # [nh, M]
-        a = torch.nan_to_num(band_scales[h0:h1], nan=1.0)[:, :, None]
-        G = torch.exp(-((tau - a) ** 2) / (2.0 * (a / 2.0) ** 2))  # [nh, M, n_lags]
-        mk = (G > window_threshold) & has_band[:, :, None]
-        windows = torch.where(mk, G, torch.zeros_like(G))
-        weights = torch.cat(
-            [torch.ones(nh, 1, n_lags, dtype=torch.float64), windows**2], dim=1
-        ).to(F.dtype)  # [nh, 1 + M, n_lags]
-        # 2. whole-field and band Grams from per-lag Grams (batched over heads)
-        grams = torch.zeros(nh, 1 + M, N * N, dtype=torch.float64)
-        # lags per batched GEMM: lag_chunk, fewer when [nh, w, N, N] would pass 2^25 entries
-        w = max(1, min(lag_chunk, (1 << 25) // (nh * N * N)))
-        for c0 in range(0, n_lags, w):
-            c1 = min(n_lags, c0 + w)
-            Fc = Ft[:, c0:c1]  # [nh, w, N, T]
-            Kc = torch.matmul(Fc, Fc.transpose(-1, -2)).view(nh, c1 - c0, N * N)
-            grams += torch.bmm(weights[:, :, c0:c1].contiguous(), Kc).to(torch.float64)
-            del Kc
-        del Ft
-        grams /= N
-        grams = grams.view(nh, 1 + M, N, N)
-        use = torch.cat([(E_c.sum(-1) > 0)[:, None], has_band], dim=1)  # [nh, 1 + M]
+        c = head_chunk_of(s, h0, min(H, h0 + hc), scalogram_method=scalogram_method)
+        c.Ft = None  # the per-head path keeps no modes: release the lag-major copy
+        acc.add(s, c)
+        del c
+    rtol = (1e3 * s.eps) ** 2 if inactive_rtol is None else float(inactive_rtol)
+    return _heads_layer(s, acc, rtol, layer)
+
+
+@dataclasses.dataclass
+class _Heads:
+    """Per-head outputs of :func:`scale_pod_heads_layer`, filled chunk by chunk."""
+
+    E_at: Tensor  # [H, S, n_lags]
+    lam_full: Tensor  # [H, N]
+    lam_band: Tensor  # [H, M, N]
+    band_scales: Tensor  # [H, M]
+    raw_energy: Tensor  # [H] sum F^2 / N of the fields passed
+    fluct_energy: Tensor  # [H] sum u^2 / N of the fluctuations
+    centered: list
+    dominant: list
+    full: list
+    bands: list
+
+    @classmethod
+    def empty(cls, H: int, S: int, n_lags: int, N: int, M: int) -> _Heads:
+        f64 = torch.float64
+        return cls(E_at=torch.zeros(H, S, n_lags, dtype=f64), lam_full=torch.zeros(H, N, dtype=f64),
+                   lam_band=torch.zeros(H, M, N, dtype=f64),
+                   band_scales=torch.full((H, M), math.nan, dtype=f64),
+                   raw_energy=torch.zeros(H, dtype=f64), fluct_energy=torch.zeros(H, dtype=f64),
+                   centered=[False] * H, dominant=[[] for _ in range(H)], full=[None] * H,
+                   bands=[[] for _ in range(H)])
+
+    def add(self, s: Setup, c: Chunk) -> None:
+        """Record one chunk: scalograms, dominant scales, energies, and the eigenvalues and
+        POD summaries of every used Gram (one batched ``eigvalsh``)."""
+        N, _, T, n_lags = s.shape
+        h0, nh = c.h0, int(c.held.numel())
+        sl = slice(h0, h0 + nh)
+        self.E_at[sl] = c.E_at
+        self.band_scales[sl] = c.band_scales
+        self.fluct_energy[sl] = c.held
+        self.raw_energy[sl] = c.held + c.mean_sq if s.options.center else c.held
+        self.centered[sl] = c.centered(s.options.center, s.eps)
+        for j, dom in enumerate(c.dominant):
+            self.dominant[h0 + j] = [float(s.scales[i]) for i in dom]
+        has_band = ~torch.isnan(c.band_scales)
+        has_band = has_band[:, : c.grams.shape[1] - 1]  # the slots the chunk has Grams of
+        use = torch.cat([(c.E_at.sum(-1).sum(-1) > 0)[:, None], has_band], dim=1)  # [nh, 1+B]
         sel = torch.nonzero(use).tolist()
-        if sel:
-            K = grams[use]  # [B, N, N]
-            del grams
-            K = 0.5 * (K + K.transpose(-1, -2))
-            totals = torch.diagonal(K, dim1=-2, dim2=-1).sum(-1).tolist()
-            lam_all = torch.linalg.eigvalsh(K).flip(-1)  # [B, N] descending
-            del K
-            for (j, m), lam, tot in zip(sel, lam_all, totals):
-                h = h0 + j
-                if not tot > 0:
-                    continue
-                dim = T * n_lags if m == 0 else T * int(mk[j, m - 1].sum())
-                summ, n = _pod_summary(lam, tot, N, eps, epsilon, centered_all[h], dim)
-                if m == 0:
-                    full_s[h] = summ
-                    lam_full[h, :n] = lam[:n]
-                else:
-                    lam_band[h, m - 1, :n] = lam[:n]
-                    a_m = float(band_scales[h, m - 1])
-                    bl = lags[mk[j, m - 1]]
-                    bands_s[h].append(
-                        {
-                            "band": m - 1,
-                            "scale": a_m,
-                            "sigma": a_m / 2.0,
-                            "lag_min": int(bl.min()),
-                            "lag_max": int(bl.max()),
-                            "n_lags": int(bl.numel()),
-                            **summ,
-                        }
-                    )
-    E_a = E_at.sum(-1)  # [H, S]
-    ref_energy = torch.maximum(raw_energy, fluct_energy.max().expand(H))
-    act_t = (fluct_energy > rtol * ref_energy) & (E_a.sum(-1) > 0)
+        if not sel:
+            return
+        K = c.grams[use]  # [B, N, N]
+        c.grams = None
+        K = 0.5 * (K + K.transpose(-1, -2))
+        totals = torch.diagonal(K, dim1=-2, dim2=-1).sum(-1).tolist()
+        lam_all = torch.linalg.eigvalsh(K).flip(-1)  # [B, N] descending
+        del K
+        for (j, m), lam, tot in zip(sel, lam_all, totals):
+            h = h0 + j
+            if not tot > 0:
+                continue
+            dim = T * (n_lags if m == 0 else int(c.masks[j, m - 1].sum()))
+            summ, n = _pod_summary(lam, tot, N, s.eps, s.options.epsilon, self.centered[h], dim)
+            if m == 0:
+                self.full[h] = summ
+                self.lam_full[h, :n] = lam[:n]
+            else:
+                self.lam_band[h, m - 1, :n] = lam[:n]
+                self.bands[h].append(band_row(m - 1, float(c.band_scales[j, m - 1]),
+                                              s.lags[c.masks[j, m - 1]], summ))
+
+
+def band_row(band: int, scale: float, band_lags: Tensor, summary: dict) -> dict[str, Any]:
+    """The JSON row of one band: its number, scale ``a*_m``, ``sigma_m = a*_m / 2``, the lags
+    its window keeps, and the POD summary."""
+    return {"band": band, "scale": scale, "sigma": scale / 2.0,
+            "lag_min": int(band_lags.min()), "lag_max": int(band_lags.max()),
+            "n_lags": int(band_lags.numel()), **summary}
+
+
+def _heads_layer(s: Setup, acc: _Heads, rtol: float, layer: int) -> ScalePODHeadsLayer:
+    """The result of :func:`scale_pod_heads_layer`: inactive heads cleared, per-head shares,
+    peak and centroid scales, band tables and the diversity summary."""
+    N, H, T, _ = s.shape
+    o, scales = s.options, s.scales
+    E_a = acc.E_at.sum(-1)  # [H, S]
+    ref_energy = torch.maximum(acc.raw_energy, acc.fluct_energy.max().expand(H))
+    act_t = (acc.fluct_energy > rtol * ref_energy) & (E_a.sum(-1) > 0)
     active = [bool(x) for x in act_t]
     if not any(active):
         raise ValueError(
             "the fields have zero fluctuation energy in every head; pass fluctuations "
-            "A_s - mean (or center=True) of an ensemble whose fields differ"
+            "A_s - mean (or ScalePODOptions(center=True)) of an ensemble whose fields differ"
         )
-    for h in range(H):  # inactive heads: no scales, no POD
-        if not active[h]:
-            dominant[h], full_s[h], bands_s[h] = [], None, []
-            band_scales[h] = math.nan
-            lam_full[h] = 0.0
-            lam_band[h] = 0.0
-
+    for h in (h for h in range(H) if not active[h]):  # inactive heads: no scales, no POD
+        acc.dominant[h], acc.full[h], acc.bands[h] = [], None, []
+        acc.band_scales[h] = math.nan
+        acc.lam_full[h] = 0.0
+        acc.lam_band[h] = 0.0
+    names = list(FIXED_BANDS)
+    band_mask = torch.stack([((scales >= lo) if lo_in else (scales > lo))
+                             & ((scales <= hi) if hi_in else (scales < hi))
+                             for lo, hi, lo_in, hi_in in FIXED_BANDS.values()]).to(torch.float64)
+    nan = torch.tensor(math.nan, dtype=torch.float64)
     tot = E_a.sum(-1, keepdim=True)
-    band_energy = torch.where(
-        act_t[:, None], (E_a @ band_mask.T) / tot.clamp_min(1e-300), torch.tensor(math.nan)
-    )
-    peak = torch.where(act_t, scales_t[E_a.argmax(-1)], torch.tensor(math.nan, dtype=torch.float64))
-    logs = torch.log(scales_t)
+    band_energy = torch.where(act_t[:, None], (E_a @ band_mask.T) / tot.clamp_min(1e-300), nan)
+    peak = torch.where(act_t, scales[E_a.argmax(-1)], nan)
     centroid = torch.where(
-        act_t,
-        torch.exp((E_a * logs).sum(-1) / tot.squeeze(-1).clamp_min(1e-300)),
-        torch.tensor(math.nan, dtype=torch.float64),
-    )
-    H_star = torch.tensor([s["H_star"] if s else 0 for s in full_s], dtype=torch.int64)
-    T_spec = torch.tensor([s["T_spec"] if s else math.nan for s in full_s], dtype=torch.float64)
+        act_t, torch.exp((E_a * torch.log(scales)).sum(-1) / tot.squeeze(-1).clamp_min(1e-300)),
+        nan)
+    H_star = torch.tensor([f["H_star"] if f else 0 for f in acc.full], dtype=torch.int64)
+    T_spec = torch.tensor([f["T_spec"] if f else math.nan for f in acc.full], dtype=torch.float64)
+    M = int(o.max_dominant)
     band_H = torch.full((H, M), -1, dtype=torch.int64)
     band_T = torch.full((H, M), math.nan, dtype=torch.float64)
     for h in range(H):
-        for b in bands_s[h]:
-            band_H[h, b["band"]] = b["H_star"]
-            band_T[h, b["band"]] = b["T_spec"]
-    diversity = head_diversity(
-        E_a, scales_t, band_energy, peak, centroid, H_star, active, band_names=names,
-        class_ratio=min_ratio,
-    )
+        for b in acc.bands[h]:
+            band_H[h, b["band"]], band_T[h, b["band"]] = b["H_star"], b["T_spec"]
     return ScalePODHeadsLayer(
-        layer=int(layer),
-        causal=causal,
-        n_documents=N,
-        n_queries=T,
-        n_heads=H,
-        lags=lags,
-        scales=scales_t.clone(),
-        scalogram=E_at,
-        scale_energy=E_a,
-        band_energy=band_energy,
-        peak_scale=peak,
-        centroid_scale=centroid,
-        band_scales=band_scales,
-        full_eigenvalues=lam_full,
-        band_eigenvalues=lam_band,
-        H_star=H_star,
-        T_spec=T_spec,
-        band_H_star=band_H,
-        band_T_spec=band_T,
-        active=active,
-        centered=centered_all,
-        dominant_scales=dominant,
-        full=full_s,
-        bands=bands_s,
-        diversity=diversity,
-        config={
-            "wavelet": wavelet,
-            "epsilon": float(epsilon),
-            "max_dominant": M,
-            "min_ratio": float(min_ratio),
-            "min_peak_fraction": float(min_peak_fraction),
-            "window_threshold": float(window_threshold),
-            "lag_window": lag_window,
-            "center": bool(center),
-            "n_scales": S,
-            "bands": names,
-            "inactive_rtol": rtol,
-        },
+        layer=int(layer), causal=s.causal, n_documents=N, n_queries=T, n_heads=H, lags=s.lags,
+        scales=scales.clone(), scalogram=acc.E_at, scale_energy=E_a, band_energy=band_energy,
+        peak_scale=peak, centroid_scale=centroid, band_scales=acc.band_scales,
+        full_eigenvalues=acc.lam_full, band_eigenvalues=acc.lam_band, H_star=H_star,
+        T_spec=T_spec, band_H_star=band_H, band_T_spec=band_T, active=active,
+        centered=acc.centered, dominant_scales=acc.dominant, full=acc.full, bands=acc.bands,
+        diversity=head_diversity(E_a, scales, band_energy, peak, centroid, H_star, active,
+                                 band_names=names, class_ratio=o.min_ratio),
+        config={**options_config(o, int(scales.numel())), "bands": names,
+                "inactive_rtol": rtol},
     )
+
+
+def options_config(o: ScalePODOptions, n_scales: int, n_modes: int | None = None
+                   ) -> dict[str, Any]:
+    """The ``config`` of a scale-POD result: the options (and ``n_modes``, when given)."""
+    return {
+        "wavelet": o.wavelet,
+        "epsilon": float(o.epsilon),
+        "max_dominant": int(o.max_dominant),
+        "min_ratio": float(o.min_ratio),
+        "min_peak_fraction": float(o.min_peak_fraction),
+        "window_threshold": float(o.window_threshold),
+        "lag_window": o.lag_window,
+        **({} if n_modes is None else {"n_modes": int(n_modes)}),
+        "center": bool(o.center),
+        "n_scales": int(n_scales),
+    }
 
 
 def scale_pod_heads(
@@ -725,15 +632,19 @@ def scale_pod_heads(
     lags: Tensor | None = None,
     *,
     layer_ids: Sequence[int] | None = None,
+    options: ScalePODOptions | None = None,
     **layer_kwargs: Any,
 ) -> ScalePODHeadsResult:
     """Per-head scale-selective POD of every layer.
 
     fields: per layer ``[N, H, T, n_lags]`` per-head fluctuation fields (a sequence, or a
         tensor ``[L, N, H, T, n_lags]``), all of the same shape; lags: ``[n_lags]``.
-    layer_ids: layer numbers (default ``0..L-1``). Other keyword arguments go to
+    layer_ids: layer numbers (default ``0..L-1``). options: a
+    :class:`~tl_spectral.analysis.scale_pod_options.ScalePODOptions`. Other keyword
+    arguments (``head_chunk``, ``scalogram_method``, ``inactive_rtol``) go to
     :func:`scale_pod_heads_layer`.
     """
+    o = ScalePODOptions.of(options, ScalePODOptions.split(layer_kwargs), "scale_pod_heads")
     fields = list(fields)
     if not fields:
         raise ValueError("no layers given")
@@ -747,5 +658,6 @@ def scale_pod_heads(
     ids = list(range(L)) if layer_ids is None else [int(x) for x in layer_ids]
     if len(ids) != L:
         raise ValueError(f"layer_ids has {len(ids)} entries for {L} layers")
-    layers = [scale_pod_heads_layer(f, lags, layer=li, **layer_kwargs) for li, f in zip(ids, fields)]
+    layers = [scale_pod_heads_layer(f, lags, layer=li, options=o, **layer_kwargs)
+              for li, f in zip(ids, fields)]
     return ScalePODHeadsResult(layers=layers, config=dict(layers[0].config))

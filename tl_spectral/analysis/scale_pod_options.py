@@ -7,9 +7,10 @@ import dataclasses
 import math
 from typing import Any
 
+from tl_spectral._deprecation import warn_deprecated
 from tl_spectral.analysis.wavelets import DEFAULT_WAVELET
 
-__all__ = ["ScalePODOptions"]
+__all__ = ["OPTION_NAMES", "ScalePODOptions"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,7 +19,8 @@ class ScalePODOptions:
     :func:`~tl_spectral.analysis.scale_pod.scale_pod_heads_layer` (and of ``scale_pod`` /
     ``scale_pod_heads``, which pass them on); see ``scale_pod_layer`` for what each means.
 
-    Pass ``options=ScalePODOptions(...)`` or the same names as keywords (not both).
+    The one way to pass these settings: ``options=ScalePODOptions(...)`` (the same names as
+    keywords are deprecated). Every value is validated here, once.
 
     Attributes:
         center: subtract the ensemble mean first.
@@ -63,28 +65,32 @@ class ScalePODOptions:
             raise ValueError(f"wavelet must be a PyWavelets wavelet name (got {self.wavelet!r})")
 
     @classmethod
-    def resolve(cls, options: ScalePODOptions | None, **keywords: Any) -> ScalePODOptions:
-        """``options`` if given (then every keyword must keep its default), else the
-        options of ``keywords``."""
-        if options is None:
-            return cls(**keywords)
-        if not isinstance(options, cls):
+    def of(cls, options: ScalePODOptions | None, old: dict[str, Any], where: str, *,
+           stacklevel: int = 4) -> ScalePODOptions:
+        """The options of a call to ``where``: ``options`` (default ``ScalePODOptions()``).
+        ``old``: settings the call still passes as keywords (the spelling before
+        ``options=``): they warn (deprecated) and become the options; with ``options`` too
+        they are refused. ``stacklevel`` 4 points the warning at the caller of ``where``."""
+        unknown = sorted(set(old) - set(OPTION_NAMES))
+        if unknown:
+            raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
+        if options is not None and not isinstance(options, cls):
             raise ValueError(f"options must be a ScalePODOptions (got {type(options).__name__})")
-        defaults = cls()
-        changed = sorted(k for k, v in keywords.items()
-                         if not _same(v, getattr(defaults, k)))
-        if changed:
-            raise ValueError(f"pass either options=ScalePODOptions(...) or the keywords "
-                             f"{changed}, not both (put them into the options)")
-        return options
+        if not old:
+            return cls() if options is None else options
+        spelled = ", ".join(f"{k}=..." for k in sorted(old))
+        if options is not None:
+            raise ValueError(f"{where}() got options= and the keywords {sorted(old)}; put them "
+                             f"into options=ScalePODOptions({spelled}), not both")
+        warn_deprecated(f"{where}({spelled})", f"{where}(options=ScalePODOptions({spelled}))",
+                        stacklevel=stacklevel)
+        return cls(**old)
+
+    @classmethod
+    def split(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The keywords of ``kwargs`` that name a field of the options, popped from it."""
+        return {k: kwargs.pop(k) for k in list(kwargs) if k in OPTION_NAMES}
 
 
-def _same(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if a is None or b is None:
-        return False
-    try:
-        return bool(a == b)
-    except (TypeError, ValueError, RuntimeError):  # tensors, arrays
-        return False
+#: the fields of :class:`ScalePODOptions`, the settings no function takes as a keyword
+OPTION_NAMES = tuple(f.name for f in dataclasses.fields(ScalePODOptions))

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from tl_spectral.analysis.scale_pod import lag_fields
+from tl_spectral.analysis.scale_pod_options import ScalePODOptions
 from tl_spectral.probes import shared
 from tl_spectral.probes.base import LayerCapture, Probe, merge_tensor
 from tl_spectral.probes.pair_fields import needs_values, pair_field
@@ -147,18 +148,25 @@ class AttentionFields(Result):
         inside = ((j >= 0) & (j < T)).to(F.dtype)
         return u * inside
 
-    def scale_pod(self, n_heads: int | Sequence[int], **kwargs: Any):
+    def scale_pod(self, n_heads: int | Sequence[int], *,
+                  options: Optional[ScalePODOptions] = None, **kwargs: Any):
         """Scale-selective POD of every layer (see :func:`tl_spectral.analysis.scale_pod.scale_pod`);
         per-head fields get :func:`~tl_spectral.analysis.scale_pod.scale_pod_heads` (every head;
-        ``n_heads`` unused)."""
+        ``n_heads`` unused). options: a :class:`ScalePODOptions`; other keyword arguments
+        (``head_budget``, ``n_modes``, ``coherence_queries``; per head ``head_chunk``, ...)
+        go to those functions."""
         from tl_spectral.analysis.scale_pod import scale_pod, scale_pod_heads
 
+        options = ScalePODOptions.of(options, ScalePODOptions.split(kwargs),
+                                     "AttentionFields.scale_pod")
         if self.n_docs < 2:
             raise ValueError(f"POD needs at least 2 documents, the ensemble has {self.n_docs}")
         fl = [self.fluctuations(layer) for layer in self.layers]
         if self.per_head:
-            return scale_pod_heads(fl, self.lags, layer_ids=self.layers, **kwargs)
-        return scale_pod(fl, self.lags, n_heads=n_heads, layer_ids=self.layers, **kwargs)
+            return scale_pod_heads(fl, self.lags, layer_ids=self.layers, options=options,
+                                   **kwargs)
+        return scale_pod(fl, self.lags, n_heads=n_heads, layer_ids=self.layers, options=options,
+                         **kwargs)
 
     def plot_mean(self):
         """Mean lag profile per layer: ``Σ_i F̄(i, tau)`` against ``tau``."""
@@ -185,8 +193,9 @@ class AttentionFieldProbe(Probe):
                  max_lag: Optional[int] = None, name: Optional[str] = None,
                  offload: bool = False, field: FieldKind = "attention", streaming: bool = False,
                  rank: int = 128, n_modes: int = 8, fold_every: int = 128,
-                 band_options: Optional[dict] = None, jackknife_groups: int = 8,
-                 jackknife_seed: int = 0):
+                 options: Optional[ScalePODOptions] = None,
+                 coherence_queries: int | Sequence[int] | None = 16, jackknife_groups: int = 8,
+                 jackknife_seed: int = 0, band_options: Optional[dict] = None):
         """field: the per-pair map captured (see :mod:`tl_spectral.probes.pair_fields`).
         streaming: keep constant-memory statistics instead of every document's field (two
         passes; full windows only, head mean only). rank: the rank cap K of every streamed
@@ -194,10 +203,13 @@ class AttentionFieldProbe(Probe):
         bounds (``lo–hi``, ``≥ lo``, ``> K``) when the cap dropped energy. n_modes: modes
         kept per POD in the result. fold_every: documents
         buffered before a factor update (larger: faster, ``fold_every × T × n_lags`` floats
-        more memory). band_options: the :func:`~tl_spectral.analysis.scale_pod.scale_pod_layer`
-        options that choose the band windows and coherence queries (``scales``, ``wavelet``,
-        ``max_dominant``, ``min_ratio``, ``min_peak_fraction``, ``window_threshold``,
-        ``lag_window``, ``coherence_queries``), fixed before the second pass.
+        more memory). options (streaming only): the :class:`ScalePODOptions` whose band
+        settings (``scales``, ``wavelet``, ``max_dominant``, ``min_ratio``,
+        ``min_peak_fraction``, ``window_threshold``, ``lag_window``) choose the band windows
+        before the second pass (``epsilon`` goes to the result's ``.scale_pod(options=...)``);
+        coherence_queries (streaming only): the coherence's queries, as in
+        :func:`~tl_spectral.analysis.scale_pod.scale_pod_layer`. band_options: the old dict
+        of both (deprecated).
         jackknife_groups, jackknife_seed (streaming only): the second pass also keeps, per
         group of documents (:func:`~tl_spectral.analysis.streaming_pod.document_groups`),
         the whole field's second moments in the first pass's ``K`` POD directions — ``G (K² +
@@ -218,9 +230,8 @@ class AttentionFieldProbe(Probe):
             self.name = name
         self.reductions = {"doc_mask": "cat", "doc_index": "cat"}
         self.streaming = bool(streaming)
+        options, coherence_queries = _probe_options(options, coherence_queries, band_options)
         if self.streaming:
-            from tl_spectral.analysis.streaming_pod import band_options as _bo
-
             if per_head:
                 raise ValueError("streaming=True keeps the head-mean field only; pass per_head=False "
                                  "(or streaming=False for per-head fields)")
@@ -230,10 +241,12 @@ class AttentionFieldProbe(Probe):
                 raise ValueError(f"n_modes must be an int >= 0 (got {n_modes!r})")
             if isinstance(fold_every, bool) or not isinstance(fold_every, int) or fold_every < 1:
                 raise ValueError(f"fold_every must be an int >= 1 (got {fold_every!r})")
-            self.band_options = _bo(band_options)
-        elif band_options is not None:
-            raise ValueError("band_options applies to streaming=True only; pass the options to "
-                             ".scale_pod() instead")
+            self.options = options or ScalePODOptions()
+            self.band_options = _band_dict(self.options, coherence_queries)
+        elif options is not None or not _same_queries(coherence_queries, 16):
+            raise ValueError("options and coherence_queries apply to streaming=True only; pass "
+                             "them to the result's .scale_pod(options=ScalePODOptions(...)) "
+                             "instead")
         if isinstance(jackknife_groups, bool) or not isinstance(jackknife_groups, int) \
                 or jackknife_groups < 0 or jackknife_groups == 1:
             raise ValueError(f"jackknife_groups must be 0 (off) or an int >= 2 (got "
@@ -739,6 +752,61 @@ class AttentionFieldProbe(Probe):
                                   ("W", "sums", "ns", "sumsq", "dropped")))
 
 
+def _probe_options(options: Optional[ScalePODOptions], coherence_queries: Any,
+                   band_options: Optional[dict]) -> tuple[Optional[ScalePODOptions], Any]:
+    """The probe's options and coherence queries; the deprecated ``band_options`` dict is
+    split into both (its keys checked by :func:`~tl_spectral.analysis.streaming_pod.band_options`)."""
+    if options is not None and not isinstance(options, ScalePODOptions):
+        raise ValueError(f"options must be a ScalePODOptions (got {type(options).__name__})")
+    if options is not None and float(options.epsilon) != ScalePODOptions().epsilon:
+        raise ValueError("epsilon chooses no band window; pass it to the streamed result's "
+                         ".scale_pod(options=ScalePODOptions(epsilon=...)), not to the probe")
+    if band_options is None:
+        return options, coherence_queries
+    from tl_spectral._deprecation import warn_deprecated
+    from tl_spectral.analysis.streaming_pod import band_options as _checked
+
+    warn_deprecated("AttentionFieldProbe(band_options={...})",
+                    "AttentionFieldProbe(options=ScalePODOptions(...), coherence_queries=...)",
+                    stacklevel=4)
+    if options is not None:
+        raise ValueError("pass options=ScalePODOptions(...) only, not band_options too")
+    _checked(band_options)  # unknown keys: one-line error
+    d = dict(band_options)
+    coherence_queries = d.pop("coherence_queries", coherence_queries)
+    return ScalePODOptions(**d), coherence_queries
+
+
+def _band_dict(options: ScalePODOptions, coherence_queries: Any) -> dict:
+    """The band settings of ``options`` and the coherence queries as the dict the streamed
+    band selection reads (:func:`~tl_spectral.analysis.streaming_pod.band_options`)."""
+    from tl_spectral.analysis.streaming_pod import BAND_OPTIONS, band_options
+
+    d = {k: getattr(options, k) for k in BAND_OPTIONS if k != "coherence_queries"}
+    return band_options({**d, "coherence_queries": coherence_queries})
+
+
+def _check_band_settings(asked: dict, opts: dict) -> None:
+    """Refuse a streamed ``.scale_pod`` setting ``asked`` that is no band setting or differs
+    from the probe's ``opts``: the windows were fixed before the second pass."""
+    for k, v in asked.items():
+        if k not in opts:
+            raise ValueError(f"unknown option {k!r} for a streamed scale POD; pass "
+                             "options=ScalePODOptions(...), n_modes, head_budget or "
+                             "coherence_queries")
+        if _jsonable({k: v})[k] != _jsonable({k: opts[k]})[k]:
+            raise ValueError(
+                f"{k}={v!r} differs from the streaming probe's {opts[k]!r}: the band windows "
+                "were fixed before the second pass; pass it to AttentionFieldProbe("
+                "streaming=True, options=ScalePODOptions(...) or coherence_queries=...) "
+                "and run it again"
+            )
+
+
+def _same_queries(a: Any, b: Any) -> bool:
+    return _jsonable({"q": a})["q"] == _jsonable({"q": b})["q"]
+
+
 def _jsonable(opts: dict) -> dict:
     out = {}
     for k, v in opts.items():
@@ -804,13 +872,16 @@ class StreamedAttentionFields(Result):
         return self._draw("plot_mean")
 
     def scale_pod(self, n_heads: int | Sequence[int], *, head_budget: int | None = None,
-                  epsilon: float = 0.10, n_modes: int | None = None, **band_kwargs: Any):
+                  n_modes: int | None = None, options: Optional[ScalePODOptions] = None,
+                  **kwargs: Any):
         """Scale-selective POD of every layer from the streamed statistics: a
         :class:`~tl_spectral.analysis.scale_pod.ScalePODResult` like
         :meth:`AttentionFields.scale_pod`'s (per-document coefficients empty; every POD
         summary adds ``rank_cap``, ``spectrum_complete`` and ``tspec_exact``; ``H_star_str``
-        reads ``"> K"`` when ``H*`` lies beyond the rank cap). ``band_kwargs`` must equal
-        the probe's ``band_options`` (the windows were fixed before the second pass)."""
+        reads ``"> K"`` when ``H*`` lies beyond the rank cap). options: a
+        :class:`ScalePODOptions` whose ``epsilon`` is used; its band settings (and a
+        ``coherence_queries`` keyword) must equal the probe's ``band_options`` (the windows
+        were fixed before the second pass)."""
         from tl_spectral.analysis.scale_pod import ScalePODResult, allocation_table
         from tl_spectral.analysis.streaming_pod import (
             band_options,
@@ -820,19 +891,15 @@ class StreamedAttentionFields(Result):
             select_bands,
         )
 
+        old = ScalePODOptions.split(kwargs)
+        opts = band_options(self.band_options)
+        asked = dict(kwargs)  # the settings to check against the probe's
+        asked.update({k: v for k, v in old.items() if k in opts} if options is None else
+                     {k: getattr(options, k) for k in opts if k != "coherence_queries"})
+        epsilon = ScalePODOptions.of(options, old, "StreamedAttentionFields.scale_pod").epsilon
         if self.n_docs < 2:
             raise ValueError(f"POD needs at least 2 documents, the ensemble has {self.n_docs}")
-        opts = band_options(self.band_options)
-        for k, v in band_kwargs.items():
-            if k not in opts:
-                raise ValueError(f"unknown option {k!r} for a streamed scale POD; pass epsilon, "
-                                 "n_modes, head_budget or the probe's band options")
-            if _jsonable({k: v})[k] != _jsonable({k: opts[k]})[k]:
-                raise ValueError(
-                    f"{k}={v!r} differs from the streaming probe's {opts[k]!r}: the band windows "
-                    f"were fixed before the second pass; pass band_options={{{k!r}: {v!r}}} to "
-                    "AttentionFieldProbe(streaming=True, ...) and run it again"
-                )
+        _check_band_settings(asked, opts)
         L = len(self.layers)
         uniform = [int(n_heads)] * L if isinstance(n_heads, int) else [int(x) for x in n_heads]
         if len(uniform) != L:

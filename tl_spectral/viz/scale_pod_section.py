@@ -9,6 +9,7 @@ import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any
 
+from tl_spectral.analysis.scale_pod_options import ScalePODOptions
 from tl_spectral.probes import AttentionFieldProbe, Probe
 from tl_spectral.probes.pair_fields import check_field_kind
 from tl_spectral.viz.context import ModelPass, register_section
@@ -140,8 +141,8 @@ class ScalePODSection:
         streamed = bool(getattr(fields, "streaming", False) or ctx.options.stream_rank)
         # dominant scales: peaks of E(a) with at least DOMINANT_PEAK_SHARE of the largest
         # peak (the library's default 1% lets 5–7% bumps through)
-        kw = {} if streamed else {"coherence_queries": None,
-                                  "min_peak_fraction": DOMINANT_PEAK_SHARE}
+        kw = {} if streamed else {"coherence_queries": None, "options": ScalePODOptions(
+            min_peak_fraction=DOMINANT_PEAK_SHARE)}
         pod = fields.scale_pod(n_heads=ctx.view.n_heads, **kw)
         (pod if ctx.save_raw else slim_scale_pod(pod)).save(
             ctx.results_dir / f"scale_pod{sfx}.safetensors")
@@ -355,4 +356,4 @@ def baseline_pod(ctx: ReportContext, field: str) -> Any:
                                           name="baseline")],
                      progress=False, attention_mask=ctx.mask)["baseline"]
     return res.scale_pod(n_heads=ctx.view.n_heads, coherence_queries=None,
-                         min_peak_fraction=DOMINANT_PEAK_SHARE)
+                         options=ScalePODOptions(min_peak_fraction=DOMINANT_PEAK_SHARE))
