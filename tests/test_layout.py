@@ -57,7 +57,8 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
 
 def test_import_tl_spectral_loads_no_study():
     code = ("import sys, tl_spectral, tl_spectral.cli, tl_spectral.viz.sections, "
-            "tl_spectral.geometry.model, tl_spectral.models.surgery, tl_spectral.models.zoo; "
+            "tl_spectral.geometry.model, tl_spectral.interventions.surgery, "
+            "tl_spectral.models.zoo; "
             "print(sorted(m for m in sys.modules if m.startswith('tl_spectral_studies')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        cwd=ROOT)
@@ -118,13 +119,18 @@ def test_the_cycle_finder_can_fail():
 #: the floors of docs/architecture.md, lowest first; "leaf" is the plotting leaf
 _GROUND_MODELS = {"gpt", "attention", "convert", "zoo", "train", "train_config", "loading",
                   "smollm2", "gguf", "hub"}
+#: modules of models/ that are not the model family, each with its reason: the deprecated old
+#: paths of the interventions (tl_spectral 0.3 removes them); each imports the module it
+#: stands for, so it sits on that module's floor
+_MOVED_MODELS = {"surgery": "tl_spectral.interventions.surgery",
+                 "ablations": "tl_spectral.interventions.ablations"}
 
 
 def floor(module: str):
     """The floor of a library module: 0 ground (results, model_view, usage, data, the model
-    family), 1 maths (analysis, geometry), 2 probes and the experiments on models (surgery,
-    ablations), "leaf" plotting (viz/*_plots, views, figures, plots), 3 the top (report
-    sections, cli)."""
+    family), 1 maths (analysis, geometry), 2 probes and the experiments on models
+    (interventions/: surgery, ablations), "leaf" plotting (viz/*_plots, views, figures,
+    plots), 3 the top (report sections, cli)."""
     parts = module.split(".")
     if module in ("tl_spectral.results", "tl_spectral.model_view", "tl_spectral.usage",
                   "tl_spectral.files", "tl_spectral._leftovers", "tl_spectral.outdirs",
@@ -132,7 +138,12 @@ def floor(module: str):
             or parts[:2] == ["tl_spectral", "data"]:
         return 0
     if parts[:2] == ["tl_spectral", "models"]:
-        return 0 if len(parts) == 2 or parts[2] in _GROUND_MODELS else 2
+        if len(parts) == 2 or parts[2] in _GROUND_MODELS:
+            return 0
+        assert parts[2] in _MOVED_MODELS, f"{module}: not in _GROUND_MODELS nor _MOVED_MODELS"
+        return floor(_MOVED_MODELS[parts[2]])
+    if parts[:2] == ["tl_spectral", "interventions"]:
+        return 2
     if parts[:2] in (["tl_spectral", "analysis"], ["tl_spectral", "geometry"]):
         return 1
     if parts[:2] == ["tl_spectral", "probes"]:
@@ -184,11 +195,11 @@ def test_the_floor_check_can_fail():
     graph = {"tl_spectral.analysis.pod": {"tl_spectral.viz.scale_pod_plots"},
              "tl_spectral.viz.scale_pod_plots": {"tl_spectral.analysis.pod"},
              "tl_spectral.results": {"tl_spectral.probes.base", "tl_spectral.viz.plots"},
-             "tl_spectral.geometry.qk": {"tl_spectral.models.surgery"},
+             "tl_spectral.geometry.qk": {"tl_spectral.interventions.surgery"},
              "tl_spectral.viz.sections": {"tl_spectral.probes", "tl_spectral.viz.plots"}}
     assert upward_imports(graph) == [
         ("tl_spectral.analysis.pod", "tl_spectral.viz.scale_pod_plots"),
-        ("tl_spectral.geometry.qk", "tl_spectral.models.surgery"),
+        ("tl_spectral.geometry.qk", "tl_spectral.interventions.surgery"),
         ("tl_spectral.results", "tl_spectral.probes.base"),
         ("tl_spectral.viz.scale_pod_plots", "tl_spectral.analysis.pod")]
 
@@ -199,7 +210,7 @@ def test_plotting_loads_on_the_first_figure_only():
             "tl_spectral.analysis.sinks, tl_spectral.analysis.contributions, "
             "tl_spectral.geometry.qk, tl_spectral.geometry.rotary, tl_spectral.geometry.cascade, "
             "tl_spectral.geometry.model, tl_spectral.probes, tl_spectral.probes.faithfulness, "
-            "tl_spectral.models.surgery, tl_spectral.models.ablations; "
+            "tl_spectral.interventions.surgery, tl_spectral.interventions.ablations; "
             "print(sorted(m for m in sys.modules if m.startswith(('matplotlib', "
             "'tl_spectral.viz'))))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

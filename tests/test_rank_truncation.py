@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tl_spectral.models import GPT, GPTConfig
-from tl_spectral.models.ablations import (
+from tl_spectral.interventions.ablations import (
     TruncatedKernelAttention,
     ablate,
     rank_truncation_curve,

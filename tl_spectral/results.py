@@ -724,11 +724,18 @@ _LEGACY_KIND_MODULES: dict[str, str] = {
     "sd_geometry": "tl_spectral.geometry.qk",
     "rotary_qk_geometry": "tl_spectral.geometry.rotary",
     "routing_cascade": "tl_spectral.geometry.cascade",
-    "routing_ablation": "tl_spectral.models.ablations",
-    "rank_truncation": "tl_spectral.models.ablations",
-    "linearization_curve": "tl_spectral.models.surgery",
-    "cascade_allocation": "tl_spectral.models.surgery",
-    "allocation_study": "tl_spectral.models.surgery",
+    "routing_ablation": "tl_spectral.interventions.ablations",
+    "rank_truncation": "tl_spectral.interventions.ablations",
+    "linearization_curve": "tl_spectral.interventions.surgery",
+    "cascade_allocation": "tl_spectral.interventions.surgery",
+    "allocation_study": "tl_spectral.interventions.surgery",
+}
+
+#: modules that moved, old name -> new: a file written before the move names the old one
+#: (read silently: a file is not the user's code, so no deprecation warning)
+_MOVED_RESULT_MODULES: dict[str, str] = {
+    "tl_spectral.models.ablations": "tl_spectral.interventions.ablations",
+    "tl_spectral.models.surgery": "tl_spectral.interventions.surgery",
 }
 
 #: The library modules that define result kinds: the only modules ``Result.load`` ever
@@ -758,6 +765,7 @@ def _result_class(kind: str, module: Any, path: Path) -> type["Result"]:
     if not isinstance(module, str):
         raise ValueError(f"{path}: the metadata 'module' is {type(module).__name__}, not the "
                          "name of the module that defines the result kind")
+    module = _MOVED_RESULT_MODULES.get(module, module)
     if module not in _RESULT_MODULES:
         raise ValueError(
             f"{path}: unknown result kind {kind!r}, said to be defined in {module!r}, which "
