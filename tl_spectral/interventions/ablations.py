@@ -18,8 +18,8 @@ from torch import nn
 
 from tl_spectral._deprecation import renamed_arguments
 from tl_spectral.data.inputs import as_token_tensor
-from tl_spectral.models.gpt import GPT
 from tl_spectral.interventions.surgery import perplexity
+from tl_spectral.models.gpt import GPT
 from tl_spectral.results import Result, register_result
 
 __all__ = ["ABLATIONS_SD", "ABLATIONS_SOFTMAX", "AblationResult", "KernelPartAttention",

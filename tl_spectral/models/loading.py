@@ -234,7 +234,7 @@ def load_model(name_or_folder: str | os.PathLike, *, device: Any = "cpu") -> tup
 
         gpt = load_checkpoint(folder, map_location=device).eval()
         doc = read_checkpoint_config(folder)
-        tok = zoo._char_tokenizer(doc) if "tokenizer" in doc else None
+        tok = zoo.char_tokenizer(doc) if "tokenizer" in doc else None
         tl_model = to_transformer_lens(gpt, device=device)
         if tok is not None:
             zoo.attach_tokenizer(tl_model, tok, prepend_bos=getattr(tok, "bos", False))

@@ -147,7 +147,7 @@ class TrainConfig:
     def check_device(self) -> None:
         """The device is there: 'cuda' on a machine without CUDA (or a GPU index past the
         last) is a ``ValueError`` naming what to pass instead."""
-        _resolve_device(self.device)
+        resolve_device(self.device)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -177,7 +177,10 @@ class TrainConfig:
         return out
 
 
-def _resolve_device(name: str, local_rank: int = 0) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """The torch device a training config's ``device`` names (``"auto"``: CUDA if torch sees
+    one, else CPU; ``"cuda"``: this process's ``local_rank`` GPU); one-line ValueError naming
+    what to pass when this machine has no such device."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
