@@ -209,7 +209,8 @@ def floor(module: str):
     parts = module.split(".")
     if module in ("tl_spectral.results", "tl_spectral.model_view", "tl_spectral.usage",
                   "tl_spectral.files", "tl_spectral._leftovers", "tl_spectral.outdirs",
-                  "tl_spectral.progress", "tl_spectral._deprecation", "tl_spectral.types") \
+                  "tl_spectral.progress", "tl_spectral._deprecation", "tl_spectral.types",
+                  "tl_spectral.checks") \
             or parts[:2] == ["tl_spectral", "data"]:
         return 0
     if parts[:2] == ["tl_spectral", "models"]:

@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover
     SafetensorsError = Exception  # type: ignore[misc,assignment]
 from safetensors.torch import load_file, save_file
 
+from tl_spectral.checks import is_int, is_real
 from tl_spectral.files import current_umask
 
 _REGISTRY: dict[str, type["Result"]] = {}
@@ -414,9 +415,9 @@ def _is_kind(value: Any, kind: str) -> bool:
     if kind == "tensor":
         return isinstance(value, torch.Tensor)
     if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
+        return is_int(value)
     if kind == "float":  # JSON writes 2.0 as 2.0, but an int is a fine float
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return is_real(value)
     if kind == "str":
         return isinstance(value, str)
     if kind == "bool":
@@ -531,8 +532,7 @@ def check_arrays(cls: type, fields: dict[str, Any], path: Any = "result") -> Non
     for dim, names in (getattr(cls, "array_dims", None) or {}).items():
         for fname in ((names,) if isinstance(names, str) else names):
             v = fields.get(fname)
-            n = len(v) if isinstance(v, (list, dict)) else v if (
-                isinstance(v, int) and not isinstance(v, bool)) else None
+            n = len(v) if isinstance(v, (list, dict)) else v if is_int(v) else None
             if n is None:
                 continue
             where = f"the metadata {fname!r}" + (f" ({n} entries)" if isinstance(

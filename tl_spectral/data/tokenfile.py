@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tl_spectral.checks import check_int
+
 __all__ = ["TokenFile", "TokenWindows", "write_token_file"]
 
 MAGIC = b"TLSPTOK1"
@@ -61,10 +63,9 @@ def write_token_file(
         raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
     if path.exists() and not path.is_file():
         raise ValueError(f"{path} is not a file; pass a file path for the token file")
-    if vocab_size is not None and (not isinstance(vocab_size, (int, np.integer))
-                                   or isinstance(vocab_size, bool)
-                                   or not 1 <= int(vocab_size) <= MAX_ID + 1):
-        raise ValueError(f"vocab_size must be an int in [1, 2**32], got {vocab_size!r}")
+    if vocab_size is not None:
+        check_int("vocab_size", vocab_size, minimum=1, maximum=MAX_ID + 1, numpy=True,
+                  what="an int in [1, 2**32]", hint="the tokenizer's vocabulary size")
     path.parent.mkdir(parents=True, exist_ok=True)
     # a killed writer's temporary files (pid in the name, process gone) go first
     from tl_spectral._leftovers import remove_dead_leftovers

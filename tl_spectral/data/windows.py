@@ -7,6 +7,8 @@ from typing import Any, Optional
 
 import torch
 
+from tl_spectral.checks import check_int
+
 
 @dataclass
 class DocumentWindows:
@@ -95,8 +97,8 @@ def document_windows(
         if overlap:
             raise ValueError("pass either overlap=True (random offsets) or stride (offsets at "
                              "multiples of stride), not both")
-        if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= length:
-            raise ValueError(f"stride must be an int in [1, length={length}], got {stride!r}")
+        check_int("stride", stride, minimum=1, maximum=length,
+                  what=f"an int in [1, length={length}]")
     full_length = length
     if bos_id is not None:
         length -= 1

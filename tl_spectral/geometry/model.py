@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from tl_spectral.checks import is_int
 from tl_spectral.geometry.qk import (
     DEFAULT_ZERO_RTOL,
     QKGeometry,
@@ -246,7 +247,7 @@ def _layer_selection(layers: Any, n_layers: int) -> list[int]:
     if layers is None:
         return list(range(n_layers))
     if isinstance(layers, (int, str)) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            is_int(i) for i in layers):
         raise ValueError(f"layers must be a list of layer indices, got {layers!r}")
     out = list(layers)
     bad = [i for i in out if not 0 <= i < n_layers]

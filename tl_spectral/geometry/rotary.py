@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 import torch
 
 from tl_spectral._deprecation import deprecated_method
+from tl_spectral.checks import check_int
 from tl_spectral.geometry.common import (
     as_layers,
     check_finite,
@@ -111,9 +112,8 @@ class RotarySpec:
                   attention_scaling: float = 1.0) -> RotarySpec:
         """Plain RoPE: ``θ_f = base^(−2f / rotary_dim)``, computed like TransformerLens and
         Hugging Face do (float32 ``arange``), then held in float64."""
-        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim < 2 \
-                or rotary_dim % 2:
-            raise ValueError(f"rotary_dim must be a positive even int, got {rotary_dim!r}")
+        check_int("rotary_dim", rotary_dim, minimum=2, even=True,
+                  what="a positive even int")
         if not float(base) > 1:
             raise ValueError(f"rotary base must be > 1, got {base!r}")
         inv = 1.0 / (float(base) ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
@@ -208,9 +208,9 @@ def offset_distribution(distribution: Any = "causal", n_ctx: int | None = None
         if distribution not in _DISTRIBUTIONS:
             raise ValueError(f"distribution must be one of {_DISTRIBUTIONS}, a {{offset: weight}} "
                              f"mapping or (offsets, weights); got {distribution!r}")
-        if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 1:
-            raise ValueError(f"distribution={distribution!r} needs n_ctx (a positive int), "
-                             f"got {n_ctx!r}")
+        check_int("n_ctx", n_ctx, minimum=1,
+                  what=f"a positive int: distribution={distribution!r} needs n_ctx",
+                  hint="the context length, e.g. n_ctx=1024")
         lag = torch.arange(n_ctx, dtype=torch.int64)
         w = (n_ctx - lag).to(torch.float64) if distribution == "causal" else \
             torch.ones(n_ctx, dtype=torch.float64)
@@ -343,11 +343,10 @@ def _rank_plan(rank_offsets: Any, d_off: torch.Tensor, d_w: torch.Tensor, units:
         if units * m <= RANK_BUDGET:
             return d_off, d_w, True
         n = max(MIN_RANK_OFFSETS, int(RANK_BUDGET // max(units, 1e-12)))
-    elif isinstance(rank_offsets, bool) or not isinstance(rank_offsets, int) or rank_offsets < 1:
-        raise ValueError(f"rank_offsets must be 'auto', None (every offset: exact) or a "
-                         f"positive int, got {rank_offsets!r}")
     else:
-        n = int(rank_offsets)
+        n = check_int("rank_offsets", rank_offsets, minimum=1,
+                      what="'auto', None (every offset: exact) or a positive int",
+                      hint="e.g. rank_offsets='auto'")
     if n >= m:
         return d_off, d_w, True
     o, w = rank_offset_sample(d_off, d_w, n)

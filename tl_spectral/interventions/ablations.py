@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tl_spectral._deprecation import renamed_arguments
+from tl_spectral.checks import check_int
 from tl_spectral.data.inputs import as_token_tensor
 from tl_spectral.interventions.surgery import perplexity
 from tl_spectral.models.gpt import GPT
@@ -209,8 +210,7 @@ def svd_truncate(m: torch.Tensor, r: int) -> torch.Tensor:
     """Best rank-``r`` approximation of each matrix of ``m`` ``[..., n, n]`` (Eckart–Young:
     the top-``r`` singular triplets, ``U_r Σ_r V_rᵀ``), computed in float64 and returned
     in ``m``'s dtype. ``r >= n`` returns ``m`` unchanged."""
-    if not isinstance(r, int) or isinstance(r, bool) or r < 0:
-        raise ValueError(f"rank r must be an int >= 0, got {r!r}")
+    check_int("rank r", r, minimum=0, hint="e.g. r=0 (the part removed) or r=2")
     if r >= min(m.shape[-2:]):
         return m.clone()
     u, sv, vh = torch.linalg.svd(m.double(), full_matrices=False)
@@ -283,8 +283,7 @@ def truncate_rank(model: Any, part: str, r: int, layers: Sequence[int] | None = 
                         f"{type(model).__name__}")
     if part not in TRUNCATION_PARTS:
         raise ValueError(f"part must be one of {TRUNCATION_PARTS}, got {part!r}")
-    if not isinstance(r, int) or isinstance(r, bool) or r < 0:
-        raise ValueError(f"rank r must be an int >= 0, got {r!r}")
+    check_int("rank r", r, minimum=0, hint="e.g. r=0 (the part removed) or r=2")
     if part == "routing" and r % 2:
         raise ValueError(f"r={r}: the routing part is skew-symmetric, its singular values "
                          "come in equal pairs (rotation planes); pass an even r")

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from tl_spectral.checks import is_int, is_real
+
 __all__ = ["IDENTITY_FIELDS", "TrainConfig", "warmup_cosine_lr"]
 
 #: TrainConfig fields that define a run (with the model configuration and the training
@@ -103,14 +105,11 @@ class TrainConfig:
         """Types and ranges of the fields that used to be accepted silently (a negative
         weight decay, a clip of -1 that switched clipping off, seq_len 0 read as n_ctx, ...):
         a ``ValueError`` naming the field and what to pass, before anything is built."""
-        import numbers
-
         def num(v) -> bool:
-            return isinstance(v, numbers.Real) and not isinstance(v, bool) and \
-                math.isfinite(v)
+            return is_real(v, numpy=True) and math.isfinite(v)
 
         def whole(v) -> bool:
-            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+            return is_int(v, numpy=True)
 
         for name, ok, want in (
                 ("lr", num(self.lr), "a finite number > 0"),

@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
+from tl_spectral.checks import check_int, is_int
 from tl_spectral.model_view import ModelView
 
 
@@ -133,14 +134,10 @@ def as_corpus(data: Any, attention_mask: Optional[Tensor] = None, pad_token: int
 
 def check_count(name: str, value: Any) -> int:
     """``value`` as an int >= 1 (numpy integers too), else a one-line error naming ``name``."""
-    import numbers
-
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_int(value, numpy=True):
         raise TypeError(f"{name} must be an int >= 1, got {value!r} ({type(value).__name__}); "
                         f"pass e.g. {name}=8")
-    if int(value) < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
+    return check_int(name, value, minimum=1, numpy=True, hint=f"e.g. {name}=8")
 
 
 class PaddingInferredWarning(UserWarning):
