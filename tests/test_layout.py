@@ -295,24 +295,63 @@ def test_plotting_loads_on_the_first_figure_only():
     assert r.stdout.strip() == "[]"
 
 
+#: functions over the limit that others are rewriting now (issue 41): the lead removes each
+#: entry as its rewrite lands ("file:function")
+LONG_FUNCTIONS_BEING_REWRITTEN = {
+    "cli.py:analyze",  # the lead: the analyze command
+    "scale_pod.py:scale_pod_layer",  # the scale-POD engine rewrite
+    "scale_pod_heads.py:scale_pod_heads_layer",  # the scale-POD engine rewrite
+    "scale_pod_heads.py:head_diversity",  # the scale-POD engine rewrite
+    "contribution_section.py:render",  # the lead: the sections' render methods
+    "head_scores_section.py:render",  # the lead: the sections' render methods
+    "scale_pod_section.py:_render_field",  # the lead: the sections' render methods
+}
+
+#: the longest a function may be without a stated reason at its top (docstring included)
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``file:function`` of every function of ``path`` over ``limit`` lines whose top (its
+    signature and docstring, then the first statement's line) has no comment saying why it
+    is long ("# Long on purpose: ...")."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.end_lineno - node.lineno + 1 > limit:
+            first = node.body[1] if ast.get_docstring(node) and len(node.body) > 1 \
+                else node.body[0]
+            head = "\n".join(lines[node.lineno - 1:first.lineno])
+            if "# Long on purpose:" not in head:
+                out.append(f"{path.name}:{node.name}")
+    return out
+
+
 def test_no_huge_file_and_long_functions_say_why():
-    """No library file over 1,000 lines; a function over 150 lines opens with a comment
-    saying why it is long ("# Long on purpose: ...")."""
+    """No library file over 1,000 lines; a function over 80 lines opens with a comment
+    saying why it is long ("# Long on purpose: ..."), apart from the ones being rewritten."""
     long_files, silent = [], []
     for p in LIB.rglob("*.py"):
-        text = p.read_text(encoding="utf-8")
-        lines = text.splitlines()
-        if len(lines) > 1000:
-            long_files.append((p.name, len(lines)))
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
-                    and node.end_lineno - node.lineno + 1 > 150:
-                first = node.body[1] if ast.get_docstring(node) else node.body[0]
-                head = "\n".join(lines[node.lineno - 1:first.lineno])
-                if "# Long on purpose:" not in head:
-                    silent.append(f"{p.name}:{node.name}")
+        n = len(p.read_text(encoding="utf-8").splitlines())
+        if n > 1000:
+            long_files.append((p.name, n))
+        silent += long_functions(p)
     assert not long_files, long_files
-    assert not silent, silent
+    assert not set(silent) - LONG_FUNCTIONS_BEING_REWRITTEN, sorted(
+        set(silent) - LONG_FUNCTIONS_BEING_REWRITTEN)
+    stale = LONG_FUNCTIONS_BEING_REWRITTEN - set(silent)
+    assert not stale, f"rewritten: remove {sorted(stale)} from LONG_FUNCTIONS_BEING_REWRITTEN"
+
+
+def test_the_long_function_check_can_fail(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(80))
+    (tmp_path / "m.py").write_text(
+        f"def long():\n{body}\n\n\ndef said():\n    \"\"\"Doc.\"\"\"\n"
+        f"    # Long on purpose: a test.\n{body}\n\n\ndef short():\n    return 1\n",
+        encoding="utf-8")
+    assert long_functions(tmp_path / "m.py") == ["m.py:long"]
 
 
 _OUTSIDE = re.compile(r"""(\.\./shared|["'](docs|runs)/|parents\[[2-9]\])""")

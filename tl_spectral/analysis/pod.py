@@ -250,6 +250,7 @@ class PODResult(Result):
 
     @property
     def H_star_str(self) -> str:
+        """H* for a table: ``"≥ n"`` when saturated (every mode was needed), else ``"n"``."""
         return f"≥ {self.H_star}" if self.H_star_saturated else str(self.H_star)
 
     def h_star(self, epsilon: float) -> tuple[int, bool]:

@@ -255,16 +255,19 @@ class TokenFile:
 
     @property
     def model(self) -> str:
+        """The model (tokenizer) name the file records, ``""`` if none."""
         return str(self.header.get("model", ""))
 
     @property
     def vocab_size(self) -> int:
+        """The vocabulary size the file records, 0 if none."""
         return int(self.header.get("vocab_size", 0))
 
     def __len__(self) -> int:
         return self.n_tokens
 
     def document(self, d: int) -> np.ndarray:
+        """The token ids of document ``d`` (a view of the memory map); IndexError out of range."""
         if not 0 <= d < self.n_docs:
             raise IndexError(f"document {d} out of range [0, {self.n_docs})")
         return self.ids[self.offsets[d]: self.offsets[d + 1]]

@@ -29,10 +29,12 @@ class DocumentWindows:
 
     @property
     def n_docs(self) -> int:
+        """N, the number of windows."""
         return int(self.tokens.shape[0])
 
     @property
     def length(self) -> int:
+        """T, the tokens of each window."""
         return int(self.tokens.shape[1])
 
     def __len__(self) -> int:

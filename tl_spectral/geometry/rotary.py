@@ -121,6 +121,7 @@ class RotarySpec:
 
     @property
     def rotary_dim(self) -> int:
+        """The rotated dimensions of a head (twice the number of frequencies)."""
         return 2 * int(self.inv_freq.numel())
 
     def pairs(self, d_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -458,6 +459,7 @@ class RotaryQKGeometry(Result):
 
     @property
     def n_layers(self) -> int:
+        """The number of layers."""
         return len(self.layer_names)
 
     def energies(self, offsets: Any) -> dict[str, torch.Tensor]:
@@ -569,44 +571,43 @@ def rotary_qk_geometry(
 ) -> RotaryQKGeometry:
     """Routing/filtering geometry of rotary heads as functions of the offset Δ = j − i.
 
-    Args:
-        W_Q: ``[layer, head, d_model, d_head]`` or a list of ``[head, d_model, d_head_l]``
-            (un-rotated, normalization folded as for :func:`~tl_spectral.geometry.qk.qk_geometry`).
-        W_K: ``[layer, kv_head, d_model, d_head]`` (grouped-query: each key head serves
-            ``head // kv_head`` consecutive query heads).
-        spec: the model's :class:`RotarySpec` (frequencies, pairing, scaling), or one per
-            layer (e.g. Gemma 3's θ = 10⁴ local and 10⁶ global layers; same pairing and
-            rotary_dim). Each layer's frequencies are in ``pair_theta``/``pair_gain``; the
-            result's ``inv_freq``/``attention_scaling`` are the first layer's.
-        offsets: where energies and spectra are reported (``[n]`` ints); default
-            :func:`default_offsets` of ``n_ctx`` (0, −1, −2, −4, …), or ``[0]`` if no n_ctx.
-        distribution: the offset distribution for the averages (:func:`offset_distribution`;
-            ``"causal"`` by default, needs ``n_ctx``).
-        n_ctx: the context length for the named distributions and the default offsets.
-        average_ranks: also average the effective ranks over the distribution (two
-            ``k × k`` spectra per head and averaged offset, ``k = min(2 d_head, d_model)``).
-        rank_offsets: which offsets the rank average uses. ``None``: every offset of the
-            distribution's support (the exact mean; ``O(layers·heads·|support|·k³)``: ~18
-            CPU-minutes for 12 × 12 heads of d_head 64 over a 2,048 causal window). An int
-            ``n``: the equal-mass quantile sample of :func:`rank_offset_sample` (exact when
-            the support has at most ``n`` offsets, else an estimate). ``"auto"`` (default):
-            exact when that costs at most :data:`RANK_BUDGET` ``128 × 128`` core spectra
-            (~10 s on one core: every small model, e.g. 48 heads of d_head 16 over 256
-            positions), else the largest sample within it (at least
-            :data:`MIN_RANK_OFFSETS`). The result records the offsets and weights used
-            (``rank_offsets``, ``rank_weights``) and ``mean_eff_rank_exact``. Energies,
-            fractions and their averages are exact whatever this says.
-        layer_names: default ``"L0"``, ``"L1"``, …
-        dtype: computation dtype (float64).
-        progress: a progress bar over the layers; default (None): shown on a terminal or in
-            a notebook when the spectra are estimated to take more than a few seconds
-            (:func:`tl_spectral.progress.progress_bar`).
-        windows: per layer, a causal sliding window ``W`` (None: full attention;
-            :func:`~tl_spectral.model_view.layer_windows`). A windowed layer's averages use
-            the distribution restricted to the offsets it attends to, ``|Δ| < W``, and
-            renormalised (its ranks the same rank rule over that distribution); recorded in
-            the result's ``windows``. ``dist_offsets``/``dist_weights``/``rank_offsets``
-            are the unrestricted ones.
+    ``W_Q``: ``[layer, head, d_model, d_head]`` or a list of ``[head, d_model, d_head_l]``
+    (un-rotated, normalization folded as for :func:`~tl_spectral.geometry.qk.qk_geometry`).
+    ``W_K``: ``[layer, kv_head, d_model, d_head]`` (grouped-query: each key head serves
+    ``head // kv_head`` consecutive query heads).
+    ``spec``: the model's :class:`RotarySpec` (frequencies, pairing, scaling), or one per
+    layer (e.g. Gemma 3's θ = 10⁴ local and 10⁶ global layers; same pairing and
+    rotary_dim). Each layer's frequencies are in ``pair_theta``/``pair_gain``; the
+    result's ``inv_freq``/``attention_scaling`` are the first layer's.
+    ``offsets``: where energies and spectra are reported (``[n]`` ints); default
+    :func:`default_offsets` of ``n_ctx`` (0, −1, −2, −4, …), or ``[0]`` if no n_ctx.
+    ``distribution``: the offset distribution for the averages (:func:`offset_distribution`;
+    ``"causal"`` by default, needs ``n_ctx``).
+    ``n_ctx``: the context length for the named distributions and the default offsets.
+    ``average_ranks``: also average the effective ranks over the distribution (two
+    ``k × k`` spectra per head and averaged offset, ``k = min(2 d_head, d_model)``).
+    ``rank_offsets``: which offsets the rank average uses. ``None``: every offset of the
+    distribution's support (the exact mean; ``O(layers·heads·|support|·k³)``: ~18
+    CPU-minutes for 12 × 12 heads of d_head 64 over a 2,048 causal window). An int
+    ``n``: the equal-mass quantile sample of :func:`rank_offset_sample` (exact when
+    the support has at most ``n`` offsets, else an estimate). ``"auto"`` (default):
+    exact when that costs at most :data:`RANK_BUDGET` ``128 × 128`` core spectra
+    (~10 s on one core: every small model, e.g. 48 heads of d_head 16 over 256
+    positions), else the largest sample within it (at least
+    :data:`MIN_RANK_OFFSETS`). The result records the offsets and weights used
+    (``rank_offsets``, ``rank_weights``) and ``mean_eff_rank_exact``. Energies,
+    fractions and their averages are exact whatever this says.
+    ``layer_names``: default ``"L0"``, ``"L1"``, …
+    ``dtype``: computation dtype (float64).
+    ``progress``: a progress bar over the layers; default (None): shown on a terminal or in
+    a notebook when the spectra are estimated to take more than a few seconds
+    (:func:`tl_spectral.progress.progress_bar`).
+    ``windows``: per layer, a causal sliding window ``W`` (None: full attention;
+    :func:`~tl_spectral.model_view.layer_windows`). A windowed layer's averages use
+    the distribution restricted to the offsets it attends to, ``|Δ| < W``, and
+    renormalised (its ranks the same rank rule over that distribution); recorded in
+    the result's ``windows``. ``dist_offsets``/``dist_weights``/``rank_offsets``
+    are the unrestricted ones.
 
     Returns a :class:`RotaryQKGeometry`. At Δ = 0 the energies, fractions and spectra equal
     ``qk_geometry(W_Q, W_K)``'s (same cores, same operations).

@@ -158,9 +158,11 @@ class GPTConfig:
 
     # per-layer accessors ------------------------------------------------------------
     def layer_d_head(self, layer: int) -> int:
+        """The head dimension of ``layer``."""
         return self.d_head[layer] if isinstance(self.d_head, list) else int(self.d_head)
 
     def layer_n_heads(self, layer: int) -> int:
+        """The number of heads of ``layer``."""
         return self.n_heads[layer] if isinstance(self.n_heads, list) else int(self.n_heads)
 
     @property
@@ -169,9 +171,11 @@ class GPTConfig:
         return [self.layer_n_heads(l) for l in range(self.n_layers)]
 
     def layer_attention(self, layer: int) -> str:
+        """The attention kind of ``layer`` (``"softmax"``, ``"sd"``, ``"linear"``, ...)."""
         return self.attention[layer] if isinstance(self.attention, list) else self.attention
 
     def layer_attention_options(self, layer: int) -> dict[str, Any]:
+        """A copy of the attention options of ``layer``."""
         o = self.attention_options
         return dict(o[layer]) if isinstance(o, list) else dict(o)
 
@@ -194,6 +198,8 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
+        """The config :meth:`to_dict` wrote (its ``format`` checked); TypeError / ValueError
+        otherwise."""
         if not isinstance(d, dict):
             raise TypeError(f"a GPT config must be a JSON object, got {type(d).__name__}")
         d = dict(d)
@@ -207,10 +213,12 @@ class GPTConfig:
         return cls(**d)
 
     def to_json(self) -> str:
+        """The config as indented JSON (:meth:`to_dict`), read back by :meth:`from_json`."""
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
     def from_json(cls, s: str) -> GPTConfig:
+        """The config :meth:`to_json` wrote."""
         return cls.from_dict(json.loads(s))
 
 
@@ -350,6 +358,7 @@ class GPT(nn.Module):
         )
 
     def num_params(self) -> int:
+        """The number of parameters of the model (every tensor, embeddings included)."""
         return sum(p.numel() for p in self.parameters())
 
 

@@ -129,6 +129,7 @@ class AttentionFields(Result):
 
     @property
     def n_docs(self) -> int:
+        """The number of documents the fields were captured from."""
         return int(self.doc_mask.shape[0])
 
     def fluctuations(self, layer: int) -> Tensor:
@@ -794,6 +795,7 @@ class StreamedAttentionFields(Result):
 
     @property
     def n_docs(self) -> int:
+        """The number of documents streamed into the fields."""
         return int(self.n_documents)
 
     def plot_mean(self):
