@@ -311,10 +311,11 @@ LONG_FUNCTIONS_BEING_REWRITTEN = {
 MAX_FUNCTION_LINES = 80
 
 
-def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES, *, said: bool = False
+                   ) -> list[str]:
     """``file:function`` of every function of ``path`` over ``limit`` lines whose top (its
     signature and docstring, then the first statement's line) has no comment saying why it
-    is long ("# Long on purpose: ...")."""
+    is long ("# Long on purpose: ..."); with ``said``, those that have one too."""
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines()
     out = []
@@ -324,7 +325,7 @@ def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
             first = node.body[1] if ast.get_docstring(node) and len(node.body) > 1 \
                 else node.body[0]
             head = "\n".join(lines[node.lineno - 1:first.lineno])
-            if "# Long on purpose:" not in head:
+            if said or "# Long on purpose:" not in head:
                 out.append(f"{path.name}:{node.name}")
     return out
 
@@ -332,16 +333,19 @@ def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
 def test_no_huge_file_and_long_functions_say_why():
     """No library file over 1,000 lines; a function over 80 lines opens with a comment
     saying why it is long ("# Long on purpose: ..."), apart from the ones being rewritten."""
-    long_files, silent = [], []
+    long_files, silent, over = [], [], []
     for p in LIB.rglob("*.py"):
         n = len(p.read_text(encoding="utf-8").splitlines())
         if n > 1000:
             long_files.append((p.name, n))
         silent += long_functions(p)
+        over += long_functions(p, said=True)
     assert not long_files, long_files
     assert not set(silent) - LONG_FUNCTIONS_BEING_REWRITTEN, sorted(
         set(silent) - LONG_FUNCTIONS_BEING_REWRITTEN)
-    stale = LONG_FUNCTIONS_BEING_REWRITTEN - set(silent)
+    # an entry goes once its function is no longer over the limit (some of them already
+    # carry a reason from the 150-line days; the rewrite decides whether it stays)
+    stale = LONG_FUNCTIONS_BEING_REWRITTEN - set(over)
     assert not stale, f"rewritten: remove {sorted(stale)} from LONG_FUNCTIONS_BEING_REWRITTEN"
 
 
@@ -352,6 +356,7 @@ def test_the_long_function_check_can_fail(tmp_path):
         f"    # Long on purpose: a test.\n{body}\n\n\ndef short():\n    return 1\n",
         encoding="utf-8")
     assert long_functions(tmp_path / "m.py") == ["m.py:long"]
+    assert long_functions(tmp_path / "m.py", said=True) == ["m.py:long", "m.py:said"]
 
 
 _OUTSIDE = re.compile(r"""(\.\./shared|["'](docs|runs)/|parents\[[2-9]\])""")

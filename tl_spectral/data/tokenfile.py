@@ -58,6 +58,8 @@ def write_token_file(
     and the finished file replaces ``path`` — which must not exist unless ``overwrite``.
     dtype: uint16 when every id (and ``vocab_size``) fits, else uint32. Returns the path.
     """
+    # Long on purpose: a linear recipe (checks, stale leftovers, streamed write in
+    # two header rounds, atomic rename); each step is a few lines that need the ones before.
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")

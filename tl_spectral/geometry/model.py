@@ -305,6 +305,8 @@ def model_rotary_geometry(
     Raises :class:`UnreadableHeadsError` for models without rotary positions (use
     :func:`model_qk_geometry`) or whose heads cannot be read.
     """
+    # Long on purpose: the docstring (the rotary forms and options); the code is
+    # one read of each layer's weights and rotary spec, then one call.
     from tl_spectral.geometry.rotary import RotarySpec, rotary_qk_geometry
 
     if _positional_of(model.model if hasattr(model, "rotary_metadata") else model) != "rotary":

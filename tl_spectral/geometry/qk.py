@@ -707,6 +707,8 @@ def sd_geometry(
 
     Returns :class:`SDGeometry`.
     """
+    # Long on purpose: the checks of every input form (per-layer lists, a diagonal D,
+    # shapes, skew / symmetry) inside the one per-layer loop of spectra, then the stacking.
     s_layers = as_layers(S, "S", 3, "head, d_head, d_head")
     d_raw = D
     if (

@@ -532,6 +532,8 @@ def run_probes_on_cache(
     :class:`PaddingUnknownWarning` (every position counted as a token).
     accumulate, check_finite, check_patterns: as for :func:`run_probes`.
     """
+    # Long on purpose: the cache's checks (its model, the hooks the probes read, mask and
+    # tokens against the cache's shape), then the same per-layer feed as run_probes.
     if model is None:
         model = getattr(cache, "model", None)
         if model is None:

@@ -212,6 +212,8 @@ class SinkProbe(Probe):
         return self._windows[layer]
 
     def update(self, cap: LayerCapture) -> None:
+        # Long on purpose: the per-layer statistics of the probe in formula order, reusing
+        # the shared value products (tl_spectral.probes.shared).
         assert cap.pattern is not None and cap.v is not None and self.view is not None
         layer = cap.layer
         p = cap.pattern.float()
@@ -405,6 +407,8 @@ def zero_sink_value(
     tokens: the documents (as for :func:`~tl_spectral.probes.runner.run_probes`; ``data=`` is
     its deprecated name).
     """
+    # Long on purpose: the checks of every argument, then one loop over batches with
+    # the clean and the intervened pass side by side (as faithfulness).
     from tl_spectral.analysis.faithfulness import allowed_mask
     from tl_spectral.probes.faithfulness import (
         check_targets,
