@@ -8,7 +8,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tl_spectral.models import GPT, GPTConfig
 from tl_spectral.interventions.ablations import (
     TruncatedKernelAttention,
     ablate,
@@ -16,6 +15,7 @@ from tl_spectral.interventions.ablations import (
     svd_truncate,
     truncate_rank,
 )
+from tl_spectral.models import GPT, GPTConfig
 
 
 def _model(attention="softmax", seed=0, **kw):

@@ -22,7 +22,6 @@ from tl_spectral.geometry.model import (
     native_attention_weights,
 )
 from tl_spectral.geometry.qk import sd_geometry
-from tl_spectral.models import GPT, GPTConfig, to_transformer_lens
 from tl_spectral.interventions.ablations import (
     AblationResult,
     KernelPartAttention,
@@ -30,6 +29,7 @@ from tl_spectral.interventions.ablations import (
     ablation_table,
     perplexity,
 )
+from tl_spectral.models import GPT, GPTConfig, to_transformer_lens
 
 
 def _model(norm="none", d_head=6, attention="sd", seed=0, n_layers=3, options=None):

@@ -8,8 +8,6 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tl_spectral.models import GPT, GPTConfig, load_checkpoint, save_model, to_transformer_lens
-from tl_spectral.models.convert import max_logit_diff
 from tl_spectral.interventions.surgery import (
     AllocationStudy,
     CascadeAllocation,
@@ -23,6 +21,8 @@ from tl_spectral.interventions.surgery import (
     plot_collapse,
     tl_linearization_curve,
 )
+from tl_spectral.models import GPT, GPTConfig, load_checkpoint, save_model, to_transformer_lens
+from tl_spectral.models.convert import max_logit_diff
 
 V = 13
 

@@ -199,9 +199,9 @@ def sd_runs_study(run_dirs: Sequence[str | Path], results_dir: str | Path, *,
     Writes ``results_dir/summary.json`` (refused when it exists, unless ``overwrite``);
     ``data_dir``: the BPE corpora folder, for BPE runs. Returns the summary."""
     from tl_spectral.geometry.cascade import cascade_over_training, latest_model_dir
-    from tl_spectral.models import load_checkpoint
     from tl_spectral.interventions.ablations import ablate
     from tl_spectral.interventions.surgery import window_losses
+    from tl_spectral.models import load_checkpoint
     from tl_spectral_studies._runs import head_interval as _head_interval
     from tl_spectral_studies._runs import run_validation_windows
 
