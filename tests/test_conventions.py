@@ -347,6 +347,41 @@ def test_the_old_loaders_warn_once_and_give_the_same_models(tmp_path, gpt):
     assert "load_model" not in models.__all__ and "load_checkpoint" in models.__all__
 
 
+# ------------------------------------------------------------------ moved modules
+_OLD_MODULE_PATHS = r"""
+import sys, warnings
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:
+    import tl_spectral.models as models
+    import tl_spectral.models.surgery as s   # the old module path: warns
+    s_again = models.surgery   # now bound on the package: no second warning
+    a = models.ablations   # an attribute of the package, before any import: warns
+    from tl_spectral.models import ablations as a_again   # bound: no second warning
+import tl_spectral.interventions.ablations as a2
+import tl_spectral.interventions.surgery as s2
+print(s is s2, s_again is s2, a is a2, a_again is a2)
+for w in caught:
+    print(w.category.__name__, w.filename, str(w.message).split(";")[0])
+"""
+
+
+def test_the_old_paths_of_the_interventions_warn_and_are_the_same_modules():
+    """``tl_spectral.models.surgery`` / ``.ablations`` moved to ``tl_spectral.interventions``:
+    the old paths give the new module objects themselves, with one DeprecationWarning (at
+    the user's line) when a process first reaches one, by import or as an attribute."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _OLD_MODULE_PATHS], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == "True True True True"
+    assert lines[1:] == [
+        "DeprecationWarning <string> tl_spectral.models.surgery is deprecated",
+        "DeprecationWarning <string> tl_spectral.models.ablations is deprecated"]
+
+
 # ------------------------------------------------------------------ our own code is clean
 OLD_SPELLINGS = [
     (r"\.summary_rows\(|\b(?:res|stats|pod|zs|ind|r)\.(?:rows|table)\(", "a table's old name"),
@@ -357,11 +392,17 @@ OLD_SPELLINGS = [
     (r"(?:run_probes|faithfulness|zero_sink_value)\([^)]*\bdata=", "data="),
     (r"(?:ablation_table|linearization_curve|rank_truncation_curve)\([^)]*\bwindows=",
      "windows="),
+    (r"tl_spectral\.models\.(?:surgery|ablations)\b|from tl_spectral\.models import "
+     r"[^\n]*\b(?:surgery|ablations)\b", "an old path of the interventions"),
 ]
 
 
 #: where an old spelling is named on purpose: the code that keeps it working
-NAMES_THEM = {("runner.py", "run_probes(..., return_logits=True)")}
+NAMES_THEM = {("runner.py", "run_probes(..., return_logits=True)"),
+              *((path, "an old path of the interventions") for path in (
+                  "tl_spectral/models/__init__.py", "tl_spectral/models/surgery.py",
+                  "tl_spectral/models/ablations.py", "tl_spectral/interventions/__init__.py",
+                  "tl_spectral/results.py"))}
 
 
 def test_no_caller_of_ours_uses_an_old_spelling():
@@ -377,7 +418,7 @@ def test_no_caller_of_ours_uses_an_old_spelling():
         if f.name == "api.md":  # its "Deprecated spellings" table names them on purpose
             text = text.split("## Deprecated spellings")[0]
         for pattern, what in OLD_SPELLINGS:
-            if (f.name, what) in NAMES_THEM:
+            if {(f.name, what), (f.relative_to(ROOT).as_posix(), what)} & NAMES_THEM:
                 continue
             m = re.search(pattern, text)
             assert m is None, f"{f.relative_to(ROOT)} uses {what}: {m.group(0)!r}"

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from tl_spectral.interventions.surgery import perplexity, window_losses
 from tl_spectral.models import GPT, GPTConfig, save_model
-from tl_spectral.models.surgery import perplexity, window_losses
 from tl_spectral_studies._common import StudyUsageError
 from tl_spectral_studies.head_allocation import (
     markdown,

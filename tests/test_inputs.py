@@ -7,9 +7,9 @@ import torch
 
 from tl_spectral.data import document_windows
 from tl_spectral.data.inputs import as_token_tensor
+from tl_spectral.interventions.ablations import ablate, ablation_table
+from tl_spectral.interventions.surgery import linearization_curve, perplexity
 from tl_spectral.models import GPT, GPTConfig
-from tl_spectral.models.ablations import ablate, ablation_table
-from tl_spectral.models.surgery import linearization_curve, perplexity
 
 
 class _Tok:

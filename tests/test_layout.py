@@ -57,7 +57,8 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
 
 def test_import_tl_spectral_loads_no_study():
     code = ("import sys, tl_spectral, tl_spectral.cli, tl_spectral.viz.sections, "
-            "tl_spectral.geometry.model, tl_spectral.models.surgery, tl_spectral.models.zoo; "
+            "tl_spectral.geometry.model, tl_spectral.interventions.surgery, "
+            "tl_spectral.models.zoo; "
             "print(sorted(m for m in sys.modules if m.startswith('tl_spectral_studies')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        cwd=ROOT)
@@ -115,24 +116,110 @@ def test_the_cycle_finder_can_fail():
     assert find_cycles({"a": {"b"}, "b": set()}) == []
 
 
+def private_imports(path: Path, modules: dict[str, Path], me: str | None = None) -> set[str]:
+    """The private names (one leading underscore, not a module) of another library module
+    that ``path`` uses: ``from a.b import _c`` and ``b._c`` where ``b`` names module ``a.b``
+    (by ``import a.b as b`` or ``from a import b``). A private module (``_deprecation``) is
+    the library's own and may be imported anywhere in it; its private names may not."""
+    me = me or _module_name(path)
+    pkg = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    bound, out = {}, set()
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                base = ".".join([*up, base] if base else up)
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                if full in modules:
+                    bound[a.asname or a.name] = full
+                elif private(a.name) and base != me and base in modules:
+                    out.add(full)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in modules:
+                    bound[a.asname or a.name.split(".")[0]] = (
+                        a.name if a.asname else a.name.split(".")[0])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            chain, v = [], node.value
+            while isinstance(v, ast.Attribute):
+                chain.append(v.attr)
+                v = v.value
+            if isinstance(v, ast.Name) and v.id in bound:
+                target = ".".join([bound[v.id], *reversed(chain)])
+                if target in modules and target != me and f"{target}.{node.attr}" not in modules:
+                    out.add(f"{target}.{node.attr}")
+    return out
+
+
+#: private names still used across modules, each with its reason (remove the entry when the
+#: reason goes)
+PRIVATE_IMPORTS_ALLOWED = {
+    ("tl_spectral.cli", "tl_spectral.models.zoo._char_tokenizer"):
+        "cli.py is being rewritten by the lead (issue 41); it then calls zoo.char_tokenizer, "
+        "and zoo's _char_tokenizer alias goes",
+    ("tl_spectral.viz.uncertainty", "tl_spectral.analysis.scale_pod._spectrum_from_gram"):
+        "analysis/scale_pod.py is being rewritten (issue 41, the scale-POD engine); the "
+        "rewrite makes the spectrum of a Gram matrix public",
+}
+
+
+def test_no_private_name_crosses_a_module_boundary():
+    """A name with a leading underscore is its module's own: another module that needs it
+    gets a public (documented) name or the code moves to where it is used."""
+    mods = _library_modules()
+    found = {(m, name) for m, p in mods.items() for name in private_imports(p, mods)}
+    assert not found - set(PRIVATE_IMPORTS_ALLOWED), sorted(found - set(PRIVATE_IMPORTS_ALLOWED))
+    assert not set(PRIVATE_IMPORTS_ALLOWED) - found, "stale allow-list entries: " + str(
+        sorted(set(PRIVATE_IMPORTS_ALLOWED) - found))
+
+
+def test_the_private_import_check_can_fail(tmp_path):
+    mods = {"tl_spectral.a": tmp_path / "a.py", "tl_spectral.b": tmp_path / "b.py",
+            "tl_spectral._c": tmp_path / "_c.py"}
+    src = ("from tl_spectral.a import _x, y\nfrom tl_spectral import _c, b\n"
+           "import tl_spectral.a as A\nb._z(A._w, _c.ok, _c._v, b.__doc__)\n")
+    (tmp_path / "b.py").write_text(src, encoding="utf-8")
+    found = private_imports(tmp_path / "b.py", mods, me="tl_spectral.b")
+    assert found == {"tl_spectral.a._x", "tl_spectral.a._w", "tl_spectral._c._v"}
+
+
 #: the floors of docs/architecture.md, lowest first; "leaf" is the plotting leaf
 _GROUND_MODELS = {"gpt", "attention", "convert", "zoo", "train", "train_config", "loading",
                   "smollm2", "gguf", "hub"}
+#: modules of models/ that are not the model family, each with its reason: the deprecated old
+#: paths of the interventions (tl_spectral 0.3 removes them); each imports the module it
+#: stands for, so it sits on that module's floor
+_MOVED_MODELS = {"surgery": "tl_spectral.interventions.surgery",
+                 "ablations": "tl_spectral.interventions.ablations"}
 
 
 def floor(module: str):
     """The floor of a library module: 0 ground (results, model_view, usage, data, the model
-    family), 1 maths (analysis, geometry), 2 probes and the experiments on models (surgery,
-    ablations), "leaf" plotting (viz/*_plots, views, figures, plots), 3 the top (report
-    sections, cli)."""
+    family), 1 maths (analysis, geometry), 2 probes and the experiments on models
+    (interventions/: surgery, ablations), "leaf" plotting (viz/*_plots, views, figures,
+    plots), 3 the top (report sections, cli)."""
     parts = module.split(".")
     if module in ("tl_spectral.results", "tl_spectral.model_view", "tl_spectral.usage",
                   "tl_spectral.files", "tl_spectral._leftovers", "tl_spectral.outdirs",
-                  "tl_spectral.progress", "tl_spectral._deprecation", "tl_spectral.types") \
+                  "tl_spectral.progress", "tl_spectral._deprecation", "tl_spectral.types",
+                  "tl_spectral.checks") \
             or parts[:2] == ["tl_spectral", "data"]:
         return 0
     if parts[:2] == ["tl_spectral", "models"]:
-        return 0 if len(parts) == 2 or parts[2] in _GROUND_MODELS else 2
+        if len(parts) == 2 or parts[2] in _GROUND_MODELS:
+            return 0
+        assert parts[2] in _MOVED_MODELS, f"{module}: not in _GROUND_MODELS nor _MOVED_MODELS"
+        return floor(_MOVED_MODELS[parts[2]])
+    if parts[:2] == ["tl_spectral", "interventions"]:
+        return 2
     if parts[:2] in (["tl_spectral", "analysis"], ["tl_spectral", "geometry"]):
         return 1
     if parts[:2] == ["tl_spectral", "probes"]:
@@ -184,11 +271,11 @@ def test_the_floor_check_can_fail():
     graph = {"tl_spectral.analysis.pod": {"tl_spectral.viz.scale_pod_plots"},
              "tl_spectral.viz.scale_pod_plots": {"tl_spectral.analysis.pod"},
              "tl_spectral.results": {"tl_spectral.probes.base", "tl_spectral.viz.plots"},
-             "tl_spectral.geometry.qk": {"tl_spectral.models.surgery"},
+             "tl_spectral.geometry.qk": {"tl_spectral.interventions.surgery"},
              "tl_spectral.viz.sections": {"tl_spectral.probes", "tl_spectral.viz.plots"}}
     assert upward_imports(graph) == [
         ("tl_spectral.analysis.pod", "tl_spectral.viz.scale_pod_plots"),
-        ("tl_spectral.geometry.qk", "tl_spectral.models.surgery"),
+        ("tl_spectral.geometry.qk", "tl_spectral.interventions.surgery"),
         ("tl_spectral.results", "tl_spectral.probes.base"),
         ("tl_spectral.viz.scale_pod_plots", "tl_spectral.analysis.pod")]
 
@@ -199,7 +286,7 @@ def test_plotting_loads_on_the_first_figure_only():
             "tl_spectral.analysis.sinks, tl_spectral.analysis.contributions, "
             "tl_spectral.geometry.qk, tl_spectral.geometry.rotary, tl_spectral.geometry.cascade, "
             "tl_spectral.geometry.model, tl_spectral.probes, tl_spectral.probes.faithfulness, "
-            "tl_spectral.models.surgery, tl_spectral.models.ablations; "
+            "tl_spectral.interventions.surgery, tl_spectral.interventions.ablations; "
             "print(sorted(m for m in sys.modules if m.startswith(('matplotlib', "
             "'tl_spectral.viz'))))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
@@ -208,24 +295,64 @@ def test_plotting_loads_on_the_first_figure_only():
     assert r.stdout.strip() == "[]"
 
 
+#: functions over the limit that others are rewriting now (issue 41): the lead removes each
+#: entry as its rewrite lands ("file:function")
+LONG_FUNCTIONS_BEING_REWRITTEN = {
+    "cli.py:analyze",  # the lead: the analyze command
+    "contribution_section.py:render",  # the lead: the sections' render methods
+    "scale_pod_section.py:_render_field",  # the lead: the sections' render methods
+}
+
+#: the longest a function may be without a stated reason at its top (docstring included)
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES, *, said: bool = False
+                   ) -> list[str]:
+    """``file:function`` of every function of ``path`` over ``limit`` lines whose top (its
+    signature and docstring, then the first statement's line) has no comment saying why it
+    is long ("# Long on purpose: ..."); with ``said``, those that have one too."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.end_lineno - node.lineno + 1 > limit:
+            first = node.body[1] if ast.get_docstring(node) and len(node.body) > 1 \
+                else node.body[0]
+            head = "\n".join(lines[node.lineno - 1:first.lineno])
+            if said or "# Long on purpose:" not in head:
+                out.append(f"{path.name}:{node.name}")
+    return out
+
+
 def test_no_huge_file_and_long_functions_say_why():
-    """No library file over 1,000 lines; a function over 150 lines opens with a comment
-    saying why it is long ("# Long on purpose: ...")."""
-    long_files, silent = [], []
+    """No library file over 1,000 lines; a function over 80 lines opens with a comment
+    saying why it is long ("# Long on purpose: ..."), apart from the ones being rewritten."""
+    long_files, silent, over = [], [], []
     for p in LIB.rglob("*.py"):
-        text = p.read_text(encoding="utf-8")
-        lines = text.splitlines()
-        if len(lines) > 1000:
-            long_files.append((p.name, len(lines)))
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
-                    and node.end_lineno - node.lineno + 1 > 150:
-                first = node.body[1] if ast.get_docstring(node) else node.body[0]
-                head = "\n".join(lines[node.lineno - 1:first.lineno])
-                if "# Long on purpose:" not in head:
-                    silent.append(f"{p.name}:{node.name}")
+        n = len(p.read_text(encoding="utf-8").splitlines())
+        if n > 1000:
+            long_files.append((p.name, n))
+        silent += long_functions(p)
+        over += long_functions(p, said=True)
     assert not long_files, long_files
-    assert not silent, silent
+    assert not set(silent) - LONG_FUNCTIONS_BEING_REWRITTEN, sorted(
+        set(silent) - LONG_FUNCTIONS_BEING_REWRITTEN)
+    # an entry goes once its function is no longer over the limit (some of them already
+    # carry a reason from the 150-line days; the rewrite decides whether it stays)
+    stale = LONG_FUNCTIONS_BEING_REWRITTEN - set(over)
+    assert not stale, f"rewritten: remove {sorted(stale)} from LONG_FUNCTIONS_BEING_REWRITTEN"
+
+
+def test_the_long_function_check_can_fail(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(80))
+    (tmp_path / "m.py").write_text(
+        f"def long():\n{body}\n\n\ndef said():\n    \"\"\"Doc.\"\"\"\n"
+        f"    # Long on purpose: a test.\n{body}\n\n\ndef short():\n    return 1\n",
+        encoding="utf-8")
+    assert long_functions(tmp_path / "m.py") == ["m.py:long"]
+    assert long_functions(tmp_path / "m.py", said=True) == ["m.py:long", "m.py:said"]
 
 
 _OUTSIDE = re.compile(r"""(\.\./shared|["'](docs|runs)/|parents\[[2-9]\])""")

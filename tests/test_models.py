@@ -248,7 +248,7 @@ def test_per_layer_heads_build_run_and_count_like_uniform(tmp_path):
     """A head allocation (issue 17 item 2): every layer has its own head count; with the same
     total number of heads of the same d_head, the attention parameter count equals the
     uniform model's (what "equal parameter count" means for the allocation comparison)."""
-    from tl_spectral.models.surgery import attention_param_count
+    from tl_spectral.interventions.surgery import attention_param_count
 
     alloc = GPTConfig(vocab_size=11, n_layers=3, n_heads=[1, 2, 5], d_model=16, d_head=4,
                       n_ctx=8)

@@ -282,7 +282,7 @@ def _mistakes():
         "batch_size str": (lambda m: run_probes(m, t, S, batch_size="8", progress=False),
                            TypeError, "batch_size must be an int"),
         "batch_size 0": (lambda m: run_probes(m, t, S, batch_size=0, progress=False),
-                         ValueError, "batch_size must be >= 1"),
+                         ValueError, "batch_size must be an int >= 1, got 0"),
         "keep_docs count": (lambda m: ContributionProbe(keep_docs=2),
                             TypeError, r"keep_docs=\[2\].*range\(2\)"),
         "keep_docs negative": (lambda m: ContributionProbe(keep_docs=[-1]),

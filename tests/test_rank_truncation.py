@@ -8,14 +8,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tl_spectral.models import GPT, GPTConfig
-from tl_spectral.models.ablations import (
+from tl_spectral.interventions.ablations import (
     TruncatedKernelAttention,
     ablate,
     rank_truncation_curve,
     svd_truncate,
     truncate_rank,
 )
+from tl_spectral.models import GPT, GPTConfig
 
 
 def _model(attention="softmax", seed=0, **kw):

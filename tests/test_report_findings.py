@@ -188,7 +188,7 @@ def test_planted_scores_against_brute_force():
 def test_linearization_curve_runs_on_a_rotary_bridge(tmp_path):
     from _tiny_hf import tiny_bridge
 
-    from tl_spectral.models.surgery import tl_linearization_curve
+    from tl_spectral.interventions.surgery import tl_linearization_curve
     from tl_spectral.viz.sanity_section import window_perplexity
 
     model = tiny_bridge("llama", tmp_path / "l", n_layers=2)

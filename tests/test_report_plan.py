@@ -89,7 +89,7 @@ def test_a_pass_key_declared_twice_runs_once(tmp_path):
 def test_rotary_bridge_without_firing_rotated_hooks_gets_a_reason(tmp_path):
     """A bridge of a native rotary model declares hook_rot_q / hook_rot_k but never calls
     them: the linearization curve says why it cannot run (it crashed the report before)."""
-    from tl_spectral.models.surgery import tl_linearization_curve
+    from tl_spectral.interventions.surgery import tl_linearization_curve
 
     ctx = _ctx(tmp_path, model_name="char-shakespeare-rotary", n=1, T=8)
     with pytest.raises(ValueError, match="no hook on its rotated queries and keys"):

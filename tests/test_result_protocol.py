@@ -24,13 +24,13 @@ def _instances(tmp_path) -> dict[str, Result]:
     from tl_spectral.analysis.sinks import sink_geometry
     from tl_spectral.geometry.cascade import CascadeResult
     from tl_spectral.geometry.qk import qk_geometry, sd_geometry
-    from tl_spectral.models import GPT, GPTConfig
-    from tl_spectral.models.ablations import ablation_table, rank_truncation_curve
-    from tl_spectral.models.surgery import (
+    from tl_spectral.interventions.ablations import ablation_table, rank_truncation_curve
+    from tl_spectral.interventions.surgery import (
         AllocationStudy,
         cascade_allocation,
         linearization_curve,
     )
+    from tl_spectral.models import GPT, GPTConfig
     from tl_spectral.probes import (
         AttentionFieldProbe,
         AttentionStatsProbe,

@@ -57,9 +57,29 @@ def test_the_allow_list_is_the_registry_s_library_modules():
     """The allow-list equals the modules that register library result kinds, once every
     module of the package is imported (a new result module must join the list)."""
     for info in pkgutil.walk_packages(tl_spectral.__path__, "tl_spectral."):
-        if info.name != "tl_spectral.__main__":
+        if info.name not in ("tl_spectral.__main__", "tl_spectral.models.surgery",
+                             "tl_spectral.models.ablations"):  # the last two: old paths
             importlib.import_module(info.name)
     library = {cls.__module__ for cls in _REGISTRY.values()
                if cls.__module__.startswith("tl_spectral.")} - {"tl_spectral.results"}
     assert _RESULT_MODULES == library
     assert not {"tl_spectral.__main__", "tl_spectral.cli"} & _RESULT_MODULES
+
+
+def test_a_file_naming_a_moved_module_loads_from_the_new_one_without_a_warning():
+    """Files written before the interventions left models/ name ``tl_spectral.models.surgery``
+    or ``.ablations``: they load through the new module, silently (a file is not the user's
+    code), and the deprecated old path is never imported."""
+    code = ("import sys, warnings\n"
+            "from pathlib import Path\n"
+            "warnings.simplefilter('error')\n"
+            "from tl_spectral.results import _result_class\n"
+            "a = _result_class('linearization_curve', 'tl_spectral.models.surgery', Path('f'))\n"
+            "b = _result_class('routing_ablation', 'tl_spectral.models.ablations', Path('f'))\n"
+            "print(a.__module__, b.__module__, sorted(m for m in sys.modules\n"
+            "      if m in ('tl_spectral.models.surgery', 'tl_spectral.models.ablations')))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["tl_spectral.interventions.surgery",
+                                "tl_spectral.interventions.ablations", "[]"]

@@ -1,4 +1,4 @@
-"""Model-level QK geometry (geometry.model), B.4 ablations (models.ablations), the cascade over
+"""Model-level QK geometry (geometry.model), B.4 ablations (interventions.ablations), the cascade over
 training (geometry.cascade), top-K BPE (data.topk_bpe), errors for unreadable heads, and the
 routing study (tl_spectral_studies.routing)."""
 
@@ -22,14 +22,14 @@ from tl_spectral.geometry.model import (
     native_attention_weights,
 )
 from tl_spectral.geometry.qk import sd_geometry
-from tl_spectral.models import GPT, GPTConfig, to_transformer_lens
-from tl_spectral.models.ablations import (
+from tl_spectral.interventions.ablations import (
     AblationResult,
     KernelPartAttention,
     ablate,
     ablation_table,
     perplexity,
 )
+from tl_spectral.models import GPT, GPTConfig, to_transformer_lens
 
 
 def _model(norm="none", d_head=6, attention="sd", seed=0, n_layers=3, options=None):

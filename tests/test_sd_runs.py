@@ -12,9 +12,9 @@ import shutil
 import pytest
 import torch
 
+from tl_spectral.interventions.ablations import ablate, perplexity
+from tl_spectral.interventions.surgery import window_losses
 from tl_spectral.models import GPT, GPTConfig
-from tl_spectral.models.ablations import ablate, perplexity
-from tl_spectral.models.surgery import window_losses
 from tl_spectral_studies import sd_runs
 from tl_spectral_studies._common import StudyUsageError
 from tl_spectral_studies.sd_runs import (

@@ -92,7 +92,7 @@ def test_verdicts_follow_the_interval():
 
 
 def _study(tmp_path, ppl):
-    from tl_spectral.models.surgery import AllocationStudy
+    from tl_spectral.interventions.surgery import AllocationStudy
 
     rows = []
     for (name, seed), p in ppl.items():
@@ -156,7 +156,7 @@ def test_three_seeds_use_the_t_interval_and_need_no_uniform_run(tmp_path):
 def test_evaluate_keeps_committed_rows_and_refuses_another_recipe():
     import torch
 
-    from tl_spectral.models.surgery import AllocationStudy
+    from tl_spectral.interventions.surgery import AllocationStudy
     from tl_spectral_studies.surgery import _merge_rows
 
     row = {"d_head": [16], "attention_params": 1, "total_params": 1, "loss": 0.0, "steps": 1}

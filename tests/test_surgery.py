@@ -8,9 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tl_spectral.models import GPT, GPTConfig, load_checkpoint, save_model, to_transformer_lens
-from tl_spectral.models.convert import max_logit_diff
-from tl_spectral.models.surgery import (
+from tl_spectral.interventions.surgery import (
     AllocationStudy,
     CascadeAllocation,
     FineTune,
@@ -23,6 +21,8 @@ from tl_spectral.models.surgery import (
     plot_collapse,
     tl_linearization_curve,
 )
+from tl_spectral.models import GPT, GPTConfig, load_checkpoint, save_model, to_transformer_lens
+from tl_spectral.models.convert import max_logit_diff
 
 V = 13
 
@@ -165,7 +165,7 @@ def test_linearization_curve_with_fine_tune():
 
 
 def test_linearization_curve_control_is_the_same_fine_tune_without_swap(tmp_path):
-    from tl_spectral.models.surgery import fine_tune_layers
+    from tl_spectral.interventions.surgery import fine_tune_layers
 
     m = gpt("softmax", n_layers=2)
     ids = torch.randint(0, V, (400,), generator=torch.Generator().manual_seed(2))
@@ -254,7 +254,7 @@ def test_cascade_allocation_from_measured_rank_and_conversion(tmp_path):
 
 def test_effective_routing_rank_of_sd_model_brute_force():
     """source='R' on an S–D model: the rank of the skew part of W_P (S − D) W_Pᵀ per head."""
-    from tl_spectral.models.surgery import measured_routing_rank
+    from tl_spectral.interventions.surgery import measured_routing_rank
 
     m = gpt("sd", d_head=4, normalization="none").double()
     rank = measured_routing_rank(m, source="R")

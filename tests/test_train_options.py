@@ -272,8 +272,8 @@ def test_every_shipped_config_builds(path):
     """Every run config in configs/ builds its model and its trainer settings (a config that
     only fails when its multi-hour run starts is caught here), and the head-allocation
     config has the same attention parameter count as the uniform model it is compared with."""
+    from tl_spectral.interventions.surgery import attention_param_count
     from tl_spectral.models import GPT, GPTConfig
-    from tl_spectral.models.surgery import attention_param_count
     from tl_spectral.models.train import TrainConfig
 
     doc = json.loads(path.read_text())

@@ -248,6 +248,7 @@ class ModelView:
     # ------------------------------------------------------------------ naming
     @property
     def name(self) -> str:
+        """The model's name (its config's ``model_name``, else its class name)."""
         return str(getattr(self.cfg, "model_name", type(self.model).__name__))
 
     def hook_name(self, kind: str, layer: int) -> str:
@@ -285,15 +286,19 @@ class ModelView:
         )
 
     def hook_pattern(self, layer: int) -> str:
+        """The hook name of ``layer``'s attention pattern."""
         return self.hook_name("pattern", layer)
 
     def hook_v(self, layer: int) -> str:
+        """The hook name of ``layer``'s values."""
         return self.hook_name("v", layer)
 
     def hook_attn_in(self, layer: int) -> str:
+        """The hook name of ``layer``'s attention input."""
         return self.hook_name("attn_in", layer)
 
     def hook_resid_pre(self, layer: int) -> str:
+        """The hook name of the residual stream entering ``layer``."""
         return self.hook_name("resid_pre", layer)
 
     def _check_layer(self, layer: int) -> None:
@@ -303,6 +308,7 @@ class ModelView:
     # ------------------------------------------------------------------ weights
     @property
     def device(self) -> torch.device:
+        """The device of the model's parameters."""
         return next(self.model.parameters()).device
 
     def _attn(self, layer: int):

@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover
     SafetensorsError = Exception  # type: ignore[misc,assignment]
 from safetensors.torch import load_file, save_file
 
+from tl_spectral.checks import is_int, is_real
 from tl_spectral.files import current_umask
 
 _REGISTRY: dict[str, type["Result"]] = {}
@@ -293,6 +294,8 @@ class Result:
         each array's dtype kind, dims and finiteness against the kind's ``array_shapes``,
         with dims of one name one size across fields and metadata (:func:`check_arrays`),
         then the main table is built once."""
+        # Long on purpose: the file's checks in reading order (header, format, kind, module,
+        # fields, arrays), each a one-line error naming the file.
         path = Path(path)
         if not path.exists() and result_path(path).exists():
             path = result_path(path)  # the name save() was given
@@ -414,9 +417,9 @@ def _is_kind(value: Any, kind: str) -> bool:
     if kind == "tensor":
         return isinstance(value, torch.Tensor)
     if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
+        return is_int(value)
     if kind == "float":  # JSON writes 2.0 as 2.0, but an int is a fine float
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return is_real(value)
     if kind == "str":
         return isinstance(value, str)
     if kind == "bool":
@@ -516,6 +519,8 @@ def check_arrays(cls: type, fields: dict[str, Any], path: Any = "result") -> Non
     named dim one size across fields, dict entries and the metadata of ``cls.array_dims``.
     ``ValueError``, one line naming the field, the expected and the found shape and what to
     do; a dim two fields disagree on is blamed on the field(s) in the minority."""
+    # Long on purpose: one declared-shape check: the sizes the metadata fixes, then every
+    # array against its alternatives, then the named dimensions, each reading the one before.
     decl = getattr(cls, "array_shapes", None) or {}
     if not decl:
         return
@@ -531,8 +536,7 @@ def check_arrays(cls: type, fields: dict[str, Any], path: Any = "result") -> Non
     for dim, names in (getattr(cls, "array_dims", None) or {}).items():
         for fname in ((names,) if isinstance(names, str) else names):
             v = fields.get(fname)
-            n = len(v) if isinstance(v, (list, dict)) else v if (
-                isinstance(v, int) and not isinstance(v, bool)) else None
+            n = len(v) if isinstance(v, (list, dict)) else v if is_int(v) else None
             if n is None:
                 continue
             where = f"the metadata {fname!r}" + (f" ({n} entries)" if isinstance(
@@ -724,11 +728,18 @@ _LEGACY_KIND_MODULES: dict[str, str] = {
     "sd_geometry": "tl_spectral.geometry.qk",
     "rotary_qk_geometry": "tl_spectral.geometry.rotary",
     "routing_cascade": "tl_spectral.geometry.cascade",
-    "routing_ablation": "tl_spectral.models.ablations",
-    "rank_truncation": "tl_spectral.models.ablations",
-    "linearization_curve": "tl_spectral.models.surgery",
-    "cascade_allocation": "tl_spectral.models.surgery",
-    "allocation_study": "tl_spectral.models.surgery",
+    "routing_ablation": "tl_spectral.interventions.ablations",
+    "rank_truncation": "tl_spectral.interventions.ablations",
+    "linearization_curve": "tl_spectral.interventions.surgery",
+    "cascade_allocation": "tl_spectral.interventions.surgery",
+    "allocation_study": "tl_spectral.interventions.surgery",
+}
+
+#: modules that moved, old name -> new: a file written before the move names the old one
+#: (read silently: a file is not the user's code, so no deprecation warning)
+_MOVED_RESULT_MODULES: dict[str, str] = {
+    "tl_spectral.models.ablations": "tl_spectral.interventions.ablations",
+    "tl_spectral.models.surgery": "tl_spectral.interventions.surgery",
 }
 
 #: The library modules that define result kinds: the only modules ``Result.load`` ever
@@ -758,6 +769,7 @@ def _result_class(kind: str, module: Any, path: Path) -> type["Result"]:
     if not isinstance(module, str):
         raise ValueError(f"{path}: the metadata 'module' is {type(module).__name__}, not the "
                          "name of the module that defines the result kind")
+    module = _MOVED_RESULT_MODULES.get(module, module)
     if module not in _RESULT_MODULES:
         raise ValueError(
             f"{path}: unknown result kind {kind!r}, said to be defined in {module!r}, which "

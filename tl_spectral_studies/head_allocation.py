@@ -120,7 +120,7 @@ def run_study(specs: Sequence[str], results_dir: str | Path, *, n_resamples: int
     ``results_dir/summary.json`` (per model: PPL, heads per layer, parameter counts, steps;
     per seed: the paired allocation − uniform PPL difference with its interval; the
     seed-to-seed PPL change of each model; the verdict)."""
-    from tl_spectral.models.surgery import attention_param_count, window_losses
+    from tl_spectral.interventions.surgery import attention_param_count, window_losses
 
     out = Path(results_dir) / "summary.json"
     if out.exists() and not overwrite:

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 from tl_spectral.analysis.bootstrap import bootstrap
 from tl_spectral.data import document_windows, tiny_shakespeare, train_val_split
+from tl_spectral.interventions.ablations import truncate_rank
 from tl_spectral.models import zoo
-from tl_spectral.models.ablations import truncate_rank
 
 
 @torch.no_grad()

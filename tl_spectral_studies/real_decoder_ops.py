@@ -15,7 +15,7 @@ The attention of a Llama layer is recomputed from its ``q_proj``/``k_proj``/``v_
   one more product of per-token vectors (:func:`transposed_scores`);
 * ``"linear"``: ELU+1 linear attention ``α_ij ∝ φ(q̂_i)·φ(k̂_j)`` on the layer's own rotated
   query and key (*choice*: rotated, so positions still enter; no ``1/sqrt(d)``, as
-  :func:`tl_spectral.models.surgery.linearize` does);
+  :func:`tl_spectral.interventions.surgery.linearize` does);
 * ``"zero_sink"``: ``α_i0`` set to 0 without renormalizing (the sink's projected value
   zeroed for every query, as :func:`tl_spectral.probes.sinks.zero_sink_value` does).
 

@@ -36,7 +36,7 @@ from tl_spectral.geometry.model import (
     random_baseline,
 )
 from tl_spectral.geometry.qk import QKGeometry, SDGeometry
-from tl_spectral.models.ablations import (
+from tl_spectral.interventions.ablations import (
     ABLATIONS_SD,
     ABLATIONS_SOFTMAX,
     AblationResult,

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tl_spectral.models.ablations import (
+from tl_spectral.interventions.ablations import (
     ABLATIONS_SD,
     ABLATIONS_SOFTMAX,
 )

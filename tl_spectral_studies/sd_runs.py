@@ -30,7 +30,7 @@ from tl_spectral_studies._common import StudyUsageError
 __all__ = ["d_statistics", "filtering_collapse_verdict", "layer0_minimum_verdict",
            "paired_delta_ppl", "sd_runs_markdown", "sd_runs_study", "seed_spread"]
 
-#: the ablations of the study, all S–D layers at once (names of models.ablations.ABLATIONS_SD)
+#: the ablations of the study, all S–D layers at once (names of interventions.ablations.ABLATIONS_SD)
 SD_RUN_ABLATIONS = ("filtering_collapse", "routing_removal", "filtering_removal")
 #: a filtering collapse whose ΔPPL interval lies within ± this share of the base PPL is "free"
 FREE_REL = 0.01
@@ -48,7 +48,7 @@ def paired_delta_ppl(base: torch.Tensor, ablated: torch.Tensor, *, n_resamples: 
     ΔPPL (ΔPPL / base PPL), each with a paired percentile bootstrap interval over windows
     (one resample of window indices is used for both models). ``base``, ``ablated``: per-window
     mean losses ``[n]`` on the same windows
-    (:func:`tl_spectral.models.surgery.window_losses`)."""
+    (:func:`tl_spectral.interventions.surgery.window_losses`)."""
     from tl_spectral.analysis.bootstrap import bootstrap
 
     base, ablated = base.double(), ablated.double()
@@ -199,9 +199,9 @@ def sd_runs_study(run_dirs: Sequence[str | Path], results_dir: str | Path, *,
     Writes ``results_dir/summary.json`` (refused when it exists, unless ``overwrite``);
     ``data_dir``: the BPE corpora folder, for BPE runs. Returns the summary."""
     from tl_spectral.geometry.cascade import cascade_over_training, latest_model_dir
+    from tl_spectral.interventions.ablations import ablate
+    from tl_spectral.interventions.surgery import window_losses
     from tl_spectral.models import load_checkpoint
-    from tl_spectral.models.ablations import ablate
-    from tl_spectral.models.surgery import window_losses
     from tl_spectral_studies._runs import head_interval as _head_interval
     from tl_spectral_studies._runs import run_validation_windows
 

@@ -146,8 +146,8 @@ def _latest(run: str, root: Path) -> tuple[Path, int, bool]:
 
 
 def cmd_allocate(a) -> None:
+    from tl_spectral.interventions.surgery import cascade_allocation
     from tl_spectral.models.gpt import load_checkpoint
-    from tl_spectral.models.surgery import cascade_allocation
 
     d, step, fin = _latest(a.model, a.paths.root)
     m = load_checkpoint(d)
@@ -164,8 +164,8 @@ def cmd_allocate(a) -> None:
 def _matched_d_head(alloc) -> int:
     """The uniform d_head (a multiple of the allocation's ``multiple``) whose attention
     parameter count is closest to the cascade allocation's: the equal-budget control."""
+    from tl_spectral.interventions.surgery import attention_param_count
     from tl_spectral.models.gpt import GPTConfig
-    from tl_spectral.models.surgery import attention_param_count
 
     base = GPTConfig.from_dict(alloc.model_config)
     cands = range(alloc.multiple, max(alloc.d_head_uniform) + 1, alloc.multiple)
@@ -174,7 +174,7 @@ def _matched_d_head(alloc) -> int:
 
 
 def cmd_train_alloc(a) -> None:
-    from tl_spectral.models.surgery import CascadeAllocation, allocated_config, train_model
+    from tl_spectral.interventions.surgery import CascadeAllocation, allocated_config, train_model
     from tl_spectral.models.train import TrainConfig
 
     torch.set_num_threads(1)
@@ -214,8 +214,8 @@ def _windows(model_dir: Path) -> torch.Tensor:
 
 
 def cmd_curves(a) -> None:
+    from tl_spectral.interventions.surgery import FineTune, linearization_curve
     from tl_spectral.models.gpt import load_checkpoint
-    from tl_spectral.models.surgery import FineTune, linearization_curve
 
     torch.set_num_threads(1)
     a.paths.out.mkdir(parents=True, exist_ok=True)
@@ -277,8 +277,8 @@ def cmd_cascade(a) -> None:
 
 def cmd_evaluate(a) -> None:
     from tl_spectral.geometry.cascade import latest_model_dir
+    from tl_spectral.interventions.surgery import AllocationStudy, attention_param_count, perplexity
     from tl_spectral.models.gpt import load_checkpoint
-    from tl_spectral.models.surgery import AllocationStudy, attention_param_count, perplexity
 
     torch.set_num_threads(1)
     info = json.loads((a.paths.out / f"allocation{_tag(a)}.json").read_text())
@@ -372,8 +372,12 @@ def run_study(out_dir: str | Path, *, quick: bool = False, budget: float = 0.5,
     import matplotlib
 
     matplotlib.use("Agg")
+    from tl_spectral.interventions.surgery import (
+        cascade_allocation,
+        linearization_curve,
+        plot_collapse,
+    )
     from tl_spectral.models import zoo
-    from tl_spectral.models.surgery import cascade_allocation, linearization_curve, plot_collapse
     from tl_spectral_studies._common import save_figures
     from tl_spectral_studies._runs import run_validation_windows
 

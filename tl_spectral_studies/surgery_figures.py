@@ -78,7 +78,7 @@ def figures_from_results(results_dir: str | Path, fig_dir: str | Path) -> list[P
     import matplotlib
 
     matplotlib.use("Agg")
-    from tl_spectral.models.surgery import (
+    from tl_spectral.interventions.surgery import (
         AllocationStudy,
         CascadeAllocation,
         LinearizationCurve,
@@ -129,7 +129,7 @@ def _combined_params_figure(src: Path, fig_dir: Path) -> Path | None:
     ● full uniform; open markers for seeds other than 0."""
     import matplotlib.pyplot as plt
 
-    from tl_spectral.models.surgery import AllocationStudy
+    from tl_spectral.interventions.surgery import AllocationStudy
 
     studies = {p.stem[len("allocation_study_"):]: AllocationStudy.load(p)
                for p in sorted(src.glob("allocation_study_*.safetensors"))}

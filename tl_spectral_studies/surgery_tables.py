@@ -58,7 +58,7 @@ SEED_SPREAD_RULE = ("two seeds: a difference counts only when both seeds give th
 
 
 def _curves(d: Path) -> dict[str, Any]:
-    from tl_spectral.models.surgery import LinearizationCurve
+    from tl_spectral.interventions.surgery import LinearizationCurve
 
     return {p.stem[len("curve_"):]: LinearizationCurve.load(p)
             for p in sorted(d.glob("curve_*.safetensors"))}
@@ -148,7 +148,7 @@ def finetune_markdown(curves: dict[str, Any], names: Sequence[str]) -> str:
 def _study_rows(d: Path, tag: str) -> list[dict[str, Any]] | None:
     """Rows of ``allocation_study{tag}`` with ΔPPL against the uniform model *of the same
     seed* (``delta_same_seed_%``; None where that seed has no uniform run)."""
-    from tl_spectral.models.surgery import AllocationStudy
+    from tl_spectral.interventions.surgery import AllocationStudy
 
     p = d / f"allocation_study{tag}.safetensors"
     if not p.is_file():
@@ -186,7 +186,7 @@ def allocation_markdown(d: Path, tag: str) -> str:
 
 def allocations_markdown(d: Path) -> str:
     """Every cascade allocation (routing rank per layer → d_head), one table each."""
-    from tl_spectral.models.surgery import CascadeAllocation
+    from tl_spectral.interventions.surgery import CascadeAllocation
 
     md = []
     for p in sorted(d.glob("allocation*.safetensors")):
@@ -503,7 +503,7 @@ def markdown(results_dir: str | Path) -> str:
     for the docs): every generated block of docs/surgery.md (:func:`tables`) under its key,
     then the raw tables of every curve and allocation file (ΔPPL of an allocation study
     against the uniform model of the same seed)."""
-    from tl_spectral.models.surgery import CascadeAllocation, LinearizationCurve
+    from tl_spectral.interventions.surgery import CascadeAllocation, LinearizationCurve
 
     d = Path(results_dir)
     md = [f"<!-- {k} -->\n{v}" for k, v in tables(d).items() if v.strip()]

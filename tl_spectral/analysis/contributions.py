@@ -60,7 +60,7 @@ def default_rtol(dtype: torch.dtype) -> float:
     return 100.0 * torch.finfo(dtype).eps
 
 
-def _all_finite(t: Tensor) -> bool:
+def all_finite(t: Tensor) -> bool:
     """True when every entry is finite. Fast path: a sum is finite only if all terms are
     (inf and NaN propagate); a non-finite sum (possibly plain overflow) falls back to the
     elementwise check."""
@@ -125,7 +125,7 @@ def check_layer_inputs(
             raise ValueError("query_mask must be bool (True = real token), not floating point")
         qm = query_mask.to(device=pattern.device, dtype=torch.bool)
         pattern = pattern.masked_fill(~qm[:, None, :, None], 0.0)
-    if not _all_finite(pattern):
+    if not all_finite(pattern):
         raise ValueError(
             "pattern has NaN/inf entries on real queries; pass query_mask to mark padded "
             "queries (their rows are ignored)"
@@ -134,7 +134,7 @@ def check_layer_inputs(
     if kv_heads != h:
         vh = vh.repeat_interleave(h // kv_heads, dim=1)
     W = W_O.to(dtype=dtype, device=pattern.device)
-    if not (_all_finite(vh) and _all_finite(W)):
+    if not (all_finite(vh) and all_finite(W)):
         raise ValueError("v or W_O has NaN/inf entries")
     return pattern, vh, W, qm
 

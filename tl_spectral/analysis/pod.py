@@ -55,6 +55,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from tl_spectral.checks import is_int
 from tl_spectral.results import Result, register_result
 
 __all__ = [
@@ -145,7 +146,7 @@ def spectral_concentration(
 
 def resolve_rank(rank: Rank, eigenvalues: Tensor, total_energy: float, n_available: int) -> int:
     """Number of modes to keep for ``rank`` (see the module docstring)."""
-    if rank is None or (isinstance(rank, int) and not isinstance(rank, bool) and rank == -1):
+    if rank is None or (is_int(rank) and rank == -1):
         return n_available
     if isinstance(rank, bool):
         raise TypeError("rank must be an int, a float in (0, 1), or None; got a bool")
@@ -249,6 +250,7 @@ class PODResult(Result):
 
     @property
     def H_star_str(self) -> str:
+        """H* for a table: ``"≥ n"`` when saturated (every mode was needed), else ``"n"``."""
         return f"≥ {self.H_star}" if self.H_star_saturated else str(self.H_star)
 
     def h_star(self, epsilon: float) -> tuple[int, bool]:
@@ -452,7 +454,7 @@ def pod_from_gram(
         raise ValueError(f"POD needs at least N=2 snapshots (got N={N})")
     eps = torch.finfo(torch.float64).eps if eps is None else eps
     lam, A, total, n = _eig_gram(gram, eps)
-    if clip_rank and isinstance(rank, int) and not isinstance(rank, bool) and rank > n:
+    if clip_rank and is_int(rank) and rank > n:
         rank = n
     r = resolve_rank(rank, lam, total, n)
     Ar = A[:, :r]
@@ -622,6 +624,7 @@ def pod(
     # One name per tolerance: ``epsilon`` (the energy left out by H*), ``tol`` (the
     # randomized solver's target accuracy), ``zero_tol`` inside the solvers (eigenvalues at
     # or below it are numerical zeros, from the machine epsilon ``machine_eps``).
+    # Long on purpose: the docstring (every method and option); the code is 46 lines.
     X = _check_snapshots(X)
     N, dim = X.shape
     if dtype not in (torch.float32, torch.float64):
@@ -642,7 +645,7 @@ def pod(
         rms = float(X.to(torch.float64).pow(2).sum(1).mean().sqrt())
         centered = float(mu.norm()) <= 1e3 * torch.finfo(X.dtype).eps * max(rms, 1e-300)
     n_max = min(N, dim)
-    int_rank = isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1
+    int_rank = is_int(rank) and rank >= 1
     if method == "auto":
         if int_rank and 4 * (rank + n_oversamples) <= n_max and n_max >= 2000:
             method = "randomized"

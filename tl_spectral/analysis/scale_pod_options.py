@@ -22,17 +22,14 @@ class ScalePODOptions:
     The one way to pass these settings: ``options=ScalePODOptions(...)`` (the same names as
     keywords are deprecated). Every value is validated here, once.
 
-    Attributes:
-        center: subtract the ensemble mean first.
-        scales: CWT scales (default ``default_scales(T)``).
-        wavelet: PyWavelets continuous wavelet name.
-        max_dominant: most dominant scales kept (>= 1).
-        min_ratio: least factor between two dominant scales.
-        min_peak_fraction: least share of the largest ``E(a)`` of a dominant scale.
-        window_threshold: band snapshots keep the lags where ``G_m`` exceeds it.
-        lag_window: ``"signed"`` or ``"absolute"``.
-        epsilon: tolerance of ``H*(epsilon)``, in ``[0, 1)``.
-        lag_chunk: lags per batched Gram GEMM (>= 1).
+    The fields: ``center`` subtracts the ensemble mean first; ``scales`` are the CWT scales
+    (default ``default_scales(T)``); ``wavelet`` is the PyWavelets continuous wavelet name;
+    ``max_dominant`` the most dominant scales kept (>= 1); ``min_ratio`` the least factor
+    between two dominant scales; ``min_peak_fraction`` the least share of the largest
+    ``E(a)`` of a dominant scale; band snapshots keep the lags where ``G_m`` exceeds
+    ``window_threshold``; ``lag_window`` is ``"signed"`` or ``"absolute"``; ``epsilon`` the
+    tolerance of ``H*(epsilon)``, in ``[0, 1)``; ``lag_chunk`` the lags per batched Gram GEMM
+    (>= 1).
     """
 
     center: bool = False

@@ -46,7 +46,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from tl_spectral.analysis.contributions import (
-    _all_finite,
+    all_finite,
     check_layer_inputs,
     default_rtol,
     value_gram,
@@ -71,14 +71,15 @@ def _pattern_and_mask(pattern: Tensor, query_mask: Tensor | None) -> tuple[Tenso
             )
         qm = query_mask.to(device=p.device, dtype=torch.bool)
         p = p.masked_fill(~qm[:, None, :, None], 0.0)
-    if not _all_finite(p):
+    if not all_finite(p):
         raise ValueError("pattern has NaN/inf on real queries; mark padded queries with query_mask")
     if (qm.sum(-1) == 0).any():
         raise ValueError("a batch element has no real query (query_mask all False); drop it")
     return p, qm
 
 
-def _check_sink_index(sink_index: int, n_key: int) -> None:
+def check_sink_index(sink_index: int, n_key: int) -> None:
+    """One-line ValueError unless ``0 <= sink_index < n_key`` (the sink is a key position)."""
     if not 0 <= sink_index < n_key:
         raise ValueError(f"sink_index must be in [0, {n_key}), got {sink_index}")
 
@@ -90,7 +91,7 @@ def sink_rate(
 ) -> Float[Tensor, "batch head"]:
     """Sink rate per head: mean over real queries ``i`` of ``α_i,sink``. [batch, head]."""
     p, qm = _pattern_and_mask(pattern, query_mask)
-    _check_sink_index(sink_index, p.shape[-1])
+    check_sink_index(sink_index, p.shape[-1])
     return p[..., sink_index].sum(-1) / qm.sum(-1, keepdim=True).to(p.dtype)
 
 
@@ -316,7 +317,7 @@ def sink_geometry(
     if (qm.sum(-1) == 0).any():
         raise ValueError("a batch element has no real query (query_mask all False); drop it")
     k = p.shape[-1]
-    _check_sink_index(sink_index, k)
+    check_sink_index(sink_index, k)
     if rtol is None:
         rtol = default_rtol(p.dtype)
     G = value_gram(W)  # [H, d, d]
@@ -362,6 +363,8 @@ def sink_geometry_from_products(
     ``s = Σ_h w^h W_O^h`` ``[b, q, d_model]``, and the key score's totals ``Σ_i α_ij``
     ``[b, H, k]`` (``key_totals``); ``window``: the layer's sliding window (see
     :func:`sink_geometry`). No input checks."""
+    # Long on purpose: one derivation in formula order (Grams, anti-alignment, ρ-curve,
+    # the two interventions), each step reusing the products of the one before.
     if rtol is None:
         rtol = default_rtol(p.dtype)
     a0 = p[..., sink_index]  # [b, H, q]

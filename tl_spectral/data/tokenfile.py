@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tl_spectral.checks import check_int
+
 __all__ = ["TokenFile", "TokenWindows", "write_token_file"]
 
 MAGIC = b"TLSPTOK1"
@@ -56,15 +58,16 @@ def write_token_file(
     and the finished file replaces ``path`` — which must not exist unless ``overwrite``.
     dtype: uint16 when every id (and ``vocab_size``) fits, else uint32. Returns the path.
     """
+    # Long on purpose: a linear recipe (checks, stale leftovers, streamed write in
+    # two header rounds, atomic rename); each step is a few lines that need the ones before.
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
     if path.exists() and not path.is_file():
         raise ValueError(f"{path} is not a file; pass a file path for the token file")
-    if vocab_size is not None and (not isinstance(vocab_size, (int, np.integer))
-                                   or isinstance(vocab_size, bool)
-                                   or not 1 <= int(vocab_size) <= MAX_ID + 1):
-        raise ValueError(f"vocab_size must be an int in [1, 2**32], got {vocab_size!r}")
+    if vocab_size is not None:
+        check_int("vocab_size", vocab_size, minimum=1, maximum=MAX_ID + 1, numpy=True,
+                  what="an int in [1, 2**32]", hint="the tokenizer's vocabulary size")
     path.parent.mkdir(parents=True, exist_ok=True)
     # a killed writer's temporary files (pid in the name, process gone) go first
     from tl_spectral._leftovers import remove_dead_leftovers
@@ -254,16 +257,19 @@ class TokenFile:
 
     @property
     def model(self) -> str:
+        """The model (tokenizer) name the file records, ``""`` if none."""
         return str(self.header.get("model", ""))
 
     @property
     def vocab_size(self) -> int:
+        """The vocabulary size the file records, 0 if none."""
         return int(self.header.get("vocab_size", 0))
 
     def __len__(self) -> int:
         return self.n_tokens
 
     def document(self, d: int) -> np.ndarray:
+        """The token ids of document ``d`` (a view of the memory map); IndexError out of range."""
         if not 0 <= d < self.n_docs:
             raise IndexError(f"document {d} out of range [0, {self.n_docs})")
         return self.ids[self.offsets[d]: self.offsets[d + 1]]

@@ -126,6 +126,8 @@ class CharTokenizer:
 
     @classmethod
     def from_text(cls, text: str, *, bos: bool = False) -> "CharTokenizer":
+        """The tokenizer of every character of ``text`` (sorted); ``bos`` adds a BOS id after
+        them."""
         if not text:
             raise ValueError("cannot build a character tokenizer from an empty text")
         return cls(sorted(set(text)), bos=bos)
@@ -244,6 +246,7 @@ class CharTokenizer:
         return hf
 
     def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
+        """The text of token ``ids`` (a list or a tensor); the BOS id decodes as ``BOS_TEXT``."""
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
         n = len(self.alphabet)
@@ -251,6 +254,7 @@ class CharTokenizer:
                        for i in ids)
 
     def to_json(self) -> str:
+        """The tokenizer as JSON (its alphabet and BOS flag), read back by :meth:`from_json`."""
         d: dict = {"type": "char", "alphabet": "".join(self.alphabet)}
         if self.bos:
             d["bos"] = True
@@ -258,6 +262,7 @@ class CharTokenizer:
 
     @classmethod
     def from_json(cls, s: str) -> "CharTokenizer":
+        """The tokenizer :meth:`to_json` described; ValueError for another tokenizer type."""
         d = json.loads(s)
         if d.get("type") != "char":
             raise ValueError(f"not a character tokenizer description: type={d.get('type')!r}")

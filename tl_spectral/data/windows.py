@@ -7,6 +7,8 @@ from typing import Any, Optional
 
 import torch
 
+from tl_spectral.checks import check_int
+
 
 @dataclass
 class DocumentWindows:
@@ -27,10 +29,12 @@ class DocumentWindows:
 
     @property
     def n_docs(self) -> int:
+        """N, the number of windows."""
         return int(self.tokens.shape[0])
 
     @property
     def length(self) -> int:
+        """T, the tokens of each window."""
         return int(self.tokens.shape[1])
 
     def __len__(self) -> int:
@@ -95,8 +99,8 @@ def document_windows(
         if overlap:
             raise ValueError("pass either overlap=True (random offsets) or stride (offsets at "
                              "multiples of stride), not both")
-        if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= length:
-            raise ValueError(f"stride must be an int in [1, length={length}], got {stride!r}")
+        check_int("stride", stride, minimum=1, maximum=length,
+                  what=f"an int in [1, length={length}]")
     full_length = length
     if bos_id is not None:
         length -= 1

@@ -66,7 +66,6 @@ def checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
         if (p / "trainer_state.json").is_file() and (p / "model.safetensors").is_file():
             out.append((int(p.name.split("_")[1]), p))
     if (run_dir / "final" / "model.safetensors").is_file():
-        {s for s, _ in out}
         meta = json.loads((run_dir / "final" / "config.json").read_text())
         s = int(meta.get("metrics", {}).get("steps", -1))
         out = [(st, p) for st, p in out if st != s] + [(s, run_dir / "final")]
@@ -76,7 +75,7 @@ def checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
 def cascade_over_training(run_dir: str | Path, *, name: str | None = None) -> CascadeResult:
     """Routing rank per layer and head for every checkpoint of a training run
     (``run_dir/checkpoints/step_*`` and ``run_dir/final``)."""
-    from tl_spectral.models import load_checkpoint
+    from tl_spectral.models.gpt import load_checkpoint
 
     run_dir = Path(run_dir)
     ck = checkpoint_dirs(run_dir)

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from tl_spectral.checks import is_int
 from tl_spectral.geometry.qk import (
     DEFAULT_ZERO_RTOL,
     QKGeometry,
@@ -246,7 +247,7 @@ def _layer_selection(layers: Any, n_layers: int) -> list[int]:
     if layers is None:
         return list(range(n_layers))
     if isinstance(layers, (int, str)) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            is_int(i) for i in layers):
         raise ValueError(f"layers must be a list of layer indices, got {layers!r}")
     out = list(layers)
     bad = [i for i in out if not 0 <= i < n_layers]
@@ -304,6 +305,8 @@ def model_rotary_geometry(
     Raises :class:`UnreadableHeadsError` for models without rotary positions (use
     :func:`model_qk_geometry`) or whose heads cannot be read.
     """
+    # Long on purpose: the docstring (the rotary forms and options); the code is
+    # one read of each layer's weights and rotary spec, then one call.
     from tl_spectral.geometry.rotary import RotarySpec, rotary_qk_geometry
 
     if _positional_of(model.model if hasattr(model, "rotary_metadata") else model) != "rotary":

@@ -68,12 +68,10 @@ def entropy_effective_rank(sv: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
     ``exp(−Σ_k p_k log p_k)`` with ``p = σ / Σσ`` and ``0 log 0 = 0``.
 
-    Args:
-        sv: singular values, e.g. ``[..., k]`` (zeros used as padding are harmless).
-        dim: the dimension holding the singular values.
+    ``sv``: singular values, e.g. ``[..., k]`` (zeros used as padding are harmless).
+    ``dim``: the dimension holding the singular values.
 
-    Returns:
-        ``sv`` with ``dim`` removed. All-zero spectra get rank 0 (not NaN).
+    Returns ``sv`` with ``dim`` removed. All-zero spectra get rank 0 (not NaN).
     """
     sv = sv.clamp_min(0)
     total = sv.sum(dim, keepdim=True)
@@ -86,12 +84,10 @@ def entropy_effective_rank(sv: torch.Tensor, dim: int = -1) -> torch.Tensor:
 def participation_ratio(sv: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Participation ratio ``(Σσ)² / Σσ²`` of nonnegative singular values.
 
-    Args:
-        sv: singular values ``[..., k]``.
-        dim: the dimension holding the singular values.
+    ``sv``: singular values ``[..., k]``.
+    ``dim``: the dimension holding the singular values.
 
-    Returns:
-        ``sv`` with ``dim`` removed; all-zero spectra give 0.
+    Returns ``sv`` with ``dim`` removed; all-zero spectra give 0.
     """
     sv = sv.clamp_min(0)
     s1 = sv.sum(dim)
@@ -126,10 +122,9 @@ def _eig_summary(
 def _head_spectra(wq: torch.Tensor, wk: torch.Tensor, zero_rtol: float) -> dict[str, torch.Tensor]:
     """Factored spectra of a batch of heads.
 
-    Args:
-        wq: ``[batch, d_model, d_head]``.
-        wk: ``[batch, d_model, d_head]``.
-        zero_rtol: relative tolerance below which a singular value or eigenvalue is zero.
+    ``wq``: ``[batch, d_model, d_head]``.
+    ``wk``: ``[batch, d_model, d_head]``.
+    ``zero_rtol``: relative tolerance below which a singular value or eigenvalue is zero.
 
     Steps:
         1. ``A = [W_Q, W_K]``; ``A = Q [R₁, R₂]`` (QR, only the triangular factor is kept).
@@ -269,6 +264,7 @@ class QKGeometry(Result):
 
     @property
     def n_layers(self) -> int:
+        """The number of layers."""
         return len(self.layer_names)
 
     @property
@@ -392,29 +388,27 @@ def qk_geometry(
 ) -> QKGeometry:
     """Routing/filtering geometry of each head's kernel ``M = W_Q W_Kᵀ`` from its factors.
 
-    Args:
-        W_Q: ``[layer, head, d_model, d_head]``, or a list with one ``[head, d_model, d_head_l]``
-            tensor per layer (``d_head`` may then differ across layers). Or the kernel itself
-            as a TransformerLens ``FactoredMatrix`` (``model.QK``: ``A = W_Q``, ``B = W_Kᵀ``;
-            ``[layer, head, …]``, ``[head, …]`` or one head), with ``W_K`` left out.
-        W_K: ``[layer, kv_head, d_model, d_head]`` (or a per-layer list). Grouped-query
-            attention: if ``kv_head < head`` each key head is repeated for its group of
-            ``head // kv_head`` consecutive query heads (``repeat_interleave``, HF/Llama order).
-        b_Q: optional query bias ``[layer, head, d_head]`` (or list of ``[head, d_head]``).
-        b_K: optional key bias ``[layer, kv_head, d_head]``.
-            *Choice*: the kernel geometry uses only the bilinear term ``x_i M x_jᵀ``; biases
-            add linear terms that are reported separately: ``key_bias_norm = ‖W_K b_Qᵀ‖``
-            (the key-dependent term ``b_Q W_Kᵀ x_jᵀ``, the only bias term that changes a
-            softmax pattern) and ``query_bias_norm = ‖W_Q b_Kᵀ‖`` (the query-dependent term,
-            constant along each softmax row, so pattern-invariant). A missing bias counts
-            as zero; with no bias at all both fields are None.
-        layer_names: one name per layer (default ``"L0"``, ``"L1"``, …).
-        zero_rtol: an eigenvalue is nonzero iff ``|λ| > zero_rtol · max_k |λ_k|`` (per head);
-            it counts as positive iff also ``Re λ > zero_rtol · max_k |λ_k|``.
-        dtype: computation dtype (float64 by default; the factored work is small).
+    ``W_Q``: ``[layer, head, d_model, d_head]``, or a list with one ``[head, d_model, d_head_l]``
+    tensor per layer (``d_head`` may then differ across layers). Or the kernel itself
+    as a TransformerLens ``FactoredMatrix`` (``model.QK``: ``A = W_Q``, ``B = W_Kᵀ``;
+    ``[layer, head, …]``, ``[head, …]`` or one head), with ``W_K`` left out.
+    ``W_K``: ``[layer, kv_head, d_model, d_head]`` (or a per-layer list). Grouped-query
+    attention: if ``kv_head < head`` each key head is repeated for its group of
+    ``head // kv_head`` consecutive query heads (``repeat_interleave``, HF/Llama order).
+    ``b_Q``: optional query bias ``[layer, head, d_head]`` (or list of ``[head, d_head]``).
+    ``b_K``: optional key bias ``[layer, kv_head, d_head]``.
+    *Choice*: the kernel geometry uses only the bilinear term ``x_i M x_jᵀ``; biases
+    add linear terms that are reported separately: ``key_bias_norm = ‖W_K b_Qᵀ‖``
+    (the key-dependent term ``b_Q W_Kᵀ x_jᵀ``, the only bias term that changes a
+    softmax pattern) and ``query_bias_norm = ‖W_Q b_Kᵀ‖`` (the query-dependent term,
+    constant along each softmax row, so pattern-invariant). A missing bias counts
+    as zero; with no bias at all both fields are None.
+    ``layer_names``: one name per layer (default ``"L0"``, ``"L1"``, …).
+    ``zero_rtol``: an eigenvalue is nonzero iff ``|λ| > zero_rtol · max_k |λ_k|`` (per head);
+    it counts as positive iff also ``Re λ > zero_rtol · max_k |λ_k|``.
+    ``dtype``: computation dtype (float64 by default; the factored work is small).
 
-    Returns:
-        :class:`QKGeometry`. A head with ``M = 0`` gets fractions 0 and 0 and ranks 0.
+    Returns :class:`QKGeometry`. A head with ``M = 0`` gets fractions 0 and 0 and ranks 0.
 
     Fold LayerNorm weights into ``W_Q``/``W_K`` first (TransformerLens' ``fold_ln``) for the
     geometry of the kernel the residual stream actually sees.
@@ -621,6 +615,7 @@ class SDGeometry(Result):
 
     @property
     def n_layers(self) -> int:
+        """The number of layers."""
         return len(self.layer_names)
 
     @property
@@ -700,20 +695,20 @@ def sd_geometry(
 ) -> SDGeometry:
     """Routing rank of S and eigenvalues of ``S − D`` for S–D attention heads.
 
-    Args:
-        S: ``[layer, head, d_head, d_head]`` skew-symmetric routing matrices (or a list of
-            per-layer ``[head, d_head_l, d_head_l]``). ``‖S + Sᵀ‖ ≤ skew_rtol·‖S‖`` is
-            required; pass ``(S - S.mT) / 2`` to analyse only the skew part of a general matrix.
-        D: filtering, same shape as S (symmetric, e.g. ``diag(softplus(δ))``), or its
-            diagonal ``[layer, head, d_head]``.
-        layer_names: one name per layer.
-        zero_rtol: relative tolerance of the stability check ``max Re λ ≤ zero_rtol·max|λ|``.
-        skew_rtol: relative tolerance of the skew (S) and symmetry (D) checks.
-        dtype: computation dtype.
+    ``S``: ``[layer, head, d_head, d_head]`` skew-symmetric routing matrices (or a list of
+    per-layer ``[head, d_head_l, d_head_l]``). ``‖S + Sᵀ‖ ≤ skew_rtol·‖S‖`` is
+    required; pass ``(S - S.mT) / 2`` to analyse only the skew part of a general matrix.
+    ``D``: filtering, same shape as S (symmetric, e.g. ``diag(softplus(δ))``), or its
+    diagonal ``[layer, head, d_head]``.
+    ``layer_names``: one name per layer.
+    ``zero_rtol``: relative tolerance of the stability check ``max Re λ ≤ zero_rtol·max|λ|``.
+    ``skew_rtol``: relative tolerance of the skew (S) and symmetry (D) checks.
+    ``dtype``: computation dtype.
 
-    Returns:
-        :class:`SDGeometry`.
+    Returns :class:`SDGeometry`.
     """
+    # Long on purpose: the checks of every input form (per-layer lists, a diagonal D,
+    # shapes, skew / symmetry) inside the one per-layer loop of spectra, then the stacking.
     s_layers = as_layers(S, "S", 3, "head, d_head, d_head")
     d_raw = D
     if (
@@ -814,19 +809,17 @@ def recover_sd_from_qk(
     ``D = −(L + Lᵀ)/2``. 3. Check ``‖W_K L·scale − W_Q‖ ≤ rtol·‖W_Q‖`` (else ``W_Q`` is not
     ``W_K`` times any square matrix: not a converted S–D model).
 
-    Args:
-        W_Q: ``[layer, head, d_model, d_head]`` tensor, or a per-layer list of
-            ``[head, d_model, d_head_l]`` (same head count; no grouped-query).
-        W_K: the same shape as ``W_Q``.
-        scale: the factor the converter multiplied into ``W_Q`` (e.g. to keep the
-            ``1/sqrt(d_head)`` score scale right after zero-padding); a float, or one value
-            per layer.
-        rtol: relative residual above which a ``ValueError`` is raised.
-        dtype: computation dtype.
+    ``W_Q``: ``[layer, head, d_model, d_head]`` tensor, or a per-layer list of
+    ``[head, d_model, d_head_l]`` (same head count; no grouped-query).
+    ``W_K``: the same shape as ``W_Q``.
+    ``scale``: the factor the converter multiplied into ``W_Q`` (e.g. to keep the
+    ``1/sqrt(d_head)`` score scale right after zero-padding); a float, or one value
+    per layer.
+    ``rtol``: relative residual above which a ``ValueError`` is raised.
+    ``dtype``: computation dtype.
 
-    Returns:
-        ``(S, D)``: ``[layer, head, d_head, d_head]`` tensors (lists if the inputs were
-        lists), S skew-symmetric and D symmetric (diagonal for a true S–D model).
+    Returns ``(S, D)``: ``[layer, head, d_head, d_head]`` tensors (lists if the inputs were
+    lists), S skew-symmetric and D symmetric (diagonal for a true S–D model).
     """
     was_list = not isinstance(W_Q, torch.Tensor)
     q_layers = as_layers(W_Q, "W_Q", 3, "head, d_model, d_head")

@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 import torch
 
 from tl_spectral._deprecation import deprecated_method
+from tl_spectral.checks import check_int
 from tl_spectral.geometry.common import (
     as_layers,
     check_finite,
@@ -111,9 +112,8 @@ class RotarySpec:
                   attention_scaling: float = 1.0) -> RotarySpec:
         """Plain RoPE: ``θ_f = base^(−2f / rotary_dim)``, computed like TransformerLens and
         Hugging Face do (float32 ``arange``), then held in float64."""
-        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim < 2 \
-                or rotary_dim % 2:
-            raise ValueError(f"rotary_dim must be a positive even int, got {rotary_dim!r}")
+        check_int("rotary_dim", rotary_dim, minimum=2, even=True,
+                  what="a positive even int")
         if not float(base) > 1:
             raise ValueError(f"rotary base must be > 1, got {base!r}")
         inv = 1.0 / (float(base) ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
@@ -121,6 +121,7 @@ class RotarySpec:
 
     @property
     def rotary_dim(self) -> int:
+        """The rotated dimensions of a head (twice the number of frequencies)."""
         return 2 * int(self.inv_freq.numel())
 
     def pairs(self, d_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -208,9 +209,9 @@ def offset_distribution(distribution: Any = "causal", n_ctx: int | None = None
         if distribution not in _DISTRIBUTIONS:
             raise ValueError(f"distribution must be one of {_DISTRIBUTIONS}, a {{offset: weight}} "
                              f"mapping or (offsets, weights); got {distribution!r}")
-        if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 1:
-            raise ValueError(f"distribution={distribution!r} needs n_ctx (a positive int), "
-                             f"got {n_ctx!r}")
+        check_int("n_ctx", n_ctx, minimum=1,
+                  what=f"a positive int: distribution={distribution!r} needs n_ctx",
+                  hint="the context length, e.g. n_ctx=1024")
         lag = torch.arange(n_ctx, dtype=torch.int64)
         w = (n_ctx - lag).to(torch.float64) if distribution == "causal" else \
             torch.ones(n_ctx, dtype=torch.float64)
@@ -343,11 +344,10 @@ def _rank_plan(rank_offsets: Any, d_off: torch.Tensor, d_w: torch.Tensor, units:
         if units * m <= RANK_BUDGET:
             return d_off, d_w, True
         n = max(MIN_RANK_OFFSETS, int(RANK_BUDGET // max(units, 1e-12)))
-    elif isinstance(rank_offsets, bool) or not isinstance(rank_offsets, int) or rank_offsets < 1:
-        raise ValueError(f"rank_offsets must be 'auto', None (every offset: exact) or a "
-                         f"positive int, got {rank_offsets!r}")
     else:
-        n = int(rank_offsets)
+        n = check_int("rank_offsets", rank_offsets, minimum=1,
+                      what="'auto', None (every offset: exact) or a positive int",
+                      hint="e.g. rank_offsets='auto'")
     if n >= m:
         return d_off, d_w, True
     o, w = rank_offset_sample(d_off, d_w, n)
@@ -459,6 +459,7 @@ class RotaryQKGeometry(Result):
 
     @property
     def n_layers(self) -> int:
+        """The number of layers."""
         return len(self.layer_names)
 
     def energies(self, offsets: Any) -> dict[str, torch.Tensor]:
@@ -570,44 +571,43 @@ def rotary_qk_geometry(
 ) -> RotaryQKGeometry:
     """Routing/filtering geometry of rotary heads as functions of the offset Δ = j − i.
 
-    Args:
-        W_Q: ``[layer, head, d_model, d_head]`` or a list of ``[head, d_model, d_head_l]``
-            (un-rotated, normalization folded as for :func:`~tl_spectral.geometry.qk.qk_geometry`).
-        W_K: ``[layer, kv_head, d_model, d_head]`` (grouped-query: each key head serves
-            ``head // kv_head`` consecutive query heads).
-        spec: the model's :class:`RotarySpec` (frequencies, pairing, scaling), or one per
-            layer (e.g. Gemma 3's θ = 10⁴ local and 10⁶ global layers; same pairing and
-            rotary_dim). Each layer's frequencies are in ``pair_theta``/``pair_gain``; the
-            result's ``inv_freq``/``attention_scaling`` are the first layer's.
-        offsets: where energies and spectra are reported (``[n]`` ints); default
-            :func:`default_offsets` of ``n_ctx`` (0, −1, −2, −4, …), or ``[0]`` if no n_ctx.
-        distribution: the offset distribution for the averages (:func:`offset_distribution`;
-            ``"causal"`` by default, needs ``n_ctx``).
-        n_ctx: the context length for the named distributions and the default offsets.
-        average_ranks: also average the effective ranks over the distribution (two
-            ``k × k`` spectra per head and averaged offset, ``k = min(2 d_head, d_model)``).
-        rank_offsets: which offsets the rank average uses. ``None``: every offset of the
-            distribution's support (the exact mean; ``O(layers·heads·|support|·k³)``: ~18
-            CPU-minutes for 12 × 12 heads of d_head 64 over a 2,048 causal window). An int
-            ``n``: the equal-mass quantile sample of :func:`rank_offset_sample` (exact when
-            the support has at most ``n`` offsets, else an estimate). ``"auto"`` (default):
-            exact when that costs at most :data:`RANK_BUDGET` ``128 × 128`` core spectra
-            (~10 s on one core: every small model, e.g. 48 heads of d_head 16 over 256
-            positions), else the largest sample within it (at least
-            :data:`MIN_RANK_OFFSETS`). The result records the offsets and weights used
-            (``rank_offsets``, ``rank_weights``) and ``mean_eff_rank_exact``. Energies,
-            fractions and their averages are exact whatever this says.
-        layer_names: default ``"L0"``, ``"L1"``, …
-        dtype: computation dtype (float64).
-        progress: a progress bar over the layers; default (None): shown on a terminal or in
-            a notebook when the spectra are estimated to take more than a few seconds
-            (:func:`tl_spectral.progress.progress_bar`).
-        windows: per layer, a causal sliding window ``W`` (None: full attention;
-            :func:`~tl_spectral.model_view.layer_windows`). A windowed layer's averages use
-            the distribution restricted to the offsets it attends to, ``|Δ| < W``, and
-            renormalised (its ranks the same rank rule over that distribution); recorded in
-            the result's ``windows``. ``dist_offsets``/``dist_weights``/``rank_offsets``
-            are the unrestricted ones.
+    ``W_Q``: ``[layer, head, d_model, d_head]`` or a list of ``[head, d_model, d_head_l]``
+    (un-rotated, normalization folded as for :func:`~tl_spectral.geometry.qk.qk_geometry`).
+    ``W_K``: ``[layer, kv_head, d_model, d_head]`` (grouped-query: each key head serves
+    ``head // kv_head`` consecutive query heads).
+    ``spec``: the model's :class:`RotarySpec` (frequencies, pairing, scaling), or one per
+    layer (e.g. Gemma 3's θ = 10⁴ local and 10⁶ global layers; same pairing and
+    rotary_dim). Each layer's frequencies are in ``pair_theta``/``pair_gain``; the
+    result's ``inv_freq``/``attention_scaling`` are the first layer's.
+    ``offsets``: where energies and spectra are reported (``[n]`` ints); default
+    :func:`default_offsets` of ``n_ctx`` (0, −1, −2, −4, …), or ``[0]`` if no n_ctx.
+    ``distribution``: the offset distribution for the averages (:func:`offset_distribution`;
+    ``"causal"`` by default, needs ``n_ctx``).
+    ``n_ctx``: the context length for the named distributions and the default offsets.
+    ``average_ranks``: also average the effective ranks over the distribution (two
+    ``k × k`` spectra per head and averaged offset, ``k = min(2 d_head, d_model)``).
+    ``rank_offsets``: which offsets the rank average uses. ``None``: every offset of the
+    distribution's support (the exact mean; ``O(layers·heads·|support|·k³)``: ~18
+    CPU-minutes for 12 × 12 heads of d_head 64 over a 2,048 causal window). An int
+    ``n``: the equal-mass quantile sample of :func:`rank_offset_sample` (exact when
+    the support has at most ``n`` offsets, else an estimate). ``"auto"`` (default):
+    exact when that costs at most :data:`RANK_BUDGET` ``128 × 128`` core spectra
+    (~10 s on one core: every small model, e.g. 48 heads of d_head 16 over 256
+    positions), else the largest sample within it (at least
+    :data:`MIN_RANK_OFFSETS`). The result records the offsets and weights used
+    (``rank_offsets``, ``rank_weights``) and ``mean_eff_rank_exact``. Energies,
+    fractions and their averages are exact whatever this says.
+    ``layer_names``: default ``"L0"``, ``"L1"``, …
+    ``dtype``: computation dtype (float64).
+    ``progress``: a progress bar over the layers; default (None): shown on a terminal or in
+    a notebook when the spectra are estimated to take more than a few seconds
+    (:func:`tl_spectral.progress.progress_bar`).
+    ``windows``: per layer, a causal sliding window ``W`` (None: full attention;
+    :func:`~tl_spectral.model_view.layer_windows`). A windowed layer's averages use
+    the distribution restricted to the offsets it attends to, ``|Δ| < W``, and
+    renormalised (its ranks the same rank rule over that distribution); recorded in
+    the result's ``windows``. ``dist_offsets``/``dist_weights``/``rank_offsets``
+    are the unrestricted ones.
 
     Returns a :class:`RotaryQKGeometry`. At Δ = 0 the energies, fractions and spectra equal
     ``qk_geometry(W_Q, W_K)``'s (same cores, same operations).

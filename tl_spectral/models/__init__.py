@@ -6,8 +6,9 @@
   (``load_model`` is the deprecated name of ``load_checkpoint``).
 - :class:`Trainer` / :class:`TrainConfig` (``train.py``): AdamW, warm-up + cosine, exact resume.
 - :func:`to_transformer_lens` (``convert.py``): same logits inside TransformerLens.
-- :mod:`~tl_spectral.models.ablations`: the SPEC B.4 ablations with ΔPPL.
-- :mod:`~tl_spectral.models.surgery`: linearization and cascade allocation (SPEC B.5–B.6).
+- ``tl_spectral.models.surgery`` and ``tl_spectral.models.ablations``: deprecated paths of
+  :mod:`tl_spectral.interventions.surgery` and :mod:`tl_spectral.interventions.ablations`
+  (the experiments on models moved out of the model family; removed in tl_spectral 0.3).
 - ``tl_spectral.models.zoo`` (``zoo.py``, also ``tl_spectral.zoo``): the shipped checkpoints, offline.
 
 ``convert`` and ``zoo`` import TransformerLens lazily (only when called).
@@ -24,6 +25,8 @@ from tl_spectral.models.attention import (
 from tl_spectral.models.gpt import GPT, GPTConfig, load_checkpoint, save_model
 
 _TRAIN_NAMES = ("TrainConfig", "Trainer", "TrainHistory", "train_cli")
+#: submodules moved to tl_spectral.interventions (deprecated here until tl_spectral 0.3)
+_MOVED = ("ablations", "surgery")
 
 
 def __getattr__(name):
@@ -32,6 +35,19 @@ def __getattr__(name):
         from tl_spectral.models import train
 
         return getattr(train, name)
+    if name in _MOVED:
+        import importlib
+        import warnings
+
+        from tl_spectral._deprecation import warn_deprecated
+
+        warn_deprecated(f"tl_spectral.models.{name}", f"tl_spectral.interventions.{name}")
+        # the old module itself (it binds the moved one here: one warning, at the caller's
+        # line), by name: the ground floor never imports the interventions
+        # (tests/test_layout.py)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return importlib.import_module(f"tl_spectral.models.{name}")
     if name == "load_model":  # the old name of load_checkpoint, deprecated (warns)
         from tl_spectral.models import gpt
 

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tl_spectral.checks import check_int, is_int, is_real
 from tl_spectral.models.attention import ATTENTION_KINDS, Rotary, make_attention
 
 CONFIG_FORMAT = "tl_spectral.gpt/1"
@@ -74,9 +75,8 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layers", "d_model", "n_ctx"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive int, got {v!r}")
+            check_int(f"GPTConfig.{name}", getattr(self, name), minimum=1,
+                      what="a positive int", hint=f"e.g. {name}=64")
         if isinstance(self.n_heads, (list, tuple)):
             self.n_heads = list(self.n_heads)
             if len(self.n_heads) != self.n_layers:
@@ -85,9 +85,9 @@ class GPTConfig:
                     "pass one head count per layer or a single int"
                 )
         for v in self.n_heads if isinstance(self.n_heads, list) else [self.n_heads]:
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not (is_int(v) and v >= 1):
                 raise ValueError(f"GPTConfig.n_heads must be a positive int or a list of them, "
-                                 f"got {self.n_heads!r}")
+                                 f"got {self.n_heads!r}; pass e.g. n_heads=4")
         if self.d_head is None and isinstance(self.n_heads, list):
             raise ValueError(f"n_heads={self.n_heads} varies by layer: pass d_head explicitly "
                              "(e.g. d_head=16)")
@@ -145,12 +145,11 @@ class GPTConfig:
         if self.rotary_dim is None:
             self.rotary_dim = d_min
         rd = self.rotary_dim
-        if isinstance(rd, bool) or not isinstance(rd, int) or rd < 2 or rd % 2 or rd > d_min:
-            raise ValueError(f"rotary_dim must be an even int in [2, min d_head={d_min}], "
-                             f"got {rd!r}")
-        if isinstance(self.rotary_base, bool) or not isinstance(self.rotary_base, (int, float)) \
-                or not self.rotary_base > 1:
-            raise ValueError(f"rotary_base must be a number > 1, got {self.rotary_base!r}")
+        check_int("rotary_dim", rd, minimum=2, maximum=d_min, even=True,
+                  what=f"an even int in [2, min d_head={d_min}]")
+        if not (is_real(self.rotary_base) and self.rotary_base > 1):
+            raise ValueError(f"rotary_base must be a number > 1, got {self.rotary_base!r}; "
+                             "pass e.g. rotary_base=10000.0")
         self.rotary_base = float(self.rotary_base)
         lin = [l for l in range(self.n_layers) if self.layer_attention(l) == "linear"]
         if lin:
@@ -159,9 +158,11 @@ class GPTConfig:
 
     # per-layer accessors ------------------------------------------------------------
     def layer_d_head(self, layer: int) -> int:
+        """The head dimension of ``layer``."""
         return self.d_head[layer] if isinstance(self.d_head, list) else int(self.d_head)
 
     def layer_n_heads(self, layer: int) -> int:
+        """The number of heads of ``layer``."""
         return self.n_heads[layer] if isinstance(self.n_heads, list) else int(self.n_heads)
 
     @property
@@ -170,9 +171,11 @@ class GPTConfig:
         return [self.layer_n_heads(l) for l in range(self.n_layers)]
 
     def layer_attention(self, layer: int) -> str:
+        """The attention kind of ``layer`` (``"softmax"``, ``"sd"``, ``"linear"``, ...)."""
         return self.attention[layer] if isinstance(self.attention, list) else self.attention
 
     def layer_attention_options(self, layer: int) -> dict[str, Any]:
+        """A copy of the attention options of ``layer``."""
         o = self.attention_options
         return dict(o[layer]) if isinstance(o, list) else dict(o)
 
@@ -195,6 +198,8 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
+        """The config :meth:`to_dict` wrote (its ``format`` checked); TypeError / ValueError
+        otherwise."""
         if not isinstance(d, dict):
             raise TypeError(f"a GPT config must be a JSON object, got {type(d).__name__}")
         d = dict(d)
@@ -208,10 +213,12 @@ class GPTConfig:
         return cls(**d)
 
     def to_json(self) -> str:
+        """The config as indented JSON (:meth:`to_dict`), read back by :meth:`from_json`."""
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
     def from_json(cls, s: str) -> GPTConfig:
+        """The config :meth:`to_json` wrote."""
         return cls.from_dict(json.loads(s))
 
 
@@ -351,6 +358,7 @@ class GPT(nn.Module):
         )
 
     def num_params(self) -> int:
+        """The number of parameters of the model (every tensor, embeddings included)."""
         return sum(p.numel() for p in self.parameters())
 
 

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tl_spectral.checks import is_int
 from tl_spectral.models.hub import check_device, hub_offline
 from tl_spectral.usage import UsageError
 
@@ -122,7 +123,7 @@ def _check_hf_config_size(folder: Path, name: str) -> None:
         for k in keys:
             v = cfg.get(k)
             if v is not None:
-                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                if not (is_int(v) and v >= 0):
                     raise UsageError(f"--model {name}: config.json {k}={v!r} is not a "
                                      "non-negative int; the folder is damaged")
                 return v
@@ -234,7 +235,7 @@ def load_model(name_or_folder: str | os.PathLike, *, device: Any = "cpu") -> tup
 
         gpt = load_checkpoint(folder, map_location=device).eval()
         doc = read_checkpoint_config(folder)
-        tok = zoo._char_tokenizer(doc) if "tokenizer" in doc else None
+        tok = zoo.char_tokenizer(doc) if "tokenizer" in doc else None
         tl_model = to_transformer_lens(gpt, device=device)
         if tok is not None:
             zoo.attach_tokenizer(tl_model, tok, prepend_bos=getattr(tok, "bos", False))

@@ -54,7 +54,7 @@ from tl_spectral.models.gpt import (
 from tl_spectral.models.train_config import (  # noqa: F401 - re-exported
     IDENTITY_FIELDS,
     TrainConfig,
-    _resolve_device,
+    resolve_device,
     warmup_cosine_lr,
 )
 
@@ -172,7 +172,7 @@ class Trainer:
         self.distributed = self.world_size > 1
         self.rank = int(os.environ.get("RANK", "0"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.device = _resolve_device(config.device, local_rank)
+        self.device = resolve_device(config.device, local_rank)
         if self.distributed:
             import torch.distributed as dist
 

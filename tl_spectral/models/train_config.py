@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from tl_spectral.checks import is_int, is_real
+
 __all__ = ["IDENTITY_FIELDS", "TrainConfig", "warmup_cosine_lr"]
 
 #: TrainConfig fields that define a run (with the model configuration and the training
@@ -103,14 +105,11 @@ class TrainConfig:
         """Types and ranges of the fields that used to be accepted silently (a negative
         weight decay, a clip of -1 that switched clipping off, seq_len 0 read as n_ctx, ...):
         a ``ValueError`` naming the field and what to pass, before anything is built."""
-        import numbers
-
         def num(v) -> bool:
-            return isinstance(v, numbers.Real) and not isinstance(v, bool) and \
-                math.isfinite(v)
+            return is_real(v, numpy=True) and math.isfinite(v)
 
         def whole(v) -> bool:
-            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+            return is_int(v, numpy=True)
 
         for name, ok, want in (
                 ("lr", num(self.lr), "a finite number > 0"),
@@ -147,7 +146,7 @@ class TrainConfig:
     def check_device(self) -> None:
         """The device is there: 'cuda' on a machine without CUDA (or a GPU index past the
         last) is a ``ValueError`` naming what to pass instead."""
-        _resolve_device(self.device)
+        resolve_device(self.device)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -177,7 +176,10 @@ class TrainConfig:
         return out
 
 
-def _resolve_device(name: str, local_rank: int = 0) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """The torch device a training config's ``device`` names (``"auto"``: CUDA if torch sees
+    one, else CPU; ``"cuda"``: this process's ``local_rank`` GPU); one-line ValueError naming
+    what to pass when this machine has no such device."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():

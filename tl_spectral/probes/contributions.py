@@ -476,6 +476,8 @@ class ContributionProbe(Probe):
         return W
 
     def update(self, cap: LayerCapture) -> None:
+        # Long on purpose: the hot loop of the probe, blocked by queries for the cache (see
+        # the comments); split, the block state would travel through many arguments.
         assert cap.pattern is not None and cap.v is not None
         layer = cap.layer
         p = shared.query_pattern(cap)  # padded query rows 0
@@ -643,6 +645,8 @@ class ContributionProbe(Probe):
                 self.accumulate(key, t.cpu())
 
     def result(self) -> ContributionStats:
+        # Long on purpose: the summed state turned into per-layer means, field by field,
+        # then one ContributionStats; each field is a few lines of the same kind.
         self._ws = None  # the update workspace
         self._require_state()
         s = {k: v.cpu() for k, v in self.state.items()}  # state lives on the model's device

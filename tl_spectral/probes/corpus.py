@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
+from tl_spectral.checks import check_int, is_int
 from tl_spectral.model_view import ModelView
 
 
@@ -64,7 +65,7 @@ def as_corpus(data: Any, attention_mask: Optional[Tensor] = None, pad_token: int
 
     if isinstance(data, (Corpus, LazyCorpus)):
         return data
-    data = _as_token_tensor(data)
+    data = numpy_ids_as_tensor(data)
     if callable(getattr(data, "batch", None)) and hasattr(data, "length"):  # lazy windows
         if attention_mask is not None:
             raise ValueError("lazy windows (a token file's windows) are full windows; drop "
@@ -101,8 +102,8 @@ def as_corpus(data: Any, attention_mask: Optional[Tensor] = None, pad_token: int
                     f"attention_mask shape {tuple(attention_mask.shape)} differs from tokens "
                     f"shape {tuple(data.shape)}"
                 )
-            mask = _mask_bool(attention_mask)
-            _check_right_padded(mask)
+            mask = mask_bool(attention_mask)
+            check_right_padded(mask)
         return Corpus(tokens=data.long(), mask=mask)
     if isinstance(data, Sequence):
         if any(isinstance(d, str) or (isinstance(d, Sequence) and len(d) and isinstance(d[0], str))
@@ -112,7 +113,7 @@ def as_corpus(data: Any, attention_mask: Optional[Tensor] = None, pad_token: int
                 "model.to_tokens(texts) (with attention_mask for padding) or a list of "
                 "token-id lists"
             )
-        docs = [_document_ids(d, i) for i, d in enumerate(data)]
+        docs = [document_ids(d, i) for i, d in enumerate(data)]
         if not docs:
             raise ValueError("the corpus is empty; pass at least one document")
         lengths = [int(d.numel()) for d in docs]
@@ -133,14 +134,10 @@ def as_corpus(data: Any, attention_mask: Optional[Tensor] = None, pad_token: int
 
 def check_count(name: str, value: Any) -> int:
     """``value`` as an int >= 1 (numpy integers too), else a one-line error naming ``name``."""
-    import numbers
-
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_int(value, numpy=True):
         raise TypeError(f"{name} must be an int >= 1, got {value!r} ({type(value).__name__}); "
                         f"pass e.g. {name}=8")
-    if int(value) < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
+    return check_int(name, value, minimum=1, numpy=True, hint=f"e.g. {name}=8")
 
 
 class PaddingInferredWarning(UserWarning):
@@ -218,17 +215,17 @@ def infer_padding(
     return out, mask
 
 
-def _with_padding(view: ModelView, data: Any, attention_mask: Any, what: str) -> tuple[Any, Any]:
+def with_padding(view: ModelView, data: Any, attention_mask: Any, what: str) -> tuple[Any, Any]:
     """``(data, attention_mask)`` with numpy ids as a tensor and, for a token tensor passed
     without a mask, the mask :func:`infer_padding` reads from the tokenizer's pad id."""
-    data = _as_token_tensor(data)
+    data = numpy_ids_as_tensor(data)
     if attention_mask is None and isinstance(data, Tensor) and data.dim() == 2 \
             and not data.dtype.is_floating_point and data.dtype != torch.bool:
         data, attention_mask = infer_padding(view, data, what=what)
     return data, attention_mask
 
 
-def _as_token_tensor(data: Any) -> Any:
+def numpy_ids_as_tensor(data: Any) -> Any:
     """numpy integer arrays become tensors; everything else is returned as is."""
     try:
         import numpy as np
@@ -242,7 +239,7 @@ def _as_token_tensor(data: Any) -> Any:
     return data
 
 
-def _mask_bool(attention_mask: Any) -> Tensor:
+def mask_bool(attention_mask: Any) -> Tensor:
     """An attention mask as bool: its values must be 0 and 1 (bool, integer or float)."""
     if not isinstance(attention_mask, Tensor):
         import numpy as np
@@ -260,9 +257,9 @@ def _mask_bool(attention_mask: Any) -> Tensor:
     return m.bool()
 
 
-def _document_ids(d: Any, i: int) -> Tensor:
+def document_ids(d: Any, i: int) -> Tensor:
     """One document of a list corpus as a 1-D int64 tensor of ids."""
-    t = _as_token_tensor(d)
+    t = numpy_ids_as_tensor(d)
     t = t if isinstance(t, Tensor) else torch.as_tensor(t)
     if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
         raise TypeError(f"document {i}: token ids must be integers, got {t.dtype}; pass the "
@@ -270,8 +267,10 @@ def _document_ids(d: Any, i: int) -> Tensor:
     return t.long().flatten()
 
 
-def _check_right_padded(mask: Tensor) -> None:
-    # a real token after a padding position means left padding or holes
+def check_right_padded(mask: Tensor) -> None:
+    """One-line ValueError unless every row of the bool ``mask`` is real tokens first, then
+    padding, with at least one real token (a real token after a padding position means left
+    padding or holes)."""
     if (mask[:, 1:] & ~mask[:, :-1]).any():
         raise ValueError(
             "attention_mask must be right-padded (real tokens first, then padding); "
@@ -281,6 +280,8 @@ def _check_right_padded(mask: Tensor) -> None:
         raise ValueError("a document in the corpus has no real token (mask row all zeros)")
 
 
-def _shard_range(n: int, rank: int, world: int) -> tuple[int, int]:
+def shard_range(n: int, rank: int, world: int) -> tuple[int, int]:
+    """``[lo, hi)``: the contiguous documents of ``n`` that process ``rank`` of ``world``
+    reads (equal shards, the last ones shorter or empty)."""
     per = (n + world - 1) // world
     return min(n, rank * per), min(n, (rank + 1) * per)

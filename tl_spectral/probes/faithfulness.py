@@ -70,7 +70,7 @@ from tl_spectral.probes.interventions import (  # noqa: F401 - METRICS, by_lengt
     logit_rows,
     padding_attention_mask,
 )
-from tl_spectral.probes.runner import Corpus, _with_padding, as_corpus, check_count
+from tl_spectral.probes.runner import Corpus, as_corpus, check_count, with_padding
 from tl_spectral.results import Result, register_result
 from tl_spectral.types import ContributionMode, FaithfulnessLevel, FaithfulnessScope
 
@@ -257,7 +257,7 @@ def _z_hooks(view: ModelView, layer: int, m: Tensor, key_mask: Optional[Tensor])
     ]
 
 
-def _check_targets(met: DamageMetric, corpus: Corpus, what: str) -> None:
+def check_targets(met: DamageMetric, corpus: Corpus, what: str) -> None:
     """ΔPPL needs a next-token target: refuse a corpus whose documents are all 1 token."""
     if met.metric == "delta_ppl" and int(corpus.mask.sum(1).max()) < 2:
         raise ValueError(
@@ -649,11 +649,11 @@ def faithfulness(
     view._check_layer(layer)
     batch_size = check_count("batch_size", batch_size)
     rows_per_pass = check_count("rows_per_pass", rows_per_pass)
-    data, attention_mask = _with_padding(view, tokens, attention_mask, "faithfulness")
+    data, attention_mask = with_padding(view, tokens, attention_mask, "faithfulness")
     corpus: Corpus = by_length(as_corpus(data, attention_mask))
     strategy = intervention_strategy(view)
     met = DamageMetric(view, metric)
-    _check_targets(met, corpus, "faithfulness")
+    check_targets(met, corpus, "faithfulness")
     if met.metric == "delta_ppl":  # a pass's logits within LOGIT_BUDGET (large vocabularies)
         cap = logit_rows(view, int(corpus.tokens.shape[1]))
         batch_size, rows_per_pass = min(batch_size, cap), min(rows_per_pass, cap)

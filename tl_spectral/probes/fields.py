@@ -35,6 +35,7 @@ from torch import Tensor
 
 from tl_spectral.analysis.scale_pod import lag_fields
 from tl_spectral.analysis.scale_pod_options import ScalePODOptions
+from tl_spectral.checks import check_int, is_int
 from tl_spectral.probes import shared
 from tl_spectral.probes.base import LayerCapture, Probe, merge_tensor
 from tl_spectral.probes.pair_fields import needs_values, pair_field
@@ -129,6 +130,7 @@ class AttentionFields(Result):
 
     @property
     def n_docs(self) -> int:
+        """The number of documents the fields were captured from."""
         return int(self.doc_mask.shape[0])
 
     def fluctuations(self, layer: int) -> Tensor:
@@ -235,22 +237,18 @@ class AttentionFieldProbe(Probe):
             if per_head:
                 raise ValueError("streaming=True keeps the head-mean field only; pass per_head=False "
                                  "(or streaming=False for per-head fields)")
-            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-                raise ValueError(f"rank must be an int >= 1 (got {rank!r})")
-            if isinstance(n_modes, bool) or not isinstance(n_modes, int) or n_modes < 0:
-                raise ValueError(f"n_modes must be an int >= 0 (got {n_modes!r})")
-            if isinstance(fold_every, bool) or not isinstance(fold_every, int) or fold_every < 1:
-                raise ValueError(f"fold_every must be an int >= 1 (got {fold_every!r})")
+            check_int("rank", rank, minimum=1)
+            check_int("n_modes", n_modes, minimum=0)
+            check_int("fold_every", fold_every, minimum=1)
             self.options = options or ScalePODOptions()
             self.band_options = _band_dict(self.options, coherence_queries)
         elif options is not None or not _same_queries(coherence_queries, 16):
             raise ValueError("options and coherence_queries apply to streaming=True only; pass "
                              "them to the result's .scale_pod(options=ScalePODOptions(...)) "
                              "instead")
-        if isinstance(jackknife_groups, bool) or not isinstance(jackknife_groups, int) \
-                or jackknife_groups < 0 or jackknife_groups == 1:
-            raise ValueError(f"jackknife_groups must be 0 (off) or an int >= 2 (got "
-                             f"{jackknife_groups!r})")
+        if not (is_int(jackknife_groups) and jackknife_groups == 0):
+            check_int("jackknife_groups", jackknife_groups, minimum=2,
+                      what="0 (off) or an int >= 2", hint="0 or e.g. jackknife_groups=8")
         self.jackknife_groups = int(jackknife_groups)
         self.jackknife_seed = int(jackknife_seed)
         self._jk_group: Optional[Tensor] = None
@@ -865,6 +863,7 @@ class StreamedAttentionFields(Result):
 
     @property
     def n_docs(self) -> int:
+        """The number of documents streamed into the fields."""
         return int(self.n_documents)
 
     def plot_mean(self):

@@ -71,6 +71,8 @@ class HeadScoresResult(Result):
     model_name: str = ""
 
     def score(self, name: str) -> Tensor:
+        """The ``[layer, head]`` scores of ``name``: one of ``SCORES`` or a token set's name;
+        KeyError otherwise."""
         if name in SCORES:
             return getattr(self, name)
         if name in self.set_mass:

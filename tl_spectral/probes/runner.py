@@ -56,15 +56,15 @@ from tl_spectral.probes.corpus import (  # noqa: F401  (re-exported: the runner'
     Corpus,
     LazyCorpus,
     PaddingInferredWarning,
-    _as_token_tensor,
-    _check_right_padded,
-    _document_ids,
-    _mask_bool,
-    _shard_range,
-    _with_padding,
     as_corpus,
     check_count,
+    check_right_padded,
+    document_ids,
     infer_padding,
+    mask_bool,
+    numpy_ids_as_tensor,
+    shard_range,
+    with_padding,
 )
 from tl_spectral.probes.heap import note_freed, release_free_heap
 
@@ -365,7 +365,7 @@ def run_probes(
                                    accumulate=accumulate, check_finite=check_finite,
                                    check_patterns=check_patterns)
     user_hooks = _validate_user_hooks(view, fwd_hooks)
-    data, attention_mask = _with_padding(view, data, attention_mask, "run_probes")
+    data, attention_mask = with_padding(view, data, attention_mask, "run_probes")
     corpus = as_corpus(data, attention_mask)
     if corpus.length > view.n_ctx:
         raise ValueError(
@@ -390,7 +390,7 @@ def run_probes(
         )
     lo, hi = 0, len(corpus)
     if distributed:
-        lo, hi = _shard_range(len(corpus), torch.distributed.get_rank(), torch.distributed.get_world_size())
+        lo, hi = shard_range(len(corpus), torch.distributed.get_rank(), torch.distributed.get_world_size())
 
     underflow: dict[int, Tensor] = {}
     kept: list[tuple[int, Tensor]] = []
@@ -532,6 +532,8 @@ def run_probes_on_cache(
     :class:`PaddingUnknownWarning` (every position counted as a token).
     accumulate, check_finite, check_patterns: as for :func:`run_probes`.
     """
+    # Long on purpose: the cache's checks (its model, the hooks the probes read, mask and
+    # tokens against the cache's shape), then the same per-layer feed as run_probes.
     if model is None:
         model = getattr(cache, "model", None)
         if model is None:
@@ -564,7 +566,7 @@ def run_probes_on_cache(
     if attention_mask is None and tokens is None:
         attention_mask = _cache_padding(view, entries, batched, B, T)
     if attention_mask is None and tokens is not None:
-        tokens = _as_token_tensor(tokens)
+        tokens = numpy_ids_as_tensor(tokens)
         if isinstance(tokens, Tensor) and tokens.dim() == 2 and tuple(tokens.shape) == (B, T):
             _, attention_mask = infer_padding(view, tokens.long(), what="run_probes_on_cache",
                                               shift=False)
@@ -576,8 +578,8 @@ def run_probes_on_cache(
                 f"attention_mask shape {tuple(attention_mask.shape)} differs from the cache's "
                 f"batch of {B} x {T} positions"
             )
-        mask = _mask_bool(attention_mask).cpu()
-        _check_right_padded(mask)
+        mask = mask_bool(attention_mask).cpu()
+        check_right_padded(mask)
     if tokens is None:
         tok = torch.full((B, T), -1, dtype=torch.long)
     else:

@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from tl_spectral._deprecation import deprecated_method, renamed_arguments
-from tl_spectral.analysis.contributions import _all_finite
-from tl_spectral.analysis.sinks import _check_sink_index, sink_geometry_from_products
+from tl_spectral.analysis.contributions import all_finite
+from tl_spectral.analysis.sinks import check_sink_index, sink_geometry_from_products
 from tl_spectral.model_view import ModelView
 from tl_spectral.probes import shared
 from tl_spectral.probes.base import LayerCapture, Probe
@@ -212,6 +212,8 @@ class SinkProbe(Probe):
         return self._windows[layer]
 
     def update(self, cap: LayerCapture) -> None:
+        # Long on purpose: the per-layer statistics of the probe in formula order, reusing
+        # the shared value products (tl_spectral.probes.shared).
         assert cap.pattern is not None and cap.v is not None and self.view is not None
         layer = cap.layer
         p = cap.pattern.float()
@@ -221,12 +223,12 @@ class SinkProbe(Probe):
             self._W = {layer: W}  # for the whole run)
         qm = cap.mask
         causal = self.view.causal
-        _check_sink_index(self.sink_index, p.shape[-1])
+        check_sink_index(self.sink_index, p.shape[-1])
         # the value products and layer outputs are shared with the other probes reading
         # this layer (ContributionProbe forms the same ones): tl_spectral.probes.shared
         W = W.to(p.dtype)
         vp = shared.value_products(cap, W, causal, self.sink_index)
-        if not (_all_finite(vp.vh) and _all_finite(W)):
+        if not (all_finite(vp.vh) and all_finite(W)):
             raise ValueError(f"layer {layer}: v or W_O has NaN/inf entries")
         g = sink_geometry_from_products(
             shared.query_pattern(cap), vp.vh, W, qm, vp.gram, vp.vnorm, vp.w, vp.w_bound,
@@ -405,9 +407,11 @@ def zero_sink_value(
     tokens: the documents (as for :func:`~tl_spectral.probes.runner.run_probes`; ``data=`` is
     its deprecated name).
     """
+    # Long on purpose: the checks of every argument, then one loop over batches with
+    # the clean and the intervened pass side by side (as faithfulness).
     from tl_spectral.analysis.faithfulness import allowed_mask
     from tl_spectral.probes.faithfulness import (
-        _check_targets,
+        check_targets,
         intervention_strategy,
         removal_hooks,
     )
@@ -417,7 +421,7 @@ def zero_sink_value(
         logit_rows,
         padding_attention_mask,
     )
-    from tl_spectral.probes.runner import _with_padding, as_corpus, check_count
+    from tl_spectral.probes.runner import as_corpus, check_count, with_padding
 
     view = model if isinstance(model, ModelView) else ModelView(model)
     layers = list(range(view.n_layers)) if layers is None else [int(x) for x in layers]
@@ -425,11 +429,11 @@ def zero_sink_value(
         view._check_layer(layer)
     batch_size = check_count("batch_size", batch_size)
     rows_per_pass = check_count("rows_per_pass", rows_per_pass)
-    data, attention_mask = _with_padding(view, tokens, attention_mask, "zero_sink_value")
+    data, attention_mask = with_padding(view, tokens, attention_mask, "zero_sink_value")
     corpus = by_length(as_corpus(data, attention_mask))
     strategy = intervention_strategy(view)
     met = DamageMetric(view, metric)
-    _check_targets(met, corpus, "zero_sink_value")
+    check_targets(met, corpus, "zero_sink_value")
     if met.metric == "delta_ppl":  # a pass's logits within LOGIT_BUDGET (large vocabularies)
         cap = logit_rows(view, int(corpus.tokens.shape[1]))
         batch_size, rows_per_pass = min(batch_size, cap), min(rows_per_pass, cap)

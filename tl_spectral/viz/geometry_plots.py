@@ -34,12 +34,11 @@ def plot_budget(geometry: Any, *, ax: Any = None, jitter: float = 0.12, seed: in
     A box per layer (over heads) with each head as a jittered dot; 0.5 is marked (the
     value for a kernel with no preference, e.g. random Gaussian factors).
 
-    Args:
-        geometry: a ``QKGeometry`` (``routing_fraction`` ``[layer, head]``) or an
-            ``SDGeometry`` (its ``‖S‖²/‖S−D‖²``).
-        ax: an existing Axes to draw into (optional).
-        jitter: horizontal jitter of the dots, in layer units.
-        seed: seed of the jitter.
+    ``geometry``: a ``QKGeometry`` (``routing_fraction`` ``[layer, head]``) or an
+    ``SDGeometry`` (its ``‖S‖²/‖S−D‖²``).
+    ``ax``: an existing Axes to draw into (optional).
+    ``jitter``: horizontal jitter of the dots, in layer units.
+    ``seed``: seed of the jitter.
     """
     frac = geometry.routing_fraction.detach().cpu().double().numpy()  # [layer, head]
     n_layers, n_heads = frac.shape
@@ -76,16 +75,15 @@ def plot_routing_rank(
 ):
     """The spectral cascade: routing effective rank vs layer, mean ± std over heads.
 
-    Args:
-        geometry: ``QKGeometry`` (rank of R) or ``SDGeometry`` (rank of S).
-        measure: ``"entropy"`` (Roy & Vetterli effective rank) or ``"participation"``
-            (participation ratio).
-        planes: plot rotation planes (rank / 2) instead of the rank.
-        show_capacity: draw the routing capacity (``min(2 d_head, d_model)``, or ``d_head``
-            for S–D) per layer as a dashed line.
-        show_heads: draw every head as a faint dot.
-        ax: an existing Axes (e.g. to overlay several models; pass ``label``).
-        label: legend label of the mean curve.
+    ``geometry``: ``QKGeometry`` (rank of R) or ``SDGeometry`` (rank of S).
+    ``measure``: ``"entropy"`` (Roy & Vetterli effective rank) or ``"participation"``
+    (participation ratio).
+    ``planes``: plot rotation planes (rank / 2) instead of the rank.
+    ``show_capacity``: draw the routing capacity (``min(2 d_head, d_model)``, or ``d_head``
+    for S–D) per layer as a dashed line.
+    ``show_heads``: draw every head as a faint dot.
+    ``ax``: an existing Axes (e.g. to overlay several models; pass ``label``).
+    ``label``: legend label of the mean curve.
     """
     if measure not in ("entropy", "participation"):
         raise ValueError(f"measure={measure!r}; pass 'entropy' or 'participation'")
@@ -134,12 +132,11 @@ def plot_eigenvalues(
     ``SDGeometry``: the eigenvalues of ``S − D``. Points right of the dashed line
     (``Re λ > 0``) are the unstable directions.
 
-    Args:
-        geometry: ``QKGeometry`` or ``SDGeometry``.
-        normalize: divide each head's eigenvalues by its largest modulus (scales differ a
-            lot across layers); set False for raw values.
-        ax: an existing Axes.
-        cmap: matplotlib colormap for the layers.
+    ``geometry``: ``QKGeometry`` or ``SDGeometry``.
+    ``normalize``: divide each head's eigenvalues by its largest modulus (scales differ a
+    lot across layers); set False for raw values.
+    ``ax``: an existing Axes.
+    ``cmap``: matplotlib colormap for the layers.
     """
     import matplotlib.pyplot as plt
     from matplotlib.colors import Normalize

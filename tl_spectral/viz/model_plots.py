@@ -56,7 +56,7 @@ def rank_truncation_figure(res, ax: Any = None):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(4.6, 3.4)) if ax is None else (ax.figure, ax)
-    for part in ("routing", "filtering"):  # models.ablations.TRUNCATION_PARTS
+    for part in ("routing", "filtering"):  # interventions.ablations.TRUNCATION_PARTS
         rs, ys = res.curve(part)
         if rs:
             ax.plot(rs, [max(y, 1e-4) for y in ys], "o-", label=part)

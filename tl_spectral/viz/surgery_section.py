@@ -2,7 +2,7 @@
 
 On a causal model (standard or rotary positions): the zero-shot linearization curve — PPL of the
 report's documents with the first k layers' patterns replaced by the ELU+1 linear pattern
-``α_ij ∝ φ(q_i)·φ(k_j)`` (:func:`~tl_spectral.models.surgery.tl_linearization_curve`,
+``α_ij ∝ φ(q_i)·φ(k_j)`` (:func:`~tl_spectral.interventions.surgery.tl_linearization_curve`,
 pattern hooks; no probe needed); the model's perplexity check is the sanity section's. The
 stored study of other models (collapse curves, cascade
 allocations) is ``tl-spectral study surgery`` and docs/surgery.md, not part of this report.
@@ -41,7 +41,7 @@ class SurgerySection:
     def curve(self, ctx: ReportContext) -> Any:
         """The pass: the zero-shot linearization curve on the first windows (a
         ``LinearizationCurve``), or the reason it cannot run (a str)."""
-        from tl_spectral.models.surgery import tl_linearization_curve
+        from tl_spectral.interventions.surgery import tl_linearization_curve
 
         deep = ctx.view.n_layers > EVERY_K_UP_TO
         toks = ctx.tokens[:self.n_docs // 2 if deep else self.n_docs]
