@@ -109,7 +109,10 @@ def checkpoint_info(name: str) -> dict[str, Any]:
     return read_checkpoint_config(checkpoint_dir(name))
 
 
-def _char_tokenizer(doc: dict[str, Any]):
+def char_tokenizer(doc: dict[str, Any]):
+    """The :class:`~tl_spectral.data.CharTokenizer` a checkpoint's ``config.json`` records
+    (its ``tokenizer`` entry; e.g. ``char_tokenizer(checkpoint_info(name))``), read without
+    loading the weights."""
     from tl_spectral.data import CharTokenizer
 
     if "tokenizer" not in doc:
@@ -117,11 +120,14 @@ def _char_tokenizer(doc: dict[str, Any]):
     return CharTokenizer.from_json(json.dumps(doc["tokenizer"]))
 
 
+_char_tokenizer = char_tokenizer  # the name it had before it was public
+
+
 def load_native(name: str, device: str | torch.device = "cpu") -> tuple[GPT, Any]:
     """The project's own :class:`GPT` (eval mode) and its :class:`CharTokenizer`."""
     d = checkpoint_dir(name)
     model = load_checkpoint(d, map_location=device).eval()
-    return model, _char_tokenizer(read_checkpoint_config(d))
+    return model, char_tokenizer(read_checkpoint_config(d))
 
 
 def load(name: str, device: str | torch.device = "cpu") -> tuple[Any, Any]:
