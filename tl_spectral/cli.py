@@ -176,7 +176,7 @@ def check_out_dir(out: Path, overwrite: bool, *, marker: str = REPORT_MARKER,
 MIN_LENGTH = 4
 
 
-def _int_in(name: str, value: int, lo: int, hi: int, prog: str = "tl-spectral analyze") -> None:
+def _int_in(name: str, value: int, lo: int, hi: int, prog: str = ANALYZE) -> None:
     if not lo <= value <= hi:
         why = " (the scale POD needs at least 4 tokens per window)" if (
             name == "length" and value < MIN_LENGTH) else ""
@@ -533,7 +533,11 @@ def _model_windows(job: AnalyzeJob, run: _Run, model: Any, tokenizer: Any):
     args = job.args
     view = ModelView(model)
     loaded = dataclasses.replace(ModelInfo.of_loaded(view), bos_fixed=job.info.bos_fixed)
-    bos = _check_model(args, job.kind, loaded)  # where the metadata said, they agree
+    # the checks of _validate again, on the loaded model: they run here first only for what
+    # its metadata could not say without loading it (a GGUF file whose cache is not built:
+    # its context; its start token when the file's header does not say; a folder whose
+    # config TransformerLens' mapping does not read); elsewhere they agree
+    bos = _check_model(args, job.kind, loaded)
     bos = job.bos if job.bos is not None else bos
     if not view.causal:
         run.status("cutting sentence-aligned windows framed by the model's special tokens")
