@@ -161,13 +161,7 @@ def private_imports(path: Path, modules: dict[str, Path], me: str | None = None)
 
 #: private names still used across modules, each with its reason (remove the entry when the
 #: reason goes)
-PRIVATE_IMPORTS_ALLOWED = {
-    ("tl_spectral.cli", "tl_spectral.models.zoo._char_tokenizer"):
-        "cli.py is being rewritten by the lead (issue 41); it then calls zoo.char_tokenizer, "
-        "and zoo's _char_tokenizer alias goes",
-    ("tl_spectral.viz.uncertainty", "tl_spectral.analysis.scale_pod._spectrum_from_gram"):
-        "analysis/scale_pod.py is being rewritten (issue 41, the scale-POD engine); the "
-        "rewrite makes the spectrum of a Gram matrix public",
+PRIVATE_IMPORTS_ALLOWED: dict = {
 }
 
 

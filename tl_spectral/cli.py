@@ -15,16 +15,25 @@ under the ``tl_spectral.studies`` entry points; the library never imports it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
+import time
 from argparse import BooleanOptionalAction
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from tl_spectral.cli_inputs import (  # noqa: F401 - the CLI's names for them
+    _display_name,
+    _encoder_windows,
+    _same_model,
+    _windows,
+    open_token_file,
+)
 from tl_spectral.files import current_umask
 from tl_spectral.outdirs import (  # noqa: F401 - the CLI's names for them
     DirLock as _DirLock,
@@ -67,6 +76,7 @@ MAX_DOCS = 1_000_000
 MAX_SEED = 2**63 - 1
 #: the per-rank scratch folders of ``torchrun ... analyze`` (in the temp folder).
 RANK_SCRATCH_PATTERN = r"tl_spectral-analyze-rank\d+-(?P<pid>\d+)-[A-Za-z0-9_]+"
+ANALYZE = "tl-spectral analyze"
 
 
 # ------------------------------------------------------------------------- models, corpora
@@ -166,27 +176,43 @@ def check_out_dir(out: Path, overwrite: bool, *, marker: str = REPORT_MARKER,
 MIN_LENGTH = 4
 
 
-def _int_in(ap: ArgumentParser, name: str, value: int, lo: int, hi: int) -> None:
+def _int_in(name: str, value: int, lo: int, hi: int, prog: str = ANALYZE) -> None:
     if not lo <= value <= hi:
         why = " (the scale POD needs at least 4 tokens per window)" if (
             name == "length" and value < MIN_LENGTH) else ""
-        raise UsageError(f"{ap.prog}: --{name} {value} is out of range; pass an integer in "
+        raise UsageError(f"{prog}: --{name} {value} is out of range; pass an integer in "
                          f"[{lo}, {hi:,}]{why}")
 
 
 # ------------------------------------------------------------------------------- analyze
 def analyze(argv: Optional[list[str]] = None) -> int:
-    """``tl-spectral analyze``: the probes on a model and corpus, an offline HTML report."""
-    # Long on purpose: a command, read top to bottom: every argument checked before the model
-    # loads, then the run; each step is a helper.
+    """``tl-spectral analyze``: the probes on a model and corpus, an offline HTML report.
+
+    Named steps: parse; validate every argument against each other and against the model's
+    metadata (its context, direction and start-token convention: no weights load until all
+    of it passed); start (process group, seed, clock, the windows known without the model);
+    load the model and cut the rest of the windows; under torchrun, each rank's shard of the
+    probe pass; rank 0 then writes the report into a fresh folder swapped into --out."""
+    job = _validate(_parse(argv))
+    run = _start(job)
+    prep = _prepare(job, run)
+    shards = _probe_shards(job, run, prep) if job.dist_env is not None else None
+    if not job.rank0:  # rendering runs on rank 0 alone
+        return 0
+    _write(job, lambda tmp: _report(job, run, prep, tmp, shards))
+    print((job.out / "index.html").resolve())
+    return 0
+
+
+def _parse(argv: Optional[list[str]]) -> Any:
+    """``tl-spectral analyze``'s arguments, parsed (types only; :func:`_validate` checks them)."""
+    from tl_spectral.models.zoo import available
+    from tl_spectral.viz.sections import section_keys
+
     ap = ArgumentParser(
-        prog="tl-spectral analyze",
+        prog=ANALYZE,
         description="Run tl_spectral's probes on a model and corpus; write an offline HTML report.",
     )
-    from tl_spectral.models.zoo import available
-    from tl_spectral.viz.sections import section_keys as _keys
-
-    section_keys = _keys()  # the one registry: each section module registers itself
     ap.add_argument("--model", default=DEFAULT_MODEL,
                     help=f"zoo name ({', '.join(available())}; default {DEFAULT_MODEL}), "
                          "'random', or the path of a local Hugging Face folder (./name)")
@@ -216,7 +242,7 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sections", default="all",
-                    help=f"comma-separated section keys ({', '.join(section_keys)}) or 'all'")
+                    help=f"comma-separated section keys ({', '.join(section_keys())}) or 'all'")
     ap.add_argument("--fields", default="attention",
                     help="comma-separated per-pair fields whose scale POD the scale_pod section "
                          "reports (attention, contribution, contribution_intra, value_weighted, "
@@ -237,200 +263,359 @@ def analyze(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--figure-format", default="png", choices=("png", "svg"),
                     help="how figures are embedded: png (default) or svg (vector, larger)")
     ap.add_argument("--no-progress", action="store_true")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    # --- every argument is checked before the model loads
-    _int_in(ap, "n-docs", args.n_docs, 1, MAX_DOCS)
-    _int_in(ap, "length", args.length, MIN_LENGTH, 1 << 20)
-    _int_in(ap, "batch-size", args.batch_size, 1, 1 << 16)
-    _int_in(ap, "faithfulness-docs", args.faithfulness_docs, 0, args.n_docs)
-    _int_in(ap, "seed", args.seed, 0, MAX_SEED)
+
+@dataclass(frozen=True)
+class AnalyzeJob:
+    """``tl-spectral analyze`` after every check (:func:`_validate`), before the model's
+    weights load.
+
+    args: the parsed arguments (``--corpus`` filled in with its default); kind, target:
+    :func:`resolve_model`'s; info: the model's metadata (:func:`~tl_spectral.models.loading.
+    model_info`); bos: whether windows start with the model's start token (None: its
+    metadata does not say; the loaded model's default does); sections, fields: the checked
+    ``--sections`` and ``--fields``; token_file: the ``--tokens`` file or None; out, out_id:
+    ``--out`` and its identity (rank 0: the swap replaces only that folder); dist_env:
+    torchrun's ``(rank, world, local_rank)`` or None."""
+
+    args: Any
+    kind: str
+    target: str
+    info: Any
+    bos: Optional[bool]
+    sections: tuple[str, ...]
+    fields: tuple[str, ...]
+    token_file: Any
+    out: Path
+    out_id: Any
+    dist_env: Optional[tuple[int, int, int]]
+
+    @property
+    def rank0(self) -> bool:
+        return self.dist_env is None or self.dist_env[0] == 0
+
+    @property
+    def progress(self) -> bool:
+        """Status lines and progress bars: on unless --no-progress, on rank 0 only."""
+        return not self.args.no_progress and self.rank0
+
+    @property
+    def corpus_name(self) -> str:
+        return self.args.corpus if self.token_file is None else str(self.args.tokens)
+
+
+def _validate(args: Any) -> AnalyzeJob:
+    """Every check of ``tl-spectral analyze``, in order, before any weights load: the numbers'
+    ranges, --corpus/--tokens, --sections, --fields, --model, the token file or corpus,
+    --out (rank 0), then --length, --bos and --tokens against the model's metadata.
+    Raises :class:`UsageError`; afterwards dead leftovers beside --out are removed."""
+    _int_in("n-docs", args.n_docs, 1, MAX_DOCS)
+    _int_in("length", args.length, MIN_LENGTH, 1 << 20)
+    _int_in("batch-size", args.batch_size, 1, 1 << 16)
+    _int_in("faithfulness-docs", args.faithfulness_docs, 0, args.n_docs)
+    _int_in("seed", args.seed, 0, MAX_SEED)
     if args.stream_rank is not None:
-        _int_in(ap, "stream-rank", args.stream_rank, 1, 1 << 16)
+        _int_in("stream-rank", args.stream_rank, 1, 1 << 16)
     if args.tokens is not None and args.corpus is not None:
-        raise UsageError("tl-spectral analyze: pass either --corpus or --tokens, not both")
+        raise UsageError(f"{ANALYZE}: pass either --corpus or --tokens, not both")
     if args.corpus is None:
         args.corpus = "shakespeare"
-    sections = list(section_keys)
-    if args.sections != "all":
-        sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-        bad = [s for s in sections if s not in section_keys]
-        if bad or not sections:
-            raise UsageError(f"unknown sections {bad or [args.sections]}; known: "
-                             f"{', '.join(section_keys)} (or 'all')")
+    sections = _sections(args.sections)
     fields = _scale_pod_fields(args.fields, sections)
     kind, target = resolve_model(args.model)
     token_file = None
     if args.tokens is not None:
-        token_file = open_token_file(args.tokens, args.model,
-                                     model_ok=args.tokens_model_ok)
+        token_file = open_token_file(args.tokens, args.model, model_ok=args.tokens_model_ok)
     else:
         check_corpus(args.corpus)
     dist_env = torchrun_env()
-    rank0 = dist_env is None or dist_env[0] == 0
     out = out_path(args.out)
-    out_id = None
+    rank0 = dist_env is None or dist_env[0] == 0
     if rank0:
         check_out_dir(out, args.overwrite)
+    from tl_spectral.models.loading import model_info
+
+    info = model_info(args.model)
+    bos = _check_model(args, kind, info)
+    out_id = None
+    if rank0:
         out_id = _identity(out)  # the swap at the end replaces only this folder
         _remove_dead_leftovers(out.parent, _out_leftover_patterns(out))
+    return AnalyzeJob(args, kind, target, info, bos, tuple(sections), tuple(fields),
+                      token_file, out, out_id, dist_env)
 
-    import time
 
+def _sections(value: str) -> list[str]:
+    """The ``--sections`` list, checked against the registry of sections."""
+    from tl_spectral.viz.sections import section_keys
+
+    keys = section_keys()  # the one registry: each section module registers itself
+    if value == "all":
+        return list(keys)
+    sections = [s.strip() for s in value.split(",") if s.strip()]
+    bad = [s for s in sections if s not in keys]
+    if bad or not sections:
+        raise UsageError(f"unknown sections {bad or [value]}; known: {', '.join(keys)} "
+                         "(or 'all')")
+    return sections
+
+
+def _check_model(args: Any, kind: str, info: Any) -> Optional[bool]:
+    """The checks that need the model: --length within its context, --bos and --tokens
+    against its direction and start-token convention. ``info``: its metadata
+    (:class:`~tl_spectral.models.loading.ModelInfo`) before the load; the same checks run
+    again on the loaded model (the first time for what its metadata did not say). Returns
+    whether windows start with its start token (None: not known before the load)."""
+    name, tokens = args.model, getattr(args, "tokens", None)
+    if info.n_ctx is not None and args.length > info.n_ctx:
+        raise UsageError(f"--length {args.length} is longer than {name}'s context of "
+                         f"{info.n_ctx}; pass --length {info.n_ctx} or less")
+    if info.bos_fixed and args.bos is not None and args.bos != info.prepend_bos:
+        raise UsageError(f"--{'' if args.bos else 'no-'}bos: {name} was trained "
+                         f"{'with' if info.prepend_bos else 'without'} a start token and its "
+                         "windows follow its training; leave --bos out")
+    if info.causal is False and args.bos:
+        raise UsageError(f"--bos: {name} is bidirectional; its windows are framed by its own "
+                         "special tokens; leave --bos out")
+    if info.causal is False and tokens is not None:
+        raise UsageError(f"--tokens: {name} is bidirectional; its windows are framed by its "
+                         "special tokens from the text, pass --corpus instead")
+    bos = _wants_bos(args, kind, info)
+    if bos and tokens is not None:  # the one refusal of start-token windows from a token file
+        raise UsageError(f"--tokens: {name}'s windows start with its start token and "
+                         "token-file windows are not framed with one yet; pass --corpus"
+                         + ("" if info.bos_fixed else
+                            ", or --no-bos to analyse token-file windows without it"))
+    return bos
+
+
+def _wants_bos(args: Any, kind: str, info: Any) -> Optional[bool]:
+    """Whether windows start with the model's start token: the character models follow
+    their training; 'random' and encoders never; else ``--bos``/``--no-bos``, else the zoo
+    or GGUF model's convention (None: unknown until it loads), else off."""
+    if info.bos_fixed:
+        return info.prepend_bos
+    if kind == "random" or info.causal is False:  # 'random': its character tokenizer has none
+        return False
+    if args.bos is not None:
+        return args.bos
+    return info.prepend_bos if kind in ("zoo", "gguf") else False
+
+
+def _start_token_id(args: Any, tokenizer: Any, bos: Optional[bool]) -> Optional[int]:
+    """The start-token id that windows of a Hugging Face tokenizer begin with (None: none;
+    a character tokenizer puts its own in, fixed by training)."""
+    if hasattr(tokenizer, "bos_id") or not bos:
+        return None
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos_id is None:
+        raise UsageError(f"--bos: {args.model}'s tokenizer has no start token (bos_token_id); "
+                         "pass --no-bos")
+    return int(bos_id)
+
+
+def _start_token(args: Any, kind: str, target: str, model: Any, tokenizer: Any,
+                 causal: bool) -> Optional[int]:
+    """The start-token id windows of a loaded model begin with (None: none): the checks of
+    :func:`_check_model` on the loaded model, then :func:`_start_token_id`."""
+    from tl_spectral.models.loading import ModelInfo
+
+    info = dataclasses.replace(ModelInfo.of_loaded(model), causal=causal,
+                               bos_fixed=hasattr(tokenizer, "bos_id"))
+    return _start_token_id(args, tokenizer, _check_model(args, kind, info))
+
+
+@dataclass
+class _Run:
+    """A run of ``tl-spectral analyze`` once started: its clock, and the corpus text and the
+    windows read before the model loads (a token file's; a character model's)."""
+
+    progress: bool
+    t0: float
+    text: str = ""
+    windows: Any = None
+    framing: str = ""
+
+    def status(self, msg: str) -> None:
+        if self.progress:
+            print(f"[{time.perf_counter() - self.t0:6.1f} s] {msg}", file=sys.stderr, flush=True)
+
+
+def _start(job: AnalyzeJob) -> _Run:
+    """Join the process group (torchrun), seed torch, start the clock; read the corpus and
+    cut the windows that need no model (a token file's; a character model's, whose tokenizer
+    is its checkpoint's)."""
     import torch
 
-    if dist_env is not None:
-        _init_process_group(*dist_env)
-        if not rank0:
-            args.no_progress = True
-
-    t0 = time.perf_counter()
-
-    def status(msg: str) -> None:
-        if not args.no_progress:
-            print(f"[{time.perf_counter() - t0:6.1f} s] {msg}", file=sys.stderr, flush=True)
-
+    args = job.args
+    if job.dist_env is not None:
+        _init_process_group(*job.dist_env)
+    run = _Run(progress=job.progress, t0=time.perf_counter())
     torch.manual_seed(args.seed)
-    text = load_corpus(args.corpus) if token_file is None else ""
-    tokenizer = None
-    if kind == "zoo":  # the char models' tokenizer and context, before their weights
-        from tl_spectral.models import zoo
-
-        if target in zoo.SHIPPED:
-            info = zoo.checkpoint_info(target)
-            n_ctx = int(info["model"]["n_ctx"])
-            if args.length > n_ctx:
-                raise UsageError(f"--length {args.length} is longer than {target}'s context of "
-                                 f"{n_ctx}; pass --length {n_ctx} or less")
-            tokenizer = zoo._char_tokenizer(info)
-            if args.bos is not None and args.bos != (tokenizer.bos_id is not None):
-                raise UsageError(f"--{'' if args.bos else 'no-'}bos: {target} was trained "
-                                 f"{'with' if tokenizer.bos_id is not None else 'without'} a "
-                                 "start token and its windows follow its training; leave "
-                                 "--bos out")
-    windows = None
-    if token_file is not None:
-        if getattr(tokenizer, "bos_id", None) is not None:
-            raise UsageError(f"--tokens: {args.model} was trained with a start token and "
-                             "token-file windows are not framed with one yet; pass --corpus")
+    run.text = load_corpus(args.corpus) if job.token_file is None else ""
+    run.framing = "disjoint windows of the corpus" if not args.overlap else \
+        "windows at random offsets"
+    if job.token_file is not None:
         try:
-            windows = token_file.windows(args.n_docs, args.length, seed=args.seed,
-                                         overlap=args.overlap)
+            run.windows = job.token_file.windows(args.n_docs, args.length, seed=args.seed,
+                                                 overlap=args.overlap)
         except ValueError as e:
             hint = "" if args.overlap else "; or pass --overlap to draw overlapping windows"
             raise UsageError(f"--tokens {args.tokens}: {e}{hint}") from None
-    elif tokenizer is not None:
-        windows = _windows(text, tokenizer, args)
-    status(f"loading {args.model}")
+        run.framing = "disjoint windows of the token file" if not args.overlap else \
+            "windows of the token file at random offsets"
+    elif job.info.bos_fixed:  # a character checkpoint: its tokenizer without its weights
+        from tl_spectral.models import zoo
+
+        run.windows = _windows(run.text, zoo.char_tokenizer(zoo.checkpoint_info(job.target)),
+                               args)
+        if getattr(run.windows, "bos_id", None) is not None:
+            run.framing += ", each after the model's start token"
+    return run
+
+
+@dataclass
+class _Prepared:
+    """What the report runs on: the model's view, the windows, the sections and options."""
+
+    view: Any
+    tokens: Any
+    mask: Any
+    tokenizer: Any
+    name: str
+    secs: list
+    options: Any
+    stages: dict
+
+    def context(self, out_dir: Path, results_dir: Path, t0: float) -> Any:
+        from tl_spectral.viz.sections import ReportContext
+
+        return ReportContext(view=self.view, tokens=self.tokens, tokenizer=self.tokenizer,
+                             out_dir=out_dir, results_dir=results_dir, mask=self.mask,
+                             model_name=self.name, options=self.options, t0=t0)
+
+
+def _prepare(job: AnalyzeJob, run: _Run) -> _Prepared:
+    """Load the model, re-check it, cut the windows that need it, pick the sections and the
+    report's options."""
+    from tl_spectral.viz.context import ReportOptions
+    from tl_spectral.viz.sections import SECTIONS
+
+    args = job.args
+    run.status(f"loading {args.model}")
     t_load = time.perf_counter()
     model, tokenizer = load_named_model(args.model)
     stages = {"load model": time.perf_counter() - t_load}  # the stage table's first row
     _check_finite_weights(model, args.model)
-    if dist_env is not None and torch.cuda.is_available():
-        model = model.to(f"cuda:{dist_env[2]}")
+    if job.dist_env is not None:
+        import torch
 
-    from tl_spectral.model_view import ModelView
-    from tl_spectral.viz.context import ReportOptions
-    from tl_spectral.viz.sections import SECTIONS, ReportContext, build_report
-
-    view = ModelView(model)
-    if args.length > view.n_ctx:
-        raise UsageError(f"--length {args.length} is longer than the model's context of "
-                         f"{view.n_ctx}; pass --length {view.n_ctx} or less")
-    framing = "disjoint windows of the corpus" if not args.overlap else "windows at random offsets"
-    bos_id = _start_token(args, kind, target, model, tokenizer, view.causal)
-    if bos_id is not None and token_file is not None:
-        raise UsageError(f"--tokens: {args.model}'s windows start with its start token and "
-                         "token-file windows are not framed with one yet; pass --corpus, or "
-                         "--no-bos to analyse token-file windows without it")
-    if token_file is not None and getattr(tokenizer, "bos_id", None) is not None:
-        raise UsageError(f"--tokens: {args.model} was trained with a start token and token-file "
-                         "windows are not framed with one yet; pass --corpus instead")
-    if windows is not None and getattr(windows, "bos_id", None) is not None:
-        framing += ", each after the model's start token"
-    mask = None
-    if not view.causal and token_file is not None:
-        raise UsageError(f"--tokens: {args.model} is bidirectional; its windows are framed "
-                         "by its special tokens from the text, pass --corpus instead")
-    if not view.causal:
-        status("cutting sentence-aligned windows framed by the model's special tokens")
-        tokens, mask, framing = _encoder_windows(text, tokenizer, args)
-    else:
-        if windows is None:
-            windows = _windows(text, tokenizer, args, bos_id=bos_id)
-        # token-file windows stay lazy: the runner reads them batch by batch
-        tokens = windows if token_file is not None else windows.tokens
-        if token_file is None:
-            # every token of a window is real text: an explicit mask, so that a pad id in
-            # the corpus (a char tokenizer's <unk>, a BOS/EOS id used as pad) is never taken
-            # for padding by the runner's inference (issue 30 item 2)
-            import torch
-
-            mask = torch.ones(tuple(tokens.shape), dtype=torch.bool)
-    name = _display_name(args.model, kind)
-    secs = [f() for f in SECTIONS]
-    secs = [s for s in secs if s.key in sections]
-    corpus_name = args.corpus if token_file is None else str(args.tokens)
-    if token_file is not None:
-        framing = "disjoint windows of the token file" if not args.overlap else \
-            "windows of the token file at random offsets"
-    options = ReportOptions(meta={"corpus": corpus_name, "seed": args.seed},
+        if torch.cuda.is_available():
+            model = model.to(f"cuda:{job.dist_env[2]}")
+    view, tokens, mask, framing = _model_windows(job, run, model, tokenizer)
+    secs = [s for s in (f() for f in SECTIONS) if s.key in job.sections]
+    options = ReportOptions(meta={"corpus": job.corpus_name, "seed": args.seed},
                             faithfulness_docs=args.faithfulness_docs, windows=framing,
-                            save_raw=args.save_raw, progress=not args.no_progress,
-                            stream_rank=args.stream_rank, fields=fields,
+                            save_raw=args.save_raw, progress=job.progress,
+                            stream_rank=args.stream_rank, fields=list(job.fields),
                             figure_format=args.figure_format, baseline=args.baseline)
-    results, probe_pass_s = None, 0.0
-    if dist_env is not None:  # every rank runs its shard; the states reduce across ranks
-        import torch.distributed as dist
+    return _Prepared(view, tokens, mask, tokenizer, _display_name(args.model, job.kind), secs,
+                     options, stages)
 
-        from tl_spectral.probes import run_probes
 
-        # a killed rank's scratch folder is removed by the next run (its pid is dead)
-        _remove_dead_leftovers(Path(tempfile.gettempdir()), [RANK_SCRATCH_PATTERN])
-        with tempfile.TemporaryDirectory(
-                prefix=f"tl_spectral-analyze-rank{dist_env[0]}-{os.getpid()}-") as scratch:
-            pctx = ReportContext(view=view, tokens=tokens, tokenizer=tokenizer,
-                                 out_dir=Path(scratch), results_dir=Path(scratch), mask=mask,
-                                 model_name=name, options=options)
-            probes = [p for s in secs for p in s.probes(pctx)]
-            status(f"probes: rank {dist_env[0]} of {dist_env[1]} runs its shard of "
-                   f"{len(tokens)} windows")
-            t_pass = time.perf_counter()
-            results = run_probes(view, tokens, probes, batch_size=args.batch_size,
-                                 progress=not args.no_progress, attention_mask=mask)
-            probe_pass_s = time.perf_counter() - t_pass
-        dist.destroy_process_group()  # rendering runs on rank 0 alone, in one process
-        if not rank0:
-            return 0
-    # write into a fresh sibling folder, then swap it in: an earlier report is replaced
-    # whole (no stale files) and nothing is lost if this run fails half-way
+def _model_windows(job: AnalyzeJob, run: _Run, model: Any, tokenizer: Any):
+    """The loaded model checked again (for what its metadata did not say) and the windows:
+    ``(view, tokens, mask, framing)``."""
+    from tl_spectral.model_view import ModelView
+    from tl_spectral.models.loading import ModelInfo
+
+    args = job.args
+    view = ModelView(model)
+    loaded = dataclasses.replace(ModelInfo.of_loaded(view), bos_fixed=job.info.bos_fixed)
+    # the checks of _validate again, on the loaded model: they run here first only for what
+    # its metadata could not say without loading it (a GGUF file whose cache is not built:
+    # its context; its start token when the file's header does not say; a folder whose
+    # config TransformerLens' mapping does not read); elsewhere they agree
+    bos = _check_model(args, job.kind, loaded)
+    bos = job.bos if job.bos is not None else bos
+    if not view.causal:
+        run.status("cutting sentence-aligned windows framed by the model's special tokens")
+        return (view, *_encoder_windows(run.text, tokenizer, args))
+    windows = run.windows
+    if windows is None:
+        windows = _windows(run.text, tokenizer, args,
+                           bos_id=_start_token_id(args, tokenizer, bos))
+    if job.token_file is not None:  # token-file windows stay lazy: read batch by batch
+        return view, windows, None, run.framing
+    import torch
+
+    # every token of a window is real text: an explicit mask, so that a pad id in the
+    # corpus (a char tokenizer's <unk>, a BOS/EOS id used as pad) is never taken for
+    # padding by the runner's inference (issue 30 item 2)
+    mask = torch.ones(tuple(windows.tokens.shape), dtype=torch.bool)
+    return view, windows.tokens, mask, run.framing
+
+
+def _probe_shards(job: AnalyzeJob, run: _Run, prep: _Prepared) -> tuple[dict, float]:
+    """torchrun: every rank runs the report's probe pass (:func:`~tl_spectral.viz.sections.
+    plan_report`, :func:`~tl_spectral.viz.sections.run_probe_pass`) on its shard of the
+    windows and the probe states reduce across the ranks; then the process group ends.
+    Returns the results and the pass's seconds."""
+    import torch.distributed as dist
+
+    from tl_spectral.viz.sections import plan_report, run_probe_pass
+
+    rank, world, _ = job.dist_env
+    # a killed rank's scratch folder is removed by the next run (its pid is dead)
+    _remove_dead_leftovers(Path(tempfile.gettempdir()), [RANK_SCRATCH_PATTERN])
+    with tempfile.TemporaryDirectory(
+            prefix=f"tl_spectral-analyze-rank{rank}-{os.getpid()}-") as scratch:
+        ctx = prep.context(Path(scratch), Path(scratch), run.t0)
+        run.status(f"probes: rank {rank} of {world} runs its shard of {len(prep.tokens)} "
+                   "windows")
+        results = run_probe_pass(ctx, plan_report(ctx, prep.secs),
+                                 batch_size=job.args.batch_size, progress=job.progress)
+    dist.destroy_process_group()  # rendering runs on rank 0 alone, in one process
+    return results, ctx.timings.get("probe pass", 0.0)
+
+
+def _report(job: AnalyzeJob, run: _Run, prep: _Prepared, folder: Path,
+            shards: Optional[tuple[dict, float]]) -> None:
+    """Build the report into ``folder``: the plan, the probe pass (unless the ranks ran it),
+    the model passes, the sections; then the stage table on stderr."""
+    from tl_spectral.viz.sections import build_report
+
+    ctx = prep.context(folder, folder / "results", run.t0)
+    results = None
+    if shards is not None:  # the pass ran across the processes
+        results, ctx.timings["probe pass"] = shards
+    ctx.results_dir.mkdir(parents=True, exist_ok=True)
+    build_report(ctx, prep.secs, batch_size=job.args.batch_size, progress=job.progress,
+                 results=results)
+    if job.progress:  # each stage's seconds and share of the probe pass
+        from tl_spectral.stages import stage_table
+
+        print(stage_table(ctx.timings, before=prep.stages), file=sys.stderr, flush=True)
+
+
+def _write(job: AnalyzeJob, fill: Callable[[Path], None]) -> None:
+    """``fill(folder)`` writes the report into a fresh sibling folder of --out, which is then
+    swapped in: an earlier report is replaced whole (no stale files) and nothing is lost if
+    the run fails half-way."""
+    args, out = job.args, job.out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_out_dir(out)
     try:
-        ctx = ReportContext(
-            view=view, tokens=tokens, tokenizer=tokenizer, out_dir=tmp,
-            results_dir=tmp / "results", mask=mask, model_name=name, options=options,
-        )
-        ctx._t0 = t0
-        if results is not None:  # the pass ran above, across the processes
-            ctx.timings["probe pass"] = probe_pass_s
-        ctx.results_dir.mkdir(parents=True, exist_ok=True)
-        build_report(ctx, secs, batch_size=args.batch_size, progress=not args.no_progress,
-                     results=results)
-        if not args.no_progress:  # each stage's seconds and share of the probe pass
-            from tl_spectral.stages import stage_table
-
-            print(stage_table(ctx.timings, before=stages), file=sys.stderr, flush=True)
+        fill(tmp)
         (tmp / REPORT_MARKER).write_text(json.dumps({
-            "tool": "tl-spectral analyze", "model": args.model, "corpus": corpus_name,
+            "tool": ANALYZE, "model": args.model, "corpus": job.corpus_name,
             "n_docs": args.n_docs, "length": args.length, "seed": args.seed,
-            "processes": 1 if dist_env is None else dist_env[1]}) + "\n")
+            "processes": 1 if job.dist_env is None else job.dist_env[1]}) + "\n")
         os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; a report is the user's folder
-        _swap_in(tmp, out, out_id)
+        _swap_in(tmp, out, job.out_id)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print((out / "index.html").resolve())
-    return 0
 
 
 def _scale_pod_fields(value: str, sections: list[str]) -> list[str]:
@@ -448,50 +633,6 @@ def _scale_pod_fields(value: str, sections: list[str]) -> list[str]:
         raise UsageError("--fields is reported by the scale_pod section, which --sections "
                          "leaves out; add scale_pod to --sections")
     return fields
-
-
-def _start_token(args, kind: str, target: str, model, tokenizer, causal: bool):
-    """The start-token id windows of a Hugging Face tokenizer begin with (None: none):
-    ``--bos``/``--no-bos``, else the zoo model's ``default_prepend_bos`` (smollm2-135m); the
-    character models' start token comes from their own tokenizer instead."""
-    if hasattr(tokenizer, "bos_id"):  # CharTokenizer: fixed by training (checked earlier)
-        return None
-    if not causal:
-        if args.bos:
-            raise UsageError(f"--bos: {args.model} is bidirectional; its windows are framed "
-                             "by its own special tokens; leave --bos out")
-        return None
-    want = args.bos
-    if want is None:
-        want = kind in ("zoo", "gguf") and bool(getattr(model.cfg, "default_prepend_bos",
-                                                         False))
-    if not want:
-        return None
-    bos = getattr(tokenizer, "bos_token_id", None)
-    if bos is None:
-        raise UsageError(f"--bos: {args.model}'s tokenizer has no start token (bos_token_id); "
-                         "pass --no-bos")
-    return int(bos)
-
-
-def _windows(text: str, tokenizer, args, bos_id=None):
-    from tl_spectral.data import CharTokenizer, document_windows
-
-    # a char model's alphabet is small: common Unicode punctuation is normalised to ASCII and
-    # what is still unknown is dropped, with a one-line note of what was dropped
-    unknown = "drop" if isinstance(tokenizer, CharTokenizer) else None
-    try:
-        # a model trained with a start token sees it in front of every window
-        w = document_windows(text, tokenizer, args.n_docs, args.length, seed=args.seed,
-                             overlap=args.overlap, unknown=unknown,
-                             bos_id=getattr(tokenizer, "bos_id", bos_id))
-    except ValueError as e:
-        hint = "" if args.overlap else "; or pass --overlap to draw overlapping windows"
-        raise UsageError(f"--corpus {args.corpus}: {e}{hint}") from None
-    report = getattr(w, "encode_report", None)
-    if report is not None and report.changed:
-        print(f"note: {report.note()}", file=sys.stderr)
-    return w
 
 
 def torchrun_env() -> Optional[tuple[int, int, int]]:
@@ -523,133 +664,6 @@ def _init_process_group(rank: int, world: int, local_rank: int) -> None:
         dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
-def open_token_file(path: str, model: str, *, model_ok: bool = False):
-    """``--tokens``: a readable token file written for ``model`` (else UsageError). A file
-    that records no model (``write_token_file`` without ``model=``) could hold any
-    tokenizer's ids: refused unless ``model_ok`` (``--tokens-model-ok``)."""
-    from tl_spectral.data.tokenfile import TokenFile
-
-    try:
-        tf = TokenFile(path)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--tokens {path}: {_one_line(e)}") from None
-    if not tf.model and not model_ok:
-        raise UsageError(
-            f"--tokens {path} records no model (written by write_token_file without model=), "
-            f"so its ids may be another tokenizer's: tokenize again with `tl-spectral "
-            f"tokenize ... --model {model}`, or pass --tokens-model-ok if they are {model}'s")
-    if tf.model and not _same_model(tf.model, model):
-        raise UsageError(f"--tokens {path} was tokenized for --model {tf.model}, not {model}; "
-                         f"pass --model {tf.model} or tokenize again with --model {model}")
-    return tf
-
-
-def _same_model(recorded: str, model: str) -> bool:
-    """Whether a token file's ``model`` names ``--model``: the same string, or, for local
-    folders, the same folder however it is written (``../m`` and ``/abs/m``)."""
-    if recorded == model:
-        return True
-    looks = [("/" in m or m.startswith(".") or os.sep in m or m.lower().endswith(".gguf"))
-             for m in (recorded, model)]
-    if not all(looks):
-        return False
-    try:
-        return Path(recorded).resolve() == Path(model).resolve()
-    except OSError:
-        return False
-
-
-def _display_name(model: str, kind: str) -> str:
-    """The model's name for titles: the zoo name; for a local Hugging Face folder the model's
-    own name from its config.json (``_name_or_path`` when it is a hub name, not a path; else
-    the folder's name with the architecture, e.g. "smol (LlamaForCausalLM)"), or the folder's
-    last component when the config says nothing."""
-    if kind == "gguf":
-        return Path(model).name
-    if kind != "hf":
-        return model
-    folder = Path(model).resolve()
-    name = folder.name or model
-    try:
-        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return name
-    hub = str(cfg.get("_name_or_path") or "")
-    if hub and not Path(hub).is_absolute() and not hub.startswith(".") and \
-            not Path(hub).exists() and re.fullmatch(r"[\w.-]+(/[\w.-]+)?", hub):
-        return hub
-    arch = cfg.get("architectures") or []
-    if arch and isinstance(arch[0], str):
-        return f"{name} ({arch[0]})"
-    return name
-
-
-_SENTENCE_END = re.compile(r"(?:[.!?;:]\s+|\n\s*)")
-
-
-def _encoder_windows(text: str, tokenizer, args):
-    """Windows for a bidirectional model: ``[CLS] … [SEP]`` (the model's own special
-    tokens) around ``length − 2`` tokens of running text that start at a sentence or line
-    start, so position 0 is ``[CLS]`` as in the model's training. Disjoint windows (or, with
-    ``--overlap``, any sentence starts), drawn with ``--seed``. Returns (tokens, mask, text
-    describing the framing)."""
-    import random
-
-    import torch
-
-    cls_id = getattr(tokenizer, "cls_token_id", None)
-    sep_id = getattr(tokenizer, "sep_token_id", None)
-    if cls_id is None:
-        cls_id = getattr(tokenizer, "bos_token_id", None)
-    if sep_id is None:
-        sep_id = getattr(tokenizer, "eos_token_id", None)
-    body = args.length - (cls_id is not None) - (sep_id is not None)
-    if body < 1:
-        raise UsageError(f"--length {args.length} is too short for an encoder window; pass 3 "
-                         "or more")
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
-                    verbose=False)
-    ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    starts_chars = {0} | {m.end() for m in _SENTENCE_END.finditer(text)}
-    cand = [i for i, (a, _) in enumerate(offsets) if a in starts_chars and i + body <= len(ids)]
-    rng = random.Random(args.seed)
-    rng.shuffle(cand)
-    chosen: list[int] = []
-    if args.overlap:
-        chosen = cand[: args.n_docs]
-    else:
-        taken: list[tuple[int, int]] = []
-        import bisect
-
-        for c in cand:
-            j = bisect.bisect_left(taken, (c, c))
-            if j > 0 and taken[j - 1][1] > c:
-                continue
-            if j < len(taken) and taken[j][0] < c + body:
-                continue
-            taken.insert(j, (c, c + body))
-            chosen.append(c)
-            if len(chosen) == args.n_docs:
-                break
-    if len(chosen) < args.n_docs:
-        hint = "" if args.overlap else "; or pass --overlap to let windows overlap"
-        raise UsageError(f"--corpus {args.corpus}: only {len(chosen)} sentence-aligned windows "
-                         f"of {args.length} tokens fit; pass a smaller --n-docs or --length"
-                         f"{hint}")
-    chosen.sort()
-    rows = []
-    for c in chosen:
-        row = ([cls_id] if cls_id is not None else []) + list(ids[c:c + body])
-        rows.append(row + ([sep_id] if sep_id is not None else []))
-    tokens = torch.tensor(rows, dtype=torch.long)
-    mask = torch.ones_like(tokens, dtype=torch.bool)
-    cls_s = getattr(tokenizer, "cls_token", None) or "first special token"
-    sep_s = getattr(tokenizer, "sep_token", None) or "last special token"
-    framing = (f"sentence-aligned windows framed as {cls_s} … {sep_s}; position 0 is {cls_s}"
-               if cls_id is not None else "sentence-aligned windows")
-    return tokens, mask, framing
-
-
 # ------------------------------------------------------------------------------ tokenize
 def tokenizer_for(name: str):
     """The tokenizer of ``--model`` without loading its weights where that is possible (the
@@ -662,7 +676,7 @@ def tokenizer_for(name: str):
     from tl_spectral.models import gguf, zoo
 
     if kind == "zoo" and target in zoo.SHIPPED:
-        return zoo._char_tokenizer(zoo.checkpoint_info(target))
+        return zoo.char_tokenizer(zoo.checkpoint_info(target))
     if kind == "gguf" or target in gguf.ENTRIES:
         try:
             return gguf.tokenizer(target)

@@ -743,7 +743,7 @@ def scale_pod_grams(
     return out
 
 
-def _spectrum_from_gram(K: Tensor) -> Tensor:
+def spectrum_from_gram(K: Tensor) -> Tensor:
     """Positive eigenvalues (descending, rounding noise dropped) of a PSD Gram ``K``."""
     K = 0.5 * (K + K.T)
     lam = torch.linalg.eigvalsh(K).flip(0)
@@ -768,7 +768,7 @@ def pod_statistics(
     N = int(grams["field"].shape[0])
     idx = torch.arange(N) if idx is None else idx
     n = int(idx.numel())
-    lam = _spectrum_from_gram(centred_gram_resample(grams["field"], idx) / n)
+    lam = spectrum_from_gram(centred_gram_resample(grams["field"], idx) / n)
     out: dict[str, float] = {}
     bands = [k for k in grams if k != "field"]
     e = torch.stack([torch.trace(centred_gram_resample(grams[k], idx)) for k in bands])

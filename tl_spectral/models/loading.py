@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from tl_spectral.checks import is_int
 from tl_spectral.models.hub import check_device, hub_offline
 from tl_spectral.usage import UsageError
 
-__all__ = ["check_device", "hub_offline", "load_model", "load_named_model",
-           "random_reference_model", "resolve_model"]
+__all__ = ["ModelInfo", "check_device", "hf_folder_info", "hub_offline", "load_model",
+           "load_named_model", "model_info", "random_reference_model", "resolve_model"]
+
+#: the context of :func:`random_reference_model` (the char-shakespeare size)
+RANDOM_N_CTX = 256
+
 
 def random_reference_model(seed: int = 0):
     """A seeded random TransformerBridge of the char-shakespeare size (6L, 8H, d 128, ctx 256)."""
@@ -29,7 +34,7 @@ def random_reference_model(seed: int = 0):
 
     tok = CharTokenizer.from_text(tiny_shakespeare())
     cfg = TransformerBridgeConfig(
-        d_model=128, d_head=16, n_layers=6, n_ctx=256, n_heads=8, d_vocab=tok.vocab_size,
+        d_model=128, d_head=16, n_layers=6, n_ctx=RANDOM_N_CTX, n_heads=8, d_vocab=tok.vocab_size,
         act_fn="gelu", normalization_type="LN", seed=seed, model_name="random-6L",
     )
     return TransformerBridge.boot_native(cfg, model_name="random-6L"), tok
@@ -62,6 +67,101 @@ def resolve_model(name: str) -> tuple[str, str]:
     raise UsageError(f"unknown model {name!r}{hint}; pass a zoo name "
                      f"({', '.join(zoo.available())}), 'random', the path of a local Hugging "
                      "Face folder, or of a .gguf file")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a model is, read from its metadata without loading its weights (:func:`model_info`);
+    None where only the loaded model can say.
+
+    n_ctx: its context (the longest window); causal: False for a bidirectional encoder;
+    prepend_bos: its start-token convention (windows start with the tokenizer's start token,
+    as in its training); bos_fixed: that convention is fixed by its training and its
+    tokenizer (the project's character models), not a default a caller may change."""
+
+    n_ctx: Optional[int] = None
+    causal: Optional[bool] = None
+    prepend_bos: Optional[bool] = None
+    bos_fixed: bool = False
+
+    @classmethod
+    def of_loaded(cls, model: Any) -> "ModelInfo":
+        """The same, read from a loaded model (its ModelView and ``default_prepend_bos``)."""
+        from tl_spectral.model_view import ModelView
+
+        view = model if isinstance(model, ModelView) else ModelView(model)
+        return cls(view.n_ctx, view.causal,
+                   bool(getattr(view.cfg, "default_prepend_bos", False)))
+
+
+def model_info(name: str) -> ModelInfo:
+    """:class:`ModelInfo` of a ``--model`` name (:func:`resolve_model`'s kinds), from metadata
+    only: the character checkpoints' config.json, a Hugging Face folder's config.json (as
+    TransformerBridge will boot it, :func:`hf_folder_info`), the GGUF entries' declarations and
+    their cached config.json. A GGUF decoder whose cache is not built yet has no context length
+    here (the load builds it)."""
+    kind, target = resolve_model(name)
+    if kind == "random":
+        return ModelInfo(RANDOM_N_CTX, True, False)
+    if kind == "hf":
+        return ModelInfo(*hf_folder_info(target))
+    from tl_spectral.models import gguf, zoo
+
+    if kind == "gguf" or target in gguf.ENTRIES:
+        return _gguf_info(target)
+    if target in zoo.SHIPPED:  # the project's GPT: causal
+        doc = zoo.checkpoint_info(target)
+        bos = zoo.char_tokenizer(doc).bos_id is not None
+        return ModelInfo(int(doc["model"]["n_ctx"]), True, bos, bos_fixed=True)
+    try:
+        folder = zoo.minilm_path()  # the one other zoo entry: a Hugging Face folder
+    except ImportError:  # not installed: the load says which package to install
+        return ModelInfo()
+    return ModelInfo(*hf_folder_info(folder), prepend_bos=False)
+
+
+def _gguf_info(target: str) -> ModelInfo:
+    """A GGUF decoder: causal (the GGUF loader reads causal language models only); its
+    start-token convention from the zoo entry or the file's header; its context from its
+    cached config.json when the cache is built."""
+    from tl_spectral.models import gguf
+
+    if gguf.is_gguf_path(target):  # its cache folder is named by the file's hash: not read
+        try:
+            return ModelInfo(None, True, gguf.read_header(target)["add_bos_token"])
+        except (ValueError, ImportError):
+            return ModelInfo(None, True)
+    folder = gguf.cache_dir(target)
+    n_ctx = hf_folder_info(folder)[0] if (folder / "config.json").is_file() else None
+    return ModelInfo(n_ctx, True, gguf.ENTRIES[target].prepend_bos)
+
+
+def hf_folder_info(folder: str | os.PathLike) -> tuple[Optional[int], Optional[bool]]:
+    """``(n_ctx, causal)`` of a Hugging Face folder as ``TransformerBridge.boot_transformers``
+    will boot it: its config.json (transformers' ``AutoConfig``, offline) through
+    TransformerLens' config mapping and architecture adapter, with no weights loaded.
+    ``(None, None)`` where they cannot say (TransformerLens 3.9, an architecture it does not
+    know, an unreadable config): the load then says what is wrong."""
+    try:
+        from transformer_lens.config import TransformerBridgeConfig
+        from transformer_lens.factories.architecture_adapter_factory import (
+            ArchitectureAdapterFactory,
+        )
+        from transformer_lens.model_bridge.sources.transformers import (
+            determine_architecture_from_hf_config,
+            map_default_transformer_lens_config,
+        )
+        from transformers import AutoConfig
+
+        with hub_offline():
+            hf = AutoConfig.from_pretrained(str(folder))
+        cfg = TransformerBridgeConfig.from_dict(dict(map_default_transformer_lens_config(hf)
+                                                     .__dict__))
+        cfg.architecture = determine_architecture_from_hf_config(hf)
+        cfg = ArchitectureAdapterFactory.select_architecture_adapter(cfg).cfg
+        return int(cfg.n_ctx), getattr(cfg, "attention_dir", "causal") == "causal"
+    except Exception:  # noqa: BLE001 - metadata only: the load reports what is wrong
+        return None, None
 
 
 def _check_gguf_file(p: Path, name: str) -> str:

@@ -110,8 +110,9 @@ def checkpoint_info(name: str) -> dict[str, Any]:
 
 
 def char_tokenizer(doc: dict[str, Any]):
-    """The :class:`CharTokenizer` a checkpoint's ``config.json`` (``doc``) records under
-    ``"tokenizer"``; ValueError when it records none."""
+    """The :class:`~tl_spectral.data.CharTokenizer` a checkpoint's ``config.json`` records
+    (its ``tokenizer`` entry; e.g. ``char_tokenizer(checkpoint_info(name))``), read without
+    loading the weights."""
     from tl_spectral.data import CharTokenizer
 
     if "tokenizer" not in doc:
@@ -119,8 +120,7 @@ def char_tokenizer(doc: dict[str, Any]):
     return CharTokenizer.from_json(json.dumps(doc["tokenizer"]))
 
 
-#: the old private name, still read by tl_spectral/cli.py until its rewrite (issue 41) lands
-_char_tokenizer = char_tokenizer
+
 
 
 def load_native(name: str, device: str | torch.device = "cpu") -> tuple[GPT, Any]:

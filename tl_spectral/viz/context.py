@@ -120,7 +120,9 @@ class ReportContext:
     #: {(layer, head): [role, …]}: what the sections found each head doing; the report
     #: names every such head ONCE, with all its roles (:func:`head_roles_finding`)
     head_roles: dict = field(default_factory=dict, repr=False)
-    _t0: float = field(default_factory=time.perf_counter, repr=False)
+    #: when the run started (``time.perf_counter()``): status lines show the seconds since
+    #: (``tl-spectral analyze`` passes its own start, so the times run on from loading)
+    t0: float = field(default_factory=time.perf_counter, repr=False)
 
     def __post_init__(self) -> None:
         self.options = ReportOptions.of(self.options)
@@ -142,7 +144,7 @@ class ReportContext:
     def status(self, message: str) -> None:
         """A one-line status on stderr (with the elapsed time) when progress is on."""
         if self.options.progress:
-            print(f"[{time.perf_counter() - self._t0:6.1f} s] {message}", file=sys.stderr,
+            print(f"[{time.perf_counter() - self.t0:6.1f} s] {message}", file=sys.stderr,
                   flush=True)
 
     def add_head_role(self, layer: int, head: int, role: str) -> None:

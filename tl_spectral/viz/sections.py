@@ -11,9 +11,9 @@ and save what a reload needs under ``results/`` (raw per-query maps only with
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 

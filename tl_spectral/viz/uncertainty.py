@@ -64,10 +64,10 @@ def layer_statistics(gram: torch.Tensor, idx: torch.Tensor, epsilon: float) -> t
     about the subset's own mean (as :func:`~tl_spectral.analysis.scale_pod.pod_statistics`)."""
     from tl_spectral.analysis.bootstrap import centred_gram_resample
     from tl_spectral.analysis.pod import effective_rank, spectral_concentration
-    from tl_spectral.analysis.scale_pod import _spectrum_from_gram
+    from tl_spectral.analysis.scale_pod import spectrum_from_gram
 
     n = int(idx.numel())
-    lam = _spectrum_from_gram(centred_gram_resample(gram, idx) / n)
+    lam = spectrum_from_gram(centred_gram_resample(gram, idx) / n)
     H, _ = effective_rank(lam, epsilon)
     T = spectral_concentration(lam)["T_spec"]
     return float(H), float(T)
