@@ -292,7 +292,6 @@ def test_plotting_loads_on_the_first_figure_only():
 #: functions over the limit that others are rewriting now (issue 41): the lead removes each
 #: entry as its rewrite lands ("file:function")
 LONG_FUNCTIONS_BEING_REWRITTEN = {
-    "cli.py:analyze",  # the lead: the analyze command
     "contribution_section.py:render",  # the lead: the sections' render methods
     "scale_pod_section.py:_render_field",  # the lead: the sections' render methods
 }

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from tl_spectral.cli_inputs import (  # noqa: F401 - the CLI's names for them
-    _display_name,
-    _encoder_windows,
-    _same_model,
-    _windows,
-    open_token_file,
+    corpus_windows as _windows,
 )
+from tl_spectral.cli_inputs import display_name as _display_name
+from tl_spectral.cli_inputs import encoder_windows as _encoder_windows
+from tl_spectral.cli_inputs import open_token_file
+from tl_spectral.cli_inputs import same_model as _same_model  # noqa: F401
 from tl_spectral.files import current_umask
 from tl_spectral.outdirs import (  # noqa: F401 - the CLI's names for them
     DirLock as _DirLock,

@@ -17,7 +17,7 @@ from tl_spectral.usage import one_line as _one_line
 __all__ = ["open_token_file"]
 
 
-def _windows(text: str, tokenizer, args, bos_id=None):
+def corpus_windows(text: str, tokenizer, args, bos_id=None):
     from tl_spectral.data import CharTokenizer, document_windows
 
     # a char model's alphabet is small: common Unicode punctuation is normalised to ASCII and
@@ -52,13 +52,13 @@ def open_token_file(path: str, model: str, *, model_ok: bool = False):
             f"--tokens {path} records no model (written by write_token_file without model=), "
             f"so its ids may be another tokenizer's: tokenize again with `tl-spectral "
             f"tokenize ... --model {model}`, or pass --tokens-model-ok if they are {model}'s")
-    if tf.model and not _same_model(tf.model, model):
+    if tf.model and not same_model(tf.model, model):
         raise UsageError(f"--tokens {path} was tokenized for --model {tf.model}, not {model}; "
                          f"pass --model {tf.model} or tokenize again with --model {model}")
     return tf
 
 
-def _same_model(recorded: str, model: str) -> bool:
+def same_model(recorded: str, model: str) -> bool:
     """Whether a token file's ``model`` names ``--model``: the same string, or, for local
     folders, the same folder however it is written (``../m`` and ``/abs/m``)."""
     if recorded == model:
@@ -73,7 +73,7 @@ def _same_model(recorded: str, model: str) -> bool:
         return False
 
 
-def _display_name(model: str, kind: str) -> str:
+def display_name(model: str, kind: str) -> str:
     """The model's name for titles: the zoo name; for a local Hugging Face folder the model's
     own name from its config.json (``_name_or_path`` when it is a hub name, not a path; else
     the folder's name with the architecture, e.g. "smol (LlamaForCausalLM)"), or the folder's
@@ -101,7 +101,7 @@ def _display_name(model: str, kind: str) -> str:
 _SENTENCE_END = re.compile(r"(?:[.!?;:]\s+|\n\s*)")
 
 
-def _encoder_windows(text: str, tokenizer, args):
+def encoder_windows(text: str, tokenizer, args):
     """Windows for a bidirectional model: ``[CLS] … [SEP]`` (the model's own special
     tokens) around ``length − 2`` tokens of running text that start at a sentence or line
     start, so position 0 is ``[CLS]`` as in the model's training. Disjoint windows (or, with
