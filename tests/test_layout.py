@@ -121,14 +121,15 @@ _GROUND_MODELS = {"gpt", "attention", "convert", "zoo", "train", "train_config",
 
 
 def floor(module: str):
-    """The floor of a library module: 0 ground (results, model_view, usage, data, the model
-    family), 1 maths (analysis, geometry), 2 probes and the experiments on models (surgery,
+    """The floor of a library module: 0 ground (results, model_view, usage, data, discovery,
+    the model family), 1 maths (analysis, geometry), 2 probes and the experiments on models (surgery,
     ablations), "leaf" plotting (viz/*_plots, views, figures, plots), 3 the top (report
     sections, cli)."""
     parts = module.split(".")
     if module in ("tl_spectral.results", "tl_spectral.model_view", "tl_spectral.usage",
                   "tl_spectral.files", "tl_spectral._leftovers", "tl_spectral.outdirs",
-                  "tl_spectral.progress", "tl_spectral._deprecation", "tl_spectral.types") \
+                  "tl_spectral.progress", "tl_spectral._deprecation", "tl_spectral.types",
+                  "tl_spectral.discovery") \
             or parts[:2] == ["tl_spectral", "data"]:
         return 0
     if parts[:2] == ["tl_spectral", "models"]:
