@@ -27,8 +27,9 @@ from tl_spectral.probes.runner import (
 )
 from tl_spectral.results import Result
 
-#: what runs the probes (the runner's and the base class's names), beside the probe modules'
-_RUNNER = ["Corpus", "LayerCapture", "Probe", "ProbeRun", "as_corpus", "merge_tensor",
+#: what runs the probes (the runner's and the base class's names); the probe modules' names
+#: join these at the end of this module
+__all__ = ["Corpus", "LayerCapture", "Probe", "ProbeRun", "as_corpus", "merge_tensor",
            "reduce_state", "run_probes", "run_probes_on_cache", "run_probes_with_logits"]
 
 #: a top-level class whose bases name a probe class: the modules worth importing to look at
@@ -74,7 +75,7 @@ def _probe_modules() -> dict[str, list[str]]:
     """{probe module: its public names}; a name exported twice, or one that would hide a
     module of this package, is refused."""
     found: dict[str, list[str]] = {}
-    owner: dict[str, str] = {name: __name__ for name in _RUNNER}
+    owner: dict[str, str] = {name: __name__ for name in __all__}
     modules = {m.rpartition(".")[2] for m in _submodules(__name__)}
     for mod_name in _probe_module_names():
         mod = _importlib.import_module(mod_name)
@@ -99,7 +100,8 @@ PROBE_MODULES: dict[str, list[str]] = _probe_modules()
 globals().update({n: getattr(_importlib.import_module(m), n)
                   for m, names in PROBE_MODULES.items() for n in names})
 
-__all__ = sorted([*_RUNNER, *(n for names in PROBE_MODULES.values() for n in names)])
+__all__ += [n for names in PROBE_MODULES.values() for n in names]
+__all__.sort()
 
 #: old names of the probe classes, deprecated (docs/api.md, "Deprecated spellings")
 __getattr__ = module_getattr(__name__, {
