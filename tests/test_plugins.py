@@ -109,6 +109,7 @@ _FILES = {
             key = "toy"
             title = "Toy: attention on the current token"
             order = 60
+            glossary = {"self_mass": "mean attention of the head on the query's own token"}
 
             def probes(self, ctx):
                 return [ToyProbe()]
@@ -216,6 +217,10 @@ def test_a_report_with_the_plugin_section_from_a_fresh_process(toy_plugin, tmp_p
     html = (out / "index.html").read_text(encoding="utf-8")
     assert "Toy: attention on the current token" in html and "TOY-SECTION-TEXT" in html
     assert "data:image/png;base64," in html
+    # its table's column is defined by the section itself (tooltip and glossary)
+    assert 'title="mean attention of the head on the query&#x27;s own token"' in html \
+        or "title=\"mean attention of the head on the query's own token\"" in html
+    assert "(not defined)" not in html
     assert (out / "tables" / "toy-heads.csv").read_text().startswith("layer,head,self_mass")
     # the saved result reloads in this process: its kind registers when the plugins load
     from tl_spectral.results import Result

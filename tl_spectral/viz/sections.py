@@ -364,6 +364,9 @@ def build_report(
             **ctx.options.meta,
         },
     )
+    for s in secs:  # a section's own column definitions (the library's win)
+        for term, meaning in getattr(s, "glossary", {}).items():
+            report.glossary.setdefault(term, meaning)
     report.figure_suffix = f" [{ctx.name}; {run}]"
     report.references = list(REFERENCES)
     from tl_spectral.viz.layer_plots import kinds_note, layer_kinds
