@@ -182,6 +182,11 @@ def test_the_plugin_is_discovered_and_registers_itself(toy_plugin):
     assert plotter("toy_self_attention", "plot").__module__ == f"{PKG}.plots"
     # its public names: the probe and result kinds it defines (no __all__ in the toy)
     assert public_names(mods["toy"]) == ["ToyProbe", "ToyResult"]
+    # a plugin module that imports its probe from elsewhere (imported=True, as the API
+    # tables read a plugin; tl_spectral's own classes are never its names)
+    section_module = sys.modules[f"{PKG}.section"]
+    assert public_names(section_module) == []
+    assert public_names(section_module, imported=True) == ["ToyProbe"]
     import tl_spectral as tls
 
     assert "ToyProbe" not in tls.__all__  # a plugin's names stay in its own package

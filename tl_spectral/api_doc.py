@@ -118,7 +118,8 @@ def plugin_rows() -> list[tuple[str, str]]:
             return where == pkg or where.startswith(pkg + ".")
 
         rows += [(f"{pkg}.{n}", describe(mod, n))
-                 for n in sorted(public_names(mod), key=lambda n: _rank(mod, n))]
+                 for n in sorted(public_names(mod, imported=True),
+                                 key=lambda n: _rank(mod, n))]
         rows += [(f"{pkg}: {kind}.{fig}", f"figure `{fig}` of result kind `{kind}` (plugin "
                                           f"`{ep_name}`): {summary(fn)}")
                  for (kind, fig), fn in FIGURES.items() if mine(fn.__module__)]

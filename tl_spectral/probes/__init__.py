@@ -37,10 +37,12 @@ __all__ = ["Corpus", "LayerCapture", "Probe", "ProbeRun", "as_corpus", "merge_te
 _DEFINES_PROBE = _re.compile(r"^class\s+\w+\s*\([^)]*Probe\b", _re.M)
 
 
-def public_names(module: _ModuleType) -> list[str]:
+def public_names(module: _ModuleType, *, imported: bool = False) -> list[str]:
     """The public names of a probe module (or of a plugin's module): its ``__all__`` when it
     declares one, else the ``Probe`` subclasses and ``Result`` kinds it defines (in its own
-    file or, for a package, in its submodules), in the order they are defined."""
+    file or, for a package, in its submodules), in the order they appear. ``imported``: also
+    those it imports from elsewhere, but not tl_spectral's own (a plugin module that imports
+    its probe from another module of its package)."""
     declared = getattr(module, "__all__", None)
     if declared is not None:
         return list(declared)
@@ -50,7 +52,10 @@ def public_names(module: _ModuleType) -> list[str]:
         if name.startswith("_") or not isinstance(obj, type) or obj in (Probe, Result):
             continue
         where = getattr(obj, "__module__", "")
-        if (where == own or where.startswith(own + ".")) and issubclass(obj, (Probe, Result)):
+        here = where == own or where.startswith(own + ".")
+        if imported and not here:
+            here = where.partition(".")[0] != __name__.partition(".")[0]
+        if here and issubclass(obj, (Probe, Result)):
             out.append(name)
     return out
 
