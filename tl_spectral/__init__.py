@@ -3,12 +3,13 @@
 ``import tl_spectral as tls`` gives the public surface (``tls.__all__``, one line each in
 docs/api.md): the probes and ``run_probes``, the analyses a user calls directly, the model
 zoo and the views. Names load on first use (PEP 562), so ``import tl_spectral`` stays cheap
-and the command line starts fast. The probes' names are not listed here: every probe module's
-public names (``tl_spectral.probes.PROBE_MODULES``) join ``_LISTED`` in ``_PUBLIC`` and
-``__all__`` on the first look at them (which imports the probes). One convention per thing (docs/api.md, "Conventions"): the
-token argument is ``tokens``, tables are ``to_rows()`` / ``to_frame()``, ``progress=None``,
-probe classes end in ``Probe``; the old spellings (``_DEPRECATED`` below and docs/api.md,
-"Deprecated spellings") warn for one release.
+and the command line starts fast. The probes' names are not listed here: every probe
+module's public names (``tl_spectral.probes.PROBE_MODULES``) join ``_LISTED`` in ``_PUBLIC``
+and ``__all__`` on the first look at them (which imports the probes). One convention per
+thing (docs/api.md, "Conventions"): the token argument is ``tokens``, tables are
+``to_rows()`` / ``to_frame()``, ``progress=None``, probe classes end in ``Probe``; the old
+spellings (``_DEPRECATED`` below and docs/api.md, "Deprecated spellings") warn for one
+release.
 """
 
 from __future__ import annotations
