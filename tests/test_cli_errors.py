@@ -111,6 +111,8 @@ def test_zoo_name_wins_over_a_local_folder(tmp_path):
 
 
 def test_version_and_help(tmp_path):
+    from tl_spectral.viz.sections import section_keys
+
     r = run_cli("--version", cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("tl-spectral ")
     r = run_cli("study", "--help", cwd=tmp_path)
@@ -118,28 +120,43 @@ def test_version_and_help(tmp_path):
     for name in ("routing", "surgery", "scale-pod", "contributions"):
         assert name in r.stdout
     r = run_cli("analyze", "--help", cwd=tmp_path)
-    for key in ("attention_stats", "scale_pod", "routing_filtering", "contributions", "surgery"):
+    assert r.returncode == 0
+    for key in section_keys():  # every registered section, derived (no list here)
         assert key in r.stdout
 
 
+#: the built-in sections in report order (their ``order``): a new section may go anywhere,
+#: these keep their relative order (the report's layout)
+BUILTIN_ORDER = ("sanity", "attention_stats", "head_scores", "scale_pod", "routing_filtering",
+                 "contributions", "surgery")
+
+
 def test_section_keys_come_from_the_one_registry():
-    """The CLI reads --sections from the sections' own registry (no list of its own)."""
+    """The CLI reads --sections from the sections' own registry (no list of its own), and
+    that registry is filled by the section modules found by file (viz/*_section.py)."""
     import tl_spectral.cli as cli
     from tl_spectral.viz.context import register_section
-    from tl_spectral.viz.sections import SECTIONS, section_keys
+    from tl_spectral.viz.sections import SECTION_MODULES, SECTIONS, section_keys
 
     assert not hasattr(cli, "SECTION_KEYS")
-    assert section_keys() == tuple(f().key for f in SECTIONS) == (
-        "sanity", "attention_stats", "head_scores", "scale_pod", "routing_filtering",
-        "contributions", "surgery")
+    keys = section_keys()
+    assert keys == tuple(f().key for f in SECTIONS)
+    on_disk = {f"tl_spectral.viz.{p.stem}" for p in
+               (Path(cli.__file__).parent / "viz").glob("*_section.py")}
+    assert set(SECTION_MODULES) == on_disk and len(on_disk) >= 6
+    builtin = {f.__module__ for f in SECTIONS if f.__module__.startswith("tl_spectral.")}
+    assert on_disk <= builtin <= on_disk | {"tl_spectral.viz.sections"}
+    orders = [getattr(f, "order", 100) for f in SECTIONS]
+    assert orders == sorted(orders)
+    assert [k for k in keys if k in BUILTIN_ORDER] == list(BUILTIN_ORDER)
 
     class Extra:
         key, title, order = "extra_test_section", "Extra", 25
 
     try:
         register_section(Extra)
-        assert section_keys()[:5] == ("sanity", "attention_stats", "head_scores", "scale_pod",
-                                      "extra_test_section")
+        after = [k for k in section_keys() if k in (*BUILTIN_ORDER, "extra_test_section")]
+        assert after == [*BUILTIN_ORDER[:4], "extra_test_section", *BUILTIN_ORDER[4:]]
         with pytest.raises(ValueError, match="already registered"):
             register_section(type("Other", (), {"key": "scale_pod"}))
     finally:

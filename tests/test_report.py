@@ -24,6 +24,7 @@ def random_report(tmp_path_factory) -> Path:
 
 def test_page_is_self_contained_with_findings_and_glossary(random_report):
     from tl_spectral.viz.glossary import GLOSSARY
+    from tl_spectral.viz.sections import SECTIONS
 
     html = (random_report / "index.html").read_text()
     assert html.count("var CircuitsVis") == 1  # the bundle once, views inlined
@@ -49,9 +50,12 @@ def test_page_is_self_contained_with_findings_and_glossary(random_report):
     # every column of every table is defined (tooltip + glossary entry)
     headers = re.findall(r"<th scope=\"col\"( title=\"[^\"]*\")?>(.*?)</th>", html)
     assert headers
+    defined = dict(GLOSSARY)  # and the sections' own column definitions
+    for f in SECTIONS:
+        defined.update(getattr(f, "glossary", {}))
     for title, name in headers:
         name = name.replace("<wbr>", "")
-        assert title and name in GLOSSARY, name
+        assert title and name in defined, name
     assert "id='glossary'" in html and "(not defined)" not in html
     # one figure per kind, never one per layer: the number of images does not grow with the
     # depth (tests/test_report_depth.py runs 30 layers); long tables collapsed, CSV download

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import tl_spectral
-from tl_spectral.results import _REGISTRY, _RESULT_MODULES
+from tl_spectral.results import _REGISTRY, _RESULT_MODULES, _loadable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,16 +54,23 @@ def test_a_header_naming_the_command_line_is_refused_and_nothing_runs(tmp_path, 
 
 
 def test_the_allow_list_is_the_registry_s_library_modules():
-    """The allow-list equals the modules that register library result kinds, once every
-    module of the package is imported (a new result module must join the list)."""
+    """Every module that registers a library result kind is loadable (the allow-list, or a
+    module of tl_spectral.probes: a new probe module needs no line), once every module of
+    the package is imported; no line of the allow-list is stale, and nothing else of the
+    package is loadable."""
     for info in pkgutil.walk_packages(tl_spectral.__path__, "tl_spectral."):
         if info.name not in ("tl_spectral.__main__", "tl_spectral.models.surgery",
                              "tl_spectral.models.ablations"):  # the last two: old paths
             importlib.import_module(info.name)
     library = {cls.__module__ for cls in _REGISTRY.values()
                if cls.__module__.startswith("tl_spectral.")} - {"tl_spectral.results"}
-    assert _RESULT_MODULES == library
+    assert {m for m in library if not _loadable(m)} == set()
+    assert _RESULT_MODULES <= library
     assert not {"tl_spectral.__main__", "tl_spectral.cli"} & _RESULT_MODULES
+    others = {info.name for info in pkgutil.walk_packages(tl_spectral.__path__, "tl_spectral.")
+              if not info.name.startswith("tl_spectral.probes.")}
+    assert {m for m in others if _loadable(m)} == _RESULT_MODULES - {
+        m for m in _RESULT_MODULES if m.startswith("tl_spectral.probes.")}
 
 
 def test_a_file_naming_a_moved_module_loads_from_the_new_one_without_a_warning():

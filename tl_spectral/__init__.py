@@ -3,10 +3,13 @@
 ``import tl_spectral as tls`` gives the public surface (``tls.__all__``, one line each in
 docs/api.md): the probes and ``run_probes``, the analyses a user calls directly, the model
 zoo and the views. Names load on first use (PEP 562), so ``import tl_spectral`` stays cheap
-and the command line starts fast. One convention per thing (docs/api.md, "Conventions"): the
-token argument is ``tokens``, tables are ``to_rows()`` / ``to_frame()``, ``progress=None``,
-probe classes end in ``Probe``; the old spellings (``_DEPRECATED`` below and docs/api.md,
-"Deprecated spellings") warn for one release.
+and the command line starts fast. The probes' names are not listed here: every probe
+module's public names (``tl_spectral.probes.PROBE_MODULES``) join ``_LISTED`` in ``_PUBLIC``
+and ``__all__`` on the first look at them (which imports the probes). One convention per
+thing (docs/api.md, "Conventions"): the token argument is ``tokens``, tables are
+``to_rows()`` / ``to_frame()``, ``progress=None``, probe classes end in ``Probe``; the old
+spellings (``_DEPRECATED`` below and docs/api.md, "Deprecated spellings") warn for one
+release.
 """
 
 from __future__ import annotations
@@ -16,19 +19,15 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-#: public name -> module that defines it
-_PUBLIC: dict[str, str] = {
+#: public name -> module that defines it, for everything but the probe modules (whose names
+#: are derived: ``tl_spectral.probes.PROBE_MODULES``); ``_PUBLIC`` is this and those
+_LISTED: dict[str, str] = {
     # running probes inside the user's forward pass
     "run_probes": "tl_spectral.probes.runner",
     "run_probes_on_cache": "tl_spectral.probes.runner",
     "run_probes_with_logits": "tl_spectral.probes.runner",
     "Probe": "tl_spectral.probes.base",
     "LayerCapture": "tl_spectral.probes.base",
-    "AttentionStatsProbe": "tl_spectral.probes.attention_stats",
-    "ContributionProbe": "tl_spectral.probes.contributions",
-    "SinkProbe": "tl_spectral.probes.sinks",
-    "AttentionFieldProbe": "tl_spectral.probes.fields",
-    "HeadScoresProbe": "tl_spectral.probes.head_scores",
     "ModelView": "tl_spectral.model_view",
     "load_model": "tl_spectral.models.loading",
     # data
@@ -72,15 +71,8 @@ _PUBLIC: dict[str, str] = {
     "Result": "tl_spectral.results",
     "register_result": "tl_spectral.results",
     "contribution_view": "tl_spectral.viz.views",
-    # the result kinds (what the probes and analyses return; all derive from Result)
-    "AttentionStatsResult": "tl_spectral.probes.attention_stats",
-    "HeadScoresResult": "tl_spectral.probes.head_scores",
-    "ContributionStats": "tl_spectral.probes.contributions",
-    "SinkStats": "tl_spectral.probes.sinks",
-    "AttentionFields": "tl_spectral.probes.fields",
-    "StreamedAttentionFields": "tl_spectral.probes.fields",
+    # the result kinds of the analyses (what they return; all derive from Result)
     "FaithfulnessResult": "tl_spectral.probes.faithfulness",
-    "SinkInterventionResult": "tl_spectral.probes.sinks",
     "ContributionMaps": "tl_spectral.analysis.contributions",
     "SinkGeometry": "tl_spectral.analysis.sinks",
     "ScalePODResult": "tl_spectral.analysis.scale_pod",
@@ -106,11 +98,25 @@ _DEPRECATED: dict[str, tuple[str, str]] = {
 #: public submodules
 _MODULES = {"zoo": "tl_spectral.models.zoo"}
 
-__all__ = sorted([*_PUBLIC, *_MODULES, "__version__"])
-
 # in a Jupyter kernel without ipywidgets: no "IProgress not found" TqdmWarning when
 # TransformerLens imports tqdm.auto (see tl_spectral.progress)
 importlib.import_module("tl_spectral.progress").quiet_tqdm_auto()
+
+
+def _derive() -> None:
+    """``_PUBLIC`` (name -> module) and ``__all__``: the listed names and every probe
+    module's public names. Run on the first look at either, or at a name not listed: it
+    imports ``tl_spectral.probes`` (torch), which ``import tl_spectral`` never does."""
+    from tl_spectral.probes import PROBE_MODULES
+
+    public = dict(_LISTED)
+    for module, names in PROBE_MODULES.items():
+        for name in names:
+            if public.setdefault(name, module) != module:
+                raise ImportError(f"tl_spectral.{name} is defined by both {public[name]} and "
+                                  f"{module}; rename one")
+    globals()["_PUBLIC"] = public
+    globals()["__all__"] = sorted([*public, *_MODULES, "__version__"])
 
 
 def __getattr__(name: str) -> Any:
@@ -121,10 +127,15 @@ def __getattr__(name: str) -> Any:
         warn_deprecated(f"tl_spectral.{name}", f"tl_spectral.{new}" if new != name else
                         "run_probes_with_logits, which returns (logits, results)")
         return getattr(importlib.import_module(where), new)
+    if name in ("__all__", "_PUBLIC"):
+        _derive()
+        return globals()[name]
     if name in _MODULES:
         mod = importlib.import_module(_MODULES[name])
-    elif name in _PUBLIC:
-        mod = getattr(importlib.import_module(_PUBLIC[name]), name)
+    elif name in _LISTED:
+        mod = getattr(importlib.import_module(_LISTED[name]), name)
+    elif not name.startswith("_") and name in _public():
+        mod = getattr(importlib.import_module(_public()[name]), name)
     else:
         raise AttributeError(f"module 'tl_spectral' has no attribute {name!r}; the public "
                              "names are in tl_spectral.__all__ (docs/api.md)")
@@ -132,5 +143,11 @@ def __getattr__(name: str) -> Any:
     return mod
 
 
+def _public() -> dict[str, str]:
+    if "_PUBLIC" not in globals():
+        _derive()
+    return globals()["_PUBLIC"]
+
+
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(globals().get("__all__") or __getattr__("__all__")))

@@ -742,25 +742,42 @@ _MOVED_RESULT_MODULES: dict[str, str] = {
     "tl_spectral.models.surgery": "tl_spectral.interventions.surgery",
 }
 
-#: The library modules that define result kinds: the only modules ``Result.load`` ever
-#: imports by the name a file gives (an allow-list, not a prefix: a file naming
-#: ``tl_spectral.__main__`` or ``tl_spectral.cli`` is refused, never run). Kept equal to the
-#: modules of the registry's library kinds: a test imports every module of the package and
-#: compares, so a new result module must be added here.
+#: The library modules outside ``tl_spectral.probes`` that define result kinds: with the
+#: modules of ``tl_spectral.probes`` (:func:`_loadable`; a probe module defines its result
+#: kinds, so a new probe needs no line here), the only modules ``Result.load`` ever imports by
+#: the name a file gives (an allow-list, not a prefix: a file naming ``tl_spectral.__main__``
+#: or ``tl_spectral.cli`` is refused, never run). A test imports every module of the package
+#: and checks that every library kind is loadable and no line here is stale.
 _RESULT_MODULES: frozenset[str] = frozenset(_LEGACY_KIND_MODULES.values()) | {
     "tl_spectral.analysis.scale_pod_heads",
     "tl_spectral.probes.head_scores",
 }
 
+#: a module of the probes package (importing one runs nothing but definitions)
+_PROBES_MODULE = re.compile(r"tl_spectral\.probes\.[A-Za-z_]\w*")
+
+
+def _loadable(module: str) -> bool:
+    """Whether ``Result.load`` may import ``module`` by the name a file gives."""
+    return module in _RESULT_MODULES or _PROBES_MODULE.fullmatch(module) is not None
+
 
 def _result_class(kind: str, module: Any, path: Path) -> type["Result"]:
     """The registered class of ``kind``, importing the module the file names if need be.
 
-    Only a module of the allow-list :data:`_RESULT_MODULES` (the library modules that
-    define result kinds) is ever imported, and only if it defines the kind; a file without
-    the entry (older files) falls back to the frozen kind -> module table. A kind of another package loads once its module is imported."""
+    Only a module of the allow-list (:func:`_loadable`: the library modules that define
+    result kinds) is ever imported, and only if it defines the kind; a file without the entry
+    (older files) falls back to the frozen kind -> module table. A kind of another package
+    loads once its module is imported, or once the plugins are
+    (:func:`tl_spectral.discovery.load_plugins`: a plugin's kinds register on its import)."""
     if kind in _REGISTRY:
         return _REGISTRY[kind]
+    if not (isinstance(module, str) and _loadable(module)) and kind not in _LEGACY_KIND_MODULES:
+        from tl_spectral.discovery import load_plugins
+
+        load_plugins()
+        if kind in _REGISTRY:
+            return _REGISTRY[kind]
     if module is None:
         module = _LEGACY_KIND_MODULES.get(kind)
         if module is None:
@@ -770,7 +787,7 @@ def _result_class(kind: str, module: Any, path: Path) -> type["Result"]:
         raise ValueError(f"{path}: the metadata 'module' is {type(module).__name__}, not the "
                          "name of the module that defines the result kind")
     module = _MOVED_RESULT_MODULES.get(module, module)
-    if module not in _RESULT_MODULES:
+    if not _loadable(module):
         raise ValueError(
             f"{path}: unknown result kind {kind!r}, said to be defined in {module!r}, which "
             "is not a module that defines result kinds and is never imported from a file; "
@@ -790,10 +807,11 @@ def _result_class(kind: str, module: Any, path: Path) -> type["Result"]:
 
 
 def _import_result_modules() -> None:
-    """Import every module that defines a library result kind."""
+    """Import every module that defines a library result kind (the allow-list and every
+    probe module: ``tl_spectral.probes`` imports them all)."""
     import importlib
 
-    for name in sorted(_RESULT_MODULES):
+    for name in [*sorted(_RESULT_MODULES), "tl_spectral.probes"]:
         importlib.import_module(name)
 
 

@@ -369,7 +369,8 @@ class ContributionStats(Result):
 
 # ----------------------------------------------------------------------------- probe
 class ContributionProbe(Probe):
-    """Contribution weights of every (or the chosen) layer, as corpus statistics.
+    """Contribution weights of every (or the chosen) layer vs attention measures, as corpus
+    statistics (SPEC C.1–C.2).
 
     layers: layers to read (default all); mode: ``"inter"`` (default, token level
     ``C_ij`` rows sum to 1) or ``"intra"``; keep_docs: corpus indices of documents whose

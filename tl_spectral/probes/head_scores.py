@@ -45,10 +45,12 @@ SCORES = ("previous_token", "induction", "duplicate_token", "first_token")
 @register_result
 @dataclass
 class HeadScoresResult(Result):
-    """Per layer and head scores (see the module doc): ``previous_token``, ``induction``,
-    ``duplicate_token``, ``first_token`` ``[layer, head]``; ``set_mass`` ``{name: [layer,
-    head]}`` mean attention mass on the keys of each token set (``set_names`` in order);
-    ``n_queries`` ``[layer]``; ``layers``."""
+    """The head-detector scores and token-set masses per layer and head.
+
+    Fields (see the module doc): ``previous_token``, ``induction``, ``duplicate_token``,
+    ``first_token`` ``[layer, head]``; ``set_mass`` ``{name: [layer, head]}`` mean attention
+    mass on the keys of each token set (``set_names`` in order); ``n_queries`` ``[layer]``;
+    ``layers``."""
 
     kind: ClassVar[str] = "head_scores"
     main_plot: ClassVar[Optional[str]] = "plot"

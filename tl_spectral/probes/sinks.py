@@ -171,7 +171,8 @@ class SinkStats(Result):
 
 
 class SinkProbe(Probe):
-    """Sink rates, Gu key scores, anti-alignment, ρ* and the analytic zero-sink intervention.
+    """Sink rates, Gu key scores, anti-alignment, ρ* and the analytic zero-sink intervention
+    (SPEC C.4).
 
     layers: layers to read (default all); sink_index: the sink key (0); threshold: sink-head
     threshold on the key score (0.3, Gu et al.); n_bins: histogram bins.

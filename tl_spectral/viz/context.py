@@ -183,6 +183,9 @@ class ReportSection:
 
     key: str = "section"
     title: str = "Section"
+    #: definitions of the columns its tables add (header tooltips and the report's glossary),
+    #: beside :data:`tl_spectral.viz.glossary.GLOSSARY`, which wins for a column both define
+    glossary: dict[str, str] = {}
 
     def probes(self, ctx: ReportContext) -> list[Probe]:
         return []
@@ -201,7 +204,8 @@ SECTIONS: list[Callable[[], Any]] = []
 
 def register_section(cls: type) -> type:
     """Class decorator: add a report section (``key``, ``title``, ``order``, ``probes``,
-    ``render``) to :data:`SECTIONS`, in ``order`` (lower first; default 100).
+    ``render``, optionally ``glossary``) to :data:`SECTIONS`, in ``order`` (lower first;
+    default 100).
 
     Registering the same key again (a module reloaded) replaces the earlier class; two
     different sections with one key are refused."""

@@ -1,6 +1,8 @@
 """Sections of the HTML report. Each section module registers its section
 (``@register_section``, :mod:`tl_spectral.viz.context`); this module imports every section
-module once (one line each, below) and builds the report.
+module once: every ``viz/*_section.py``, found by file name (no list to keep), then the
+plugins' (:func:`tl_spectral.discovery.load_plugins`, at the end of this module), and builds
+the report.
 
 The report runs every section's probes in ONE ``run_probes`` pass, then lets each section
 render its results (figures, tables, circuitsvis views, findings for the summary at the top)
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from tl_spectral.discovery import import_submodules, load_plugins
 from tl_spectral.probes import AttentionStatsProbe, Probe
 from tl_spectral.viz.context import (  # noqa: F401 - shared by the sections, re-exported
     SECTIONS,
@@ -29,13 +32,10 @@ from tl_spectral.viz.context import (  # noqa: F401 - shared by the sections, re
     register_section,
     view_documents,
 )
-from tl_spectral.viz.contribution_section import ContributionSection  # noqa: F401
-from tl_spectral.viz.head_scores_section import HeadScoresSection  # noqa: F401
 from tl_spectral.viz.report import Report
-from tl_spectral.viz.routing_section import RoutingFilteringSection  # noqa: F401
-from tl_spectral.viz.sanity_section import SanitySection  # noqa: F401
-from tl_spectral.viz.scale_pod_section import ScalePODSection  # noqa: F401
-from tl_spectral.viz.surgery_section import SurgerySection  # noqa: F401
+
+#: the built-in section modules, found by file name (each registered its section on import)
+SECTION_MODULES = [m.__name__ for m in import_submodules("tl_spectral.viz", suffix="_section")]
 
 
 def _informative_head_rows(rows: list[dict]) -> list[int]:
@@ -425,6 +425,9 @@ def render_report(ctx: ReportContext, secs: list, results: dict[str, Any],
             **ctx.options.meta,
         },
     )
+    for s in secs:  # a section's own column definitions (the library's win)
+        for term, meaning in getattr(s, "glossary", {}).items():
+            report.glossary.setdefault(term, meaning)
     report.figure_suffix = f" [{ctx.name}; {run}]"
     report.references = list(REFERENCES)
     from tl_spectral.viz.layer_plots import kinds_note, layer_kinds
@@ -457,3 +460,6 @@ def render_report(ctx: ReportContext, secs: list, results: dict[str, Any],
     rj.write_text(json.dumps(doc, indent=2), encoding="utf-8")
     ctx.status(f"done: {index.name} written")  # (the CLI prints its final path after the swap)
     return index
+
+
+load_plugins()  # last: a plugin's section module may import this one
