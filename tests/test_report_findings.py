@@ -334,3 +334,26 @@ def test_random_gemma_report_sanity_bounded_and_layers(gemma_report):
     assert "cannot be rebuilt" in html
     assert all(math.isfinite(float(x)) for x in re.findall(r"perplexity (\d+\.?\d*)",
                                                            findings[0]))
+
+
+def test_linearization_curve_reuses_a_known_base_and_stops_once_collapsed(tmp_path):
+    """``base_ppl`` replaces the k = 0 pass (the sanity check's perplexity on the same
+    windows); ``stop_at`` ends the curve after two k in a row at or above it, keeping the k
+    that ran, each equal to the full curve's."""
+    from _tiny_hf import tiny_bridge
+
+    from tl_spectral.interventions.surgery import tl_linearization_curve
+
+    model = tiny_bridge("llama", tmp_path / "l", n_layers=4)
+    toks = torch.randint(1, 60, (2, 12), generator=torch.Generator().manual_seed(1))
+    full = tl_linearization_curve(model, toks)
+    assert full.ks == [0, 1, 2, 3, 4]
+    reused = tl_linearization_curve(model, toks, base_ppl=full.base_ppl * 2)
+    assert reused.base_ppl == full.base_ppl * 2  # taken as given: k = 0 did not run
+    assert reused.ppl_zero_shot[1:] == pytest.approx(full.ppl_zero_shot[1:], rel=1e-6)
+    # every k counts as collapsed at -100%: two k in a row after k = 0, then the stop
+    cut = tl_linearization_curve(model, toks, stop_at=-1.0)
+    assert cut.ks == [0, 1, 2] and "stopped before k = 3" in cut.note
+    assert cut.ppl_zero_shot == pytest.approx(full.ppl_zero_shot[:3], rel=1e-6)
+    # a threshold never reached: the whole curve
+    assert tl_linearization_curve(model, toks, stop_at=1e9).ks == full.ks

@@ -228,7 +228,10 @@ def _parse(argv: Optional[list[str]]) -> Any:
     ap.add_argument("--stream-rank", type=int, default=None,
                     help="scale POD with constant-memory statistics of rank cap K (two passes; "
                          "H* above K reads '> K'); default: keep every window's field")
-    ap.add_argument("--n-docs", type=int, default=64, help="number of document windows")
+    ap.add_argument("--n-docs", type=int, default=None,
+                    help=f"number of document windows (default {DEFAULT_DOCS}; "
+                         f"{DEFAULT_DOCS_GGUF} for a GGUF decoder: smollm2-135m, gemma3-270m "
+                         "or a .gguf file)")
     ap.add_argument("--length", type=int, default=256,
                     help="tokens per window (at most the model's context)")
     ap.add_argument("--overlap", action="store_true",
@@ -305,11 +308,28 @@ class AnalyzeJob:
         return self.args.corpus if self.token_file is None else str(self.args.tokens)
 
 
+#: windows of a report by default: 64 (the character models, Hugging Face folders, random);
+#: 16 for a GGUF decoder (a real model of 100-300 M parameters: a 16-window report takes
+#: about the time of 64 windows of a character model)
+DEFAULT_DOCS, DEFAULT_DOCS_GGUF = 64, 16
+
+
+def default_docs(model: str) -> int:
+    """The default ``--n-docs`` of ``--model``: ``DEFAULT_DOCS_GGUF`` for a GGUF zoo entry or
+    a ``.gguf`` file, else ``DEFAULT_DOCS``."""
+    from tl_spectral.models.gguf import ENTRIES
+
+    gguf = model in ENTRIES or str(model).lower().endswith(".gguf")
+    return DEFAULT_DOCS_GGUF if gguf else DEFAULT_DOCS
+
+
 def _validate(args: Any) -> AnalyzeJob:
     """Every check of ``tl-spectral analyze``, in order, before any weights load: the numbers'
     ranges, --corpus/--tokens, --sections, --fields, --model, the token file or corpus,
     --out (rank 0), then --length, --bos and --tokens against the model's metadata.
     Raises :class:`UsageError`; afterwards dead leftovers beside --out are removed."""
+    if args.n_docs is None:
+        args.n_docs = default_docs(args.model)
     _int_in("n-docs", args.n_docs, 1, MAX_DOCS)
     _int_in("length", args.length, MIN_LENGTH, 1 << 20)
     _int_in("batch-size", args.batch_size, 1, 1 << 16)

@@ -409,7 +409,9 @@ def linearization_curve(model: GPT, tokens: torch.Tensor, *, ks: Sequence[int] |
 
 @torch.no_grad()
 def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int] | None = None,
-                           name: str | None = None, batch_size: int = 8) -> LinearizationCurve:
+                           name: str | None = None, batch_size: int = 8,
+                           base_ppl: float | None = None,
+                           stop_at: float | None = None) -> LinearizationCurve:
     """Zero-shot linearization curve of a causal TransformerLens model (or ModelView), by
     pattern hooks: for each k the first k layers' patterns are replaced by
     ``α_ij ∝ φ(q_i)·φ(k_j)`` on the model's own ``hook_q`` / ``hook_k``
@@ -417,6 +419,11 @@ def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int
     TransformerBridge) on its rotated ``hook_rot_q`` / ``hook_rot_k``, the vectors whose dot
     product forms the score (after QK-norm where the model has one; a sliding window is not
     applied to the linear pattern). tokens: ``[n, pos + 1]``.
+
+    ``base_ppl``: the model's perplexity on these very windows when already known (k = 0
+    is then not run again). ``stop_at``: stop the curve once two k in a row are at or above
+    ``stop_at`` relative ΔPPL (collapsed: the larger k of the grid cannot come back within any
+    tolerance the curve is read for); the curve then holds the k it ran.
 
     Caveat: on a converted GPT with unequal d_head per layer, ``hook_q`` of a narrower
     layer is scaled by ``sqrt(d_max / d_l)`` (see ``convert``), so its linear pattern differs
@@ -441,8 +448,16 @@ def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int
         raise ValueError(f"tokens must be [n, pos+1], got {tuple(tokens.shape)}")
     L = view.n_layers
     ks = list(range(L + 1)) if ks is None else sorted({0, *[int(k) for k in ks]})
-    ppl = []
+    ppl: list[float] = []
+    stopped = None
     for k in ks:
+        if k == 0 and base_ppl is not None:
+            ppl.append(float(base_ppl))
+            continue
+        if stop_at is not None and len(ppl) >= 3 and \
+                min(ppl[-1], ppl[-2]) / ppl[0] - 1.0 >= stop_at:
+            stopped = k
+            break
         hooks = []
         for l in range(k):
             h = LinearPatternHook(l, view.d_head)
@@ -459,12 +474,15 @@ def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int
                                          tgt.reshape(-1), reduction="sum"))
             cnt += tgt.numel()
         ppl.append(math.exp(tot / cnt))
+    ks = ks[:len(ppl)]
     return LinearizationCurve(
         model_name=name or view.name, attention="tl", normalization="?", n_layers=L, ks=ks,
         base_ppl=ppl[0], ppl_zero_shot=ppl, n_windows=int(tokens.shape[0]),
         seq_len=int(tokens.shape[1] - 1),
         note="zero-shot via TransformerLens pattern hooks"
-             + (" on the rotated queries and keys (hook_rot_q / hook_rot_k)" if rot else ""))
+             + (" on the rotated queries and keys (hook_rot_q / hook_rot_k)" if rot else "")
+             + (f"; stopped before k = {stopped}: two k in a row at or above "
+                f"+{100 * stop_at:.0f}%" if stopped is not None else ""))
 
 
 def _has_rotated_hooks(view: Any) -> bool:

@@ -21,8 +21,18 @@ if TYPE_CHECKING:
     from tl_spectral.viz.context import ReportContext
     from tl_spectral.viz.report import Report
 
-#: windows of the perplexity check (the first ones of the report)
-SANITY_DOCS = 16
+#: windows of the perplexity check (the first ones of the report) on models of up to
+#: ``SHALLOW_LAYERS`` layers; deeper models (real decoders, where one window's pass with a
+#: vocabulary of 50-260 k costs seconds) use ``SANITY_DOCS_DEEP``: a reference of magnitude,
+#: not a measurement (the unigram and random references sit 10-10,000x away)
+SANITY_DOCS, SANITY_DOCS_DEEP, SHALLOW_LAYERS = 16, 4, 12
+
+
+def perplexity_windows(ctx: ReportContext) -> int:
+    """How many of the report's first windows the perplexity passes read (the sanity check
+    and the linearization curve share them, so the curve's k = 0 is the sanity pass's)."""
+    n = SANITY_DOCS if ctx.view.n_layers <= SHALLOW_LAYERS else SANITY_DOCS_DEEP
+    return min(n, int(ctx.tokens.shape[0]))
 
 
 def window_perplexity(view: Any, tokens: Any, mask: Any = None, batch_size: int = 2) -> float:
@@ -117,10 +127,12 @@ class SanitySection:
 def sanity_perplexities(ctx: ReportContext) -> dict[str, Any]:
     """The sanity pass: perplexity of the model, of its random-weight twin and of a unigram
     model on the first ``SANITY_DOCS`` windows (a JSON-able row)."""
-    n = min(SANITY_DOCS, int(ctx.tokens.shape[0]))
+    n = perplexity_windows(ctx)
     toks = ctx.tokens[:n]
     mask = None if ctx.mask is None else ctx.mask[:n]
     ppl = window_perplexity(ctx.view, toks, mask)
+    if mask is None or bool(mask.all()):  # every token real: the curve's k = 0 exactly
+        ctx.baseline_cache[("model_ppl", n)] = ppl
     ppl_rand = _random_twin_perplexity(ctx, toks, mask)
     n_pred = int(mask[:, 1:].sum()) if mask is not None else n * (int(toks.shape[1]) - 1)
     return {"model_ppl": ppl, "random_weights_ppl": ppl_rand,

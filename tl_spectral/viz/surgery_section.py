@@ -26,8 +26,6 @@ class SurgerySection:
     key = "surgery"
     title = "Spectral surgery (zero-shot linearization)"
     order = 50
-    #: documents of the linearization curve
-    n_docs = 16
 
     def probes(self, ctx: ReportContext) -> list:
         return []
@@ -39,15 +37,20 @@ class SurgerySection:
                           self.curve)]
 
     def curve(self, ctx: ReportContext) -> Any:
-        """The pass: the zero-shot linearization curve on the first windows (a
-        ``LinearizationCurve``), or the reason it cannot run (a str)."""
+        """The pass: the zero-shot linearization curve on the windows of the perplexity check
+        (its k = 0 is the sanity pass's perplexity when that ran), stopped on deep models
+        once it has collapsed (``COLLAPSED``); a ``LinearizationCurve``, or the reason it
+        cannot run (a str)."""
         from tl_spectral.interventions.surgery import tl_linearization_curve
+        from tl_spectral.viz.sanity_section import perplexity_windows
 
+        n = perplexity_windows(ctx)
         deep = ctx.view.n_layers > EVERY_K_UP_TO
-        toks = ctx.tokens[:self.n_docs // 2 if deep else self.n_docs]
         try:
-            return tl_linearization_curve(ctx.view, toks, name=ctx.view.name,
-                                          ks=curve_ks(ctx.view.n_layers))
+            return tl_linearization_curve(
+                ctx.view, ctx.tokens[:n], name=ctx.view.name, ks=curve_ks(ctx.view.n_layers),
+                base_ppl=ctx.baseline_cache.get(("model_ppl", n)),
+                stop_at=COLLAPSED if deep else None)
         except ValueError as e:
             return str(e)
 
@@ -86,8 +89,9 @@ class SurgerySection:
             f"({curve.seq_len} predicted tokens each): PPL {curve.base_ppl:.4g} with "
             f"softmax everywhere; {_layers(curve.max_k_within(0.05))} stay within 5%"
             + ("." if ctx.view.n_layers <= EVERY_K_UP_TO else
-               f" (k on a grid of {len(curve.ks)} values, one forward pass each: the table "
-               "lists them; the count is the largest grid value within 5%)."))
+               f" (k on a grid of values, one forward pass each, stopped once two in a row "
+               f"are at or above +{100 * COLLAPSED:.0f}%: the table lists the "
+               f"{len(curve.ks)} that ran; the count is the largest grid value within 5%)."))
         report.finding(
             f"Linearization: {_layers(curve.max_k_within(0.05))} can be replaced by "
             f"linear attention within 5% perplexity (base PPL {curve.base_ppl:.4g}, "
@@ -99,9 +103,11 @@ class SurgerySection:
                       "layers that need softmax).")
 
 
-#: up to this many layers the curve linearizes every k (on ``n_docs`` windows); deeper models
-#: a grid of about 10 k on half the windows
+#: up to this many layers the curve linearizes every k; deeper models a grid of about 10 k,
+#: stopped once two k in a row are at or above ``COLLAPSED`` relative ΔPPL (+100%: the
+#: perplexity doubled; a larger k does not come back within 5%)
 EVERY_K_UP_TO = 12
+COLLAPSED = 1.0
 
 
 def curve_ks(n_layers: int) -> list[int]:
