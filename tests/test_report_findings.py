@@ -357,3 +357,33 @@ def test_linearization_curve_reuses_a_known_base_and_stops_once_collapsed(tmp_pa
     assert cut.ppl_zero_shot == pytest.approx(full.ppl_zero_shot[:3], rel=1e-6)
     # a threshold never reached: the whole curve
     assert tl_linearization_curve(model, toks, stop_at=1e9).ks == full.ks
+
+
+def test_window_perplexity_is_the_cross_entropy_of_the_real_targets(tmp_path, monkeypatch):
+    """``nll_sum`` (and the sanity check's ``window_perplexity`` on it) against a brute force:
+    the cross-entropy of every real target from one full forward pass, whatever the rows per
+    pass (a logit budget of one row forces one window at a time)."""
+    import math
+
+    import torch.nn.functional as F
+    from _tiny_hf import tiny_bridge
+
+    import tl_spectral.probes.interventions as iv
+    from tl_spectral.model_view import ModelView
+    from tl_spectral.viz.sanity_section import window_perplexity
+
+    model = tiny_bridge("llama", tmp_path / "l", n_layers=2)
+    toks = torch.randint(1, 60, (3, 10), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(3, 10, dtype=torch.bool)
+    mask[2, 7:] = False  # right padding of the last window
+    with torch.no_grad():
+        logits = model(toks[:, :-1], return_type="logits").float()
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), toks[:, 1:].reshape(-1),
+                         reduction="none").reshape(3, 9)
+    keep = mask[:, 1:]
+    brute = math.exp(float(ce[keep].double().mean()))
+    view = ModelView(model)
+    assert window_perplexity(view, toks, mask) == pytest.approx(brute, rel=1e-5)
+    monkeypatch.setattr(iv, "LOGIT_BUDGET", 1)  # one row a pass
+    tot, cnt = iv.nll_sum(view, toks, mask)
+    assert cnt == int(keep.sum()) and math.exp(tot / cnt) == pytest.approx(brute, rel=1e-5)

@@ -431,6 +431,7 @@ def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int
     """
     from tl_spectral.model_view import ModelView
     from tl_spectral.models.convert import LinearPatternHook
+    from tl_spectral.probes.interventions import nll_sum
 
     tokens = as_token_tensor(tokens, "tokens", min_len=2)
     view = model if isinstance(model, ModelView) else ModelView(model)
@@ -465,14 +466,7 @@ def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int
             if rot:  # the rotated vectors (after any QK-norm): their dot product is the score
                 n = {**n, "q": f"blocks.{l}.attn.hook_rot_q", "k": f"blocks.{l}.attn.hook_rot_k"}
             hooks += [(n["q"], h.capture_q), (n["k"], h.capture_k), (n["pattern"], h.pattern)]
-        tot, cnt = 0.0, 0
-        for s in range(0, tokens.shape[0], batch_size):
-            w = tokens[s:s + batch_size]
-            logits = view.run(w[:, :-1], fwd_hooks=hooks)
-            tgt = w[:, 1:].to(logits.device)
-            tot += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                         tgt.reshape(-1), reduction="sum"))
-            cnt += tgt.numel()
+        tot, cnt = nll_sum(view, tokens, fwd_hooks=hooks, max_rows=batch_size)
         ppl.append(math.exp(tot / cnt))
     ks = ks[:len(ppl)]
     return LinearizationCurve(

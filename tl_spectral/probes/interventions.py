@@ -14,7 +14,7 @@ from tl_spectral.probes.base import StopForward
 from tl_spectral.probes.runner import Corpus
 
 __all__ = ["LOGIT_BUDGET", "METRICS", "DamageMetric", "by_length", "logit_rows", "next_token_nll",
-           "padding_attention_mask"]
+           "nll_sum", "padding_attention_mask"]
 
 #: the damage metrics: PPL change (decoders), embedding distance (encoders)
 METRICS = ("delta_ppl", "embedding_distance")
@@ -49,6 +49,39 @@ def next_token_nll(logits: Tensor, tokens: Tensor) -> Tensor:
     for r in range(logits.shape[0]):
         row = logits[r, :-1].float()
         out[r] = torch.logsumexp(row, -1) - row.gather(-1, tgt[r].unsqueeze(-1)).squeeze(-1)
+    return out
+
+
+def nll_sum(view: ModelView, tokens: Tensor, mask: Optional[Tensor] = None,
+            fwd_hooks: Optional[list] = None, max_rows: int = 8) -> tuple[float, int]:
+    """Sum and count of the next-token NLL of ``view`` on the windows ``tokens [n, T]``
+    (targets at positions 1…T−1 where ``mask`` marks real tokens; with ``fwd_hooks`` in every
+    pass): at most ``max_rows`` windows a pass and never more logits than
+    :data:`LOGIT_BUDGET` at once, the NLL taken row by row (:func:`next_token_nll`, no
+    ``log_softmax`` copy). ``exp(sum / count)`` is the perplexity."""
+    rows = max(1, min(int(max_rows), logit_rows(view, int(tokens.shape[1]) - 1)))
+    tot, cnt = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, int(tokens.shape[0]), rows):
+            w = tokens[s:s + rows]
+            kw = {"fwd_hooks": fwd_hooks} if fwd_hooks else {"return_type": "logits"}
+            logits = view.run(w[:, :-1], **kw)
+            nll = _nll_rows(logits, w[:, 1:])
+            keep = torch.ones_like(nll, dtype=torch.bool) if mask is None \
+                else mask[s:s + rows, 1:].to(nll.device).bool()
+            tot += float(nll[keep].double().sum())
+            cnt += int(keep.sum())
+            del logits
+    return tot, cnt
+
+
+def _nll_rows(logits: Tensor, targets: Tensor) -> Tensor:
+    """``[rows, T]`` NLL of ``targets`` under ``logits [rows, T, V]``, row by row."""
+    out = torch.empty(targets.shape, dtype=torch.float32, device=logits.device)
+    targets = targets.to(logits.device)
+    for r in range(logits.shape[0]):
+        row = logits[r].float()
+        out[r] = torch.logsumexp(row, -1) - row.gather(-1, targets[r].unsqueeze(-1)).squeeze(-1)
     return out
 
 

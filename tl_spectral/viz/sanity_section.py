@@ -35,26 +35,14 @@ def perplexity_windows(ctx: ReportContext) -> int:
     return min(n, int(ctx.tokens.shape[0]))
 
 
-def window_perplexity(view: Any, tokens: Any, mask: Any = None, batch_size: int = 2) -> float:
+def window_perplexity(view: Any, tokens: Any, mask: Any = None, batch_size: int = 8) -> float:
     """Next-token perplexity of ``view`` on the windows ``tokens [n, T]`` (targets at
     positions 1…T−1 where ``mask`` marks real tokens), a few windows at a time so the logits
-    of a large vocabulary never exist for all windows at once."""
-    import torch
-    import torch.nn.functional as F
+    of a large vocabulary never exist for all windows at once
+    (:func:`~tl_spectral.probes.interventions.nll_sum`)."""
+    from tl_spectral.probes.interventions import nll_sum
 
-    tot, cnt = 0.0, 0
-    with torch.no_grad():
-        for s in range(0, int(tokens.shape[0]), batch_size):
-            w = tokens[s:s + batch_size]
-            logits = view.run(w[:, :-1], return_type="logits")
-            tgt = w[:, 1:].to(logits.device)
-            keep = torch.ones_like(tgt, dtype=torch.bool) if mask is None \
-                else mask[s:s + batch_size, 1:].to(logits.device).bool()
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                   tgt.reshape(-1), reduction="none")
-            tot += float(loss[keep.reshape(-1)].sum())
-            cnt += int(keep.sum())
-            del logits
+    tot, cnt = nll_sum(view, tokens, mask, max_rows=batch_size)
     return math.exp(tot / max(cnt, 1))
 
 
