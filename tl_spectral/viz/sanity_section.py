@@ -23,15 +23,17 @@ if TYPE_CHECKING:
 
 #: windows of the perplexity check (the first ones of the report) on models of up to
 #: ``SHALLOW_LAYERS`` layers; deeper models (real decoders, where one window's pass with a
-#: vocabulary of 50-260 k costs seconds) use ``SANITY_DOCS_DEEP``: a reference of magnitude,
-#: not a measurement (the unigram and random references sit 10-10,000x away)
-SANITY_DOCS, SANITY_DOCS_DEEP, SHALLOW_LAYERS = 16, 4, 12
+#: vocabulary of 50-260 k costs seconds) read about ``SANITY_TOKENS_DEEP`` tokens (4 windows
+#: of 256, 1 of 1,024): a reference of magnitude, not a measurement (the unigram and random
+#: references sit 10-10,000x away)
+SANITY_DOCS, SANITY_TOKENS_DEEP, SHALLOW_LAYERS = 16, 1024, 12
 
 
 def perplexity_windows(ctx: ReportContext) -> int:
     """How many of the report's first windows the perplexity passes read (the sanity check
     and the linearization curve share them, so the curve's k = 0 is the sanity pass's)."""
-    n = SANITY_DOCS if ctx.view.n_layers <= SHALLOW_LAYERS else SANITY_DOCS_DEEP
+    n = SANITY_DOCS if ctx.view.n_layers <= SHALLOW_LAYERS else \
+        max(1, round(SANITY_TOKENS_DEEP / int(ctx.tokens.shape[1])))
     return min(n, int(ctx.tokens.shape[0]))
 
 
