@@ -1,4 +1,5 @@
-"""Command line: ``tl-spectral analyze | tokenize | train | study NAME | geometry | --version``.
+"""Command line: ``tl-spectral analyze | render | tokenize | train | study NAME | geometry |
+--version``.
 
 Every user error is one line on stderr with exit status 2 (``--debug`` anywhere on the
 command line shows the traceback instead). Arguments are validated before a model loads.
@@ -881,6 +882,44 @@ def geometry(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------- render
+RENDER = "tl-spectral render"
+
+
+def render(argv: Optional[list[str]] = None) -> int:
+    """``tl-spectral render FOLDER [--out NEW]``: the report in FOLDER rendered again from its
+    saved state (``results/report_state.json``), without its model
+    (:func:`tl_spectral.viz.sections.rerender`); in place with ``--overwrite``."""
+    from tl_spectral.viz.report_state import STATE_FILE
+
+    ap = ArgumentParser(prog=RENDER, description="Render a report folder written by "
+                        "tl-spectral analyze again from its saved results, without the model.")
+    ap.add_argument("folder", help="a report folder (tl-spectral analyze --out)")
+    ap.add_argument("--out", default=None,
+                    help="a new folder for the page (default: FOLDER itself, with --overwrite)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace an earlier report in --out (or FOLDER) whole")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    folder = Path(args.folder)
+    if not (folder / REPORT_MARKER).is_file():
+        raise UsageError(f"{RENDER}: {folder} is not a tl_spectral report (no {REPORT_MARKER}); "
+                         "pass a folder written by tl-spectral analyze --out")
+    if not (folder / "results" / STATE_FILE).is_file():
+        raise UsageError(f"{RENDER}: {folder} has no saved report state (results/{STATE_FILE}: "
+                         "written by an older tl-spectral); run tl-spectral analyze again")
+    out = out_path(args.out) if args.out is not None else folder.resolve()
+    if out == folder.resolve() and not args.overwrite:
+        raise UsageError(f"{RENDER}: re-rendering {folder} in place replaces it whole; pass "
+                         "--overwrite, or --out NEW for a new folder")
+    check_out_dir(out, args.overwrite)
+    _remove_dead_leftovers(out.parent, _out_leftover_patterns(out))
+    from tl_spectral.viz.sections import rerender
+
+    print(rerender(folder, out, progress=not args.no_progress).resolve())
+    return 0
+
+
 # -------------------------------------------------------------------------------- study
 STUDY_GROUP = "tl_spectral.studies"
 
@@ -912,12 +951,13 @@ def study(argv: Optional[list[str]] = None) -> int:
 
 
 # --------------------------------------------------------------------------------- main
-COMMANDS = {"analyze": analyze, "tokenize": tokenize, "train": train, "study": study,
-            "geometry": geometry}
+COMMANDS = {"analyze": analyze, "render": render, "tokenize": tokenize, "train": train,
+            "study": study, "geometry": geometry}
 
-USAGE = """usage: tl-spectral {analyze,tokenize,train,study,geometry} [options] | --version
+USAGE = """usage: tl-spectral {analyze,render,tokenize,train,study,geometry} [options] | --version
 
   analyze    run the probes on a model and corpus, write an offline HTML report
+  render     render a report folder again from its saved results, without the model
   tokenize   tokenize text into a token file that analyze --tokens reads lazily
   train      train a model of the project's GPT family from a JSON config
   study      the paper reproductions: study NAME (routing, surgery, scale-pod, contributions)

@@ -157,7 +157,17 @@ def _save_windows(ctx: Any, folder: Path) -> str:
         tensors["mask"] = torch.as_tensor(ctx.mask).detach().cpu().contiguous()
     rel = f"{STATE_DIR}/windows.safetensors"
     save_file(tensors, str(folder / rel))
+    _user_mode(folder / rel)
     return rel
+
+
+def _user_mode(path: Path) -> None:
+    """The permissions of a file the user creates (safetensors writes 0o600)."""
+    import os
+
+    from tl_spectral.files import current_umask
+
+    os.chmod(path, 0o666 & ~current_umask())
 
 
 def _save_value(value: Any, key: str, folder: Path) -> dict:
@@ -191,6 +201,7 @@ def _save_tensor_dict(value: dict, plain: dict, key: str, folder: Path) -> dict:
     rel = f"{STATE_DIR}/{key}.safetensors"
     save_file(tensors, str(folder / rel),
               metadata={"tl_spectral_state": json.dumps({"plain": plain, "order": order})})
+    _user_mode(folder / rel)
     return {"kind": "tensors", "file": rel}
 
 

@@ -495,14 +495,14 @@ def render_report(ctx: ReportContext, secs: list, results: dict[str, Any],
     t = time.perf_counter()
     index = report.write(ctx.out_dir)
     timings["write"] = time.perf_counter() - t
+    t = time.perf_counter()
+    save_state(ctx, secs, results, title)
+    timings["save state"] = time.perf_counter() - t
     # the phases' times beside the report's summary (benchmarks/report_stages.py reads them)
     rj = ctx.out_dir / "report.json"
     doc = json.loads(rj.read_text(encoding="utf-8"))
     doc["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
     rj.write_text(json.dumps(doc, indent=2), encoding="utf-8")
-    t = time.perf_counter()
-    save_state(ctx, secs, results, title)
-    timings["save state"] = time.perf_counter() - t
     ctx.status(f"done: {index.name} written")  # (the CLI prints its final path after the swap)
     return index
 
