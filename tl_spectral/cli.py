@@ -40,10 +40,11 @@ from tl_spectral.outdirs import (  # noqa: F401 - the CLI's names for them
     DirLock as _DirLock,
 )
 from tl_spectral.outdirs import (
-    out_leftover_patterns as _out_leftover_patterns,
+    check_out_dir,
+    out_path,
 )
 from tl_spectral.outdirs import (
-    out_path,
+    out_leftover_patterns as _out_leftover_patterns,
 )
 from tl_spectral.outdirs import (
     path_identity as _identity,
@@ -142,35 +143,6 @@ def load_named_model(name: str) -> tuple[Any, Any]:
         return _f(name)
     except ImportError as e:  # a package the model needs is not installed: say which
         raise UsageError(_one_line(e)) from None
-
-
-def check_out_dir(out: Path, overwrite: bool, *, marker: str = REPORT_MARKER,
-                  what: str = "report") -> None:
-    """``--out``: a folder we may write a report into. A file, an unwritable place, or a
-    non-empty folder that is not a tl_spectral report are refused; an earlier report only
-    with ``overwrite``. (``marker``/``what``: the file that marks, and the name of, another
-    kind of output folder, e.g. ``tl-spectral geometry``'s).
-    """
-    if out.is_symlink():
-        raise UsageError(f"--out {out} is a symbolic link; pass the folder it points to "
-                         f"({out.resolve()}) or a new folder")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; pass a folder for the {what}")
-    if out.is_dir() and any(out.iterdir()):
-        if not (out / marker).is_file():
-            raise UsageError(f"--out {out} is a non-empty folder that is not a tl_spectral "
-                             f"{what}; pass an empty or new folder")
-        if not overwrite:
-            raise UsageError(f"--out {out} holds an earlier {what}; pass --overwrite to "
-                             "replace it whole, or choose another folder")
-    base = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
-    if not base.is_dir():
-        raise UsageError(f"--out {out}: {base} is a file, not a folder; pass a folder")
-    try:  # a real probe: permission bits say little when running as root
-        tempfile.TemporaryDirectory(dir=base).cleanup()
-    except OSError as e:
-        raise UsageError(f"--out {out}: {base} is not writable ({e.strerror}); pass a folder "
-                         "you can write to") from None
 
 
 #: The shortest ``--length``: the scale POD (and the wavelets' default scales) need T ≥ 4.
@@ -882,44 +854,6 @@ def geometry(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
-# ------------------------------------------------------------------------------- render
-RENDER = "tl-spectral render"
-
-
-def render(argv: Optional[list[str]] = None) -> int:
-    """``tl-spectral render FOLDER [--out NEW]``: the report in FOLDER rendered again from its
-    saved state (``results/report_state.json``), without its model
-    (:func:`tl_spectral.viz.sections.rerender`); in place with ``--overwrite``."""
-    from tl_spectral.viz.report_state import STATE_FILE
-
-    ap = ArgumentParser(prog=RENDER, description="Render a report folder written by "
-                        "tl-spectral analyze again from its saved results, without the model.")
-    ap.add_argument("folder", help="a report folder (tl-spectral analyze --out)")
-    ap.add_argument("--out", default=None,
-                    help="a new folder for the page (default: FOLDER itself, with --overwrite)")
-    ap.add_argument("--overwrite", action="store_true",
-                    help="replace an earlier report in --out (or FOLDER) whole")
-    ap.add_argument("--no-progress", action="store_true")
-    args = ap.parse_args(argv)
-    folder = Path(args.folder)
-    if not (folder / REPORT_MARKER).is_file():
-        raise UsageError(f"{RENDER}: {folder} is not a tl_spectral report (no {REPORT_MARKER}); "
-                         "pass a folder written by tl-spectral analyze --out")
-    if not (folder / "results" / STATE_FILE).is_file():
-        raise UsageError(f"{RENDER}: {folder} has no saved report state (results/{STATE_FILE}: "
-                         "written by an older tl-spectral); run tl-spectral analyze again")
-    out = out_path(args.out) if args.out is not None else folder.resolve()
-    if out == folder.resolve() and not args.overwrite:
-        raise UsageError(f"{RENDER}: re-rendering {folder} in place replaces it whole; pass "
-                         "--overwrite, or --out NEW for a new folder")
-    check_out_dir(out, args.overwrite)
-    _remove_dead_leftovers(out.parent, _out_leftover_patterns(out))
-    from tl_spectral.viz.sections import rerender
-
-    print(rerender(folder, out, progress=not args.no_progress).resolve())
-    return 0
-
-
 # -------------------------------------------------------------------------------- study
 STUDY_GROUP = "tl_spectral.studies"
 
@@ -951,6 +885,8 @@ def study(argv: Optional[list[str]] = None) -> int:
 
 
 # --------------------------------------------------------------------------------- main
+from tl_spectral.cli_render import render  # noqa: E402 - tl-spectral render
+
 COMMANDS = {"analyze": analyze, "render": render, "tokenize": tokenize, "train": train,
             "study": study, "geometry": geometry}
 
