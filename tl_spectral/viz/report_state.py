@@ -12,7 +12,7 @@ read (:class:`ReadLog` records them), where it is:
 * a :class:`~tl_spectral.results.Result`: a ``.safetensors`` file (``Result.save``); one a
   section already saved byte for byte under ``results/`` is not written twice;
 * a plain JSON value (dict, list, str, number, bool, None): in the manifest, or in
-  ``results/state/<key>.json`` when large;
+  ``results/state/<key>.json.gz`` (gzip) when large;
 * a flat dict of tensors and plain values (e.g. ``{layer: tensor}``): a ``.safetensors`` file
   of its tensors, the plain values and the keys' order in its metadata.
 
@@ -23,6 +23,7 @@ which result it lacks).
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -183,8 +184,9 @@ def _save_value(value: Any, key: str, folder: Path) -> dict:
         text = json.dumps(value)
         if len(text) <= INLINE_JSON:
             return {"kind": "json", "value": value}
-        rel = f"{STATE_DIR}/{key}.json"
-        (folder / rel).write_text(text, encoding="utf-8")
+        rel = f"{STATE_DIR}/{key}.json.gz"
+        # no time stamp in the header: the same state gives the same bytes
+        (folder / rel).write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
         return {"kind": "json", "file": rel}
     if _is_tensor_dict(value):
         plain = {str(k): v for k, v in value.items() if not _is_tensor(v)}
@@ -250,7 +252,7 @@ def _load_value(entry: dict, key: str, folder: Path) -> Any:
         return Result.load(folder / entry["file"])
     if kind == "json":
         if "file" in entry:
-            return json.loads((folder / entry["file"]).read_text(encoding="utf-8"))
+            return json.loads(gzip.decompress((folder / entry["file"]).read_bytes()))
         return entry["value"]
     if kind == "tensors":
         from safetensors import safe_open

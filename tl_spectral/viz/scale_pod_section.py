@@ -23,15 +23,6 @@ def _layers_text(items: list[tuple[int, float]]) -> str:
     return ", ".join(f"{lay} ({100 * v:.0f}%)" for lay, v in items)
 
 
-def shown_scale_pod(pod: Any) -> Any:
-    """A copy of a ScalePODResult without the POD modes (what the report shows of a scale
-    POD: the first modes go to the mosaic's panels), the scalograms as they are."""
-    layers = [dataclasses.replace(lay, full_modes=lay.full_modes[:0].clone(),
-                                  band_modes={k: v[:0].clone() for k, v in lay.band_modes.items()})
-              for lay in pod.layers]
-    return dataclasses.replace(pod, layers=layers)
-
-
 def _tensor(a: Any) -> Any:
     """A numpy array as a tensor (what a report's saved state holds)."""
     import torch
@@ -122,9 +113,9 @@ class ScalePODSection:
             from tl_spectral.viz.multiples import modes_panels
 
             modes = modes_panels(pod)
-            out[f"scale_pod{sfx}"] = pod if ctx.save_raw else shown_scale_pod(pod)
+            out[f"scale_pod{sfx}"] = pod if ctx.save_raw else slim_scale_pod(pod)
             out[f"scale_pod_modes{sfx}"] = None if modes is None else {
-                **modes, "panels": _tensor(modes["panels"])}
+                **modes, "panels": _tensor(modes["panels"]).float()}
             out[f"scale_pod_intervals{sfx}"] = _intervals(fields, pod, ctx, FIELD_TEXT[f][0])
             base = results.get(f"baseline_{f}")
             out[f"scale_pod_baseline{sfx}"] = None if base is None else [
