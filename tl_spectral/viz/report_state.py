@@ -137,7 +137,8 @@ def save_state(ctx: Any, sections: list, results: ReadLog, title: Optional[str])
         "results": entries,
     }
     path = folder / STATE_FILE
-    path.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    # default=str: a header line given as another type (a Path) is saved as the page shows it
+    path.write_text(json.dumps(manifest, indent=1, default=str), encoding="utf-8")
     return path
 
 
