@@ -26,12 +26,14 @@ def _ctx(tmp_path, model_name="char-shakespeare", n=3, T=24, **options):
 
 @pytest.mark.parametrize("name", ["char-shakespeare", "char-shakespeare-rotary"])
 def test_sections_render_without_touching_the_model(tmp_path, monkeypatch, name):
-    """After the probe pass and the model passes, rendering every section runs no forward
-    pass and reads no weight: the model's forward and ModelView.run raise."""
+    """After the probe pass and the model passes, the derive step and rendering every
+    section run no forward pass and read no weight: the model's forward and ModelView.run
+    raise."""
     from tl_spectral.model_view import ModelView
     from tl_spectral.viz.sections import (
         plan_report,
         render_report,
+        run_derive,
         run_model_passes,
         run_probe_pass,
     )
@@ -53,12 +55,15 @@ def test_sections_render_without_touching_the_model(tmp_path, monkeypatch, name)
     monkeypatch.setattr(ModelView, "run", refuse)
     monkeypatch.setattr(type(ctx.view.model), "forward", refuse)
     monkeypatch.setattr(type(ctx.view.model), "parameters", refuse)
+    run_derive(ctx, plan, results)
+    assert {"attention_stats_shown", "attention_views", "scale_pod", "scale_pod_intervals",
+            "contribution_views"} <= set(results)
     index = render_report(ctx, plan.sections, results)
     html = index.read_text()
     assert "Sanity" in html and "linearization" in html.lower()
     # one stage-table row per pass, beside the probe pass and each section
     assert {f"pass {k}" for k in keys} <= set(ctx.timings)
-    assert "probe pass" in ctx.timings
+    assert "probe pass" in ctx.timings and "derive scale_pod" in ctx.timings
 
 
 def test_a_pass_key_declared_twice_runs_once(tmp_path):

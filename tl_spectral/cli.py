@@ -1,4 +1,5 @@
-"""Command line: ``tl-spectral analyze | tokenize | train | study NAME | geometry | --version``.
+"""Command line: ``tl-spectral analyze | render | tokenize | train | study NAME | geometry |
+--version``.
 
 Every user error is one line on stderr with exit status 2 (``--debug`` anywhere on the
 command line shows the traceback instead). Arguments are validated before a model loads.
@@ -39,10 +40,11 @@ from tl_spectral.outdirs import (  # noqa: F401 - the CLI's names for them
     DirLock as _DirLock,
 )
 from tl_spectral.outdirs import (
-    out_leftover_patterns as _out_leftover_patterns,
+    check_out_dir,
+    out_path,
 )
 from tl_spectral.outdirs import (
-    out_path,
+    out_leftover_patterns as _out_leftover_patterns,
 )
 from tl_spectral.outdirs import (
     path_identity as _identity,
@@ -141,35 +143,6 @@ def load_named_model(name: str) -> tuple[Any, Any]:
         return _f(name)
     except ImportError as e:  # a package the model needs is not installed: say which
         raise UsageError(_one_line(e)) from None
-
-
-def check_out_dir(out: Path, overwrite: bool, *, marker: str = REPORT_MARKER,
-                  what: str = "report") -> None:
-    """``--out``: a folder we may write a report into. A file, an unwritable place, or a
-    non-empty folder that is not a tl_spectral report are refused; an earlier report only
-    with ``overwrite``. (``marker``/``what``: the file that marks, and the name of, another
-    kind of output folder, e.g. ``tl-spectral geometry``'s).
-    """
-    if out.is_symlink():
-        raise UsageError(f"--out {out} is a symbolic link; pass the folder it points to "
-                         f"({out.resolve()}) or a new folder")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; pass a folder for the {what}")
-    if out.is_dir() and any(out.iterdir()):
-        if not (out / marker).is_file():
-            raise UsageError(f"--out {out} is a non-empty folder that is not a tl_spectral "
-                             f"{what}; pass an empty or new folder")
-        if not overwrite:
-            raise UsageError(f"--out {out} holds an earlier {what}; pass --overwrite to "
-                             "replace it whole, or choose another folder")
-    base = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
-    if not base.is_dir():
-        raise UsageError(f"--out {out}: {base} is a file, not a folder; pass a folder")
-    try:  # a real probe: permission bits say little when running as root
-        tempfile.TemporaryDirectory(dir=base).cleanup()
-    except OSError as e:
-        raise UsageError(f"--out {out}: {base} is not writable ({e.strerror}); pass a folder "
-                         "you can write to") from None
 
 
 #: The shortest ``--length``: the scale POD (and the wavelets' default scales) need T ≥ 4.
@@ -932,12 +905,15 @@ def study(argv: Optional[list[str]] = None) -> int:
 
 
 # --------------------------------------------------------------------------------- main
-COMMANDS = {"analyze": analyze, "tokenize": tokenize, "train": train, "study": study,
-            "geometry": geometry}
+from tl_spectral.cli_render import render  # noqa: E402 - tl-spectral render
 
-USAGE = """usage: tl-spectral {analyze,tokenize,train,study,geometry} [options] | --version
+COMMANDS = {"analyze": analyze, "render": render, "tokenize": tokenize, "train": train,
+            "study": study, "geometry": geometry}
+
+USAGE = """usage: tl-spectral {analyze,render,tokenize,train,study,geometry} [options] | --version
 
   analyze    run the probes on a model and corpus, write an offline HTML report
+  render     render a report folder again from its saved results, without the model
   tokenize   tokenize text into a token file that analyze --tokens reads lazily
   train      train a model of the project's GPT family from a JSON config
   study      the paper reproductions: study NAME (routing, surgery, scale-pod, contributions)

@@ -20,6 +20,36 @@ from tl_spectral.usage import UsageError
 REPORT_MARKER = ".tl_spectral_report.json"
 
 
+def check_out_dir(out: Path, overwrite: bool, *, marker: str = REPORT_MARKER,
+                  what: str = "report") -> None:
+    """``--out``: a folder we may write a report into. A file, an unwritable place, or a
+    non-empty folder that is not a tl_spectral report are refused; an earlier report only
+    with ``overwrite``. (``marker``/``what``: the file that marks, and the name of, another
+    kind of output folder, e.g. ``tl-spectral geometry``'s).
+    """
+    if out.is_symlink():
+        raise UsageError(f"--out {out} is a symbolic link; pass the folder it points to "
+                         f"({out.resolve()}) or a new folder")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; pass a folder for the {what}")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / marker).is_file():
+            raise UsageError(f"--out {out} is a non-empty folder that is not a tl_spectral "
+                             f"{what}; pass an empty or new folder")
+        if not overwrite:
+            raise UsageError(f"--out {out} holds an earlier {what}; pass --overwrite to "
+                             "replace it whole, or choose another folder")
+    base = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
+    if not base.is_dir():
+        raise UsageError(f"--out {out}: {base} is a file, not a folder; pass a folder")
+    try:  # a real probe: permission bits say little when running as root
+        tempfile.TemporaryDirectory(dir=base).cleanup()
+    except OSError as e:
+        raise UsageError(f"--out {out}: {base} is not writable ({e.strerror}); pass a folder "
+                         "you can write to") from None
+
+
+
 def out_path(value: str) -> Path:
     """``--out`` as an absolute path (its last component not followed): the current folder
     or one above it is refused (the output replaces the folder whole)."""

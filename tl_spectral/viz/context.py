@@ -123,6 +123,8 @@ class ReportContext:
     #: when the run started (``time.perf_counter()``): status lines show the seconds since
     #: (``tl-spectral analyze`` passes its own start, so the times run on from loading)
     t0: float = field(default_factory=time.perf_counter, repr=False)
+    #: {token ids: display strings} of every ``token_strings`` call (saved for re-rendering)
+    token_record: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.options = ReportOptions.of(self.options)
@@ -152,8 +154,16 @@ class ReportContext:
         self.head_roles.setdefault((int(layer), int(head)), []).append(role)
 
     def token_strings(self, ids) -> list[str]:
-        """One display string per token, decoded the tokenizer's way (:func:`token_strings`)."""
-        return token_strings(self.tokenizer, ids)
+        """One display string per token, decoded the tokenizer's way (:func:`token_strings`);
+        every answer is recorded in ``token_record`` (what a re-render replays: a
+        :class:`TokenRecord` in place of the tokenizer answers from it)."""
+        key = tuple(int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids))
+        if isinstance(self.tokenizer, TokenRecord):
+            out = self.tokenizer.strings(key)
+        else:
+            out = token_strings(self.tokenizer, ids)
+        self.token_record[key] = list(out)
+        return out
 
 
 @dataclass(frozen=True)
@@ -193,8 +203,78 @@ class ReportSection:
     def passes(self, ctx: ReportContext) -> list[ModelPass]:
         return []
 
+    def derive(self, results: dict[str, Any], ctx: ReportContext) -> dict[str, Any]:
+        """Small results computed from big ones (no model): run by the plan after the model
+        passes; they join ``results`` and are what ``render`` reads instead of the big ones,
+        so that a report re-renders from its saved ``results/``. Values: Results, plain
+        JSON values, or flat dicts of tensors and plain values. Default: none."""
+        return {}
+
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What a report's renders read of its model (``ctx.view``), without the model: saved
+    with the report's results (``results/report_state.json``) and standing in for the
+    :class:`~tl_spectral.model_view.ModelView` when a report is re-rendered.
+
+    ``layer_types``: the layers' kinds (``"local"``/``"global"``) when the model mixes them,
+    else None; ``sliding_window``: the local layers' window (None: not said);
+    ``rmsnorm_uses_offset``: RMSNorm's gain is ``1 + w`` (Gemma). :func:`~tl_spectral.viz.
+    layer_plots.layer_kinds`, ``kinds_note`` and the routing section's ``norm_folded`` read
+    them as they read a model's configuration."""
+
+    name: str
+    n_layers: int
+    n_heads: int
+    d_head: int
+    d_model: int
+    d_vocab: int
+    n_ctx: int
+    causal: bool
+    positional: str
+    normalization: Optional[str]
+    pre_ln: bool
+    layer_types: Optional[list] = None
+    sliding_window: Optional[int] = None
+    rmsnorm_uses_offset: bool = False
+
+    @classmethod
+    def of(cls, view: Any) -> ModelDescription:
+        """The description of a ModelView (a description is returned as it is)."""
+        if isinstance(view, cls):
+            return view
+        from tl_spectral.viz.layer_plots import layer_kinds, sliding_window
+
+        cfg = getattr(getattr(view, "model", None), "cfg", None)
+        return cls(name=str(view.name), n_layers=int(view.n_layers), n_heads=int(view.n_heads),
+                   d_head=int(view.d_head), d_model=int(view.d_model),
+                   d_vocab=int(getattr(view, "d_vocab", -1)), n_ctx=int(view.n_ctx),
+                   causal=bool(view.causal), positional=str(view.positional),
+                   normalization=getattr(view, "normalization", None),
+                   pre_ln=bool(getattr(view, "pre_ln", True)), layer_types=layer_kinds(view),
+                   sliding_window=sliding_window(view),
+                   rmsnorm_uses_offset=bool(getattr(cfg, "rmsnorm_uses_offset", False)))
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class TokenRecord:
+    """The display strings a run's ``ctx.token_strings`` returned, by token ids: the
+    tokenizer of a re-rendered report (:meth:`ReportContext.token_strings` answers from it)."""
+
+    def __init__(self, record: Mapping[tuple, list]):
+        self.record = {tuple(k): list(v) for k, v in record.items()}
+
+    def strings(self, ids: tuple) -> list[str]:
+        if ids not in self.record:
+            raise ValueError(f"the report's saved state has no token strings for the ids "
+                             f"{list(ids)[:8]}…: re-render with the code that wrote it, or "
+                             "run tl-spectral analyze again")
+        return list(self.record[ids])
 
 
 #: The report's sections, in report order (``order``, then registration): filled by

@@ -55,19 +55,28 @@ class ContributionSection:
         return [ModelPass("faithfulness", f"faithfulness curves on {n_f} documents",
                           faithfulness_pass)]
 
-    def render(self, report: "Report", results: dict[str, Any], ctx: "ReportContext") -> None:
-        ctx.status("contributions and sinks: tables and figures")
+    def derive(self, results: dict[str, Any], ctx: "ReportContext") -> dict[str, Any]:
+        """The statistics kept in ``results/`` (the kept maps cut to the first document's
+        view layer unless ``save_raw``) and the views' signed maps packed as the page shows
+        them (None without kept maps)."""
         stats = results["contributions"]
-        sinks = results["sinks"]
         rows0 = stats.to_rows()
         # the layer shown first (and kept in results/): the one drawing most attention to
         # position 0 (the sink layer), else the last
         view_layer = (max(rows0, key=lambda r: r["attn_on_first_token"])["layer"] if rows0
                       else stats.layers[-1])
         n_view = min(64, ctx.doc_length(0))
-        (stats if ctx.save_raw or not stats.kept_maps else
-         slim_contribution_stats(stats, view_layer, n_view)).save(
-            ctx.results_dir / "contribution_stats.safetensors")
+        kept = (stats if ctx.save_raw or not stats.kept_maps else
+                slim_contribution_stats(stats, view_layer, n_view))
+        return {"contributions_kept": kept,
+                "contribution_views": packed_contribution_views(stats, view_layer)
+                if stats.kept_maps else None}
+
+    def render(self, report: "Report", results: dict[str, Any], ctx: "ReportContext") -> None:
+        ctx.status("contributions and sinks: tables and figures")
+        stats = results["contributions_kept"]
+        sinks = results["sinks"]
+        stats.save(ctx.results_dir / "contribution_stats.safetensors")
         sinks.save(ctx.results_dir / "sink_stats.safetensors")
         report.section(self.title)
         report.text(
@@ -130,16 +139,17 @@ class ContributionSection:
                                             "supply).")
         report.subsection("Attention sinks")
         report.table(sink_rows, "sink statistics per layer", name="sinks_layers")
-        self._sink_rates(report, sinks, results)
+        self._sink_rates(report, sinks, results.get("attention_stats_shown"))
         report.figure(plot_rho_star(sinks), "Optimal sink rate ρ* against the observed α_i0: points below the "
                       "diagonal are queries that put more attention on the sink than would "
                       "be optimal.")
         report.figure(sinks.plot_anti_alignment(), "Anti-alignment cos(ṽ_0, s_i) of the sink's value with the rest of the "
                       "output: look for values near −1 (the sink cancels the other sources).")
-        if stats.kept_maps:
+        views = results["contribution_views"]
+        if views:
             report.subsection("Interactive view")
             ctx.status("contributions: interactive views")
-            self._views(report, stats, ctx, view_layer)
+            self._views(report, views, ctx)
         n_f = int(ctx.options.faithfulness_docs)
         report.subsection("Faithfulness")
         if n_f > 0:
@@ -157,7 +167,7 @@ class ContributionSection:
             report.text("Faithfulness curves: not computed (pass --faithfulness-docs N to "
                         "tl-spectral analyze to compute them on N documents).")
 
-    def _sink_rates(self, report: "Report", sinks: Any, results: dict[str, Any]) -> None:
+    def _sink_rates(self, report: "Report", sinks: Any, att: Any) -> None:
         """The sink rate, the Gu key score and the first-token mass, shown ONCE when they
         coincide (equal-length windows), else side by side."""
         import numpy as np
@@ -167,7 +177,6 @@ class ContributionSection:
         rate = sinks.sink_rate.float().numpy()
         key = sinks.key_score.float().numpy()
         diff = float(np.abs(rate - key).max()) if rate.size else 0.0
-        att = results.get("attention_stats")
         same_att = att is not None and att.first_token_mass.shape == sinks.sink_rate.shape and \
             float((att.first_token_mass.float() - sinks.sink_rate.float()).abs().max()) < 1e-5
         marks = sinks.sink_head.numpy()
@@ -194,32 +203,23 @@ class ContributionSection:
                       "Look for bright heads: they put most of their attention on position "
                       f"{pos} (sinks); dots mark the heads above the sink threshold.")
 
-    def _views(self, report: "Report", stats: Any, ctx: "ReportContext", first: int) -> None:
+    def _views(self, report: "Report", views: dict, ctx: "ReportContext") -> None:
         """Signed contribution maps of every layer for the kept documents, lazily rendered
         behind a document and a layer selector (layers 0 → L−1, the sink layer first)."""
-        from tl_spectral.viz.report import pack_maps
-
-        items = []
-        n_docs = int(stats.kept_mask.shape[0])
-        docs = [int(d) for d in stats.kept_docs.tolist()] if stats.kept_docs is not None \
-            else list(range(n_docs))
-        n = 0
-        for di in range(n_docs):
-            n = int(stats.kept_mask[di].sum())
-            n = min(n, 64)
-            toks = ctx.token_strings(stats.kept_tokens[di, :n])
-            for layer in stats.layers:
-                maps = stats.maps(layer, di)
-                per_head = maps.measure("contribution")[0]
-                m = torch.cat([per_head, maps.token_level("contribution")[0]]).float()[:, :n, :n]
-                lim = float(torch.quantile(m.abs().flatten(), 0.99)) or 1.0
-                H = per_head.shape[0]
-                names = [f"H{h}" for h in range(H)] + ["Σ heads"]
-                items.append(((str(docs[di]), str(layer)), "AttentionHeads", {
-                    "attention": pack_maps(m, -lim, lim, tri=stats.causal),
-                    "tokens": toks, "attentionHeadNames": names, "maxValue": lim,
-                    "minValue": -lim, "negativeColor": "blue", "positiveColor": "red",
-                    "maskUpperTri": bool(stats.causal)}))
+        items, strings = [], {}
+        for it in views["items"]:
+            ids = tuple(it["token_ids"])
+            if ids not in strings:
+                strings[ids] = ctx.token_strings(list(ids))
+            H = int(it["heads"])
+            names = [f"H{h}" for h in range(H)] + ["Σ heads"]
+            lim = it["lim"]
+            items.append(((it["doc"], it["layer"]), "AttentionHeads", {
+                "attention": it["attention"],
+                "tokens": strings[ids], "attentionHeadNames": names,
+                "maxValue": lim, "minValue": -lim, "negativeColor": "blue",
+                "positiveColor": "red", "maskUpperTri": bool(views["causal"])}))
+        docs, first, n = views["docs"], views["first"], views["n"]
         report.view_set(
             items, ["document", "layer"], "contributions",
             f"Contribution weights c_ij of every layer on the first {n} tokens (red = positive, "
@@ -229,5 +229,33 @@ class ContributionSection:
             default=(str(docs[0]), str(first)), packed=["attention"],
             standalone=[(str(docs[0]), str(first))],
             option_notes={(1, str(first)): "most attention on position 0"},
-            summary=f"Open the interactive contribution maps ({n_docs} documents × "
-                    f"{len(stats.layers)} layers; rendered when opened)")
+            summary=f"Open the interactive contribution maps ({len(docs)} documents × "
+                    f"{views['n_layers']} layers; rendered when opened)")
+
+
+def packed_contribution_views(stats: Any, first: int) -> dict[str, Any]:
+    """The contribution views' data: per kept document (its first 64 real tokens) and
+    layer, each head's signed map and the heads' sum packed on ±(99th percentile of |c|)
+    (:func:`~tl_spectral.viz.report.pack_maps`), with the token ids; ``first``: the layer
+    shown first."""
+    from tl_spectral.viz.report import pack_maps
+
+    items = []
+    n_docs = int(stats.kept_mask.shape[0])
+    docs = [int(d) for d in stats.kept_docs.tolist()] if stats.kept_docs is not None \
+        else list(range(n_docs))
+    n = 0
+    for di in range(n_docs):
+        n = int(stats.kept_mask[di].sum())
+        n = min(n, 64)
+        ids = [int(t) for t in stats.kept_tokens[di, :n].tolist()]
+        for layer in stats.layers:
+            maps = stats.maps(layer, di)
+            per_head = maps.measure("contribution")[0]
+            m = torch.cat([per_head, maps.token_level("contribution")[0]]).float()[:, :n, :n]
+            lim = float(torch.quantile(m.abs().flatten(), 0.99)) or 1.0
+            items.append({"doc": str(docs[di]), "layer": str(layer), "token_ids": ids,
+                          "heads": int(per_head.shape[0]), "lim": lim,
+                          "attention": pack_maps(m, -lim, lim, tri=stats.causal)})
+    return {"docs": docs, "first": first, "n": n, "n_layers": len(stats.layers),
+            "causal": bool(stats.causal), "items": items}

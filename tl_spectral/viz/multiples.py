@@ -298,9 +298,15 @@ def modes_mosaic(pod: Any, max_rows: int = 48):
     columns = whole field, band 1, band 2, … (query ↓, lag →; each panel on its own
     symmetric scale ±max|mode|, red positive, blue negative), lags cut at 99% of the
     modes' energy, queries averaged in blocks to at most ``max_rows``. Returns None when no
-    mode was kept (slim results)."""
-    import matplotlib.pyplot as plt
+    mode was kept (slim results). :func:`modes_panels` then :func:`modes_figure`."""
+    return modes_figure(modes_panels(pod, max_rows))
 
+
+def modes_panels(pod: Any, max_rows: int = 48) -> Optional[dict]:
+    """What :func:`modes_mosaic` draws, without drawing it: ``panels [layer, column, query
+    block, lag]`` (each panel divided by its max |mode|, NaN where a band has no mode),
+    ``bands`` (the number of band columns) and ``layers`` (the row labels); None when no
+    mode was kept."""
     lays = list(pod.layers)
     nb = max(len(lay.bands) for lay in lays)
     cols = 1 + nb
@@ -335,8 +341,19 @@ def modes_mosaic(pod: Any, max_rows: int = 48):
             b = block_mean(x, max_rows)[:, :m]
             v = np.abs(b).max() or 1.0
             panels[i, j] = b / v
+    return {"panels": panels, "bands": nb, "layers": [str(lay.layer) for lay in lays]}
+
+
+def modes_figure(data: Optional[dict]):
+    """The mosaic of :func:`modes_mosaic` from :func:`modes_panels`' data (None: None)."""
+    import matplotlib.pyplot as plt
+
+    if data is None:
+        return None
+    panels = np.asarray(data["panels"], dtype=np.float64)
+    nb = int(data["bands"])
+    L, cols, T, m = panels.shape
     img = mosaic_image(panels, gap=2)
-    L = len(lays)
     fig_w = min(11.0, 1.6 + cols * 2.4)
     # at least 0.22 in per layer (a label of 8 pt each, whatever the depth)
     fig_h = max(3.0, min(24.0, max(0.22 * L + 1.6,
@@ -345,7 +362,7 @@ def modes_mosaic(pod: Any, max_rows: int = 48):
     fig, ax = plt.subplots(figsize=(fig_w, fig_h))
     im = ax.imshow(img, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
     _panel_ticks(ax, cols, m, 2, ["whole field"] + [f"band {k + 1}" for k in range(nb)], "x")
-    _panel_ticks(ax, L, T, 2, [str(lay.layer) for lay in lays], "y")
+    _panel_ticks(ax, L, T, 2, list(data["layers"]), "y")
     ax.xaxis.set_ticks_position("top")
     ax.tick_params(length=0)
     ax.set_ylabel("layer (each panel: query ↓)", fontsize=9)

@@ -65,13 +65,33 @@ class RoutingFilteringSection:
         except UnreadableHeadsError as e:
             return str(e)
 
+    def derive(self, results: dict[str, Any], ctx: ReportContext) -> dict[str, Any]:
+        """Rotary models: what the section shows of the offset-resolved geometry (the
+        head-mean routing fraction at the shown offsets, the per-layer headline, the per-head
+        maps and table): a flat dict of tensors and plain values, or the pass's reason."""
+        if ctx.view.positional != "rotary":
+            return {}
+        geo = results["rotary_qk_geometry"]
+        if isinstance(geo, str):
+            return {"rotary_geometry_shown": geo}
+        lags = _lag_grid(int(ctx.tokens.shape[1]))
+        rf = geo.energies([-x for x in lags])["routing_fraction"]  # [layer, head, n]
+        return {"rotary_geometry_shown": {
+            "lags": lags, "mrf": rf.mean(1).contiguous(), "headline": geo.headline(),
+            "mean_rf": geo.mean_routing_fraction.contiguous(),
+            "rf0": geo._at_zero().contiguous(), "distribution": geo.distribution,
+            "n_layers": int(geo.n_layers), "head_table": geo.head_table()}}
+
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         from tl_spectral.geometry.model import geometry_layer_table
 
         report.section(self.title)
         fold = self.fold_ln
         if ctx.view.positional == "rotary":
-            self._rotary(report, ctx, fold, results["rotary_qk_geometry"])
+            if ctx.save_raw and not isinstance(results["rotary_qk_geometry"], str):
+                results["rotary_qk_geometry"].save(
+                    ctx.results_dir / "rotary_qk_geometry.safetensors")
+            self._rotary(report, ctx, fold, results["rotary_geometry_shown"])
             return
         geo = results["qk_geometry"]
         if isinstance(geo, str):
@@ -117,18 +137,16 @@ class RoutingFilteringSection:
         if isinstance(geo, str):
             report.text(f"The rotary QK geometry of this model could not be computed: {geo}")
             return
-        lags = _lag_grid(T)
-        rf = geo.energies([-x for x in lags])["routing_fraction"]  # [layer, head, n]
-        if ctx.save_raw:
-            geo.save(ctx.results_dir / "rotary_qk_geometry.safetensors")
-        _write_head_csv(geo, ctx.results_dir / "rotary_qk_geometry_heads.csv")
-        hl = geo.headline()
-        mrf = rf.mean(1)
+        lags = geo["lags"]
+        _write_head_csv(geo["head_table"], ctx.results_dir / "rotary_qk_geometry_heads.csv")
+        hl = geo["headline"]
+        mrf = geo["mrf"]
+        n_layers = int(geo["n_layers"])
         rows = [{"layer": i, "routing_fraction_at_0": hl["routing_fraction_at_0"][i],
                  "mean_routing_fraction": hl["mean_routing_fraction"][i],
                  "min_over_offsets": float(mrf[i].min()),
-                 "max_over_offsets": float(mrf[i].max())} for i in range(geo.n_layers)]
-        dist = geo.distribution
+                 "max_over_offsets": float(mrf[i].max())} for i in range(n_layers)]
+        dist = geo["distribution"]
         report.text(
             "This model has rotary positions, so its query–key kernel depends on the offset "
             "Δ = j − i between key and query: M(Δ) = W_Q R(Δ) W_Kᵀ with R(Δ) the rotation of "
@@ -140,7 +158,7 @@ class RoutingFilteringSection:
             "Δ = j − i ≤ 0 for a key j behind the query i (figures plot the distance back, "
             "−Δ = i − j). Weights: " + (norm_folded(ctx.view) if fold
                                          else "as they are") + ".")
-        mr = geo.mean_routing_fraction
+        mr = geo["mean_rf"]
         lm = mr.mean(1)
         lo_l, hi_l = int(lm.argmin()), int(lm.argmax())
         report.finding(
@@ -155,19 +173,21 @@ class RoutingFilteringSection:
                       "−Δ = i − j (colour scale set by the data, centred on 0.5 = no "
                       "preference, white): look for rows that change colour from left to right "
                       "(layers whose routing share changes with distance).")
-        _head_maps(report, mr.numpy(), geo._at_zero().numpy(), dist, geo.n_layers)
+        _head_maps(report, mr.numpy(), geo["rf0"].numpy(), dist, n_layers)
 
 
 def norm_folded(view: Any) -> str:
     """What folding the pre-attention normalization means for ``view``'s model, named from
-    the model (ModelView.normalization): LayerNorm (gain, bias, centring), RMSNorm (gain
+    the model (ModelView.normalization; a :class:`~tl_spectral.viz.context.ModelDescription`
+    says the same): LayerNorm (gain, bias, centring), RMSNorm (gain
     only; Gemma's 1 + w), or nothing to fold."""
     kind = str(getattr(view, "normalization", "") or "").upper()
     cfg = getattr(getattr(view, "model", None), "cfg", None)
     if not getattr(view, "pre_ln", True) or not kind or kind in ("NONE", "LNPRE"):
         return "no pre-attention normalization to fold (weights as they are)"
     if "RMS" in kind:
-        offset = bool(getattr(cfg, "rmsnorm_uses_offset", False))
+        offset = getattr(view, "rmsnorm_uses_offset", None)  # a ModelDescription says
+        offset = bool(getattr(cfg, "rmsnorm_uses_offset", False) if offset is None else offset)
         return ("RMSNorm gain folded" + (" (Gemma's 1 + w)" if offset else "")
                 + "; RMSNorm neither centres nor adds a bias, so the kernel acts on x / rms(x)")
     return "LayerNorm folded (gain and bias, weights centred over d_model)"
@@ -223,11 +243,10 @@ def _lag_grid(T: int) -> list[int]:
     return sorted(grid)
 
 
-def _write_head_csv(geo: Any, path: Any) -> None:
-    """The per-head distribution averages (``geo.head_table()``) as CSV."""
+def _write_head_csv(cols: dict, path: Any) -> None:
+    """The per-head distribution averages (columns: ``geo.head_table()``) as CSV."""
     import csv
 
-    cols = geo.head_table()
     keys = list(cols)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8", newline="") as f:

@@ -23,6 +23,13 @@ def _layers_text(items: list[tuple[int, float]]) -> str:
     return ", ".join(f"{lay} ({100 * v:.0f}%)" for lay, v in items)
 
 
+def _tensor(a: Any) -> Any:
+    """A numpy array as a tensor (what a report's saved state holds)."""
+    import torch
+
+    return torch.from_numpy(a).contiguous()
+
+
 def slim_scale_pod(pod: Any) -> Any:
     """A copy of a ScalePODResult without the POD modes (the bulk of the file): spectra,
     scalograms, energies, coefficients and summaries stay, so tables, spectra and findings
@@ -86,11 +93,54 @@ class ScalePODSection:
                           "fields of the re-initialised twin",
                           functools.partial(baseline_pod, field=f)) for f in report_fields(ctx)]
 
+    def derive(self, results: dict[str, Any], ctx: ReportContext) -> dict[str, Any]:
+        """Per field (suffix ``_<field>`` past attention): the scale POD of the probe's fields
+        (``scale_pod``: its POD modes left out unless ``save_raw``; None below 2 documents),
+        the first modes as the mosaic draws them (``scale_pod_modes``), the jackknife
+        intervals (``scale_pod_intervals``), what the text says of the fields
+        (``scale_pod_input``) and the ``--baseline random`` columns (``scale_pod_baseline``)."""
+        out: dict[str, Any] = {}
+        for f in report_fields(ctx):
+            sfx = "" if f == "attention" else f"_{f}"
+            fields = results[_probe_name(f)]
+            streamed = bool(getattr(fields, "streaming", False) or ctx.options.stream_rank)
+            out[f"scale_pod_input{sfx}"] = {
+                "n_docs": int(fields.n_docs), "streamed": streamed,
+                "length": int(getattr(fields, "length", 0) or fields.doc_mask.shape[1])}
+            if fields.n_docs < 2:
+                continue
+            pod = self._pod(fields, ctx, f, streamed)
+            from tl_spectral.viz.multiples import modes_panels
+
+            modes = modes_panels(pod)
+            out[f"scale_pod{sfx}"] = pod if ctx.save_raw else slim_scale_pod(pod)
+            out[f"scale_pod_modes{sfx}"] = None if modes is None else {
+                **modes, "panels": _tensor(modes["panels"]).float()}
+            out[f"scale_pod_intervals{sfx}"] = _intervals(fields, pod, ctx, FIELD_TEXT[f][0])
+            base = results.get(f"baseline_{f}")
+            out[f"scale_pod_baseline{sfx}"] = None if base is None else [
+                {"H_star_random": b.full["H_star_str"], "T_spec_random": b.T_spec,
+                 "E_fine_random": b.band_energy.get("fine", float("nan"))}
+                for b in base.layers]
+        return out
+
+    @staticmethod
+    def _pod(fields: Any, ctx: ReportContext, field: str, streamed: bool) -> Any:
+        """The scale POD of one field's probe result (no coherence unless streamed)."""
+        ctx.status(f"scale POD ({FIELD_TEXT[field][0]}): wavelets and POD of "
+                   f"{ctx.view.n_layers} layers")
+        # the cross-coherence is most of the POD's cost (a cross-spectrum per scale and
+        # layer) and the report does not show it: skipped (the API computes it on request)
+        # dominant scales: peaks of E(a) with at least DOMINANT_PEAK_SHARE of the largest
+        # peak (the library's default 1% lets 5–7% bumps through)
+        kw = {} if streamed else {"coherence_queries": None, "options": ScalePODOptions(
+            min_peak_fraction=DOMINANT_PEAK_SHARE)}
+        return fields.scale_pod(n_heads=ctx.view.n_heads, **kw)
+
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         advice: dict[str, list[dict]] = {}
         for f in report_fields(ctx):
-            alloc = self._render_field(report, results[_probe_name(f)], ctx, f,
-                                       results.get(f"baseline_{f}"))
+            alloc = self._render_field(report, results, ctx, f)
             if alloc and all(r.get("advice") is not None for r in alloc):
                 advice[f] = alloc
         if len(advice) > 1:
@@ -126,29 +176,25 @@ class ScalePODSection:
         report.table(rows, "recommended heads per layer by field, and the run's range",
                      name="head_allocation_by_field")
 
-    def _render_field(self, report: Report, fields: Any, ctx: ReportContext,
-                      field: str, base: Any = None) -> list:
+    def _render_field(self, report: Report, results: dict[str, Any], ctx: ReportContext,
+                      field: str) -> list:
+        # Long on purpose: the field's sub-report in page order (text, findings, tables,
+        # intervals, figures), reading the derived results only.
         what, text = FIELD_TEXT[field]
         plain = field == "attention"
+        sfx = "" if plain else f"_{field}"
+        fields = results[f"scale_pod_input{sfx}"]
         report.section(self.title if plain else f"Scale-selective POD of {what} fields")
-        if fields.n_docs < 2:
+        if fields["n_docs"] < 2:
             report.text("Scale-selective POD needs at least 2 documents; pass --n-docs 2 or more.")
             return []
-        sfx = "" if plain else f"_{field}"
-        ctx.status(f"scale POD ({what}): wavelets and POD of {ctx.view.n_layers} layers")
-        # the cross-coherence is most of the POD's cost (a cross-spectrum per scale and
-        # layer) and the report does not show it: skipped (the API computes it on request)
-        streamed = bool(getattr(fields, "streaming", False) or ctx.options.stream_rank)
-        # dominant scales: peaks of E(a) with at least DOMINANT_PEAK_SHARE of the largest
-        # peak (the library's default 1% lets 5–7% bumps through)
-        kw = {} if streamed else {"coherence_queries": None, "options": ScalePODOptions(
-            min_peak_fraction=DOMINANT_PEAK_SHARE)}
-        pod = fields.scale_pod(n_heads=ctx.view.n_heads, **kw)
+        streamed = fields["streamed"]
+        pod = results[f"scale_pod{sfx}"]
+        base = results[f"scale_pod_baseline{sfx}"]
         (pod if ctx.save_raw else slim_scale_pod(pod)).save(
             ctx.results_dir / f"scale_pod{sfx}.safetensors")
         report.text(
-            f"{text} of {fields.n_docs} windows of "
-            f"{getattr(fields, 'length', 0) or fields.doc_mask.shape[1]} "
+            f"{text} of {fields['n_docs']} windows of {fields['length']} "
             "tokens in lag coordinates, minus the ensemble mean (Reynolds split). A complex Morlet "
             "CWT along the lag gives the scalogram E(a, τ) and the scale energy E(a); Gaussian lag "
             "windows at the dominant scales (peaks of E(a) holding at least "
@@ -174,10 +220,8 @@ class ScalePODSection:
         report.subsection("Per-layer summary and head allocation")
         table = pod.to_rows()
         if base is not None:
-            for row, b in zip(table, base.layers):
-                row["H_star_random"] = b.full["H_star_str"]
-                row["T_spec_random"] = b.T_spec
-                row["E_fine_random"] = b.band_energy.get("fine", float("nan"))
+            for row, b in zip(table, base):
+                row.update(b)
             report.text(
                 "Reference (--baseline random): the same configuration with re-initialised "
                 "weights (matrices N(0, 0.02²), gains 1, biases 0; seeded) on the same "
@@ -186,11 +230,11 @@ class ScalePODSection:
         report.table(table, "per-layer summary", name=f"scale_pod_layers{sfx}")
         report.table(_allocation_rows(pod), "head allocation (recommended vs uniform; none "
                      "where H* is bounded by N)", name=f"head_allocation{sfx}")
-        _uncertainty(report, fields, pod, ctx, what)
+        _uncertainty(report, results[f"scale_pod_intervals{sfx}"], pod, fields["n_docs"], what)
         ctx.status(f"scale POD ({what}): figures")
         from tl_spectral.viz.multiples import (
             coherence_map,
-            modes_mosaic,
+            modes_figure,
             scale_energy_map,
             scalograms_mosaic,
             spectra_overlay,
@@ -223,7 +267,7 @@ class ScalePODSection:
         report.figure(spectra_overlay(pod),
                       "POD eigen-spectra of every layer: a steep, short spectrum means few "
                       "modes carry the field; a flat one, many (H* as a dot on each line).")
-        fig = modes_mosaic(pod)
+        fig = modes_figure(results[f"scale_pod_modes{sfx}"])
         if fig is not None:
             report.figure(fig, "First POD mode per band of every layer: look for the lag "
                                 "structure each band captures (red positive, blue negative).")
@@ -290,29 +334,39 @@ def _scalogram_pair(layer: Any):
     return fig
 
 
-def _uncertainty(report: Report, fields: Any, pod: Any, ctx: ReportContext, what: str) -> None:
-    """Jackknife intervals over documents of H*, T_spec and the heads per layer, and a
-    finding when the number of documents bounds H*."""
-    from tl_spectral.analysis.scale_pod import layer_h_star_bounded
+def _intervals(fields: Any, pod: Any, ctx: ReportContext, what: str) -> dict[str, Any]:
+    """The jackknife over documents of H*, T_spec and the heads per layer (a plain dict:
+    ``meta``, ``rows``, ``streamed``, ``rank``), or why there is none (``skip``: the text)."""
     from tl_spectral.viz.uncertainty import pod_jackknife, streamed_pod_jackknife
 
     N = int(fields.n_docs)
-    withheld = any(layer_h_star_bounded(lay) for lay in pod.layers)
     streamed = bool(getattr(fields, "jackknife", None))
     if N < 4 or not (streamed or hasattr(fields, "fluctuations")):
-        report.text("Intervals over documents need at least 4 documents"
-                    + ("" if N < 4 else " and the streaming probe's per-group moments "
-                       "(AttentionFieldProbe(streaming=True, jackknife_groups=8))") + ".")
-        return
+        return {"skip": "Intervals over documents need at least 4 documents"
+                + ("" if N < 4 else " and the streaming probe's per-group moments "
+                   "(AttentionFieldProbe(streaming=True, jackknife_groups=8))") + "."}
     ctx.status(f"scale POD ({what}): jackknife over documents")
     if streamed:
         try:
             jk = streamed_pod_jackknife(fields, pod)
         except ValueError as exc:  # moments of some layers dropped (merged different bases)
-            report.text(f"No intervals over documents: {exc}.")
-            return
+            return {"skip": f"No intervals over documents: {exc}."}
     else:
         jk = pod_jackknife(fields, pod, seed=int(ctx.options.meta.get("seed", 0) or 0))
+    return {"meta": jk["meta"], "rows": jk["rows"], "streamed": streamed,
+            "rank": int(fields.rank) if streamed else None}
+
+
+def _uncertainty(report: Report, jk: dict, pod: Any, N: int, what: str) -> None:
+    """Jackknife intervals over documents of H*, T_spec and the heads per layer
+    (:func:`_intervals`), and a finding when the number of documents bounds H*."""
+    from tl_spectral.analysis.scale_pod import layer_h_star_bounded
+
+    withheld = any(layer_h_star_bounded(lay) for lay in pod.layers)
+    if "skip" in jk:
+        report.text(jk["skip"])
+        return
+    streamed = jk["streamed"]
     meta = jk["meta"]
     report.text(
         f"Uncertainty: {100 * meta['level']:.0f}% delete-a-group jackknife intervals over the "
@@ -320,7 +374,7 @@ def _uncertainty(report: Report, fields: Any, pod: Any, ctx: ReportContext, what
         "of each layer's H* and T_spec, and the smallest and largest recommended heads over "
         "the replicates"
         + (" (streamed: each replicate's spectrum from per-group second moments in the "
-           f"first pass's {int(fields.rank)} POD directions, exact while the ensemble's rank "
+           f"first pass's {jk['rank']} POD directions, exact while the ensemble's rank "
            "is within the cap)" if streamed else "")
         + ". An interval of zero width for H* means every replicate gave the same "
         "value (H* bounded by N gives N' − 1 in every replicate: see the finding above)."

@@ -160,6 +160,16 @@ class AttentionStatsSection(ReportSection):
         return [ModelPass("view_patterns", "attention statistics: patterns of the documents "
                           "the views show", view_patterns)]
 
+    def derive(self, results: dict[str, Any], ctx: ReportContext) -> dict[str, Any]:
+        """The statistics with the mean patterns cut to the positions the report shows
+        (whole with ``save_raw``), and the views' patterns packed as the page shows them."""
+        res = results["attention_stats"]
+        if not ctx.save_raw and res.mean_pattern.shape[-1] > SHOWN_POSITIONS:
+            res = dataclasses.replace(res, mean_pattern=res.mean_pattern[
+                ..., :SHOWN_POSITIONS, :SHOWN_POSITIONS].clone())
+        return {"attention_stats_shown": res,
+                "attention_views": packed_view_patterns(results["view_patterns"], ctx)}
+
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
         import math
 
@@ -170,7 +180,7 @@ class AttentionStatsSection(ReportSection):
         )
 
         ctx.status("attention statistics: figures")
-        res = results["attention_stats"]
+        res = results["attention_stats_shown"]
         saved = res
         # results/ keeps the mean pattern's first SHOWN_POSITIONS positions (half of that on
         # models with more than VIEW_HEADS_FOR_3_DOCS heads: the folder's size)
@@ -223,21 +233,17 @@ class AttentionStatsSection(ReportSection):
         """Every layer's patterns on the first tokens of a few documents, lazily rendered
         circuitsvis views behind a document and a layer selector (layers 0 → L−1; the layers
         that matter marked and the most focused one shown first)."""
-        from tl_spectral.viz.report import pack_maps
-
         docs = view_documents(ctx)
-        cap = results["view_patterns"]
-        n = int(cap[0].shape[-1])
+        packed = results["attention_views"]
+        n = int(packed["n"])
         toks = ctx.tokens[: len(docs), :n]  # docs are the first windows (a slice: lazy token files)
         layers = list(range(ctx.view.n_layers))
         strings = [ctx.token_strings(toks[i]) for i in range(len(docs))]
-        causal = ctx.view.causal
         items = []
         for i, d in enumerate(docs):
             for layer in layers:
                 items.append(((str(d), str(layer)), "AttentionPatterns",
-                              {"tokens": strings[i],
-                               "attention": pack_maps(cap[layer][i], 0.0, 1.0, tri=causal)}))
+                              {"tokens": strings[i], "attention": packed["maps"][i][layer]}))
         feat = featured_layers(res)
         first = next(iter(feat))
         notes = {(1, str(layers[i])): note for i, note in feat.items()}
@@ -255,6 +261,18 @@ class AttentionStatsSection(ReportSection):
             option_notes=notes,
             summary=f"Open the interactive attention patterns ({len(docs)} documents × "
                     f"{len(layers)} layers; rendered when opened)")
+
+
+def packed_view_patterns(cap: dict[int, Any], ctx: ReportContext) -> dict[str, Any]:
+    """The views' patterns ``{layer: [doc, head, q, k]}`` as the page holds them: per
+    document and layer, :func:`~tl_spectral.viz.report.pack_maps` on [0, 1] (lower triangle
+    of a causal model); ``n``: the positions shown."""
+    from tl_spectral.viz.report import pack_maps
+
+    layers = list(range(ctx.view.n_layers))
+    return {"n": int(cap[0].shape[-1]),
+            "maps": [[pack_maps(cap[layer][i], 0.0, 1.0, tri=ctx.view.causal) for layer in layers]
+                     for i in range(len(view_documents(ctx)))]}
 
 
 def view_patterns(ctx: ReportContext) -> dict[int, Any]:
@@ -403,12 +421,36 @@ def build_report(
     results = dict(results) if results is not None else run_probe_pass(
         ctx, plan, batch_size=batch_size, progress=progress)
     run_model_passes(ctx, plan, results)
+    run_derive(ctx, plan, results)
     return render_report(ctx, secs, results, title=title)
+
+
+def run_derive(ctx: ReportContext, plan: ReportPlan, results: dict[str, Any]) -> None:
+    """Every section's ``derive`` (small results computed from big ones, no model), in
+    order, each timed as ``derive <key>``; their results join ``results``. Then every plain
+    value is put in the form a re-render reads back (:func:`~tl_spectral.viz.report_state.
+    as_saved`), so that the page is the same either way."""
+    from tl_spectral.viz.report_state import as_saved
+
+    for s in plan.sections:
+        derive = getattr(s, "derive", None)
+        if derive is None:
+            continue
+        t = time.perf_counter()
+        results.update(derive(results, ctx))
+        ctx.timings[f"derive {s.key}"] = time.perf_counter() - t
+    for key in list(results):
+        results[key] = as_saved(results[key])
 
 
 def render_report(ctx: ReportContext, secs: list, results: dict[str, Any],
                   title: Optional[str] = None) -> Path:
-    """Render every section from ``results`` (probe and pass results) and write the page."""
+    """Render every section from ``results`` (probe, pass and derived results) and write
+    the page, then the report's state (``results/report_state.json``: every result the
+    renders read, the windows, the model's description; what :func:`rerender` reads)."""
+    from tl_spectral.viz.report_state import ReadLog, save_state
+
+    results = ReadLog(results)
     timings: dict[str, float] = ctx.timings
     n_docs, T = int(ctx.tokens.shape[0]), int(ctx.tokens.shape[1])
     seed = ctx.options.meta.get("seed")
@@ -453,6 +495,9 @@ def render_report(ctx: ReportContext, secs: list, results: dict[str, Any],
     t = time.perf_counter()
     index = report.write(ctx.out_dir)
     timings["write"] = time.perf_counter() - t
+    t = time.perf_counter()
+    save_state(ctx, secs, results, title)
+    timings["save state"] = time.perf_counter() - t
     # the phases' times beside the report's summary (benchmarks/report_stages.py reads them)
     rj = ctx.out_dir / "report.json"
     doc = json.loads(rj.read_text(encoding="utf-8"))
@@ -460,6 +505,68 @@ def render_report(ctx: ReportContext, secs: list, results: dict[str, Any],
     rj.write_text(json.dumps(doc, indent=2), encoding="utf-8")
     ctx.status(f"done: {index.name} written")  # (the CLI prints its final path after the swap)
     return index
+
+
+def rerender(folder: str | Path, out: Optional[str | Path] = None, *,
+             progress: bool = False) -> Path:
+    """Render the report in ``folder`` again from its saved state (``results/``), without
+    its model: the same page as the run wrote (timings aside, in report.json only).
+
+    out: the folder to write (new or empty, or an earlier report, replaced whole); None:
+    ``folder`` itself, replaced whole. The page is written into a fresh sibling folder that
+    is swapped in at the end. Returns the new ``index.html``. Raises ``ValueError`` for a
+    folder without a saved state or a section that is not registered (a plugin missing)."""
+    import shutil
+
+    from tl_spectral.outdirs import (
+        REPORT_MARKER,
+        path_identity,
+        swap_in,
+        tmp_out_dir,
+    )
+    from tl_spectral.viz.report_state import read_manifest
+
+    src = Path(folder)
+    if not src.is_dir():
+        raise ValueError(f"{src} is not a folder; pass a report folder written by "
+                         "tl-spectral analyze")
+    target = src if out is None else Path(out)
+    manifest = read_manifest(src)
+    expected = path_identity(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_out_dir(target)
+    try:
+        ctx, secs, results = _restored(manifest, src, tmp, progress)
+        (tmp / "results").mkdir()
+        render_report(ctx, secs, results, title=manifest.get("title"))
+        if (src / REPORT_MARKER).is_file():
+            shutil.copyfile(src / REPORT_MARKER, tmp / REPORT_MARKER)
+        swap_in(tmp, target, expected)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target / "index.html"
+
+
+def _restored(manifest: dict, src: Path, out: Path, progress: bool
+              ) -> tuple[ReportContext, list, dict[str, Any]]:
+    """The context (the model's description in place of the model, the recorded token
+    strings in place of the tokenizer), the sections and the results of a saved state."""
+    from tl_spectral.viz.context import ModelDescription, ReportOptions, TokenRecord
+    from tl_spectral.viz.report_state import load_results, load_windows
+
+    by_key = {s.key: s for s in SECTIONS}
+    missing = [k for k in manifest["sections"] if k not in by_key]
+    if missing:
+        raise ValueError(f"the report has sections {missing} that are not registered here "
+                         "(a plugin that is not installed?); install it, then re-render")
+    tokens, mask = load_windows(manifest, src / "results")
+    options = dataclasses.replace(ReportOptions.of(manifest["options"]), progress=progress)
+    ctx = ReportContext(view=ModelDescription(**manifest["model"]), tokens=tokens,
+                        tokenizer=TokenRecord({tuple(k): v for k, v in manifest["token_strings"]}),
+                        out_dir=out, results_dir=out / "results", options=options, mask=mask,
+                        model_name=manifest.get("model_name"))
+    results = load_results(manifest, src / "results")
+    return ctx, [by_key[k]() for k in manifest["sections"]], results
 
 
 load_plugins()  # last: a plugin's section module may import this one
