@@ -115,7 +115,9 @@ class ScalePODSection:
             modes = modes_panels(pod)
             out[f"scale_pod{sfx}"] = pod if ctx.save_raw else slim_scale_pod(pod)
             out[f"scale_pod_modes{sfx}"] = None if modes is None else {
-                **modes, "panels": _tensor(modes["panels"]).float()}
+                # a figure's data (normalised to [-1, 1]): float16 is far below what a
+                # colour shows, and halves what a re-render keeps
+                **modes, "panels": _tensor(modes["panels"]).half()}
             out[f"scale_pod_intervals{sfx}"] = _intervals(fields, pod, ctx, FIELD_TEXT[f][0])
             base = results.get(f"baseline_{f}")
             out[f"scale_pod_baseline{sfx}"] = None if base is None else [

@@ -163,11 +163,20 @@ class AttentionStatsSection(ReportSection):
     def derive(self, results: dict[str, Any], ctx: ReportContext) -> dict[str, Any]:
         """The statistics with the mean patterns cut to the positions the report shows
         (whole with ``save_raw``), and the views' patterns packed as the page shows them."""
+        import torch
+
         res = results["attention_stats"]
-        if not ctx.save_raw and res.mean_pattern.shape[-1] > SHOWN_POSITIONS:
-            res = dataclasses.replace(res, mean_pattern=res.mean_pattern[
-                ..., :SHOWN_POSITIONS, :SHOWN_POSITIONS].clone())
-        return {"attention_stats_shown": res,
+        shown = min(SHOWN_POSITIONS, int(res.mean_pattern.shape[-1]))
+        # results/ keeps the mean pattern's first SHOWN_POSITIONS positions (half of that on
+        # models with more than VIEW_HEADS_FOR_3_DOCS heads: the folder's size); the mosaic
+        # draws SHOWN_POSITIONS from a float16 copy (colours on a log scale: far below what
+        # float16 rounds; half the bytes a re-render keeps)
+        n = SHOWN_POSITIONS if res.mean_pattern.shape[0] * res.mean_pattern.shape[1] <= \
+            VIEW_HEADS_FOR_3_DOCS else SHOWN_POSITIONS // 2
+        mosaic = res.mean_pattern[..., :shown, :shown].to(torch.float16)
+        if not ctx.save_raw and res.mean_pattern.shape[-1] > n:
+            res = dataclasses.replace(res, mean_pattern=res.mean_pattern[..., :n, :n].clone())
+        return {"attention_stats_shown": res, "attention_mosaic": {"mean_pattern": mosaic},
                 "attention_views": packed_view_patterns(results["view_patterns"], ctx)}
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
@@ -181,14 +190,8 @@ class AttentionStatsSection(ReportSection):
 
         ctx.status("attention statistics: figures")
         res = results["attention_stats_shown"]
-        saved = res
-        # results/ keeps the mean pattern's first SHOWN_POSITIONS positions (half of that on
-        # models with more than VIEW_HEADS_FOR_3_DOCS heads: the folder's size)
-        n = SHOWN_POSITIONS if res.mean_pattern.shape[0] * res.mean_pattern.shape[1] <= \
-            VIEW_HEADS_FOR_3_DOCS else SHOWN_POSITIONS // 2
-        if not ctx.save_raw and res.mean_pattern.shape[-1] > n:
-            saved = dataclasses.replace(res, mean_pattern=res.mean_pattern[..., :n, :n].clone())
-        saved.save(ctx.results_dir / "attention_stats.safetensors")
+        res.save(ctx.results_dir / "attention_stats.safetensors")
+        mosaic = results["attention_mosaic"]["mean_pattern"].float()
         report.section(self.title)
         report.text(
             "Per layer and head, over every real query of the corpus: the entropy of the "
@@ -213,9 +216,9 @@ class AttentionStatsSection(ReportSection):
         ], res.layers), "Look for low-entropy (dark) heads, which attend to few keys, and "
             "bright heads in the right panel, which park their attention on position 0 (sinks).")
         report.subsection("Mean patterns, every layer")
-        n_pos = min(SHOWN_POSITIONS, res.mean_pattern.shape[-1])
+        n_pos = int(mosaic.shape[-1])
         report.figure(
-            mean_patterns_mosaic(res.mean_pattern, res.layers, causal=getattr(res, "causal", True),
+            mean_patterns_mosaic(mosaic, res.layers, causal=getattr(res, "causal", True),
                                  max_pos=n_pos),
             f"Mean attention pattern of every head (rows: layers, columns: heads; first {n_pos} "
             "positions, log colour scale): look for a bright first column (a sink), a bright "
