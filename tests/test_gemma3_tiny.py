@@ -668,7 +668,7 @@ def test_next_token_nll_equals_log_softmax_and_passes_keep_their_logits_in_budge
     """ΔPPL interventions on a large vocabulary: the NLL equals −log_softmax at the target
     (no full log_softmax copy), and no pass forms more than LOGIT_BUDGET bytes of logits; the
     curves are the same as with one pass for everything."""
-    import tl_spectral.probes.interventions as iv
+    import tl_spectral.probes.damage as iv
     from tl_spectral.probes.faithfulness import faithfulness
 
     g = torch.Generator().manual_seed(0)

@@ -80,7 +80,7 @@ def test_one_token_documents_get_a_clear_error(small):
 
 
 def test_zero_sink_value_warns_when_not_finite(small, monkeypatch):
-    from tl_spectral.probes.interventions import DamageMetric
+    from tl_spectral.probes.damage import DamageMetric
     from tl_spectral.probes.sinks import zero_sink_value
 
     tokens = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))

@@ -368,7 +368,7 @@ def test_window_perplexity_is_the_cross_entropy_of_the_real_targets(tmp_path, mo
     import torch.nn.functional as F
     from _tiny_hf import tiny_bridge
 
-    import tl_spectral.probes.interventions as iv
+    import tl_spectral.probes.damage as iv
     from tl_spectral.model_view import ModelView
     from tl_spectral.viz.sanity_section import window_perplexity
 

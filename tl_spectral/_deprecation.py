@@ -100,3 +100,51 @@ def check_choice(name: str, value: Any, allowed: Any, hint: str = "") -> Any:
     listed = ", ".join(repr(c) for c in choices)
     raise ValueError(f"{name}={value!r} is not one of {listed}; pass one of those"
                      + (f" ({hint})" if hint else ""))
+
+
+# ------------------------------------------------------------------ moved modules
+#: modules that moved, old dotted name -> new; the old name imports (with one
+#: DeprecationWarning) until :data:`REMOVED_IN`, through :class:`MovedModuleFinder`: no file
+#: stays at the old place, so the package the module left never imports the one it went to
+MOVED_MODULES: dict[str, str] = {
+    "tl_spectral.models.surgery": "tl_spectral.interventions.surgery",
+    "tl_spectral.models.ablations": "tl_spectral.interventions.ablations",
+    "tl_spectral.probes.interventions": "tl_spectral.probes.damage",
+}
+
+
+class MovedModuleFinder:
+    """A ``sys.meta_path`` finder of :data:`MOVED_MODULES`: importing an old name warns once
+    (at the importing line) and binds the new module object itself under the old name."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        """The spec of an old name (None for every other module)."""
+        if fullname not in MOVED_MODULES:
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: Any) -> Any:
+        """The new module itself (imported by name), after the warning."""
+        import importlib
+
+        new = MOVED_MODULES[spec.name]
+        warnings.warn(f"{spec.name} is deprecated; use {new} ({spec.name} is removed in "
+                      f"tl_spectral {REMOVED_IN}; docs/api.md, 'Deprecated spellings')",
+                      DeprecationWarning, stacklevel=2)  # warnings skips the import machinery
+        return importlib.import_module(new)
+
+    def exec_module(self, module: Any) -> None:
+        """Nothing to run: the new module is already imported."""
+
+
+def install_moved_modules() -> None:
+    """Put one :class:`MovedModuleFinder` on ``sys.meta_path`` (idempotent)."""
+    import sys
+
+    if not any(isinstance(f, MovedModuleFinder) for f in sys.meta_path):
+        sys.meta_path.append(MovedModuleFinder())
+
+
+install_moved_modules()  # on the first import of tl_spectral's models, probes or results

@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover
     SafetensorsError = Exception  # type: ignore[misc,assignment]
 from safetensors.torch import load_file, save_file
 
+from tl_spectral._deprecation import MOVED_MODULES
 from tl_spectral.checks import is_int, is_real
 from tl_spectral.files import current_umask
 
@@ -737,10 +738,7 @@ _LEGACY_KIND_MODULES: dict[str, str] = {
 
 #: modules that moved, old name -> new: a file written before the move names the old one
 #: (read silently: a file is not the user's code, so no deprecation warning)
-_MOVED_RESULT_MODULES: dict[str, str] = {
-    "tl_spectral.models.ablations": "tl_spectral.interventions.ablations",
-    "tl_spectral.models.surgery": "tl_spectral.interventions.surgery",
-}
+_MOVED_RESULT_MODULES: dict[str, str] = MOVED_MODULES
 
 #: The library modules outside ``tl_spectral.probes`` that define result kinds: with the
 #: modules of ``tl_spectral.probes`` (:func:`_loadable`; a probe module defines its result

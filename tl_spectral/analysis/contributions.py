@@ -245,7 +245,7 @@ class ContributionMaps(Result):
     # -------------------------------------------------------------- plots
     def view(self, tokens=None, batch: int = 0, measure: str = "contribution", **kwargs):
         """circuitsvis view of one document's signed map (red positive, blue negative;
-        see :func:`tl_spectral.viz.contribution_plots.contribution_view`); ``tokens``:
+        see ``contribution_view`` of viz/contribution_plots.py); ``tokens``:
         the document's token strings (default: position indices)."""
         return self._draw("view", tokens=tokens, batch=batch, measure=measure, **kwargs)
 

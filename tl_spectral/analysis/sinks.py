@@ -356,7 +356,7 @@ def sink_geometry_from_products(
     s: Tensor | None = None, key_totals: Tensor | None = None, window: int | None = None,
 ) -> SinkGeometry:
     """:func:`sink_geometry` from its value products (steps 2–4), for callers that formed
-    them already (the probes share them, :mod:`tl_spectral.probes.shared`): ``p`` the
+    them already (the probes share them, ``probes/shared.py``): ``p`` the
     pattern with padded query rows 0, ``vh`` ``[b, H, k, d]``, ``qm`` ``[b, q]`` bool,
     ``G = W_O W_Oᵀ``, ``vnorm_all`` ``[b, H, k]`` = ``‖ṽ_j‖``, ``w``, ``s_bound``, ``mass``
     and ``z`` as in step 1; optionally the layer outputs ``o = Σ_h z^h W_O^h`` and

@@ -448,7 +448,7 @@ def scale_pod_layer_streamed(
     config: dict[str, Any],
 ) -> ScalePODLayer:
     """A :class:`ScalePODLayer` from streamed statistics (see
-    :class:`tl_spectral.probes.fields.StreamedAttentionFields`): the same fields as
+    ``StreamedAttentionFields`` of probes/fields.py): the same fields as
     :func:`scale_pod_layer`, with empty per-document coefficients ``[0, k]`` and, in every POD
     summary, ``rank_cap``, ``spectrum_complete`` and ``tspec_exact``."""
     n_lags = int(lags.numel())

@@ -10,5 +10,5 @@ Moved here from ``tl_spectral.models`` (the model family, ground floor); the old
 ``tl_spectral.models.surgery`` and ``tl_spectral.models.ablations`` still import, with a
 DeprecationWarning, until tl_spectral 0.3. The interventions on any TransformerLens model
 that run inside the probe runner (faithfulness curves, zeroing the sink's value) stay with
-the probes: :mod:`tl_spectral.probes.interventions`.
+the probes: :mod:`tl_spectral.probes.damage`.
 """

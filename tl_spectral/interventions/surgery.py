@@ -431,7 +431,7 @@ def tl_linearization_curve(model: Any, tokens: torch.Tensor, *, ks: Sequence[int
     """
     from tl_spectral.model_view import ModelView
     from tl_spectral.models.convert import LinearPatternHook
-    from tl_spectral.probes.interventions import nll_sum
+    from tl_spectral.probes.damage import nll_sum
 
     tokens = as_token_tensor(tokens, "tokens", min_len=2)
     view = model if isinstance(model, ModelView) else ModelView(model)

@@ -14,6 +14,7 @@
 ``convert`` and ``zoo`` import TransformerLens lazily (only when called).
 """
 
+from tl_spectral._deprecation import install_moved_modules
 from tl_spectral.models.attention import (
     ATTENTION_KINDS,
     LinearAttention,
@@ -23,6 +24,8 @@ from tl_spectral.models.attention import (
     register_attention,
 )
 from tl_spectral.models.gpt import GPT, GPTConfig, load_checkpoint, save_model
+
+install_moved_modules()  # the old paths tl_spectral.models.surgery / .ablations
 
 _TRAIN_NAMES = ("TrainConfig", "Trainer", "TrainHistory", "train_cli")
 #: submodules moved to tl_spectral.interventions (deprecated here until tl_spectral 0.3)
@@ -42,9 +45,8 @@ def __getattr__(name):
         from tl_spectral._deprecation import warn_deprecated
 
         warn_deprecated(f"tl_spectral.models.{name}", f"tl_spectral.interventions.{name}")
-        # the old module itself (it binds the moved one here: one warning, at the caller's
-        # line), by name: the ground floor never imports the interventions
-        # (tests/test_layout.py)
+        # the old name, imported through the moved-module finder (one warning, at the
+        # caller's line; by name: the ground floor never imports the interventions)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             return importlib.import_module(f"tl_spectral.models.{name}")

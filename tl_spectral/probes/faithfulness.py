@@ -63,7 +63,7 @@ from tl_spectral.analysis.faithfulness import (
     removal_counts,
 )
 from tl_spectral.model_view import ModelView
-from tl_spectral.probes.interventions import (  # noqa: F401 - METRICS, by_length public here
+from tl_spectral.probes.damage import (  # noqa: F401 - METRICS, by_length public here
     METRICS,
     DamageMetric,
     by_length,

@@ -217,7 +217,7 @@ class AttentionFieldProbe(Probe):
         the whole field's second moments in the first pass's ``K`` POD directions — ``G (K² +
         K + d)`` floats per layer and one ``[b, d] × [d, K]`` product per batch — so the
         delete-a-group jackknife of H* and T_spec needs no per-document field
-        (:func:`~tl_spectral.viz.uncertainty.streamed_pod_jackknife`); 0 turns it off."""
+        (``streamed_pod_jackknife`` of viz/uncertainty.py); 0 turns it off."""
         super().__init__()
         self.field = field
         self._values = needs_values(field)  # validates the kind

@@ -411,16 +411,16 @@ def zero_sink_value(
     # Long on purpose: the checks of every argument, then one loop over batches with
     # the clean and the intervened pass side by side (as faithfulness).
     from tl_spectral.analysis.faithfulness import allowed_mask
-    from tl_spectral.probes.faithfulness import (
-        check_targets,
-        intervention_strategy,
-        removal_hooks,
-    )
-    from tl_spectral.probes.interventions import (
+    from tl_spectral.probes.damage import (
         DamageMetric,
         by_length,
         logit_rows,
         padding_attention_mask,
+    )
+    from tl_spectral.probes.faithfulness import (
+        check_targets,
+        intervention_strategy,
+        removal_hooks,
     )
     from tl_spectral.probes.runner import as_corpus, check_count, with_padding
 

@@ -41,8 +41,8 @@ def window_perplexity(view: Any, tokens: Any, mask: Any = None, batch_size: int 
     """Next-token perplexity of ``view`` on the windows ``tokens [n, T]`` (targets at
     positions 1…T−1 where ``mask`` marks real tokens), a few windows at a time so the logits
     of a large vocabulary never exist for all windows at once
-    (:func:`~tl_spectral.probes.interventions.nll_sum`)."""
-    from tl_spectral.probes.interventions import nll_sum
+    (:func:`~tl_spectral.probes.damage.nll_sum`)."""
+    from tl_spectral.probes.damage import nll_sum
 
     tot, cnt = nll_sum(view, tokens, mask, max_rows=batch_size)
     return math.exp(tot / max(cnt, 1))
