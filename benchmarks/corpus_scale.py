@@ -34,7 +34,8 @@ settings) skips what is recorded. ``--out`` defaults to a temporary folder, remo
 end (then nothing resumes). Reports go to ``OUT/reports/`` (only their ``results/`` and
 ``report.json`` are kept), each process's stderr (the stage table) to ``OUT/logs/``.
 
-Usage (the full run, about 1.5 h on a 2-core machine)::
+Usage (the full run: roughly 2 h on a quiet 2-core machine, an estimate from the committed
+SmolLM2 timings — N = 1,024 alone about an hour, the torchrun run about 25 min)::
 
     python benchmarks/corpus_scale.py --model smollm2-135m --out /tmp/corpus_scale \\
         --save docs/results/benchmarks/corpus_scale_smollm2.json
