@@ -120,6 +120,43 @@ def test_reduce_cat_max_sum(tmp_path):
         assert s["total"].tolist() == [3.0]
 
 
+def _one_rank_cat_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    from tl_spectral.probes.base import Probe, reduce_state
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        class P(Probe):
+            name = "p"
+
+        p = P()
+        if rank == 0:  # as ContributionProbe's kept maps: declared where the rows are
+            p.reductions = {"kept": "cat"}
+            p.accumulate("kept", torch.arange(6.0).reshape(2, 3))
+        p.accumulate("total", torch.tensor([1.0 + rank]))
+        reduce_state(p)
+        torch.save({k: v for k, v in p.state.items()}, os.path.join(out_dir, f"s{rank}.pt"))
+        assert p.reductions == {"kept": "cat"} and P.reductions == {}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_reduce_a_cat_state_declared_on_one_rank_only(tmp_path):
+    """A state one rank alone holds and declares "cat" (a document kept by its shard) is
+    gathered on every rank — before, the other rank summed it and the two waited on
+    different collectives (torchrun analyze with every section hung)."""
+    _spawn2(_one_rank_cat_worker, tmp_path)
+    for rank in range(2):
+        s = torch.load(tmp_path / f"s{rank}.pt", weights_only=True)
+        assert torch.equal(s["kept"], torch.arange(6.0).reshape(2, 3))
+        assert s["total"].tolist() == [3.0]
+
+
 def _ragged_corpus():
     g = torch.Generator().manual_seed(13)
     return [torch.randint(0, 50, (n,), generator=g) for n in (40, 5, 23, 3, 17, 31, 2, 12, 28, 9, 36)]

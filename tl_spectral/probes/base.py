@@ -234,13 +234,20 @@ def reduce_state(probe: Probe) -> None:
 
     world = dist.get_world_size()
     keys = sorted(probe.state)
-    # every rank must hold the same keys with the same number of dims
+    # every rank must hold the same keys with the same number of dims; each key's reduction
+    # comes from the ranks that hold it, so a key declared on some ranks only (ContributionProbe's
+    # kept maps: the rank whose shard holds the kept documents) is reduced alike on every rank
     all_keys: list[Optional[list]] = [None] * world
-    dist.all_gather_object(all_keys, [(k, tuple(probe.state[k].shape), str(probe.state[k].dtype)) for k in keys])
+    dist.all_gather_object(all_keys, [(k, tuple(probe.state[k].shape), str(probe.state[k].dtype),
+                                       probe.reductions.get(k, "sum")) for k in keys])
     union: dict[str, tuple[list[int], str]] = {}
+    kinds: dict[str, str] = {}
     for lst in all_keys:
-        for k, shape, dtype in lst or []:
-            red = probe.reductions.get(k, "sum")
+        for k, shape, dtype, red in lst or []:
+            if kinds.setdefault(k, red) != red:
+                raise RuntimeError(f"probe {probe.name!r}: state {k!r} is reduced by "
+                                   f"{kinds[k]!r} on one process and {red!r} on another; "
+                                   "declare its reduction in the probe's reductions on all")
             if k not in union:
                 union[k] = (list(shape), dtype)
             else:
@@ -248,8 +255,11 @@ def reduce_state(probe: Probe) -> None:
                 start = 1 if red == "cat" else 0
                 for d in range(start, len(shape)):
                     cur[d] = max(cur[d], shape[d])
+    missing = {k: r for k, r in kinds.items() if probe.reductions.get(k, "sum") != r}
+    if missing:  # an instance-level copy: the class default is shared by every instance
+        probe.reductions = {**probe.reductions, **missing}
     for k, (shape, dtype_s) in sorted(union.items()):
-        red = probe.reductions.get(k, "sum")
+        red = kinds[k]
         dtype = getattr(torch, dtype_s.replace("torch.", ""))
         local = probe.state.get(k)
         if red == "cat":
