@@ -23,6 +23,29 @@ def _layers_text(items: list[tuple[int, float]]) -> str:
     return ", ".join(f"{lay} ({100 * v:.0f}%)" for lay, v in items)
 
 
+#: levels of the mode mosaic's saved panels (values in [-1, 1]; one more code for "no mode")
+PANEL_LEVELS = 254
+
+
+def quantized_panels(panels: Any) -> Any:
+    """The mode mosaic's panels (``[-1, 1]``, NaN where a band has no mode) as uint8 codes:
+    ``PANEL_LEVELS + 1`` levels (a colour map has 256 colours: what a figure shows), 255 for
+    NaN; a quarter of float32's bytes in what a re-render keeps."""
+    import numpy as np
+
+    a = np.asarray(panels, dtype=np.float64)
+    q = np.rint((np.clip(a, -1.0, 1.0) + 1.0) * (PANEL_LEVELS / 2.0))
+    return _tensor(np.where(np.isnan(a), 255, q).astype(np.uint8))
+
+
+def dequantized_panels(codes: Any) -> Any:
+    """The panels :func:`quantized_panels` coded (float64, NaN for 255)."""
+    import numpy as np
+
+    c = np.asarray(codes)
+    return np.where(c == 255, np.nan, c.astype(np.float64) * (2.0 / PANEL_LEVELS) - 1.0)
+
+
 def _tensor(a: Any) -> Any:
     """A numpy array as a tensor (what a report's saved state holds)."""
     import torch
@@ -115,9 +138,7 @@ class ScalePODSection:
             modes = modes_panels(pod)
             out[f"scale_pod{sfx}"] = pod if ctx.save_raw else slim_scale_pod(pod)
             out[f"scale_pod_modes{sfx}"] = None if modes is None else {
-                # a figure's data (normalised to [-1, 1]): float16 is far below what a
-                # colour shows, and halves what a re-render keeps
-                **modes, "panels": _tensor(modes["panels"]).half()}
+                **modes, "panels": quantized_panels(modes["panels"])}
             out[f"scale_pod_intervals{sfx}"] = _intervals(fields, pod, ctx, FIELD_TEXT[f][0])
             base = results.get(f"baseline_{f}")
             out[f"scale_pod_baseline{sfx}"] = None if base is None else [
@@ -269,7 +290,9 @@ class ScalePODSection:
         report.figure(spectra_overlay(pod),
                       "POD eigen-spectra of every layer: a steep, short spectrum means few "
                       "modes carry the field; a flat one, many (H* as a dot on each line).")
-        fig = modes_figure(results[f"scale_pod_modes{sfx}"])
+        modes = results[f"scale_pod_modes{sfx}"]
+        fig = modes_figure(None if modes is None else {
+            **modes, "panels": dequantized_panels(modes["panels"])})
         if fig is not None:
             report.figure(fig, "First POD mode per band of every layer: look for the lag "
                                 "structure each band captures (red positive, blue negative).")

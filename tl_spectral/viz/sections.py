@@ -163,20 +163,15 @@ class AttentionStatsSection(ReportSection):
     def derive(self, results: dict[str, Any], ctx: ReportContext) -> dict[str, Any]:
         """The statistics with the mean patterns cut to the positions the report shows
         (whole with ``save_raw``), and the views' patterns packed as the page shows them."""
-        import torch
-
         res = results["attention_stats"]
-        shown = min(SHOWN_POSITIONS, int(res.mean_pattern.shape[-1]))
         # results/ keeps the mean pattern's first SHOWN_POSITIONS positions (half of that on
-        # models with more than VIEW_HEADS_FOR_3_DOCS heads: the folder's size); the mosaic
-        # draws SHOWN_POSITIONS from a float16 copy (colours on a log scale: far below what
-        # float16 rounds; half the bytes a re-render keeps)
+        # models with more than VIEW_HEADS_FOR_3_DOCS heads: the folder's size), and the
+        # mosaic draws what results/ keeps (at 270 heads a head's panel is a few pixels wide)
         n = SHOWN_POSITIONS if res.mean_pattern.shape[0] * res.mean_pattern.shape[1] <= \
             VIEW_HEADS_FOR_3_DOCS else SHOWN_POSITIONS // 2
-        mosaic = res.mean_pattern[..., :shown, :shown].to(torch.float16)
         if not ctx.save_raw and res.mean_pattern.shape[-1] > n:
             res = dataclasses.replace(res, mean_pattern=res.mean_pattern[..., :n, :n].clone())
-        return {"attention_stats_shown": res, "attention_mosaic": {"mean_pattern": mosaic},
+        return {"attention_stats_shown": res,
                 "attention_views": packed_view_patterns(results["view_patterns"], ctx)}
 
     def render(self, report: Report, results: dict[str, Any], ctx: ReportContext) -> None:
@@ -191,7 +186,7 @@ class AttentionStatsSection(ReportSection):
         ctx.status("attention statistics: figures")
         res = results["attention_stats_shown"]
         res.save(ctx.results_dir / "attention_stats.safetensors")
-        mosaic = results["attention_mosaic"]["mean_pattern"].float()
+        mosaic = res.mean_pattern[..., :SHOWN_POSITIONS, :SHOWN_POSITIONS]
         report.section(self.title)
         report.text(
             "Per layer and head, over every real query of the corpus: the entropy of the "
