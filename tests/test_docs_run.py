@@ -169,7 +169,7 @@ def _check_tl_spectral(args: list[str]) -> None:
     if not args or args[0] in ("--version", "-V"):
         return
     sub = args[0]
-    assert sub in ("analyze", "tokenize", "train", "study", "geometry"), sub
+    assert sub in ("analyze", "tokenize", "train", "study", "geometry", "render"), sub
     words = [w.strip("[]") for w in args[1:]]
     if sub == "study":
         names = words[0].split("|")
