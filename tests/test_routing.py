@@ -335,7 +335,8 @@ def test_report_section(tmp_path, native_ln):
     sec = RoutingFilteringSection()
     assert sec.probes(ctx) == []
     rep = Report("t")
-    sec.render(rep, {mp.key: mp.run(ctx) for mp in sec.passes(ctx)}, ctx)
+    res = {mp.key: mp.run(ctx) for mp in sec.passes(ctx)}
+    sec.render(rep, {**res, **sec.derive(res, ctx)}, ctx)
     html = rep.write(tmp_path).read_text()
     assert "Routing and filtering" in html and html.count("<img") == 3
     assert (tmp_path / "results" / "qk_geometry.safetensors").is_file()
@@ -347,7 +348,8 @@ def test_report_section(tmp_path, native_ln):
     ctx2 = ReportContext(view=ModelView(rot), tokens=ctx.tokens, tokenizer=None,
                          out_dir=tmp_path / "b", results_dir=tmp_path / "b" / "results")
     rep2 = Report("t2")
-    sec.render(rep2, {mp.key: mp.run(ctx2) for mp in sec.passes(ctx2)}, ctx2)
+    res2 = {mp.key: mp.run(ctx2) for mp in sec.passes(ctx2)}
+    sec.render(rep2, {**res2, **sec.derive(res2, ctx2)}, ctx2)
     html2 = rep2.write(tmp_path / "b").read_text()
     assert "could not be computed" in html2 or "This model has rotary positions" in html2
 
