@@ -150,22 +150,28 @@ class ContributionSection:
             report.subsection("Interactive view")
             ctx.status("contributions: interactive views")
             self._views(report, views, ctx)
-        n_f = int(ctx.options.faithfulness_docs)
+        self._faithfulness(report, results, ctx)
+
+    @staticmethod
+    def _faithfulness(report: "Report", results: dict[str, Any], ctx: "ReportContext") -> None:
+        """The faithfulness curves of the pass (``--faithfulness-docs``), or how to get them."""
         report.subsection("Faithfulness")
-        if n_f > 0:
-            res = results["faithfulness"]
-            res.save(ctx.results_dir / "faithfulness.safetensors")
-            report.figure(res.plot_curves(), "Faithfulness curves: the better measure changes the output more when its "
-                      "top sources are removed and less when only they are kept.")
-            report.figure(plot_faithfulness_areas(res), "Faithfulness areas per measure: look for the measure with the highest "
-                      "comprehensiveness and the lowest sufficiency area.")
-            report.table(res.to_rows(0), "faithfulness areas, all layers",
-                         name="faithfulness_all_layers")
-            report.table(res.to_rows(1), f"faithfulness areas, layer {res.layer}",
-                         name="faithfulness_layer")
-        else:
+        if int(ctx.options.faithfulness_docs) <= 0:
             report.text("Faithfulness curves: not computed (pass --faithfulness-docs N to "
                         "tl-spectral analyze to compute them on N documents).")
+            return
+        res = results["faithfulness"]
+        res.save(ctx.results_dir / "faithfulness.safetensors")
+        report.figure(res.plot_curves(), "Faithfulness curves: the better measure changes the "
+                      "output more when its top sources are removed and less when only they "
+                      "are kept.")
+        report.figure(plot_faithfulness_areas(res), "Faithfulness areas per measure: look for "
+                      "the measure with the highest comprehensiveness and the lowest "
+                      "sufficiency area.")
+        report.table(res.to_rows(0), "faithfulness areas, all layers",
+                     name="faithfulness_all_layers")
+        report.table(res.to_rows(1), f"faithfulness areas, layer {res.layer}",
+                     name="faithfulness_layer")
 
     def _sink_rates(self, report: "Report", sinks: Any, att: Any) -> None:
         """The sink rate, the Gu key score and the first-token mass, shown ONCE when they

@@ -255,13 +255,7 @@ class ScalePODSection:
                      "where H* is bounded by N)", name=f"head_allocation{sfx}")
         _uncertainty(report, results[f"scale_pod_intervals{sfx}"], pod, fields["n_docs"], what)
         ctx.status(f"scale POD ({what}): figures")
-        from tl_spectral.viz.multiples import (
-            coherence_map,
-            modes_figure,
-            scale_energy_map,
-            scalograms_mosaic,
-            spectra_overlay,
-        )
+        from tl_spectral.viz.multiples import scale_energy_map
 
         rising = [lay.layer for lay in pod.layers
                   if float(lay.scale_energy[-1]) >= 0.999 * float(lay.scale_energy.max())]
@@ -280,28 +274,40 @@ class ScalePODSection:
                       "grey points: H* bounded by the number of documents (at or above the "
                       "dashed bound), which says nothing about the layer and gives no advice; "
                       "each fit's R² is in the per-layer table (tspec_r2).")
-        report.subsection("Scalograms, every layer")
-        ctx.status(f"scale POD figures ({field}): scalograms")
-        report.figure(scalograms_mosaic(pod),
-                      "Scalograms of every layer stacked: look for the lags at which each "
-                      "layer's energy sits (bright) and at which scales.")
-        report.subsection("POD spectra and modes, every layer")
-        ctx.status(f"scale POD figures ({field}): spectra and modes")
-        report.figure(spectra_overlay(pod),
-                      "POD eigen-spectra of every layer: a steep, short spectrum means few "
-                      "modes carry the field; a flat one, many (H* as a dot on each line).")
-        modes = results[f"scale_pod_modes{sfx}"]
-        fig = modes_figure(None if modes is None else {
-            **modes, "panels": dequantized_panels(modes["panels"])})
-        if fig is not None:
-            report.figure(fig, "First POD mode per band of every layer: look for the lag "
-                                "structure each band captures (red positive, blue negative).")
-        fig = coherence_map(pod)
-        if fig is not None:  # streamed statistics bring their coherence along
-            report.figure(fig, "Mean coherence between different queries at each scale: look "
-                               "for scales where queries move together (bright): structure "
-                               "shared across positions rather than local to one query.")
+        _mosaics(report, pod, results[f"scale_pod_modes{sfx}"], ctx, field)
         return pod.allocation
+
+
+def _mosaics(report: Report, pod: Any, modes: Any, ctx: ReportContext, field: str) -> None:
+    """The every-layer figures: scalograms, POD spectra, first modes (from their 8-bit
+    codes), and the coherence map where the statistics bring one."""
+    from tl_spectral.viz.multiples import (
+        coherence_map,
+        modes_figure,
+        scalograms_mosaic,
+        spectra_overlay,
+    )
+
+    report.subsection("Scalograms, every layer")
+    ctx.status(f"scale POD figures ({field}): scalograms")
+    report.figure(scalograms_mosaic(pod),
+                  "Scalograms of every layer stacked: look for the lags at which each "
+                  "layer's energy sits (bright) and at which scales.")
+    report.subsection("POD spectra and modes, every layer")
+    ctx.status(f"scale POD figures ({field}): spectra and modes")
+    report.figure(spectra_overlay(pod),
+                  "POD eigen-spectra of every layer: a steep, short spectrum means few "
+                  "modes carry the field; a flat one, many (H* as a dot on each line).")
+    fig = modes_figure(None if modes is None else {
+        **modes, "panels": dequantized_panels(modes["panels"])})
+    if fig is not None:
+        report.figure(fig, "First POD mode per band of every layer: look for the lag "
+                            "structure each band captures (red positive, blue negative).")
+    fig = coherence_map(pod)
+    if fig is not None:  # streamed statistics bring their coherence along
+        report.figure(fig, "Mean coherence between different queries at each scale: look "
+                           "for scales where queries move together (bright): structure "
+                           "shared across positions rather than local to one query.")
 
 
 def _allocation_rows(pod: Any) -> list[dict]:
