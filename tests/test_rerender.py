@@ -144,3 +144,17 @@ def test_a_model_description_answers_the_layer_and_norm_helpers():
                                 "rmsnorm_uses_offset": False})
     assert layer_kinds(plain) is None and kinds_note(plain) == ""
     assert norm_folded(plain).startswith("LayerNorm folded")
+
+
+def test_a_state_naming_a_file_outside_its_folder_is_refused(tmp_path):
+    """A manifest names files of its own results folder only: ``../`` or an absolute path is
+    a one-line error, nothing is read."""
+    from tl_spectral.viz.report_state import _load_value, load_windows
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "secret.json.gz").write_bytes(b"")
+    for rel in ("../secret.json.gz", str(tmp_path / "secret.json.gz")):
+        with pytest.raises(ValueError, match="outside its results folder"):
+            _load_value({"kind": "json", "file": rel}, "k", tmp_path / "results")
+        with pytest.raises(ValueError, match="outside its results folder"):
+            load_windows({"windows": rel}, tmp_path / "results")

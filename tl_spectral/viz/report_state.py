@@ -245,10 +245,22 @@ def load_results(manifest: dict, folder: Path) -> dict[str, Any]:
     return out
 
 
+def _inside(folder: Path, rel: Any) -> Path:
+    """``folder / rel``, refused unless it stays inside ``folder`` (a manifest names files
+    of its own report only)."""
+    path = (Path(folder) / str(rel)).resolve()
+    if not path.is_relative_to(Path(folder).resolve()):
+        raise ValueError(f"the report's state names {rel!r}, outside its results folder; "
+                         "this is not a state tl-spectral wrote: run tl-spectral analyze again")
+    return path
+
+
 def _load_value(entry: dict, key: str, folder: Path) -> Any:
     from tl_spectral.results import Result
 
     kind = entry.get("kind")
+    if "file" in entry:
+        entry = {**entry, "file": _inside(folder, entry["file"])}
     if kind == "result":
         return Result.load(folder / entry["file"])
     if kind == "json":
@@ -275,5 +287,5 @@ def load_windows(manifest: dict, folder: Path) -> tuple[Any, Any]:
     """The windows ``(tokens, mask or None)`` of a manifest."""
     from safetensors.torch import load_file
 
-    t = load_file(str(Path(folder) / manifest["windows"]))
+    t = load_file(str(_inside(folder, manifest["windows"])))
     return t["tokens"], t.get("mask")
