@@ -116,7 +116,7 @@ class SanitySection:
 
 def sanity_perplexities(ctx: ReportContext) -> dict[str, Any]:
     """The sanity pass: perplexity of the model, of its random-weight twin and of a unigram
-    model on the first ``SANITY_DOCS`` windows (a JSON-able row)."""
+    model on the first :func:`perplexity_windows` windows (a JSON-able row)."""
     n = perplexity_windows(ctx)
     toks = ctx.tokens[:n]
     mask = None if ctx.mask is None else ctx.mask[:n]
