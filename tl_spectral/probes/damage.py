@@ -44,12 +44,7 @@ def logit_rows(view: ModelView, length: int, budget: Optional[int] = None) -> in
 def next_token_nll(logits: Tensor, tokens: Tensor) -> Tensor:
     """``[rows, T − 1]`` negative log-likelihood of each next token, row by row in float32
     (no full ``log_softmax`` copy of the logits: ``logsumexp − logit of the target``)."""
-    tgt = tokens[:, 1:].to(logits.device)
-    out = torch.empty(tgt.shape, dtype=torch.float32, device=logits.device)
-    for r in range(logits.shape[0]):
-        row = logits[r, :-1].float()
-        out[r] = torch.logsumexp(row, -1) - row.gather(-1, tgt[r].unsqueeze(-1)).squeeze(-1)
-    return out
+    return _nll_rows(logits[:, :-1], tokens[:, 1:])
 
 
 def nll_sum(view: ModelView, tokens: Tensor, mask: Optional[Tensor] = None,
