@@ -293,20 +293,23 @@ def spectra_overlay(pod: Any):
     return fig
 
 
-def modes_mosaic(pod: Any, max_rows: int = 48):
+def modes_mosaic(pod: Any, max_rows: int = 48, max_cols: int = 256):
     """The first POD mode of the whole field and of each band, every layer: rows = layers,
     columns = whole field, band 1, band 2, … (query ↓, lag →; each panel on its own
     symmetric scale ±max|mode|, red positive, blue negative), lags cut at 99% of the
-    modes' energy, queries averaged in blocks to at most ``max_rows``. Returns None when no
-    mode was kept (slim results). :func:`modes_panels` then :func:`modes_figure`."""
-    return modes_figure(modes_panels(pod, max_rows))
+    modes' energy, queries averaged in blocks to at most ``max_rows`` and lags to at most
+    ``max_cols``. Returns None when no mode was kept (slim results). :func:`modes_panels`
+    then :func:`modes_figure`."""
+    return modes_figure(modes_panels(pod, max_rows, max_cols))
 
 
-def modes_panels(pod: Any, max_rows: int = 48) -> Optional[dict]:
+def modes_panels(pod: Any, max_rows: int = 48, max_cols: int = 256) -> Optional[dict]:
     """What :func:`modes_mosaic` draws, without drawing it: ``panels [layer, column, query
-    block, lag]`` (each panel divided by its max |mode|, NaN where a band has no mode),
-    ``bands`` (the number of band columns) and ``layers`` (the row labels); None when no
-    mode was kept."""
+    block, lag block]`` (each panel divided by its max |mode|, NaN where a band has no mode),
+    ``bands`` (the number of band columns), ``layers`` (the row labels), ``lags`` (the lags
+    shown, from 0: the modes' 99% energy extent) and ``lag_block`` (lags averaged per
+    column: 1 up to ``max_cols`` lags; a panel wider than a figure's pixels only adds bytes
+    to the report's state); None when no mode was kept."""
     lays = list(pod.layers)
     nb = max(len(lay.bands) for lay in lays)
     cols = 1 + nb
@@ -333,15 +336,17 @@ def modes_panels(pod: Any, max_rows: int = 48) -> Optional[dict]:
                      for r in mats for x in r])
     m = min(any_m.shape[1], max(8, _energy_extent(prof ** 2)))
     T = block_mean(any_m, max_rows).shape[0]
-    panels = np.full((len(lays), cols, T, m), np.nan)
+    step = max(1, math.ceil(m / max_cols))
+    panels = np.full((len(lays), cols, T, math.ceil(m / step)), np.nan)
     for i, r in enumerate(mats):
         for j, x in enumerate(r):
             if x is None:
                 continue
-            b = block_mean(x, max_rows)[:, :m]
+            b = block_mean(block_mean(x, max_rows)[:, :m].T, max_cols).T
             v = np.abs(b).max() or 1.0
             panels[i, j] = b / v
-    return {"panels": panels, "bands": nb, "layers": [str(lay.layer) for lay in lays]}
+    return {"panels": panels, "bands": nb, "layers": [str(lay.layer) for lay in lays],
+            "lags": int(m), "lag_block": int(step)}
 
 
 def modes_figure(data: Optional[dict]):
@@ -367,7 +372,9 @@ def modes_figure(data: Optional[dict]):
     ax.tick_params(length=0)
     ax.set_ylabel("layer (each panel: query ↓)", fontsize=9)
     ax.xaxis.set_label_position("top")
-    ax.set_xlabel(f"whole field or band (each panel: lag 0–{m - 1} →)", fontsize=9)
+    lags, step = int(data.get("lags", m)), int(data.get("lag_block", 1))
+    per = "" if step == 1 else f", {step} lags per column"
+    ax.set_xlabel(f"whole field or band (each panel: lag 0–{lags - 1} →{per})", fontsize=9)
     ax.set_title("first POD mode per band (each panel on its own scale ±max)", fontsize=9,
                  pad=8)
     cb = fig.colorbar(im, ax=ax, pad=0.02, shrink=min(0.9, 5 / fig_h + 0.2))
