@@ -493,3 +493,38 @@ def _provenance() -> dict[str, Any]:
         commit = ""
     return {"command": " ".join(["python -m tl_spectral_studies.pod_depth"] + sys.argv[1:]),
             "commit": commit or "unknown", "seed": SEED}
+
+
+# -------------------------------------------------------------------------------- main
+def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.pod_depth") -> int:
+    ap = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    ap.add_argument("--model", action="append", choices=sorted(MODELS),
+                    help="model to run (repeatable; default smollm2-135m)")
+    ap.add_argument("--data-dir", default=None,
+                    help="folder with wiki_excerpt.txt (../shared/data); real models only")
+    ap.add_argument("--out", default="docs/results/real_decoder/pod_depth",
+                    help="output folder (default docs/results/real_decoder/pod_depth)")
+    ap.add_argument("--n-docs", type=int, default=None, help="windows N (default per model)")
+    ap.add_argument("--length", type=int, default=None, help="tokens T (default per model)")
+    ap.add_argument("--tables-only", action="store_true",
+                    help="only print the doc's markdown from the JSON files in --out")
+    a = ap.parse_args(list(argv))
+    out = Path(a.out)
+    if not a.tables_only:
+        torch.set_num_threads(1)
+        over = {k: v for k, v in (("n_docs", a.n_docs), ("length", a.length)) if v is not None}
+        for m in a.model or ["smollm2-135m"]:
+            r = run_model(m, out, None if a.data_dir is None else Path(a.data_dir),
+                          overrides=over)
+            print(json.dumps({"model": m, "seconds": r["seconds"],
+                              "forward_s": r["forward_s"]}))
+    from tl_spectral_studies.pod_depth_tables import markdown
+
+    print(markdown(out))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
