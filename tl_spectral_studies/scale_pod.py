@@ -513,6 +513,11 @@ def tables(results_dir: str | Path, *, smol_verdicts: str | Path | None = None
         from tl_spectral_studies import field_pod
 
         out["scale_pod/field_pod"] = field_pod.markdown(fp).strip()
+    pd = Path(results_dir).parent / "real_decoder" / "pod_depth"
+    if any(pd.glob("pod_depth_*.json")):
+        from tl_spectral_studies import pod_depth_tables
+
+        out["scale_pod/pod_depth"] = pod_depth_tables.markdown(pd).strip()
     ha = Path(results_dir).parent / "head_allocation"
     if (ha / "summary.json").is_file():
         from tl_spectral_studies import head_allocation
