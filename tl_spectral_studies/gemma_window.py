@@ -518,7 +518,8 @@ def verdict(trained: dict[str, Any], gaussian: dict[str, Any]) -> str:
 
 
 def gaussian_geometry(g: Any, view: Any, offsets: Sequence[int], n_ctx: int, seed: int) -> Any:
-    """i.i.d. Gaussian ``W_Q``, ``W_K`` of ``g``'s shapes, each layer rotated by the model's
+    """i.i.d. Gaussian ``W_Q``, ``W_K`` of ``g``'s shapes, as many key heads as the model
+    has (Gemma-3-270M: one, read by its four query heads), each layer rotated by the model's
     own rotary embedding and averaged over its own window (the untrained reference)."""
     from tl_spectral.geometry.rotary import RotarySpec, rotary_qk_geometry
     from tl_spectral.model_view import layer_rotary_metadata, layer_windows
@@ -527,7 +528,7 @@ def gaussian_geometry(g: Any, view: Any, offsets: Sequence[int], n_ctx: int, see
     L, H = g.routing_fraction.shape[:2]
     d = int(g.d_head[0])
     WQ = torch.randn(L, H, g.d_model, d, generator=gen, dtype=torch.float64)
-    WK = torch.randn(L, g.n_kv_heads, g.d_model, d, generator=gen, dtype=torch.float64)
+    WK = torch.randn(L, int(view.n_kv_heads), g.d_model, d, generator=gen, dtype=torch.float64)
     specs = [RotarySpec(m["inv_freq"], m["pairing"], m["attention_scaling"])
              for m in layer_rotary_metadata(view)]
     return rotary_qk_geometry(WQ, WK, specs, offsets=list(offsets), n_ctx=n_ctx,
@@ -558,7 +559,7 @@ def routing(model: Any, *, n_ctx: int, seed: int = 0) -> dict[str, Any]:
     base_of = [float(g.pair_theta[li][1]) ** (-g.rotary_dim / 2) for li in range(len(windows))]
     return {"offsets": offs, "n_ctx": n_ctx, "layer_windows": windows,
             "kinds": layer_kinds(windows, range(len(windows))), "n_heads": int(g.n_heads),
-            "n_kv_heads": int(g.n_kv_heads), "d_head": int(g.d_head[0]),
+            "n_kv_heads": int(view.n_kv_heads), "d_head": int(g.d_head[0]),
             "d_model": int(g.d_model), "capacity": min(2 * int(g.d_head[0]), int(g.d_model)),
             "rope_base": base_of, "rule": RULE, "summary": summary,
             "per_head": {k: v.tolist() for k, v in st.items()},
