@@ -226,6 +226,20 @@ def answers_markdown(p: dict[str, Any], r: dict[str, Any] | None,
     return "\n".join(out)
 
 
+def run_markdown(steps: dict[str, dict[str, Any]]) -> str:
+    """How each file was made: the command, the sample and the step's own wall time."""
+    what = {"routing": "weights only ({n} heads)", "probes": "{n} windows × {T} tokens",
+            "twin": "{n} windows × {T} tokens, random-weight twin"}
+    lines = ["| file | command | data | wall time (s) | threads |", "|---|---|---|---|---|"]
+    for step, d in steps.items():
+        n = (len(d["per_head"]["rf_delta0"]) * d["n_heads"] if step == "routing"
+             else d["n_windows"])
+        data = what[step].format(n=n, T=d.get("length"))
+        lines.append(f"| `{step}.json` | `{d['command']}` | {data} | {d['seconds']} | "
+                     f"{d['threads']} |")
+    return "\n".join(lines)
+
+
 def tables(results_dir: str | Path) -> dict[str, str]:
     """Every generated block of the section, by key (none when there are no results)."""
     d = Path(results_dir)
@@ -239,6 +253,9 @@ def tables(results_dir: str | Path) -> dict[str, str]:
             out[PREFIX + "tokens"] = tokens_markdown(p)
     if r is not None:
         out[PREFIX + "routing"] = routing_markdown(r)
+    steps = {k: v for k, v in (("routing", r), ("probes", p), ("twin", twin)) if v is not None}
+    if steps:
+        out[PREFIX + "run"] = run_markdown(steps)
     return out
 
 
