@@ -228,6 +228,17 @@ def test_group_difference_rules():
     assert gw.verdict(same, same) == "not distinguishable"
 
 
+def test_layer_permutation_enumerates_every_split():
+    v = [0.0, 5.0, 1.0, 2.0, 6.0]
+    r = gw.layer_permutation(v, [False, True, False, False, True])
+    assert r["n_splits"] == 10 and r["difference"] == pytest.approx(5.5 - 1.0)
+    ds = [abs(sum(v[i] for i in c) / 2 - sum(v[i] for i in range(5) if i not in c) / 3)
+          for c in itertools.combinations(range(5), 2)]
+    assert r["p"] == sum(d >= 4.5 - 1e-12 for d in ds) / 10 == 0.1
+    with pytest.raises(ValueError, match="both global and local"):
+        gw.layer_permutation(v, [False] * 5)
+
+
 def test_routing_reads_each_layers_theta_and_window(tiny):
     bridge = tiny[0]
     r = gw.routing(bridge, n_ctx=T)

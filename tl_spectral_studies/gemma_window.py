@@ -493,17 +493,31 @@ def group_difference(x: torch.Tensor, is_global: torch.Tensor, *, seed: int = 0
     pl = lab[perm]  # the labels relabeled, the values in place
     d_perm = (flat * pl).sum(1) / a.numel() - (flat * ~pl).sum(1) / b.numel()
     p_heads = (1 + int((d_perm.abs() >= abs(obs) - 1e-12).sum())) / (1 + N_PERMUTATIONS)
-    lm = x.mean(1)
-    n_g = int(is_global.sum())
-    d_layers = [float(lm[list(c)].mean() - lm[[i for i in range(L) if i not in c]].mean())
-                for c in itertools.combinations(range(L), n_g)]
-    obs_l = float(lm[is_global].mean() - lm[~is_global].mean())
-    p_layers = sum(abs(d) >= abs(obs_l) - 1e-12 for d in d_layers) / len(d_layers)
+    lp = layer_permutation(x.mean(1).tolist(), is_global.tolist())
     return {"global_mean": float(a.mean()), "local_mean": float(b.mean()),
             "n_global": int(a.numel()), "n_local": int(b.numel()),
             "difference": {"estimate": obs, "low": float(reps.quantile(0.025)),
                            "high": float(reps.quantile(0.975))},
-            "p_heads": p_heads, "p_layers": p_layers, "n_layer_splits": len(d_layers)}
+            "p_heads": p_heads, "p_layers": lp["p"], "n_layer_splits": lp["n_splits"]}
+
+
+def layer_permutation(values: Sequence[float], is_global: Sequence[bool]) -> dict[str, Any]:
+    """The exact two-sided permutation test of mean(global) − mean(local) over layers: every
+    choice of as many "global" layers among all of them; ``p`` = the share of choices whose
+    |difference| is at least the observed one (the observed choice included)."""
+    v = [float(x) for x in values]
+    L, g = len(v), [i for i, b in enumerate(is_global) if b]
+    if not 0 < len(g) < L:
+        raise ValueError(f"need both global and local layers, got {len(g)} global of {L}")
+
+    def diff(c: Sequence[int]) -> float:
+        rest = [v[i] for i in range(L) if i not in c]
+        return sum(v[i] for i in c) / len(c) - sum(rest) / len(rest)
+
+    obs = diff(g)
+    ds = [diff(c) for c in itertools.combinations(range(L), len(g))]
+    return {"difference": obs, "p": sum(abs(d) >= abs(obs) - 1e-12 for d in ds) / len(ds),
+            "n_splits": len(ds)}
 
 
 def verdict(trained: dict[str, Any], gaussian: dict[str, Any]) -> str:

@@ -35,6 +35,29 @@ def _excludes0(iv: dict[str, Any]) -> bool:
     return iv["low"] > 0 or iv["high"] < 0
 
 
+WINDOW_RULE = ("global and local layers differ when the interval over windows of "
+               "mean(global layers) − mean(local layers) excludes 0 AND the exact layer-level "
+               "permutation test on the per-layer estimates (every choice of 3 \"global\" "
+               "layers among the 18; two-sided) gives p < 0.05 — the interval alone sees only "
+               "the windows' variation, not the layers'; \"as the twin\" when that interval "
+               "also holds the random-weight twin's difference.")
+"""The stated rule of the (a) and (c) contrasts."""
+
+
+def _label(iv: dict[str, Any] | None, per_layer: list[float], kinds: list[str],
+           twin: dict[str, Any] | None) -> tuple[str, str]:
+    """(exact layer-level p, label under :data:`WINDOW_RULE`)."""
+    from tl_spectral_studies.gemma_window import layer_permutation
+
+    if not iv:
+        return "—", "—"
+    lp = layer_permutation(per_layer, [k == "global" for k in kinds])
+    if not (_excludes0(iv) and lp["p"] < 0.05):
+        return f"{lp['p']:.2g}", "not distinguishable"
+    as_twin = twin is not None and iv["low"] <= twin["estimate"] <= iv["high"]
+    return f"{lp['p']:.2g}", "differ" + (" (as the twin)" if as_twin else "")
+
+
 def _kind(r: dict[str, Any], li: int) -> str:
     return f"{r['kinds'][li]} (W = {r['layer_windows'][li]})" if r["kinds"][li] == "local" \
         else "global"
@@ -56,16 +79,19 @@ def fields_markdown(p: dict[str, Any], twin: dict[str, Any] | None) -> str:
                      f"{_pct(r['fluct_beyond_share'])} | {hs} | {fmt_interval(r['T_spec'])} | "
                      f"{fmt_interval(r['E_fine'])} | {fmt_interval(r['E_medium'])} | "
                      f"{fmt_interval(r['E_coarse'])} |")
-    lines += ["", "| global − local (layer means) | trained | random-weight twin |",
-              "|---|---|---|"]
+    lines += ["", "| global − local (layer means) | trained [jackknife] | p (layers, exact) "
+              "| label | random-weight twin |", "|---|---|---|---|---|"]
     tw = (twin or {}).get("fields", {}).get("global_minus_local", {})
+    kinds = [r["kind"] for r in f["per_layer"]]
     for k, label in (("mean_beyond_share", f"mean field: share at lags ≥ {W}"),
                      ("fluct_beyond_share", f"fluctuations: share at lags ≥ {W}"),
                      ("H_star", "H*"), ("T_spec", "T_spec"), ("E_fine", "E_fine"),
                      ("E_medium", "E_medium"), ("E_coarse", "E_coarse"),
                      ("fluct_energy", "fluctuation energy per window")):
         fmt = _pct if "share" in k else fmt_interval
-        lines.append(f"| {label} | {fmt(f['global_minus_local'][k])} | "
+        pl, lab = _label(f["global_minus_local"][k],
+                         [r[k]["estimate"] for r in f["per_layer"]], kinds, tw.get(k))
+        lines.append(f"| {label} | {fmt(f['global_minus_local'][k])} | {pl} | {lab} | "
                      f"{fmt(tw.get(k)) if tw else '—'} |")
     jk = f["jackknife"]
     lines += ["", f"{p['n_windows']} windows × {p['length']} tokens; 95% delete-a-group "
@@ -74,7 +100,7 @@ def fields_markdown(p: dict[str, Any], twin: dict[str, Any] | None) -> str:
               f"when ≥ {f['h_star_bound']} (the library's rule, `h_star_bounded`); T_spec: "
               f"the power law over the modes holding {round(100 * f['fit_energy'])}% of the "
               "energy." + (f" Twin: {twin['n_windows']} windows, the same draw."
-                           if twin else "")]
+                           if twin else "") + f" Rule: {WINDOW_RULE}"]
     return "\n".join(lines)
 
 
@@ -116,8 +142,13 @@ SINK_COLUMNS = (("A", "alpha0", "α_i0, i < W"), ("B", "alpha0", "α_i0, i ≥ W
                 ("B", "top_is_0", "top key = position 0, i ≥ W"),
                 ("B", "top_is_first_visible", "top key = first visible key, i ≥ W"),
                 ("B", "top_is_previous", "top key = i − 1, i ≥ W"),
-                ("B", "top_rel_lag", "top key's lag / (W − 1), i ≥ W"),
+                ("B", "top_rel_lag", "top key's relative lag, i ≥ W"),
                 ("B", "mass_beyond", "mass at lags ≥ W, i ≥ W"))
+POOLED_ROWS = (SINK_COLUMNS[:3] + (("A", "top_weight", "top key's weight, i < W"),)
+               + SINK_COLUMNS[3:4] + (("A", "top_is_0", "top key = position 0, i < W"),)
+               + SINK_COLUMNS[4:6] + (("A", "top_is_previous", "top key = i − 1, i < W"),)
+               + SINK_COLUMNS[6:7] + (("A", "top_rel_lag", "top key's relative lag, i < W"),)
+               + SINK_COLUMNS[7:])
 
 
 def sinks_markdown(p: dict[str, Any], twin: dict[str, Any] | None) -> str:
@@ -131,30 +162,30 @@ def sinks_markdown(p: dict[str, Any], twin: dict[str, Any] | None) -> str:
         cells = [fmt_interval(_at(q[part][k]["per_layer"], li)) for part, k, _ in SINK_COLUMNS]
         cells += [fmt_interval(_at(sp[k]["per_layer"], li)) for k in ("sink_rate", "key_score")]
         lines.append(f"| {layer} | {_kind(p, li)} | " + " | ".join(cells) + " |")
-    lines += ["", "| statistic | local layers | global layers | global − local | twin: local "
-              "| twin: global |", "|---|---|---|---|---|---|"]
-    tq = (twin or {}).get("queries", {})
-    for part, k, label in SINK_COLUMNS:
-        s, t = q[part][k], tq.get(part, {}).get(k, {})
+    lines += ["", "| statistic | local layers | global layers | global − local | p (layers, "
+              "exact) | label | twin: local | twin: global |", "|" + "---|" * 8]
+    tq, ts = (twin or {}).get("queries", {}), (twin or {}).get("sink_probe", {})
+    rows = [(q[part][k], tq.get(part, {}).get(k, {}), label) for part, k, label in
+            POOLED_ROWS]
+    rows += [(sp[k], ts.get(k, {}), label) for k, label in
+             (("sink_rate", "SinkProbe sink rate (all queries)"),
+              ("key_score", "Gu key score of position 0"),
+              ("sink_head_share", "share of sink heads (key score > 0.3)"))]
+    for s, t, label in rows:
+        pl, lab = _label(s.get("global_minus_local"), s["per_layer"]["estimate"], p["kinds"],
+                         t.get("global_minus_local"))
         lines.append(f"| {label} | {fmt_interval(s.get('local'))} | "
                      f"{fmt_interval(s.get('global'))} | "
-                     f"{fmt_interval(s.get('global_minus_local'), '{:+.3g}')} | "
-                     f"{fmt_interval(t.get('local'))} | {fmt_interval(t.get('global'))} |")
-    for k, label in (("sink_rate", "SinkProbe sink rate (all queries)"),
-                     ("key_score", "Gu key score of position 0"),
-                     ("sink_head_share", "share of sink heads (key score > 0.3)")):
-        s, t = sp[k], (twin or {}).get("sink_probe", {}).get(k, {})
-        lines.append(f"| {label} | {fmt_interval(s.get('local'))} | "
-                     f"{fmt_interval(s.get('global'))} | "
-                     f"{fmt_interval(s.get('global_minus_local'), '{:+.3g}')} | "
+                     f"{fmt_interval(s.get('global_minus_local'), '{:+.3g}')} | {pl} | {lab} | "
                      f"{fmt_interval(t.get('local'))} | {fmt_interval(t.get('global'))} |")
     lines += ["", f"W = {p['split']}; A: the {q['A']['n_queries_per_head']} queries 1 ≤ i < W "
               f"(query 0 left out), B: the {q['B']['n_queries_per_head']} queries i ≥ W, per "
               "head and window; head means per window; 95% percentile bootstrap over the "
               f"{p['n_windows']} windows; \"top key\": the most-attended key of a (head, query) "
-              "(first one on ties); its lag divided by the visible span's last lag, W − 1 "
-              "(1 = the first visible key). The largest α at lags ≥ W over every window and "
-              "head, local layers: " + ", ".join(
+              "(first one on ties); its relative lag: the lag divided by i − max(0, i − W + 1) "
+              "(i for i < W, W − 1 for i ≥ W: 1 = the first key a W-window shows; above 1 in a "
+              f"global layer = beyond a local window). Rule: {WINDOW_RULE} The largest α at "
+              "lags ≥ W over every window and head, local layers: " + ", ".join(
                   f"{v:g}" for v, k in zip(q["beyond_max"], p["kinds"]) if k == "local")
               + "."]
     return "\n".join(lines)
@@ -222,8 +253,30 @@ def answers_markdown(p: dict[str, Any], r: dict[str, Any] | None,
                f"(head, query) pairs; the top key's weight is "
                f"{fmt_interval(qb['top_weight']['local'])} (i < {W}: "
                f"{fmt_interval(qa['top_weight']['local'])}) at a mean relative lag of "
-               f"{fmt_interval(qb['top_rel_lag']['local'])}.")
+               f"{fmt_interval(qb['top_rel_lag']['local'])} (i < {W}: "
+               f"{fmt_interval(qa['top_rel_lag']['local'])}; twin "
+               + (fmt_interval(tq["top_rel_lag"]["local"]) if tq else "—")
+               + f"); the previous token is the top key for "
+               f"{_pct(qb['top_is_previous']['local'])} (twin "
+               + (_pct(tq["top_is_previous"]["local"]) if tq else "—") + ")."
+               + _token_sentence(p))
     return "\n".join(out)
+
+
+def _token_sentence(p: dict[str, Any]) -> str:
+    """Which key token takes the most attention mass (position 0 aside) from the queries
+    i ≥ W, counted over the local layers."""
+    if "key_tokens" not in p:
+        return ""
+    count: dict[str, int] = {}
+    for row in p["key_tokens"]["B"]:
+        if p["kinds"][p["layers"].index(row["layer"])] == "local" and row["tokens"]:
+            t = row["tokens"][0]["text"]
+            count[t] = count.get(t, 0) + 1
+    top = sorted(count.items(), key=lambda kv: -kv[1])
+    return (" The key token receiving the most of that mass, per local layer: "
+            + ", ".join(f"`{t}` in {n}" for t, n in top) + " of "
+            f"{sum(count.values())} layers (table below).")
 
 
 def run_markdown(steps: dict[str, dict[str, Any]]) -> str:
