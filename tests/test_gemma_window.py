@@ -274,3 +274,5 @@ def test_run_study_writes_resumable_files_and_tables(tiny, tmp_path):
     blocks = gw.tables(out)
     assert blocks and all(k.startswith("real_decoder/gemma_window/") for k in blocks)
     assert "| layer |" in gw.markdown(out)
+    with pytest.raises(ValueError, match="windows=2: the jackknife"):
+        gw.run_study(out, None, loaded=(bridge, None), tokens=toks, windows=2)

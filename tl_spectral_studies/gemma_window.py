@@ -3,8 +3,8 @@ Gemma-3-270M's 18 layers, measured at T = 1,024 (docs/real_decoder.md, last sect
 
     python -m tl_spectral_studies.gemma_window --data-dir ../shared/data \\
         --out docs/results/real_decoder/gemma_window
-    python -m tl_spectral_studies.gemma_window --data-dir ../shared/data --windows 2 \\
-        --length 600 --twin-windows 0 --out /tmp/gw     # a small run (about a minute)
+    python -m tl_spectral_studies.gemma_window --data-dir ../shared/data --windows 4 \\
+        --length 600 --twin-windows 0 --layers 4 5 6 --out /tmp/gw   # a small run
     python -m tl_spectral_studies.gemma_window --tables-only --out ...   # the doc blocks
 
 Gemma-3-270M (``tl_spectral.models.zoo.load("gemma3-270m")``): 18 layers, 4 query heads
@@ -664,6 +664,11 @@ def run_study(out_dir: str | Path, data_dir: str | Path | None, *,
             raise ValueError(f"unknown setting {k!r}; use one of {sorted(cfg)}")
         if v is not None:
             cfg[k] = v
+    for k in ("windows", "twin_windows"):  # the jackknife drops a group of windows
+        if cfg[k] < 3 and not (k == "twin_windows" and cfg[k] == 0):
+            raise ValueError(f"{k}={cfg[k]}: the jackknife over windows needs at least 3; "
+                             f"pass {k}=3 or more" + (" (or 0: no twin)" if k != "windows"
+                                                      else ""))
     if loaded is None:
         from tl_spectral.models import zoo
 
@@ -681,7 +686,7 @@ def run_study(out_dir: str | Path, data_dir: str | Path | None, *,
         cfg["length"] = int(tokens.shape[1])
     times = {}
     for step in steps:
-        if step == "twin" and cfg["twin_windows"] < 2:
+        if step == "twin" and cfg["twin_windows"] == 0:
             continue
         r = run_step(step, Path(out_dir), loaded, tokens, cfg,
                      command or _command(None), log)
