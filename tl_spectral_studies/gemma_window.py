@@ -724,7 +724,6 @@ def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.gemma_w
 
 from tl_spectral_studies.gemma_window_tables import markdown, tables  # noqa: E402,F401
 
-
 if __name__ == "__main__":  # python -m tl_spectral_studies.gemma_window ...
     from tl_spectral.usage import UsageError
 
