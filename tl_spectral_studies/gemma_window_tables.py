@@ -226,8 +226,10 @@ def answers_markdown(p: dict[str, Any], r: dict[str, Any] | None,
                        for row in glo)
            + (f" (random twin, global − local: {_pct(tw['mean_beyond_share'])} and "
               f"{_pct(tw['fluct_beyond_share'])})" if tw else "")
-           + ". Global − local, jackknife: "
-           + "; ".join(f"{n} {fmt_interval(c[k], '{:+.3g}')}" for k, n in
+           + ". Global − local, jackknife, and the label under the rule below the table: "
+           + "; ".join(f"{n} {fmt_interval(c[k], '{:+.3g}')} ("
+                       + _label(c[k], [row[k]["estimate"] for row in f["per_layer"]],
+                                p["kinds"], tw.get(k))[1] + ")" for k, n in
                        (("H_star", "H*"), ("T_spec", "T_spec"), ("E_fine", "E_fine"),
                         ("E_coarse", "E_coarse")))
            + f"; H* is bounded by the {f['n_windows']} windows in "
