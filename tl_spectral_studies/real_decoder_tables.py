@@ -178,6 +178,9 @@ def tables(results_dir: str | Path) -> dict[str, str]:
         p = d / f"{step}.json"
         if p.is_file():
             out[f"real_decoder/{step}"] = fn(json.loads(p.read_text()))
+    from tl_spectral_studies import gemma_window_tables  # the last section: Gemma-3's window
+
+    out.update(gemma_window_tables.tables(d / "gemma_window"))
     return out
 
 
