@@ -465,6 +465,29 @@ def band_energies(
     return out
 
 
+#: the float64 parts (real and imaginary) of the Toeplitz operator of the LagCWT used last by
+#: :func:`scalogram_from_moments`' matmul form, kept across operators of the same wavelet,
+#: precision, length and scales (a scale POD builds one per layer, all alike) while the
+#: operator has at most :data:`MATRIX_PARTS_CACHE` entries (T = 256: 3.1 M, 50 MB)
+_MATRIX_PARTS: dict[tuple, tuple[torch.Tensor, ...]] = {}
+MATRIX_PARTS_CACHE = 1 << 23
+
+
+def _matrix_parts(op: LagCWT) -> tuple[torch.Tensor, ...]:
+    """``op.matrix()`` in float64 as contiguous ``[S, n, n]`` parts (real and imaginary for
+    a complex wavelet): the same values as ``M.real`` / ``M.imag``, built once for every
+    operator alike (:data:`_MATRIX_PARTS`)."""
+    key = (op.wavelet, op.precision, op.n, tuple(op.scales.tolist()))
+    parts = _MATRIX_PARTS.get(key)
+    if parts is None:
+        M = op.matrix(torch.complex128 if op.is_complex else torch.float64)
+        parts = (M.real.contiguous(), M.imag.contiguous()) if op.is_complex else (M,)
+        if M.numel() <= MATRIX_PARTS_CACHE:
+            _MATRIX_PARTS.clear()
+            _MATRIX_PARTS[key] = parts
+    return parts
+
+
 #: complex entries of the data-independent kernel products :func:`scalogram_from_moments`
 #: keeps on its ``LagCWT`` between calls (one call per layer of a scale POD reuses them);
 #: 2**24 entries = 256 MB (T = 256: the 48 scales' 6.3 M entries are kept)
@@ -534,8 +557,7 @@ def scalogram_from_moments(
         per_scale = (op.P // 2 + 1) * op.P if method == "fft" else n * B * n
         scale_chunk = max(1, (1 << 23) // per_scale)
     if method == "matmul":
-        M = op.matrix(torch.complex128 if op.is_complex else torch.float64)  # [S, n, n]
-        parts = (M.real, M.imag) if op.is_complex else (M,)
+        parts = _matrix_parts(op)  # [S, n, n] each
         Ccat = Cb.permute(1, 0, 2).reshape(n, B * n)  # [u, (b, v)]
         for a0 in range(0, S, scale_chunk):
             a1 = min(S, a0 + scale_chunk)
