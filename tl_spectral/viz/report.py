@@ -305,7 +305,7 @@ def figure_to_base64(fig: Any, dpi: int = 90, fmt: str = "png") -> str:
             fig.savefig(buf, format="svg", bbox_inches="tight")
             return base64.b64encode(buf.getvalue()).decode("ascii")
         # uncompressed (lossless: the same pixels), as it is decoded again at once
-        fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight",
+        fig.savefig(buf, format="png", dpi=dpi, bbox_inches=_tight_bbox(fig, dpi),
                     pil_kwargs={"compress_level": 0})
         try:
             data = _palette_png(buf.getvalue())
@@ -316,6 +316,35 @@ def figure_to_base64(fig: Any, dpi: int = 90, fmt: str = "png") -> str:
         return base64.b64encode(data).decode("ascii")
     finally:
         plt.close(fig)
+
+
+def _tight_bbox(fig: Any, dpi: int) -> Any:
+    """The figure's tight bounding box at ``dpi`` (what ``bbox_inches="tight"`` crops to,
+    padded by ``savefig.pad_inches``), found without the full draw ``savefig`` runs first
+    for it: the layout engine, if any, run once (then switched off, as ``savefig`` does for
+    its own draw), the extents read from the Agg renderer. ``"tight"`` itself for a figure
+    with another layout engine (constrained layout), or where this fails. The same pixels as ``"tight"``
+    (``tests/test_report.py`` compares them); one draw of the figure instead of two."""
+    import matplotlib as mpl
+    from matplotlib.layout_engine import PlaceHolderLayoutEngine, TightLayoutEngine
+
+    engine = fig.get_layout_engine()  # after fig.tight_layout(): a place holder
+    if engine is not None and not isinstance(engine, (TightLayoutEngine,
+                                                      PlaceHolderLayoutEngine)):
+        return "tight"
+    old = fig.dpi
+    try:
+        fig.dpi = dpi
+        renderer = fig.canvas.get_renderer()
+        if engine is not None:
+            engine.execute(fig)
+        box = fig.get_tightbbox(renderer).padded(mpl.rcParams["savefig.pad_inches"])
+    except Exception:  # noqa: BLE001 - not an Agg canvas, …: savefig finds it itself
+        return "tight"
+    finally:
+        fig.dpi = old
+    fig.set_layout_engine("none")
+    return box
 
 
 def _palette_png(data: bytes) -> bytes:
