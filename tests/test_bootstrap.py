@@ -71,3 +71,15 @@ def test_centred_gram_resample_equals_recentred_fields(n, d, seed):
     torch.testing.assert_close(centred_gram_resample(G, idx), ui @ ui.T)
     # any fixed reference works: the raw Gram gives the same answer
     torch.testing.assert_close(centred_gram_resample(F @ F.T, idx), ui @ ui.T)
+
+
+def test_t_quantile_is_scipy_stats_t_ppf():
+    """t_quantile (scipy.special.stdtrit, no scipy.stats import) returns exactly what
+    scipy.stats.t.ppf returns."""
+    from scipy.stats import t as student_t
+
+    from tl_spectral.analysis.bootstrap import t_quantile
+
+    for df in (1, 2, 3, 7, 15, 30, 200):
+        for p in (0.6, 0.9, 0.95, 0.975, 0.995):
+            assert t_quantile(p, df) == float(student_t.ppf(p, df))

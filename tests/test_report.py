@@ -361,3 +361,51 @@ def test_streamed_jackknife_moments_merge_only_in_one_basis():
     run_probes(m, toks, [d], progress=False)
     jk = c.merge(d).result().jackknife
     assert jk and float(jk["0.n"].sum()) == 12
+
+
+def test_figures_crop_to_the_same_pixels_as_bbox_tight():
+    """figure_to_base64 crops with the tight box found in one draw (``_tight_bbox``): the
+    same pixels as ``savefig(bbox_inches="tight")`` for a figure without a layout engine
+    (colour bar, legend, title), one laid out once by ``tight_layout()``, one with the tight
+    layout engine and one with constrained layout (which keeps ``"tight"``)."""
+    import base64
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from PIL import Image
+
+    from tl_spectral.viz.report import _tight_bbox, figure_to_base64
+
+    def make(kind):
+        fig, axes = plt.subplots(1, 2, figsize=(6, 3), layout={
+            "constrained": "constrained", "tight": "tight"}.get(kind))
+        im = axes[0].imshow(np.arange(30.0).reshape(5, 6), aspect="auto")
+        fig.colorbar(im, ax=axes[0], label="value")
+        axes[1].plot([1, 2, 3], label="a line")
+        axes[1].legend(loc="upper center", bbox_to_anchor=(0.5, -0.15))
+        axes[1].set_title("a title that reaches out", fontsize=14)
+        fig.suptitle("suptitle")
+        if kind == "tight_layout":
+            fig.tight_layout()
+        return fig
+
+    def pixels(fig, box):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=90, bbox_inches=box)
+        plt.close(fig)
+        return np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGBA"))
+
+    refs = {}
+    for kind in ("none", "tight_layout", "tight", "constrained"):
+        refs[kind] = ref = pixels(make(kind), "tight")
+        fig = make(kind)
+        box = _tight_bbox(fig, 90)
+        assert (box == "tight") == (kind == "constrained")
+        got = pixels(fig, box)
+        assert got.shape == ref.shape and np.array_equal(got, ref), kind
+    # the page's PNG (a palette PNG) has that size
+    png = Image.open(io.BytesIO(base64.b64decode(figure_to_base64(make("none")))))
+    assert png.size == (refs["none"].shape[1], refs["none"].shape[0])

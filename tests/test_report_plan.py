@@ -99,3 +99,41 @@ def test_rotary_bridge_without_firing_rotated_hooks_gets_a_reason(tmp_path):
     ctx = _ctx(tmp_path, model_name="char-shakespeare-rotary", n=1, T=8)
     with pytest.raises(ValueError, match="no hook on its rotated queries and keys"):
         tl_linearization_curve(ctx.view, ctx.tokens, ks=[0, 1])
+
+
+def test_the_random_twin_reads_the_first_windows_of_the_check(tmp_path, monkeypatch):
+    """The sanity pass: the model's and the unigram perplexity on the check's windows, the
+    random-weight twin's on the first ``twin_windows`` of them (about RANDOM_TWIN_TOKENS
+    tokens), each number what window_perplexity gives on those windows; the page says how
+    many the twin read. The twin's perplexity is a magnitude: near the vocabulary size."""
+    import tl_spectral.viz.sanity_section as ss
+    from tl_spectral.model_view import ModelView
+    from tl_spectral.viz.baseline import random_copy
+    from tl_spectral.viz.report import Report
+
+    ctx = _ctx(tmp_path, n=6, T=64, progress=False)
+    assert ss.perplexity_windows(ctx) == 6 and ss.twin_windows(ctx) == 4  # 256 / 64
+    seen = []
+    real = ss.window_perplexity
+
+    def spy(view, toks, mask=None, batch_size=8):
+        seen.append((view is ctx.view, toks.clone()))
+        return real(view, toks, mask, batch_size)
+
+    monkeypatch.setattr(ss, "window_perplexity", spy)
+    row = ss.sanity_perplexities(ctx)
+    (own, t_model), (twin_own, t_twin) = seen
+    assert own and not twin_own
+    assert torch.equal(t_model, ctx.tokens[:6]) and torch.equal(t_twin, ctx.tokens[:4])
+    assert (row["windows"], row["predicted_tokens"]) == (6, 6 * 63)
+    assert (row["random_weights_windows"], row["random_weights_tokens"]) == (4, 4 * 63)
+    twin = ModelView(random_copy(ctx.view.model, seed=0))
+    assert row["random_weights_ppl"] == pytest.approx(real(twin, ctx.tokens[:4]), rel=1e-6)
+    V = row["vocabulary"]
+    every = real(twin, ctx.tokens)
+    assert V / 2 < row["random_weights_ppl"] < 2 * V
+    assert row["random_weights_ppl"] == pytest.approx(every, rel=0.05)
+    report = Report("t")
+    ss.SanitySection().render(report, {"sanity_perplexity": row}, ctx)
+    html = report.write(tmp_path / "page").read_text(encoding="utf-8")
+    assert "on the first 4 of these windows (252 predicted tokens)" in html

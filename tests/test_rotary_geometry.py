@@ -78,6 +78,30 @@ def test_energies_and_spectra_equal_dense_brute_force(seed, pairing, rd, kv, sca
     torch.testing.assert_close(e["norm_F_sq"], nf, **tol)
 
 
+def test_without_spectra_every_other_field_is_the_same():
+    """``spectra=False`` (the report without --save-raw) skips the singular values at the
+    offsets: they and their ranks are NaN, every other field is bit for bit the full
+    result's (the same cores, norms, forms and averages)."""
+    import dataclasses
+    import math
+
+    WQ, WK = _weights(7, KV=2)
+    spec = RotarySpec.from_base(4, 50.0, "adjacent")
+    full = rotary_qk_geometry(WQ, WK, spec, offsets=[0, -3], n_ctx=12)
+    cut = rotary_qk_geometry(WQ, WK, spec, offsets=[0, -3], n_ctx=12, spectra=False)
+    skipped = {"sv_R", "sv_F", "eff_rank_R", "pr_R", "eff_rank_F", "pr_F"}
+    for f in dataclasses.fields(full):
+        a, b = getattr(full, f.name), getattr(cut, f.name)
+        if f.name in skipped:
+            assert a.shape == b.shape and bool(torch.isnan(b).all()), f.name
+        elif isinstance(a, torch.Tensor):
+            assert torch.equal(a, b), f.name
+        elif isinstance(a, float) and math.isnan(a):
+            assert math.isnan(b), f.name
+        else:
+            assert a == b, f.name
+
+
 @pytest.mark.parametrize("dist", ["causal", "uniform", {0: 1.0, -3: 2.0, 5: 0.5}])
 def test_distribution_averages_equal_brute_force(dist):
     WQ, WK = _weights(1)

@@ -190,3 +190,52 @@ def test_scalogram_from_moments_batched(wavelet, n):
         scalogram_from_moments(C, op, method="x")
     with pytest.raises(ValueError, match="C must be"):
         scalogram_from_moments(C[..., :-1], op)
+
+
+def test_scalogram_kernels_kept_on_the_operator(monkeypatch):
+    """The FFT form's wavelet-side products are kept on the LagCWT (one per scale chunk,
+    within MOMENT_KERNEL_CACHE entries): a second call (the next layer) gives the very same
+    bits as a fresh operator, and chunks past the cap are recomputed, not kept."""
+    from tl_spectral.analysis import wavelets
+
+    n = 48
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(4, n, 30, generator=g, dtype=torch.float64)
+    C = X @ X.transpose(1, 2) / 30
+    op = LagCWT(n, default_scales(n)[:12], dtype=torch.float64)
+    E1 = scalogram_from_moments(C, op, method="fft", scale_chunk=5)
+    assert sorted(op._moment_kernels) == [(0, 5), (5, 10), (10, 12)]
+    E2 = scalogram_from_moments(C.flip(0), op, method="fft", scale_chunk=5)
+    fresh = LagCWT(n, default_scales(n)[:12], dtype=torch.float64)
+    assert torch.equal(E2, scalogram_from_moments(C.flip(0), fresh, method="fft",
+                                                  scale_chunk=5))
+    assert torch.equal(E1, scalogram_from_moments(C, fresh, method="fft", scale_chunk=5))
+    P = op.P
+    monkeypatch.setattr(wavelets, "MOMENT_KERNEL_CACHE", (P // 2 + 1) * 5 * P)
+    capped = LagCWT(n, default_scales(n)[:12], dtype=torch.float64)
+    assert torch.equal(scalogram_from_moments(C, capped, method="fft", scale_chunk=5), E1)
+    assert sorted(capped._moment_kernels) == [(0, 5)]  # the next 5 would pass the cap
+
+
+def test_matmul_operator_parts_shared_by_operators_alike(monkeypatch):
+    """The matmul form's operator parts are built once for every LagCWT of the same wavelet,
+    length and scales (a scale POD builds one per layer): the same values as the operator's
+    real and imaginary parts, the same scalogram bits as a fresh operator's, none kept past
+    MATRIX_PARTS_CACHE entries."""
+    from tl_spectral.analysis import wavelets
+
+    n = 40
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(2, n, 25, generator=g, dtype=torch.float64)
+    C = X @ X.transpose(1, 2) / 25
+    a, b = (LagCWT(n, default_scales(n), dtype=torch.float32) for _ in range(2))
+    pa = wavelets._matrix_parts(a)
+    assert wavelets._matrix_parts(b) is pa  # the second operator reuses the first's
+    M = a.matrix(torch.complex128)
+    assert torch.equal(pa[0], M.real) and torch.equal(pa[1], M.imag)
+    E = scalogram_from_moments(C, b, method="matmul")
+    monkeypatch.setattr(wavelets, "_MATRIX_PARTS", {})
+    monkeypatch.setattr(wavelets, "MATRIX_PARTS_CACHE", 0)
+    fresh = LagCWT(n, default_scales(n), dtype=torch.float32)
+    assert torch.equal(scalogram_from_moments(C, fresh, method="matmul"), E)
+    assert not wavelets._MATRIX_PARTS  # over the cap: not kept

@@ -203,6 +203,8 @@ class LagCWT:
         self._fft_bank: torch.Tensor | None = None
         self._gemm: torch.Tensor | None = None
         self._matrix: dict[torch.dtype, torch.Tensor] = {}
+        #: :func:`_moment_kernels` of scale chunks, kept between scalogram calls
+        self._moment_kernels: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
     def n_scales(self) -> int:
@@ -463,6 +465,63 @@ def band_energies(
     return out
 
 
+#: the float64 parts (real and imaginary) of the Toeplitz operator of the LagCWT used last by
+#: :func:`scalogram_from_moments`' matmul form, kept across operators of the same wavelet,
+#: precision, length and scales (a scale POD builds one per layer, all alike) while the
+#: operator has at most :data:`MATRIX_PARTS_CACHE` entries (T = 256: 3.1 M, 50 MB)
+_MATRIX_PARTS: dict[tuple, tuple[torch.Tensor, ...]] = {}
+MATRIX_PARTS_CACHE = 1 << 23
+
+
+def _matrix_parts(op: LagCWT) -> tuple[torch.Tensor, ...]:
+    """``op.matrix()`` in float64 as contiguous ``[S, n, n]`` parts (real and imaginary for
+    a complex wavelet): the same values as ``M.real`` / ``M.imag``, built once for every
+    operator alike (:data:`_MATRIX_PARTS`)."""
+    key = (op.wavelet, op.precision, op.n, tuple(op.scales.tolist()))
+    parts = _MATRIX_PARTS.get(key)
+    if parts is None:
+        M = op.matrix(torch.complex128 if op.is_complex else torch.float64)
+        parts = (M.real.contiguous(), M.imag.contiguous()) if op.is_complex else (M,)
+        if M.numel() <= MATRIX_PARTS_CACHE:
+            _MATRIX_PARTS.clear()
+            _MATRIX_PARTS[key] = parts
+    return parts
+
+
+#: complex entries of the data-independent kernel products :func:`scalogram_from_moments`
+#: keeps on its ``LagCWT`` between calls (one call per layer of a scale POD reuses them);
+#: 2**24 entries = 256 MB (T = 256: the 48 scales' 6.3 M entries are kept)
+MOMENT_KERNEL_CACHE = 1 << 24
+
+
+def _moment_kernels(op: LagCWT, a0: int, a1: int) -> torch.Tensor:
+    """``Q[g, a, f] = K̂_a[f + g] conj(K̂_a[f])`` (indices mod ``P``) of the scales
+    ``a0:a1``, contiguous ``[G, a1 - a0, P]`` complex128: the wavelet side of
+    :func:`scalogram_from_moments`' FFT form. It depends on ``op`` only, so it is kept on
+    ``op`` while all the kept chunks stay within :data:`MOMENT_KERNEL_CACHE` entries (the
+    same values as recomputing them: the same operations on the same inputs)."""
+    cache = op._moment_kernels
+    if (a0, a1) in cache:
+        return cache[(a0, a1)]
+    n, P, S = op.n, op.P, op.n_scales
+    G = P // 2 + 1
+    circ = torch.zeros(S, P, dtype=torch.complex128)
+    circ[:, :n] = op._bank64[:, n - 1 :]
+    if n > 1:
+        circ[:, P - (n - 1) :] = op._bank64[:, : n - 1]
+    Kh = torch.fft.fft(circ, dim=-1)  # [S, P]
+    # The wavelet spectra decay to ~1e-300: entries below 1e-20 of a scale's largest add
+    # nothing at float64 precision but make subnormal products (slow on CPU): zero them.
+    Kh = torch.where(Kh.abs() >= 1e-20 * Kh.abs().amax(-1, keepdim=True), Kh, 0)
+    Kd = torch.cat([Kh, Kh], dim=-1).contiguous()  # [S, 2P]: Kd[a, f + g] = K̂_a[(f+g) % P]
+    shifted = torch.as_strided(Kd[a0:a1], (G, a1 - a0, P), (1, 2 * P, 1))  # K̂[a, f + g]
+    # contiguous [G, c, P]: bmm over a strided batch is ~100x slower
+    Q = (shifted * Kh[None, a0:a1, :].conj()).contiguous()
+    if sum(q.numel() for q in cache.values()) + Q.numel() <= MOMENT_KERNEL_CACHE:
+        cache[(a0, a1)] = Q
+    return Q
+
+
 def scalogram_from_moments(
     C: torch.Tensor, op: LagCWT, *, method: str = "auto", scale_chunk: int | None = None
 ) -> torch.Tensor:
@@ -498,8 +557,7 @@ def scalogram_from_moments(
         per_scale = (op.P // 2 + 1) * op.P if method == "fft" else n * B * n
         scale_chunk = max(1, (1 << 23) // per_scale)
     if method == "matmul":
-        M = op.matrix(torch.complex128 if op.is_complex else torch.float64)  # [S, n, n]
-        parts = (M.real, M.imag) if op.is_complex else (M,)
+        parts = _matrix_parts(op)  # [S, n, n] each
         Ccat = Cb.permute(1, 0, 2).reshape(n, B * n)  # [u, (b, v)]
         for a0 in range(0, S, scale_chunk):
             a1 = min(S, a0 + scale_chunk)
@@ -512,30 +570,16 @@ def scalogram_from_moments(
     elif method == "fft":
         P = op.P
         G = P // 2 + 1
-        circ = torch.zeros(S, P, dtype=torch.complex128)
-        circ[:, :n] = op._bank64[:, n - 1 :]
-        if n > 1:
-            circ[:, P - (n - 1) :] = op._bank64[:, : n - 1]
-        Kh = torch.fft.fft(circ, dim=-1)  # [S, P]
-        # The wavelet spectra decay to ~1e-300: entries below 1e-20 of a scale's largest add
-        # nothing at float64 precision but make subnormal products (slow on CPU): zero them.
-        Kh = torch.where(Kh.abs() >= 1e-20 * Kh.abs().amax(-1, keepdim=True), Kh, 0)
-        Kd = torch.cat([Kh, Kh], dim=-1).contiguous()  # [S, 2P]: Kd[a, f + g] = K̂_a[(f+g) % P]
         Ch = torch.fft.fft2(Cb.to(torch.complex128), s=(P, P))  # [B, P, P]
-        # D[b, f1, f] = Ĉ[f1, -f]; Bg[g, f, b] = D[(f + g) % P, f]
-        D = torch.roll(torch.flip(Ch, dims=(-1,)), shifts=1, dims=-1)
-        Dd = torch.cat([D, D], dim=1).contiguous()  # [B, 2P, P]
-        Bg = torch.as_strided(Dd, (B, G, P), (2 * P * P, P, P + 1)).permute(1, 2, 0)  # [G, P, B]
-        Bg = Bg.contiguous()
-        del Ch, D, Dd
+        # Bg[g, f, b] = Ĉ[b, (f + g) % P, -f % P]: one gather
+        f = torch.arange(P)
+        rows = (f[None, :] + torch.arange(G)[:, None]) % P  # [G, P]
+        Bg = Ch[:, rows, (-f % P)[None, :]].permute(1, 2, 0).contiguous()  # [G, P, B]
+        del Ch
         spec = torch.empty(B, S, G, dtype=torch.complex128)
         for a0 in range(0, S, scale_chunk):
             a1 = min(S, a0 + scale_chunk)
-            Kc = Kd[a0:a1]
-            shifted = torch.as_strided(Kc, (G, a1 - a0, P), (1, 2 * P, 1))  # K̂[a, f + g]
-            # contiguous [G, c, P]: bmm over a strided batch is ~100x slower
-            Q = (shifted * Kh[None, a0:a1, :].conj()).contiguous()
-            spec[:, a0:a1] = torch.bmm(Q, Bg).permute(2, 1, 0)  # [B, c, G]
+            spec[:, a0:a1] = torch.bmm(_moment_kernels(op, a0, a1), Bg).permute(2, 1, 0)
         out = torch.fft.irfft(spec, n=P, dim=-1)[..., :n] / P
     else:
         raise ValueError(f"method must be 'auto', 'fft' or 'matmul' (got {method!r})")

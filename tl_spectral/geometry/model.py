@@ -268,6 +268,7 @@ def model_rotary_geometry(
     average_ranks: bool = True,
     rank_offsets: Any = "auto",
     progress: bool | None = None,
+    spectra: bool = True,
 ) -> Any:
     """The offset-resolved QK geometry of a rotary model (:func:`tl_spectral.geometry.rotary.
     rotary_qk_geometry`): every head's ``M(Δ) = W_Q R(Δ) W_Kᵀ``, Δ = j − i.
@@ -301,6 +302,8 @@ def model_rotary_geometry(
         :func:`~tl_spectral.geometry.rotary.rotary_qk_geometry`.
     progress: a progress bar over the layers (default None: on a terminal or in a notebook,
         when the spectra take more than a few seconds).
+    spectra: False: the singular values at ``offsets`` (and their ranks) left NaN, not
+        computed (:func:`~tl_spectral.geometry.rotary.rotary_qk_geometry`).
 
     Raises :class:`UnreadableHeadsError` for models without rotary positions (use
     :func:`model_qk_geometry`) or whose heads cannot be read.
@@ -353,7 +356,8 @@ def model_rotary_geometry(
         return rotary_qk_geometry(WQ, WK, spec, offsets=offsets, distribution=distribution,
                                   n_ctx=n_ctx, average_ranks=average_ranks,
                                   rank_offsets=rank_offsets, progress=progress,
-                                  windows=windows, layer_names=[f"L{i}" for i in keep])
+                                  windows=windows, layer_names=[f"L{i}" for i in keep],
+                                  spectra=spectra)
     except ValueError as e:
         raise UnreadableHeadsError(f"the model's rotary heads cannot be analysed: {e}") from e
 

@@ -279,9 +279,10 @@ def _rotate_columns(r1: torch.Tensor, offsets: torch.Tensor, a: torch.Tensor, b:
 
 
 def _spectra(wq: torch.Tensor, wk: torch.Tensor, offsets: torch.Tensor, a, b, theta, gain,
-             chunk: int = 64) -> dict[str, torch.Tensor]:
+             chunk: int = 64, values: bool = True) -> dict[str, torch.Tensor]:
     """Singular values of the skew / symmetric parts of M(Δ) for every head and offset:
-    ``sv_R``, ``sv_F`` [B, n, k] and the squared norms ``norm_R_sq``, ``norm_F_sq`` [B, n]."""
+    ``sv_R``, ``sv_F`` [B, n, k] (NaN without ``values``: only the norms are computed) and
+    the squared norms ``norm_R_sq``, ``norm_F_sq`` [B, n]."""
     d_head = wq.shape[-1]
     _, r = torch.linalg.qr(torch.cat([wq, wk], dim=-1), mode="r")  # [B, k, 2d]
     r1, r2 = r[..., :d_head], r[..., d_head:]
@@ -292,9 +293,13 @@ def _spectra(wq: torch.Tensor, wk: torch.Tensor, offsets: torch.Tensor, a, b, th
         x = _rotate_columns(r1, off, a, b, theta, gain) @ r2[:, None].mT  # [B, n, k, k]
         core_r = 0.5 * (x - x.mT)
         core_f = 0.5 * (x + x.mT)
-        out["sv_R"].append(torch.linalg.svdvals(core_r))
-        out["sv_F"].append(torch.linalg.eigvalsh(core_f).abs().sort(dim=-1, descending=True)
-                           .values)
+        if values:
+            out["sv_R"].append(torch.linalg.svdvals(core_r))
+            out["sv_F"].append(torch.linalg.eigvalsh(core_f).abs()
+                               .sort(dim=-1, descending=True).values)
+        else:
+            out["sv_R"].append(torch.full(core_r.shape[:-1], math.nan, dtype=core_r.dtype))
+            out["sv_F"].append(torch.full(core_f.shape[:-1], math.nan, dtype=core_f.dtype))
         out["norm_R_sq"].append(core_r.square().sum((-2, -1)))
         out["norm_F_sq"].append(core_f.square().sum((-2, -1)))
     return {k: torch.cat(v, dim=1) for k, v in out.items()}
@@ -538,6 +543,12 @@ class RotaryQKGeometry(Result):
 
 
 # ------------------------------------------------------------------------- entry point
+def _unless_nan(f: Any, sv: torch.Tensor) -> torch.Tensor:
+    """``f(sv)`` (a rank of the spectra ``[..., k]``), NaN where the spectra were not
+    computed (NaN: ``spectra=False``) rather than the 0 of an all-zero spectrum."""
+    return torch.where(torch.isnan(sv).any(-1), math.nan, f(sv))
+
+
 def _layer_specs(spec: Any, n_layers: int) -> list[RotarySpec]:
     """One :class:`RotarySpec` per layer from ``spec`` (one for all, or a sequence)."""
     specs = [spec] * n_layers if isinstance(spec, RotarySpec) else list(spec) \
@@ -568,6 +579,7 @@ def rotary_qk_geometry(
     dtype: torch.dtype = torch.float64,
     progress: bool | None = None,
     windows: Sequence[int | None] | None = None,
+    spectra: bool = True,
 ) -> RotaryQKGeometry:
     """Routing/filtering geometry of rotary heads as functions of the offset Δ = j − i.
 
@@ -608,6 +620,10 @@ def rotary_qk_geometry(
     renormalised (its ranks the same rank rule over that distribution); recorded in
     the result's ``windows``. ``dist_offsets``/``dist_weights``/``rank_offsets``
     are the unrestricted ones.
+    ``spectra``: False leaves the singular values at ``offsets`` (``sv_R``, ``sv_F``) and
+    their ranks and participation ratios NaN — two ``k × k`` decompositions per head and
+    offset not run, for a caller that reads energies and fractions only (the report without
+    ``--save-raw``); every other field is the same.
 
     Returns a :class:`RotaryQKGeometry`. At Δ = 0 the energies, fractions and spectra equal
     ``qk_geometry(W_Q, W_K)``'s (same cores, same operations).
@@ -677,7 +693,7 @@ def rotary_qk_geometry(
         wq = wq.to(dtype)
         wk = wk.to(dtype).repeat_interleave(n_heads // n_kv, dim=0)
         H, T = _energy_forms(wq, wk, a, b)
-        sp = _spectra(wq, wk, off, a, b, theta, gain)
+        sp = _spectra(wq, wk, off, a, b, theta, gain, values=spectra)
         l_off, l_w, lr_off, lr_w = (d_off, d_w, r_off, r_w) if wins[i] is None \
             else layer_dist[wins[i]]
         u = _coefficients(l_off, theta, gain)  # [m, 2P]
@@ -723,8 +739,9 @@ def rotary_qk_geometry(
         inv_freq=spec.inv_freq.clone(), attention_scaling=spec.attention_scaling,
         offsets=off, norm_M_sq=total, norm_R_sq=norm_r, norm_F_sq=norm_f,
         routing_fraction=_fraction(norm_r, total), sv_R=sv_r, sv_F=sv_f,
-        eff_rank_R=entropy_effective_rank(sv_r), pr_R=participation_ratio(sv_r),
-        eff_rank_F=entropy_effective_rank(sv_f), pr_F=participation_ratio(sv_f),
+        eff_rank_R=_unless_nan(entropy_effective_rank, sv_r), pr_R=_unless_nan(
+            participation_ratio, sv_r), eff_rank_F=_unless_nan(entropy_effective_rank, sv_f),
+        pr_F=_unless_nan(participation_ratio, sv_f),
         distribution=dist_name, dist_offsets=d_off, dist_weights=d_w,
         mean_norm_M_sq=mean_r + mean_f, mean_norm_R_sq=mean_r, mean_norm_F_sq=mean_f,
         mean_routing_fraction=_fraction(mean_r, mean_r + mean_f),

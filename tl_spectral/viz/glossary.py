@@ -30,7 +30,11 @@ GLOSSARY: dict[str, str] = {
                    "the perplexity of a unigram model fitted on them",
     "vocabulary": "the model's vocabulary size (the perplexity of uniform guessing)",
     "windows": "windows of the check",
-    "predicted_tokens": "next-token predictions the perplexities average over",
+    "predicted_tokens": "next-token predictions the model's and the unigram perplexities "
+                        "average over",
+    "random_weights_windows": "windows the random-weight perplexity reads (the first of the "
+                              "check's: a reference of magnitude)",
+    "random_weights_tokens": "next-token predictions the random-weight perplexity averages over",
     "attention": "the layer's attention: 'global' (full attention over every earlier "
                  "token) or 'local' (within a sliding window), from the model's layer_types",
     "k": "number of leading layers whose attention is replaced by linear attention",

@@ -293,32 +293,69 @@ FIGURE_FORMATS = ("png", "svg")
 
 def figure_to_base64(fig: Any, dpi: int = 90, fmt: str = "png") -> str:
     """PNG (or with ``fmt="svg"`` SVG) bytes of a matplotlib Figure, base64-encoded (the
-    figure is closed)."""
+    figure is closed). PNG: a 256-colour palette PNG (a third of the size of the RGB one,
+    no visible change for plots), or the RGB PNG where Pillow fails."""
     import matplotlib.pyplot as plt
 
-    if fmt == "svg":
-        buf = io.BytesIO()
-        fig.savefig(buf, format="svg", bbox_inches="tight")
-        plt.close(fig)
-        return base64.b64encode(buf.getvalue()).decode("ascii")
-    if fmt != "png":
+    if fmt not in FIGURE_FORMATS:
         raise ValueError(f"figure format must be one of {FIGURE_FORMATS}, got {fmt!r}")
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
-    data = buf.getvalue()
-    try:  # a 256-colour palette PNG: a third of the size, no visible change for plots
-        from PIL import Image
+    try:
+        if fmt == "svg":
+            fig.savefig(buf, format="svg", bbox_inches="tight")
+            return base64.b64encode(buf.getvalue()).decode("ascii")
+        # uncompressed (lossless: the same pixels), as it is decoded again at once
+        fig.savefig(buf, format="png", dpi=dpi, bbox_inches=_tight_bbox(fig, dpi),
+                    pil_kwargs={"compress_level": 0})
+        try:
+            data = _palette_png(buf.getvalue())
+        except Exception:  # noqa: BLE001 - Pillow failing: the plain PNG, compressed
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+            data = buf.getvalue()
+        return base64.b64encode(data).decode("ascii")
+    finally:
+        plt.close(fig)
 
-        img = Image.open(io.BytesIO(data)).convert("RGB")
-        out = io.BytesIO()
-        img.quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(
-            out, format="PNG", optimize=True)
-        if out.tell() < len(data):
-            data = out.getvalue()
-    except Exception:  # noqa: BLE001 - Pillow missing or failing: keep the plain PNG
-        pass
-    return base64.b64encode(data).decode("ascii")
+
+def _tight_bbox(fig: Any, dpi: int) -> Any:
+    """The figure's tight bounding box at ``dpi`` (what ``bbox_inches="tight"`` crops to,
+    padded by ``savefig.pad_inches``), found without the full draw ``savefig`` runs first
+    for it: the layout engine, if any, run once (then switched off, as ``savefig`` does for
+    its own draw), the extents read from the Agg renderer. ``"tight"`` itself for a figure
+    with another layout engine (constrained layout), or where this fails. The same pixels as ``"tight"``
+    (``tests/test_report.py`` compares them); one draw of the figure instead of two."""
+    import matplotlib as mpl
+    from matplotlib.layout_engine import PlaceHolderLayoutEngine, TightLayoutEngine
+
+    engine = fig.get_layout_engine()  # after fig.tight_layout(): a place holder
+    if engine is not None and not isinstance(engine, (TightLayoutEngine,
+                                                      PlaceHolderLayoutEngine)):
+        return "tight"
+    old = fig.dpi
+    try:
+        fig.dpi = dpi
+        renderer = fig.canvas.get_renderer()
+        if engine is not None:
+            engine.execute(fig)
+        box = fig.get_tightbbox(renderer).padded(mpl.rcParams["savefig.pad_inches"])
+    except Exception:  # noqa: BLE001 - not an Agg canvas, …: savefig finds it itself
+        return "tight"
+    finally:
+        fig.dpi = old
+    fig.set_layout_engine("none")
+    return box
+
+
+def _palette_png(data: bytes) -> bytes:
+    """The PNG ``data`` quantized to a 256-colour palette (Pillow's fast octree)."""
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    out = io.BytesIO()
+    img.quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(out, format="PNG",
+                                                                     optimize=True)
+    return out.getvalue()
 
 
 def _fmt(v: Any, floatfmt: str = "{:.4g}") -> str:

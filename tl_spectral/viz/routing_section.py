@@ -53,15 +53,16 @@ class RoutingFilteringSection:
 
     def rotary_geometry(self, ctx: ReportContext) -> Any:
         """The weights pass of a rotary model: ``model_rotary_geometry`` over the report's
-        window length (spectra at Δ = 0 only: the report shows energies, which the stored
-        trigonometric forms give exactly at any offset), or why it cannot run (a str)."""
+        window length (the report shows energies and routing fractions, which the stored
+        trigonometric forms give exactly at any offset; the singular values at Δ = 0 only
+        with ``--save-raw``, which keeps the whole result), or why it cannot run (a str)."""
         from tl_spectral.geometry.model import UnreadableHeadsError, model_rotary_geometry
 
         try:
             return model_rotary_geometry(
                 ctx.view, fold_ln=self.fold_ln, n_ctx=int(ctx.tokens.shape[1]), offsets=[0],
                 distribution="causal" if ctx.view.causal else "uniform",
-                average_ranks=False)
+                average_ranks=False, spectra=ctx.save_raw)
         except UnreadableHeadsError as e:
             return str(e)
 

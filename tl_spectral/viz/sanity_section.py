@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 #: of 256, 1 of 1,024): a reference of magnitude, not a measurement (the unigram and random
 #: references sit 10-10,000x away)
 SANITY_DOCS, SANITY_TOKENS_DEEP, SHALLOW_LAYERS = 16, 1024, 12
+#: about this many tokens of those windows (the first ones, at least one window) are what the
+#: random-weight twin reads: its perplexity sits near the vocabulary size, a reference of
+#: magnitude that a few hundred tokens fix (a quarter of a deep check's second full pass)
+RANDOM_TWIN_TOKENS = 256
 
 
 def perplexity_windows(ctx: ReportContext) -> int:
@@ -35,6 +39,14 @@ def perplexity_windows(ctx: ReportContext) -> int:
     n = SANITY_DOCS if ctx.view.n_layers <= SHALLOW_LAYERS else \
         max(1, round(SANITY_TOKENS_DEEP / int(ctx.tokens.shape[1])))
     return min(n, int(ctx.tokens.shape[0]))
+
+
+def twin_windows(ctx: ReportContext) -> int:
+    """How many of the perplexity check's windows (:func:`perplexity_windows`, the first
+    ones) the random-weight twin reads: about ``RANDOM_TWIN_TOKENS`` tokens, at least one
+    window."""
+    T = int(ctx.tokens.shape[1])
+    return min(perplexity_windows(ctx), max(1, round(RANDOM_TWIN_TOKENS / T)))
 
 
 def window_perplexity(view: Any, tokens: Any, mask: Any = None, batch_size: int = 8) -> float:
@@ -89,14 +101,19 @@ class SanitySection:
         ppl, ppl_rand, ppl_uni = r["model_ppl"], r["random_weights_ppl"], r["unigram_ppl"]
         n, n_pred, V = r["windows"], r["predicted_tokens"], r["vocabulary"]
         ctx.sanity.update({"ppl": ppl, "ppl_random": ppl_rand, "ppl_unigram": ppl_uni})
+        n_rand = r.get("random_weights_windows", n)
+        twin = "" if n_rand == n else (
+            f" — on the first {n_rand} of these windows ({r['random_weights_tokens']} "
+            "predicted tokens): its perplexity sits near the vocabulary size whatever the "
+            "sample, a reference of magnitude")
         report.text(
             f"Perplexity of next-token prediction on the first {n} of the report's windows "
             f"({n_pred} predicted tokens), beside the same architecture with random weights "
-            "(matrices N(0, 0.02²), gains 1, biases 0; seeded), a unigram model of these "
-            "windows (exp of the entropy of their token frequencies: what counting tokens "
-            f"achieves) and the vocabulary size (uniform guessing). A trained model sits far "
-            "below the unigram reference; a model at or above it has learned nothing a token "
-            "count does not know.")
+            f"(matrices N(0, 0.02²), gains 1, biases 0; seeded{twin}), a unigram model of "
+            "these windows (exp of the entropy of their token frequencies: what counting "
+            "tokens achieves) and the vocabulary size (uniform guessing). A trained model sits "
+            "far below the unigram reference; a model at or above it has learned nothing a "
+            "token count does not know.")
         report.table([dict(r)],
                      "perplexity of the model and its references", name="sanity_perplexity")
         if ppl >= ppl_uni:
@@ -115,20 +132,28 @@ class SanitySection:
 
 
 def sanity_perplexities(ctx: ReportContext) -> dict[str, Any]:
-    """The sanity pass: perplexity of the model, of its random-weight twin and of a unigram
-    model on the first :func:`perplexity_windows` windows (a JSON-able row)."""
+    """The sanity pass: perplexity of the model and of a unigram model on the first
+    :func:`perplexity_windows` windows, and of its random-weight twin on the first
+    :func:`twin_windows` of them (a JSON-able row)."""
     n = perplexity_windows(ctx)
     toks = ctx.tokens[:n]
     mask = None if ctx.mask is None else ctx.mask[:n]
     ppl = window_perplexity(ctx.view, toks, mask)
     if mask is None or bool(mask.all()):  # every token real: the curve's k = 0 exactly
         ctx.baseline_cache[("model_ppl", n)] = ppl
-    ppl_rand = _random_twin_perplexity(ctx, toks, mask)
-    n_pred = int(mask[:, 1:].sum()) if mask is not None else n * (int(toks.shape[1]) - 1)
+    m = twin_windows(ctx)
+    ppl_rand = _random_twin_perplexity(ctx, toks[:m], None if mask is None else mask[:m])
     return {"model_ppl": ppl, "random_weights_ppl": ppl_rand,
             "unigram_ppl": unigram_perplexity(toks, mask),
             "vocabulary": int(getattr(ctx.view, "d_vocab", 0) or 0), "windows": n,
-            "predicted_tokens": n_pred}
+            "predicted_tokens": _predicted(toks, mask), "random_weights_windows": m,
+            "random_weights_tokens": _predicted(toks[:m], None if mask is None else mask[:m])}
+
+
+def _predicted(toks: Any, mask: Any) -> int:
+    """Next-token predictions of the windows ``toks`` (real targets where ``mask``)."""
+    return int(mask[:, 1:].sum()) if mask is not None else \
+        int(toks.shape[0]) * (int(toks.shape[1]) - 1)
 
 
 def _random_twin_perplexity(ctx: ReportContext, toks: Any, mask: Any) -> float:
