@@ -195,6 +195,7 @@ def test_gemma_quick_study_on_the_tiny_model(gemma, tmp_path):
     assert [row["type"] for row in r["per_layer"]] == ["local", "global", "local", "local"]
     sc = json.loads((g / "scales.json").read_text())
     assert sc["layer_types"] == ["local", "global"]  # QUICK: layers 0 and 1
+    assert sc["table"][0]["uniform_heads"] == 4  # the model's own heads per layer
     s = json.loads((g / "sinks.json").read_text())
     st = s["settings"]["wiki_start"]
     assert set(st["first_tokens"]) == {"<bos>"}

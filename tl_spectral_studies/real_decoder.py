@@ -378,7 +378,7 @@ def run_scales(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> dict:
                       start_token_id(tok, cfg["model"]))
     fields = run_probes(bridge, toks, [AttentionFieldProbe(layers=cfg["layers"])],
                         batch_size=8, progress=False)["attention_fields"]
-    pod = fields.scale_pod(n_heads=9)
+    pod = fields.scale_pod(n_heads=int(bridge.cfg.n_heads))
     boot = bootstrap_layers([fields.fluctuations(li) for li in fields.layers],
                             n_resamples=N_RESAMPLES)
     res: dict[str, Any] = {"model": cfg["model"], "n_docs": n, "length": T, "seed": seed,
@@ -391,7 +391,7 @@ def run_scales(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> dict:
     ph = run_probes(bridge, toks, [AttentionFieldProbe(layers=cfg["per_head_layers"],
                                                        per_head=True)],
                     batch_size=8, progress=False)["attention_fields"]
-    php = ph.scale_pod(n_heads=9)
+    php = ph.scale_pod(n_heads=int(bridge.cfg.n_heads))
     res["per_head"] = [{"layer": int(li), "diversity": _jsonable(lay.diversity)}
                        for li, lay in zip(ph.layers, php.layers)]
     res["seconds"] = round(time.perf_counter() - t0, 1)
