@@ -317,9 +317,21 @@ def test_a_fake_model_is_one_entry_and_a_column_of_every_table(tmp_path, monkeyp
     assert {r.model for r in recs} >= {"fake-decoder", SMOL, "gemma-3-270m"}
 
 
-def test_gemma_column_is_ready_and_not_yet_measured():
-    g = [r for r in catalog.records(ROOT) if r.model == "gemma-3-270m"]
-    assert g and all(r.label == rules.NOT_YET_MEASURED for r in g)
+def test_gemma_column_reads_its_committed_results():
+    """The Gemma-3 column fills from docs/results/real_decoder/gemma3-270m: a claim whose
+    step ran has a measured record with that run's provenance, one whose step did not run
+    reads "not measured" (never "not yet measured" once the column has results)."""
+    g = {r.claim: r for r in catalog.records(ROOT) if r.model == "gemma-3-270m"}
+    assert g and not any(r.label == rules.NOT_YET_MEASURED for r in g.values())
+    res = ROOT / "docs" / "results" / "real_decoder" / "gemma3-270m"
+    assert (res / "routing.json").is_file()
+    b = g["B.budget.routing_fraction_delta0"]
+    assert b.interval is not None and "over 72 heads" in b.number
+    assert b.provenance["results"] == "docs/results/real_decoder/gemma3-270m"
+    for cid, step in (("A.bands", "scales"), ("C.sink", "sinks"),
+                      ("B.inversion", "interventions"),
+                      ("C.hierarchy.comp.alllayers", "faithfulness")):
+        assert (g[cid].label == rules.NOT_MEASURED) == (not (res / f"{step}.json").is_file())
     m = generated_blocks((ROOT / "docs" / "claims.md").read_text(encoding="utf-8"))
     assert "Gemma-3-270M" in m["claims/matrix"].splitlines()[0]
 

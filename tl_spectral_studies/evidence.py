@@ -56,22 +56,12 @@ from tl_spectral_studies.evidence_panel import (  # noqa: F401  (re-exported)
     job_config,
     job_path,
     panel,
+    start_id,
     write_atomic,
 )
 
 
 # ------------------------------------------------------------------------------- data
-def start_id(tok: Any, first: str) -> int | None:
-    """The token id of ``first`` (None for ``"none"``); a clear error when the tokenizer does
-    not know it as one token."""
-    if first == "none":
-        return None
-    ids = tok.convert_tokens_to_ids([first])
-    if not ids or ids[0] is None or tok.convert_ids_to_tokens(ids)[0] != first:
-        raise ValueError(f"the tokenizer has no single token {first!r}")
-    return int(ids[0])
-
-
 def cell_windows(data_dir: Path, tok: Any, cell: Cell, n: int, length: int) -> torch.Tensor:
     """``[n, length]`` windows of the cell: the validation split of its corpus, draw
     ``cell.draw``, with the first token in front (the window's last token dropped)."""

@@ -46,6 +46,17 @@ class Cell:
         return {"first token": self.first, "corpus": self.corpus, "draw": self.draw}
 
 
+def start_id(tok: Any, first: str) -> int | None:
+    """The token id of ``first`` (None for ``"none"``); a clear error when the tokenizer does
+    not know it as one token."""
+    if first == "none":
+        return None
+    ids = tok.convert_tokens_to_ids([first])
+    if not ids or ids[0] is None or tok.convert_ids_to_tokens(ids)[0] != first:
+        raise ValueError(f"the tokenizer has no single token {first!r}")
+    return int(ids[0])
+
+
 def panel(model: str, step: str = "sinks", draws: Sequence[int] = DRAWS) -> list[Cell]:
     """The cells of ``model``'s panel for ``step`` (faithfulness: the Wikipedia excerpt only)."""
     if model not in FIRST_TOKENS:

@@ -1,10 +1,19 @@
-"""The three papers' claims on a real pretrained decoder, SmolLM2-135M-Instruct (docs/real_decoder.md).
+"""The three papers' claims on a real pretrained decoder, SmolLM2-135M-Instruct or Gemma-3-270M (docs/real_decoder.md).
 
     tl-spectral study real-decoder --data-dir ../shared/data --out docs/results/real_decoder
     tl-spectral study real-decoder --data-dir ../shared/data --step routing --out ...
+    tl-spectral study real-decoder --model gemma3-270m --data-dir ../shared/data \
+        --out docs/results/real_decoder                      # into OUT/gemma3-270m/
     tl-spectral study real-decoder --quick --data-dir ../shared/data --out /tmp/rd  # seconds
 
-Steps (``--step``, repeatable; default all), each writing ``OUT/<step>.json``:
+``--model`` (:data:`MODELS`): ``smollm2-135m`` (default; results in ``OUT`` itself) or
+``gemma3-270m`` (results in ``OUT/gemma3-270m``). Each model's windows start with its own
+start token (SmolLM2 ``<|im_start|>``, Gemma-3 ``<bos>``; the id from its tokenizer), and
+its brute-force references come from the Hugging Face class of its cache folder
+(:func:`tl_spectral_studies.real_decoder_ops.load_hf`: Llama, Gemma 3 with QK-norm, one
+key/value head and sliding-window layers).
+
+Steps (``--step``, repeatable; default all), each writing ``<results>/<step>.json``:
 
 * ``sinks`` (seed 003): with and without the start token on the same Wikipedia text, and on
   Austen with it: the library's probes (ContributionProbe, SinkProbe; per document, so every
@@ -13,14 +22,16 @@ Steps (``--step``, repeatable; default all), each writing ``OUT/<step>.json``:
   zero-the-sink ΔPPL (paired over windows);
 * ``faithfulness`` (seed 003): comprehensiveness / sufficiency of the paper's four measures
   under the layer-wide ranking (where value-weighted and output-normalized differ);
-* ``routing`` (seed 002): the offset-resolved rotary QK geometry of all 270 heads and an
-  i.i.d. Gaussian reference of the same shapes;
-* ``scales`` (seed 000): scale POD of the attention fields of every layer;
+* ``routing`` (seed 002): the offset-resolved rotary QK geometry of every head (SmolLM2: 270,
+  Gemma-3: 72) and an i.i.d. Gaussian reference of the same shapes (each layer's own rotary
+  θ); on a model with sliding-window layers also per layer type (local / global);
+* ``scales`` (seed 000): scale POD of the attention fields of every layer (with each
+  layer's type where the model has two);
 * ``interventions`` (seed 002): zero-shot linearization of the leading k layers and
   routing-only / filtering-only attention, paired over windows.
 
 :func:`verdicts` turns the numbers into labels by the rules of :data:`RULES` (tested);
-``OUT/verdicts.json`` holds them; :func:`tables` renders the doc blocks.
+``<results>/verdicts.json`` holds them; :func:`tables` renders the doc blocks.
 """
 
 from __future__ import annotations
@@ -45,7 +56,7 @@ from tl_spectral_studies.claims import rules
 
 NAME = "real-decoder"
 MODEL = "smollm2-135m"
-START = 1  # <|im_start|>
+"""The default model (its results in OUT itself, where they have always been)."""
 STEPS = ("sinks", "faithfulness", "routing", "scales", "interventions")
 N_RESAMPLES = 1000
 FULL = {"n_docs": 8, "length": 128, "faith_docs": 6, "faith_length": 32,
@@ -55,6 +66,15 @@ FULL = {"n_docs": 8, "length": 128, "faith_docs": 6, "faith_length": 32,
 QUICK = {"n_docs": 2, "length": 32, "faith_docs": 2, "faith_length": 16,
          "pod_docs": 8, "pod_length": 32, "int_docs": 2, "int_length": 32,
          "ks": [0, 1, 2], "removal_layers": [0, 1], "layers": [0, 1], "per_head_layers": [0]}
+MODELS = {
+    "smollm2-135m": {"start": "<|im_start|>", "subdir": "", "full": {}},
+    "gemma3-270m": {"start": "<bos>", "subdir": "gemma3-270m", "full": {
+        "ks": [0, 1, 2, 3, 4, 6, 8, 12, 18], "removal_layers": list(range(18)),
+        "per_head_layers": [0, 5, 9, 17]}},
+}
+"""Per model: its start token, the folder of its results under OUT, and the settings of
+:data:`FULL` that depend on its depth (Gemma-3: 18 layers; per-head POD of the first local,
+first global, a middle local and the last global layer)."""
 from tl_spectral_studies.claims.seed003 import (  # noqa: E402,F401  (one declaration of each)
     FAITH_MEASURES,
     HIERARCHY,
@@ -74,9 +94,24 @@ def windows(data_dir: Path, corpus: str, tok: Any, n: int, length: int, seed: in
     return document_windows(val, tok, n, length, seed=seed).tokens
 
 
-def with_start(w: torch.Tensor) -> torch.Tensor:
-    """The same text with the start token in front (the last token dropped)."""
-    return torch.cat([torch.full((w.shape[0], 1), START, dtype=w.dtype), w[:, :-1]], 1)
+def start_token_id(tok: Any, model: str = MODEL) -> int:
+    """The id of ``model``'s start token (:data:`MODELS`) in its tokenizer."""
+    from tl_spectral_studies.evidence_panel import start_id
+
+    return int(start_id(tok, MODELS[model]["start"]))
+
+
+def with_start(w: torch.Tensor, start: int) -> torch.Tensor:
+    """The same text with the start token ``start`` in front (the last token dropped)."""
+    return torch.cat([torch.full((w.shape[0], 1), start, dtype=w.dtype), w[:, :-1]], 1)
+
+
+def results_dir(out: str | Path, model: str = MODEL) -> Path:
+    """Where ``model``'s results go under ``out`` (SmolLM2: ``out`` itself)."""
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; use one of {sorted(MODELS)}")
+    sub = MODELS[model]["subdir"]
+    return Path(out) / sub if sub else Path(out)
 
 
 def doc_iv(x: torch.Tensor, *, seed: int = 0, n_resamples: int = N_RESAMPLES) -> dict:
@@ -101,19 +136,24 @@ def _ratio_iv(num: torch.Tensor, den: torch.Tensor, seed: int = 0) -> dict:
 
 
 @functools.lru_cache(maxsize=2)
-def _load(need_bridge: bool = True):
-    """(bridge or None, tokenizer, HF Llama), loaded once per process."""
+def _load_cached(model: str, need_bridge: bool = True):
     from tl_spectral.models import zoo
     from tl_spectral_studies.real_decoder_ops import load_hf
 
-    bridge, tok = zoo.load(MODEL) if need_bridge else (None, None)
+    bridge, tok = zoo.load(model) if need_bridge else (None, None)
     if tok is None:
-        from transformers import AutoTokenizer
+        from tl_spectral.models import gguf
 
-        from tl_spectral.models import smollm2
+        tok = gguf.tokenizer(model, progress=False)
+    return bridge, tok, load_hf(model)
 
-        tok = AutoTokenizer.from_pretrained(str(smollm2.ensure_cache(progress=False)))
-    return bridge, tok, load_hf()
+
+def _load(cfg: dict, need_bridge: bool = True):
+    """(bridge or None, tokenizer, HF decoder) of ``cfg["model"]``, loaded once per process;
+    ``cfg["loaded"]``: the three given instead (tests pass tiny models)."""
+    if cfg.get("loaded") is not None:
+        return cfg["loaded"]
+    return _load_cached(cfg["model"], need_bridge)
 
 
 # ------------------------------------------------------------------------------ sinks
@@ -151,18 +191,22 @@ def run_sinks(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> dict:
     )
 
     t0 = time.perf_counter()
-    bridge, tok, hf = _load()
+    bridge, tok, hf = _load(cfg)
+    start = start_token_id(tok, cfg["model"])
     layers = cfg["layers"]
     n, T = cfg["n_docs"], cfg["length"]
     wiki = windows(data_dir, "wiki_excerpt.txt", tok, n, T, seed)
     austen = windows(data_dir, "austen.txt", tok, n, T, seed)
-    settings = {"wiki_start": with_start(wiki), "wiki_no_start": wiki,
-                "austen_start": with_start(austen)}
-    res: dict[str, Any] = {"model": MODEL, "n_docs": n, "length": T, "seed": seed,
+    settings = {"wiki_start": with_start(wiki, start), "wiki_no_start": wiki,
+                "austen_start": with_start(austen, start)}
+    res: dict[str, Any] = {"model": cfg["model"], "n_docs": n, "length": T, "seed": seed,
                            "layers": layers, "settings": {}}
     L = len(hf.model.layers)
     lay = list(range(L)) if layers is None else list(layers)
     res["layer_ids"] = lay
+    from tl_spectral.model_view import layer_windows
+
+    wins = layer_windows(bridge)
     for name, toks in settings.items():
         s: dict[str, Any] = {"first_tokens": tok.convert_ids_to_tokens(toks[:, 0].tolist())}
         pr = _probe_rows(bridge, toks, layers)
@@ -174,14 +218,17 @@ def run_sinks(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> dict:
         s["brute"] = {k: doc_iv(brute[k], seed=seed) for k in SINK_KEYS}
         s["brute_head_attn0"] = brute["head_attn0"].mean(0).tolist()
         # the library's first-token contribution and attention against the brute force, per
-        # document and layer; the probe's means include query 0, where α_00 = C_00 = 1
+        # document and layer; the probe's means include query 0, where α_00 = C_00 = 1, and
+        # run over the queries that see key 0 (a sliding window W: the first min(T, W))
         Tn = int(toks.shape[1])
+        n0 = torch.tensor([min(Tn, wins[li] or Tn) for li in lay], dtype=torch.float64)
         for key, pk in (("C0", "C_on_first_token"), ("attn0", "attn_on_first_token")):
-            incl = (1.0 + (Tn - 1) * brute[key]) / Tn
+            incl = (1.0 + (Tn - 1) * brute[key]) / n0
             s[f"probe_vs_brute_max_abs_diff_{key}"] = float((pr[pk] - incl).abs().max())
         s.update(select_and_pool(pr, brute, lay, seed))
-        clean = window_nll(hf, toks)
-        zero = window_nll(hf, toks, {li: "zero_sink" for li in lay})
+        bs = nll_batch(hf, T)
+        clean = window_nll(hf, toks, batch_size=bs)
+        zero = window_nll(hf, toks, {li: "zero_sink" for li in lay}, batch_size=bs)
         s["zero_sink_ppl"] = relative_ppl_change(clean, zero, T - 1, seed=seed)
         res["settings"][name] = s
     res["seconds"] = round(time.perf_counter() - t0, 1)
@@ -251,10 +298,11 @@ def run_faithfulness(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> dic
     from tl_spectral.probes.faithfulness import faithfulness
 
     t0 = time.perf_counter()
-    bridge, tok, _ = _load()
+    bridge, tok, _ = _load(cfg)
     n, T = cfg["faith_docs"], cfg["faith_length"]
-    toks = with_start(windows(data_dir, "wiki_excerpt.txt", tok, n, T, seed + 1))
-    res: dict[str, Any] = {"model": MODEL, "n_docs": n, "length": T, "seed": seed,
+    toks = with_start(windows(data_dir, "wiki_excerpt.txt", tok, n, T, seed + 1),
+                      start_token_id(tok, cfg["model"]))
+    res: dict[str, Any] = {"model": cfg["model"], "n_docs": n, "length": T, "seed": seed,
                            "measures": list(FAITH_MEASURES), "scope": "layer"}
     sums, counts = [], []
     meta: dict[str, Any] = {}
@@ -302,68 +350,17 @@ def run_faithfulness(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> dic
 
 
 # ---------------------------------------------------------------------------- routing
-OFFSETS = (0, -1, -2, -4, -8, -16, -32, -64, -127)
+from tl_spectral_studies.real_decoder_routing import (  # noqa: E402,F401  (re-exported)
+    OFFSETS,
+    layer_types,
+    routing_numbers,
+)
 
 
 def run_routing(out: Path, cfg: dict, seed: int = 0) -> dict:
-    from tl_spectral.analysis.bootstrap import bootstrap
-    from tl_spectral.geometry.model import model_rotary_geometry
-    from tl_spectral.geometry.rotary import RotarySpec, rotary_qk_geometry
-
     t0 = time.perf_counter()
-    bridge, _, _ = _load()
-    n_ctx = cfg["length"]
-    g = model_rotary_geometry(bridge, offsets=list(OFFSETS), n_ctx=n_ctx, average_ranks=False)
-    gen = torch.Generator().manual_seed(seed)
-    L, H = g.routing_fraction.shape[:2]
-    d = g.d_head[0]
-    WQ = torch.randn(L, H, g.d_model, d, generator=gen, dtype=torch.float64)
-    WK = torch.randn(L, g.n_kv_heads, g.d_model, d, generator=gen, dtype=torch.float64)
-    base = rotary_qk_geometry(WQ, WK, RotarySpec(g.inv_freq, g.pairing, g.attention_scaling),
-                              offsets=list(OFFSETS), n_ctx=n_ctx, average_ranks=False)
-    cap = min(2 * d, g.d_model)
-
-    def heads_iv(x: torch.Tensor) -> dict:  # x [L, H] -> interval over the 270 heads
-        flat = x.flatten().double()
-        iv = bootstrap(lambda idx: flat[idx].mean(), flat.numel(), n_resamples=N_RESAMPLES,
-                       seed=seed).to_dict()
-        return {k: iv[k] for k in ("estimate", "low", "high")}
-
-    def thirds(x: torch.Tensor) -> dict:  # last third − first third of the layers, over heads
-        a, b = x[: L // 3].flatten().double(), x[-(L // 3):].flatten().double()
-        from tl_spectral.analysis.bootstrap import resample_indices
-
-        ia = resample_indices(a.numel(), N_RESAMPLES, seed)
-        ib = resample_indices(b.numel(), N_RESAMPLES, seed + 1)
-        reps = b[ib].mean(1) - a[ia].mean(1)
-        return {"estimate": float(b.mean() - a.mean()),
-                "low": float(reps.quantile(0.025)), "high": float(reps.quantile(0.975))}
-
-    rf0 = g.routing_fraction[..., 0]
-    res: dict[str, Any] = {
-        "model": MODEL, "n_ctx": n_ctx, "offsets": list(OFFSETS), "n_heads_total": L * H,
-        "capacity": cap, "distribution": g.distribution,
-        "routing_fraction_delta0": heads_iv(rf0),
-        "routing_fraction_causal": heads_iv(g.mean_routing_fraction),
-        "eff_rank_R_delta0": heads_iv(g.eff_rank_R[..., 0]),
-        "eff_rank_F_delta0": heads_iv(g.eff_rank_F[..., 0]),
-        "gaussian": {"routing_fraction_delta0": float(base.routing_fraction[..., 0].mean()),
-                     "routing_fraction_causal": float(base.mean_routing_fraction.mean()),
-                     "eff_rank_R_delta0": float(base.eff_rank_R[..., 0].mean()),
-                     "eff_rank_F_delta0": float(base.eff_rank_F[..., 0].mean())},
-        "per_layer": [{"layer": li,
-                       "rf_by_offset": g.routing_fraction[li].mean(0).tolist(),
-                       "rf_causal": float(g.mean_routing_fraction[li].mean()),
-                       "rf_causal_min": float(g.mean_routing_fraction[li].min()),
-                       "rf_causal_max": float(g.mean_routing_fraction[li].max()),
-                       "rank_R_by_offset": g.eff_rank_R[li].mean(0).tolist(),
-                       "rank_F_by_offset": g.eff_rank_F[li].mean(0).tolist()}
-                      for li in range(L)],
-        "gaussian_rf_by_offset": base.routing_fraction.flatten(0, 1).mean(0).tolist(),
-        "offset_effect": heads_iv(g.routing_fraction[..., -1] - rf0),
-        "depth_effect_rf": thirds(g.mean_routing_fraction),
-        "depth_effect_rank_R": thirds(g.eff_rank_R[..., 0]),
-    }
+    bridge, _, _ = _load(cfg)
+    res = {"model": cfg["model"], **routing_numbers(bridge, cfg["length"], seed, N_RESAMPLES)}
     res["seconds"] = round(time.perf_counter() - t0, 1)
     _write(out / "routing.json", res)
     return res
@@ -375,22 +372,26 @@ def run_scales(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> dict:
     from tl_spectral_studies.scale_pod import bootstrap_layers
 
     t0 = time.perf_counter()
-    bridge, tok, _ = _load()
+    bridge, tok, _ = _load(cfg)
     n, T = cfg["pod_docs"], cfg["pod_length"]
-    toks = with_start(windows(data_dir, "wiki_excerpt.txt", tok, n, T, seed + 2))
+    toks = with_start(windows(data_dir, "wiki_excerpt.txt", tok, n, T, seed + 2),
+                      start_token_id(tok, cfg["model"]))
     fields = run_probes(bridge, toks, [AttentionFieldProbe(layers=cfg["layers"])],
                         batch_size=8, progress=False)["attention_fields"]
-    pod = fields.scale_pod(n_heads=9)
+    pod = fields.scale_pod(n_heads=int(bridge.cfg.n_heads))
     boot = bootstrap_layers([fields.fluctuations(li) for li in fields.layers],
                             n_resamples=N_RESAMPLES)
-    res: dict[str, Any] = {"model": MODEL, "n_docs": n, "length": T, "seed": seed,
+    res: dict[str, Any] = {"model": cfg["model"], "n_docs": n, "length": T, "seed": seed,
                            "corpus": "wiki_excerpt.txt (validation split), start token first",
                            "table": pod.to_rows(), "bootstrap": boot}
+    types = layer_types(bridge)
+    if len(set(types)) > 1:  # local / global layers (Gemma-3)
+        res["layer_types"] = [types[int(li)] for li in fields.layers]
     del fields
     ph = run_probes(bridge, toks, [AttentionFieldProbe(layers=cfg["per_head_layers"],
                                                        per_head=True)],
                     batch_size=8, progress=False)["attention_fields"]
-    php = ph.scale_pod(n_heads=9)
+    php = ph.scale_pod(n_heads=int(bridge.cfg.n_heads))
     res["per_head"] = [{"layer": int(li), "diversity": _jsonable(lay.diversity)}
                        for li, lay in zip(ph.layers, php.layers)]
     res["seconds"] = round(time.perf_counter() - t0, 1)
@@ -412,15 +413,18 @@ def _jsonable(x: Any) -> Any:
 
 # ---------------------------------------------------------------------- interventions
 def run_interventions(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> dict:
-    from tl_spectral_studies.real_decoder_ops import relative_ppl_change, window_nll
+    from tl_spectral_studies.real_decoder_ops import relative_ppl_change
+    from tl_spectral_studies.real_decoder_ops import window_nll as _window_nll
 
     t0 = time.perf_counter()
-    _, tok, hf = _load(need_bridge=False)
+    _, tok, hf = _load(cfg, need_bridge=False)
     n, T = cfg["int_docs"], cfg["int_length"]
-    toks = with_start(windows(data_dir, "wiki_excerpt.txt", tok, n, T, seed + 3))
+    toks = with_start(windows(data_dir, "wiki_excerpt.txt", tok, n, T, seed + 3),
+                      start_token_id(tok, cfg["model"]))
     L = len(hf.model.layers)
+    window_nll = functools.partial(_window_nll, batch_size=nll_batch(hf, T))
     clean = window_nll(hf, toks)
-    res: dict[str, Any] = {"model": MODEL, "n_docs": n, "length": T, "seed": seed,
+    res: dict[str, Any] = {"model": cfg["model"], "n_docs": n, "length": T, "seed": seed,
                            "ppl_clean": math.exp(float(clean.sum()) / (n * (T - 1)))}
     lin = []
     for k in cfg["ks"]:
@@ -450,6 +454,13 @@ def run_interventions(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> di
     res["seconds"] = round(time.perf_counter() - t0, 1)
     _write(out / "interventions.json", res)
     return res
+
+
+def nll_batch(hf: Any, T: int) -> int:
+    """Windows per forward of the NLL passes: 8 (SmolLM2's runs), fewer where the logits of 8
+    windows would pass 512 MB (Gemma-3's 262,144-token vocabulary: 4 at T = 128)."""
+    V = int(hf.config.vocab_size)
+    return min(8, max(1, 2 ** 29 // (4 * V * int(T))))
 
 
 def _write(path: Path, obj: dict) -> None:
@@ -487,16 +498,20 @@ from tl_spectral_studies.real_decoder_tables import (  # noqa: E402,F401  (re-ex
 
 # -------------------------------------------------------------------------------- main
 def run_study(out_dir: str | Path, data_dir: str | Path, *, steps: Sequence[str] = STEPS,
-              quick: bool = False, seed: int = 0, **overrides: Any) -> dict:
-    """Run ``steps`` into ``out_dir``; ``overrides``: entries of :data:`FULL` / :data:`QUICK`
-    (e.g. ``pod_docs=150``)."""
-    out = Path(out_dir)
-    cfg = dict(QUICK if quick else FULL)
+              quick: bool = False, seed: int = 0, model: str = MODEL,
+              loaded: tuple | None = None, **overrides: Any) -> dict:
+    """Run ``steps`` of ``model`` into :func:`results_dir` of ``out_dir``; ``overrides``:
+    entries of :data:`FULL` / :data:`QUICK` (e.g. ``pod_docs=150``); ``loaded``: (bridge,
+    tokenizer, Hugging Face decoder) to use instead of the zoo's (tests: tiny models)."""
+    out = results_dir(out_dir, model)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = dict(QUICK) if quick else {**FULL, **MODELS[model]["full"]}
     for k, v in overrides.items():
         if k not in cfg:
             raise ValueError(f"unknown setting {k!r}; use one of {sorted(cfg)}")
         if v is not None:
             cfg[k] = v
+    cfg.update(model=model, loaded=loaded)
     data = require_data_dir(data_dir, "wiki_excerpt.txt and austen.txt")
     times = {}
     for step in steps:
@@ -512,7 +527,7 @@ def run_study(out_dir: str | Path, data_dir: str | Path, *, steps: Sequence[str]
         elif step == "interventions":
             run_interventions(out, data, cfg, seed)
         times[step] = round(time.perf_counter() - t0, 1)
-    write_verdicts(out)
+    write_verdicts(out, model)
     return {"seconds": times}
 
 
@@ -521,6 +536,9 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study real-decoder") -> i
     add_run_arguments(ap, default_out="real_decoder_results")
     ap.add_argument("--data-dir", default=None,
                     help="folder with wiki_excerpt.txt and austen.txt (../shared/data)")
+    ap.add_argument("--model", choices=sorted(MODELS), default=MODEL,
+                    help="the decoder (default smollm2-135m, results in OUT; gemma3-270m: "
+                         "results in OUT/gemma3-270m)")
     ap.add_argument("--step", action="append", choices=STEPS,
                     help="run only this step (repeatable; default all)")
     ap.add_argument("--seed", type=int, default=0)
@@ -536,13 +554,13 @@ def main(argv: Sequence[str], prog: str = "tl-spectral study real-decoder") -> i
     a = ap.parse_args(list(argv))
     out = prepare_out(a.out, NAME, overwrite=a.overwrite)
     if a.tables_only:
-        write_verdicts(out)
+        write_verdicts(results_dir(out, a.model), a.model)
     else:
         r = run_study(out, a.data_dir, steps=a.step or STEPS, quick=a.quick, seed=a.seed,
-                      pod_docs=a.pod_docs, n_docs=a.n_docs, int_docs=a.int_docs,
-                      faith_docs=a.faith_docs)
+                      model=a.model, pod_docs=a.pod_docs, n_docs=a.n_docs,
+                      int_docs=a.int_docs, faith_docs=a.faith_docs)
         print(json.dumps(r))
-    print(markdown(out))
+    print(markdown(results_dir(out, a.model), a.model))
     return 0
 
 

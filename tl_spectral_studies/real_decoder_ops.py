@@ -1,9 +1,18 @@
-"""Operations of the real-decoder study on a Hugging Face Llama (SmolLM2-135M): attention
-re-implemented per layer with a chosen kernel, per-window NLL, and the sink decomposition
-computed by brute force from the model's own modules.
+"""Operations of the real-decoder study on a Hugging Face decoder — Llama (SmolLM2-135M) or
+Gemma 3 (Gemma-3-270M): attention re-implemented per layer with a chosen kernel, per-window
+NLL, and the sink decomposition computed by brute force from the model's own modules.
 
-The attention of a Llama layer is recomputed from its ``q_proj``/``k_proj``/``v_proj``/
-``o_proj`` and the model's rotary ``(cos, sin)``; a mode replaces the score:
+The attention of a layer is recomputed from its ``q_proj``/``k_proj``/``v_proj``/``o_proj``
+and the model's rotary ``(cos, sin)`` (the layer's own: Gemma 3 passes each layer the
+embedding of its type, θ 10⁴ local / 10⁶ global). Gemma 3's pieces enter where its module
+has them (:func:`_qkv`, :func:`_allowed`): QK-norm (``q_norm``/``k_norm``, RMSNorm per head
+with gain ``1 + w``, applied before the rotation), one key/value head read by every query
+head, the scaling ``query_pre_attn_scalar^(−1/2)`` (``attn.scaling``), the sliding window of
+local layers (key j seen by query i when ``i − W < j ≤ i``); no score soft-cap (Gemma 3's
+attention module passes none to its kernel). The per-token vectors below are the *normalized* query and key, so the routing /
+filtering split of a QK-norm layer is that of the bilinear form on them (the folded form
+``W_Q D_q R(Δ) D_k W_Kᵀ`` between RMS-normalized heads; see
+:func:`tl_spectral.geometry.model.model_rotary_geometry`). A mode replaces the score:
 
 * ``"none"``: softmax(q·k/sqrt(d)) — the layer as is (a test checks the logits are the
   model's own);
@@ -19,8 +28,8 @@ The attention of a Llama layer is recomputed from its ``q_proj``/``k_proj``/``v_
 * ``"zero_sink"``: ``α_i0`` set to 0 without renormalizing (the sink's projected value
   zeroed for every query, as :func:`tl_spectral.probes.sinks.zero_sink_value` does).
 
-Only full (unpadded) windows are used: the causal mask is built here and HF's attention mask
-is ignored.
+Only full (unpadded) windows are used: the causal (and sliding-window) mask is built here
+and HF's attention mask is ignored.
 """
 
 from __future__ import annotations
@@ -35,34 +44,40 @@ import torch
 import torch.nn.functional as F
 
 MODES = ("none", "routing", "filtering", "linear", "zero_sink")
+HF_CLASSES = {"smollm2-135m": "LlamaForCausalLM", "gemma3-270m": "Gemma3ForCausalLM"}
+"""The Hugging Face class of each zoo decoder the study recomputes."""
+ATTENTIONS = ("LlamaAttention", "Gemma3Attention")
+"""The attention modules :func:`attention_pattern` recomputes."""
 
 
-def load_hf(folder: Any = None) -> Any:
-    """A plain Hugging Face ``LlamaForCausalLM`` (float32, eager attention, eval) from the
-    SmolLM2 cache folder (default :func:`tl_spectral.models.smollm2.cache_dir`, built on first
-    use). The TransformerBridge's ``original_model`` cannot serve: the bridge swaps its
-    attention modules for its own components."""
+def load_hf(model: str = "smollm2-135m", folder: Any = None) -> Any:
+    """A plain Hugging Face decoder of :data:`HF_CLASSES` (float32, eager attention, eval)
+    from the zoo model's cache folder (default :func:`tl_spectral.models.gguf.ensure_cache`,
+    built on first use). The TransformerBridge's ``original_model`` cannot serve: the bridge
+    swaps its attention modules for its own components."""
     import os
 
+    if model not in HF_CLASSES:
+        raise ValueError(f"no Hugging Face class for {model!r}; use one of {sorted(HF_CLASSES)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from transformers import LlamaForCausalLM
+    import transformers
 
     if folder is None:
-        from tl_spectral.models import smollm2
+        from tl_spectral.models import gguf
 
-        folder = smollm2.ensure_cache(progress=False)
-    hf = LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32,
-                                          attn_implementation="eager")
+        folder = gguf.ensure_cache(model, progress=False)
+    cls = getattr(transformers, HF_CLASSES[model])
+    hf = cls.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager")
     return hf.eval()
 
 
 def hf_of(model: Any) -> Any:
-    """``model`` itself when it is a Hugging Face Llama (``LlamaForCausalLM``)."""
+    """``model`` itself when it is a Hugging Face Llama or Gemma 3 decoder (:func:`load_hf`)."""
     if not hasattr(model, "model") or not hasattr(model.model, "layers") or \
-            type(model.model.layers[0].self_attn).__name__ != "LlamaAttention":
-        raise TypeError(f"expected a Hugging Face LlamaForCausalLM (load_hf()), got "
-                        f"{type(model).__name__}")
+            type(model.model.layers[0].self_attn).__name__ not in ATTENTIONS:
+        raise TypeError(f"expected a Hugging Face LlamaForCausalLM or Gemma3ForCausalLM "
+                        f"(load_hf()), got {type(model).__name__}")
     return model
 
 
@@ -81,12 +96,27 @@ def _reflect(x: torch.Tensor) -> torch.Tensor:
 
 
 def _qkv(attn: Any, hidden: torch.Tensor):
+    """Unrotated ``q [b, H, T, d]``, ``k``, ``v [b, H_kv, T, d]``; QK-norm applied where the
+    module has it (Gemma 3: before the rotation, as its forward does)."""
     b, T, _ = hidden.shape
     d = attn.head_dim
     q = attn.q_proj(hidden).view(b, T, -1, d).transpose(1, 2)
     k = attn.k_proj(hidden).view(b, T, -1, d).transpose(1, 2)
     v = attn.v_proj(hidden).view(b, T, -1, d).transpose(1, 2)
+    if getattr(attn, "q_norm", None) is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
     return q, k, v
+
+
+def _allowed(attn: Any, T: int, device: Any = None) -> torch.Tensor:
+    """``[T, T]`` the keys each query sees: causal, and within the sliding window of a local
+    layer (``i − W < j``, Hugging Face's ``sliding_window_overlay``)."""
+    i = torch.arange(T, device=device)
+    ok = i[None, :] <= i[:, None]
+    w = getattr(attn, "sliding_window", None)
+    if w is not None:
+        ok = ok & (i[None, :] > i[:, None] - int(w))
+    return ok
 
 
 def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -111,8 +141,7 @@ def attention_pattern(attn: Any, hidden: torch.Tensor, position_embeddings: Any,
     cos, sin = position_embeddings
     q, k, v = _qkv(attn, hidden)
     groups = q.shape[1] // k.shape[1]
-    T = q.shape[-2]
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    causal = _allowed(attn, q.shape[-2], q.device)
     qr, kr = _rope(q, cos, sin), _expand(_rope(k, cos, sin), groups)
     vv = _expand(v, groups)
     if mode == "linear":
@@ -269,7 +298,7 @@ def sink_decomposition(pattern: torch.Tensor, values: torch.Tensor, W_O: torch.T
 
 
 def layer_W_O(model: Any, layer: int) -> torch.Tensor:
-    """``W_O [H, d, d_model]`` of a Llama layer from its ``o_proj``."""
+    """``W_O [H, d, d_model]`` of a layer from its ``o_proj``."""
     attn = hf_of(model).model.layers[layer].self_attn
     W = attn.o_proj.weight.detach()  # [d_model, H·d]
     d = attn.head_dim

@@ -1,6 +1,7 @@
 """The generated blocks of docs/real_decoder.md from the committed results of
 ``tl-spectral study real-decoder``: the verdict table and the "In short" bullets from the claims
-registry's records, and one table per step.
+registry's records, and one table per step; SmolLM2's from ``docs/results/real_decoder``,
+Gemma-3's (``real_decoder/gemma3-270m/...`` blocks) from its ``gemma3-270m`` folder.
 """
 
 from __future__ import annotations
@@ -11,16 +12,24 @@ from pathlib import Path
 from tl_spectral_studies._common import fmt_interval
 
 
+REGISTRY_KEYS = {"smollm2-135m": "smollm2-135m", "gemma3-270m": "gemma-3-270m"}
+"""The claims registry's column of each zoo model of the study."""
+GEMMA_DIR = "gemma3-270m"
+"""Gemma-3's results folder under SmolLM2's (``docs/results/real_decoder/gemma3-270m``)."""
+
+
 # ----------------------------------------------------------------------------- verdicts
 def verdicts(results_dir: str | Path, model: str = "smollm2-135m") -> list[dict]:
     """The verdict records of the claims registry (:mod:`tl_spectral_studies.claims`) for the
     results in ``results_dir``, as ``verdicts.json`` holds them (measured claims only).
-    Every label comes from :mod:`tl_spectral_studies.claims.rules`."""
+    Every label comes from :mod:`tl_spectral_studies.claims.rules`. ``model``: a zoo name
+    of :data:`REGISTRY_KEYS` or a registry column key."""
     import dataclasses
 
     from tl_spectral_studies.claims import catalog, registry, render
 
-    m = dataclasses.replace(registry.MODELS[model], results=str(Path(results_dir).resolve()))
+    key = REGISTRY_KEYS.get(model, model)
+    m = dataclasses.replace(registry.MODELS[key], results=str(Path(results_dir).resolve()))
     recs = catalog.records(registry.ROOT, {m.key: m})
     return render.model_records(recs, m.key)
 
@@ -94,7 +103,8 @@ def routing_markdown(r: dict) -> str:
     L = ["| layer | " + " | ".join(f"Δ = {o}" for o in offs) + " | causal mean (min–max) | "
          "rank R at Δ = 0 | rank F at Δ = 0 |", "|---|" + "---|" * (len(offs) + 3)]
     for row in r["per_layer"]:
-        L.append(f"| {row['layer']} | " + " | ".join(f"{x:.3f}" for x in row["rf_by_offset"])
+        name = f"{row['layer']} ({row['type']})" if "type" in row else f"{row['layer']}"
+        L.append(f"| {name} | " + " | ".join(f"{x:.3f}" for x in row["rf_by_offset"])
                  + f" | {row['rf_causal']:.3f} ({row['rf_causal_min']:.3f}–"
                  f"{row['rf_causal_max']:.3f}) | {row['rank_R_by_offset'][0]:.1f} | "
                  f"{row['rank_F_by_offset'][0]:.1f} |")
@@ -111,16 +121,42 @@ def routing_markdown(r: dict) -> str:
              f"layers: causal routing fraction {fmt_interval(r['depth_effect_rf'], '{:+.3g}')}, "
              f"rank of R {fmt_interval(r['depth_effect_rank_R'], '{:+.3g}')} (intervals: "
              f"bootstrap over heads).")
+    if "by_type" in r:
+        L += ["", by_type_markdown(r["by_type"])]
     return "\n".join(L)
+
+
+def by_type_markdown(bt: dict) -> str:
+    """The budget and rank of the local (sliding-window) and global layers apart."""
+    L = ["| layer type | layers | heads | routing fraction Δ = 0 | causal | rank R at Δ = 0 | "
+         "rank F at Δ = 0 | Gaussian: fraction Δ = 0 / causal / rank R |", "|---|" + "---|" * 7]
+    for t, x in bt.items():
+        g = x["gaussian"]
+        L.append(f"| {t} | {_layers_text(x['layers'])} | {x['n_heads']} | "
+                 f"{fmt_interval(x['routing_fraction_delta0'])} | "
+                 f"{fmt_interval(x['routing_fraction_causal'])} | "
+                 f"{fmt_interval(x['eff_rank_R_delta0'], '{:.1f}')} | "
+                 f"{fmt_interval(x['eff_rank_F_delta0'], '{:.1f}')} | "
+                 f"{g['routing_fraction_delta0']:.3f} / {g['routing_fraction_causal']:.3f} / "
+                 f"{g['eff_rank_R_delta0']:.1f} |")
+    return "\n".join(L)
+
+
+def _layers_text(ids: list[int]) -> str:
+    from tl_spectral_studies.claims.seed003 import layer_list
+
+    return layer_list(ids)
 
 
 def scales_markdown(sc: dict) -> str:
     b = sc["bootstrap"]
+    types = sc.get("layer_types")
     L = ["| layer | dominant scales | E fine | E medium | E coarse | E fine − coarse [95% CI] | "
          "T_spec (R²) | H*(0.1) [jackknife] | heads rec. / uniform |", "|---|" + "---|" * 8]
     for i, row in enumerate(sc["table"]):
         jk = b["jackknife"]["layers"][i]["H_star"]
-        L.append(f"| {row['layer']} | {row['dominant_scales']} | {row['E_fine']:.2f} | "
+        name = f"{row['layer']} ({types[i]})" if types else f"{row['layer']}"
+        L.append(f"| {name} | {row['dominant_scales']} | {row['E_fine']:.2f} | "
                  f"{row['E_medium']:.2f} | {row['E_coarse']:.2f} | "
                  f"{fmt_interval(b['layers'][i]['E_fine_minus_coarse'], '{:+.2f}')} | "
                  f"{row['T_spec']:.3g} ({row['tspec_r2']:.2f}) | {row['H_star']} "
@@ -132,7 +168,38 @@ def scales_markdown(sc: dict) -> str:
              f"{[p['layer'] for p in sc['per_head']]}): "
              + "; ".join(f"layer {p['layer']}: {_diversity_text(p['diversity'])}"
                          for p in sc["per_head"]) + ".")
+    if types:
+        L += ["", scales_by_type_markdown(sc)]
     return "\n".join(L)
+
+
+def scales_by_type_markdown(sc: dict) -> str:
+    """Band energies and H* of the local (sliding-window) and global layers apart: the mean
+    over each type's layers (point estimates of the rows above)."""
+    L = ["| layer type | layers | mean E fine | mean E medium | mean E coarse | mean E fine − "
+         "coarse | H*(0.1) range |", "|---|" + "---|" * 6]
+    rows, types = sc["table"], sc["layer_types"]
+    for t in ("local", "global"):
+        sel = [r for r, x in zip(rows, types) if x == t]
+        if not sel:
+            continue
+
+        def mean(k: str, sel: list = sel) -> float:
+            return sum(float(r[k]) for r in sel) / len(sel)
+
+        hs = [str(r["H_star"]) for r in sel]
+        L.append(f"| {t} | {_layers_text([int(r['layer']) for r in sel])} | "
+                 f"{mean('E_fine'):.2f} | {mean('E_medium'):.2f} | {mean('E_coarse'):.2f} | "
+                 f"{mean('E_fine') - mean('E_coarse'):+.2f} | {min(hs, key=_h)}–"
+                 f"{max(hs, key=_h)} |")
+    return "\n".join(L)
+
+
+def _h(x: str) -> float:
+    try:
+        return float(str(x).lstrip(">≥ ").split("–")[0])
+    except ValueError:
+        return float("nan")
 
 
 def _diversity_text(d: dict) -> str:
@@ -162,8 +229,14 @@ def interventions_markdown(it: dict) -> str:
     return "\n".join(L)
 
 
+STEP_TABLES = (("sinks", sinks_markdown), ("faithfulness", faith_markdown),
+               ("routing", routing_markdown), ("scales", scales_markdown),
+               ("interventions", interventions_markdown))
+
+
 def tables(results_dir: str | Path) -> dict[str, str]:
-    """Every generated block of docs/real_decoder.md, by key."""
+    """Every generated block of docs/real_decoder.md, by key: SmolLM2's from ``results_dir``,
+    Gemma-3's (``real_decoder/gemma3-270m/<block>``) from its :data:`GEMMA_DIR` there."""
     import dataclasses
 
     from tl_spectral_studies.claims import catalog, registry, render
@@ -172,24 +245,38 @@ def tables(results_dir: str | Path) -> dict[str, str]:
     out = {"real_decoder/verdict": verdict_markdown(verdicts(d))}
     m = dataclasses.replace(registry.MODELS["smollm2-135m"], results=str(d.resolve()))
     out["real_decoder/in_short"] = render.in_short(catalog.records(registry.ROOT, {m.key: m}))
-    for step, fn in (("sinks", sinks_markdown), ("faithfulness", faith_markdown),
-                     ("routing", routing_markdown), ("scales", scales_markdown),
-                     ("interventions", interventions_markdown)):
-        p = d / f"{step}.json"
-        if p.is_file():
-            out[f"real_decoder/{step}"] = fn(json.loads(p.read_text()))
+    out.update(step_tables(d, "real_decoder"))
+    g = d / GEMMA_DIR
+    if g.is_dir():
+        out[f"real_decoder/{GEMMA_DIR}/verdict"] = verdict_markdown(verdicts(g, GEMMA_DIR))
+        out.update(step_tables(g, f"real_decoder/{GEMMA_DIR}"))
     from tl_spectral_studies import gemma_window_tables  # the last section: Gemma-3's window
 
     out.update(gemma_window_tables.tables(d / "gemma_window"))
     return out
 
 
-def markdown(results_dir: str | Path) -> str:
-    return "\n\n".join(tables(results_dir).values())
+def step_tables(d: Path, prefix: str) -> dict[str, str]:
+    """The table of every step whose results are in ``d``, keyed ``prefix/<step>``."""
+    out = {}
+    for step, fn in STEP_TABLES:
+        p = d / f"{step}.json"
+        if p.is_file():
+            out[f"{prefix}/{step}"] = fn(json.loads(p.read_text()))
+    return out
 
 
-def write_verdicts(results_dir: str | Path) -> list[dict]:
-    V = verdicts(results_dir)
+def markdown(results_dir: str | Path, model: str = "smollm2-135m") -> str:
+    """The verdict table and step tables of one model's results folder."""
+    d = Path(results_dir)
+    if model == "smollm2-135m":
+        return "\n\n".join(tables(d).values())
+    return "\n\n".join([verdict_markdown(verdicts(d, model)),
+                        *step_tables(d, "real_decoder").values()])
+
+
+def write_verdicts(results_dir: str | Path, model: str = "smollm2-135m") -> list[dict]:
+    V = verdicts(results_dir, model)
     (Path(results_dir) / "verdicts.json").write_text(
         json.dumps(V, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return V

@@ -29,8 +29,16 @@ add_model(Model(
     "SmolLM2-135M-Instruct (Q4_1 dequantized to float32; 30 layers × 9 heads); "
     + REAL_DECODER_SAMPLES,
     evidence="docs/results/real_decoder/evidence/smollm2-135m/summary.json"))
+GEMMA_SAMPLES = ("weight geometry over all 72 heads; N = 150 windows of 128 for the scale POD, "
+                 "8 of 128 for the interventions (Wikipedia excerpt, <bos> first); sinks and "
+                 "faithfulness not run yet")
+
 add_model(Model(
-    "gemma-3-270m", "Gemma-3-270M", STANDARD, "real_decoder", None,
-    "tl-spectral study real-decoder --model gemma-3-270m … (not yet run)",
-    "Gemma-3-270M: not yet measured",
+    "gemma-3-270m", "Gemma-3-270M", STANDARD, "real_decoder",
+    "docs/results/real_decoder/gemma3-270m",
+    "tl-spectral study real-decoder --model gemma3-270m --data-dir ../shared/data --out "
+    "docs/results/real_decoder --step routing --step scales --step interventions",
+    "Gemma-3-270M base model (Q4_K_M dequantized to float32; 18 layers × 4 query heads "
+    "sharing 1 key-value head, d_head 256, QK-norm; 15 sliding-window layers (512) and 3 "
+    "global ones); " + GEMMA_SAMPLES,
     evidence="docs/results/real_decoder/evidence/gemma3-270m/summary.json"))

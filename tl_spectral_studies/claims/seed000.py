@@ -50,15 +50,27 @@ def hstar(res: Results) -> Measurement | None:
         return None
     tb, N = sc["table"], sc["n_docs"]
     hs = [_hstar(row["H_star"]) for row in tb]
-    bound = sum(1 for h in hs if h is not None and h >= N - 1)
+    flagged = any("H_star_bounded" in row for row in tb)
+    # the library's one rule where the results carry it (H* ≥ h_star_bound(N): a 1/k
+    # spectrum's H*, which grows with N), else the older rule of H* at N − 1
+    bound = sum(1 for row, h in zip(tb, hs) if (row.get("H_star_bounded") if flagged else
+                                                 h is not None and h >= N - 1))
+    where = (f"bounded by N (H* ≥ {_bound(N)}, tl_spectral's h_star_bounded)" if flagged
+             else "at the bound N − 1")
     jk = sc["bootstrap"]["jackknife"]["last_minus_first"]["H_star"]
     lab = (f"{rules.NOT_TESTED}: H* bounded by N" if bound else
            rules.sign(jk, 0.0, above=False) + (
                " (zero-width jackknife interval: every replicate gives the same counts; not "
                "certainty)" if jk["low"] == jk["high"] else ""))
     return _m(jk, f"H* first {tb[0]['H_star']}, last {tb[-1]['H_star']} of N = {N}; last − first "
-              f"{fmt_interval(jk, '{:+.1f}')} (jackknife); {bound} layers at the bound N − 1",
+              f"{fmt_interval(jk, '{:+.1f}')} (jackknife); {bound} layers {where}",
               lab, N)
+
+
+def _bound(n: int) -> int:
+    from tl_spectral.analysis.scale_pod import h_star_bound
+
+    return h_star_bound(n)
 
 
 def tspec(res: Results) -> Measurement | None:
@@ -89,7 +101,8 @@ claim(Claim("A.bands", P, "A.4", "fine scales (a ≤ 7) early, coarse (a ≥ 20)
             "— then " + rules.STEPS_RULE + "; " + BAND_NOTE, bands))
 claim(Claim("A.hstar", P, "A.8", "H*(0.1) higher early than late (paper: > 150 vs ≈ 91 at "
             "N = 150)", "sign rule on last − first (jackknife interval); not tested when a "
-            "layer's H* reaches N − 1 (a statistic bounded by N carries no verdict)", hstar))
+            "layer's H* is bounded by N (tl_spectral's h_star_bounded where the results "
+            "flag it, else H* at N − 1: a statistic bounded by N carries no verdict)", hstar))
 claim(Claim("A.tspec", P, "A.7", "T_spec changes with depth", "descriptive (the papers' "
             "direction is contradicted within its own summary, SPEC A.7): the sign of the "
             "jackknife interval", tspec))

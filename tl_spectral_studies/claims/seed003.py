@@ -70,11 +70,22 @@ def sink_layers(res: Results) -> list[int] | None:
 
 
 def selection_note(res: Results) -> str:
-    """The caveat of a number pooled over the sink layers the run selected."""
+    """The caveat of a number pooled over the sink layers the run selected: provisional when
+    chosen and tested on the same windows, or (selected on one half, tested on the other)
+    when the run has fewer windows than the evidence runner's panel
+    (:data:`tl_spectral_studies.evidence_panel.DEFAULTS`, 64)."""
+    from tl_spectral_studies.evidence_panel import DEFAULTS
+
     st = _setting(res)
     sel = st.get("selection") or {}
     if sel.get("rule") == "interval" and sel.get("split"):
-        return ""
+        n = res.json("sinks")["n_docs"]
+        if n >= DEFAULTS["windows"]:
+            return ""
+        return (f"provisional: {n} windows (sink layers selected on "
+                f"{len(sel['select_windows'])}, pooled on the other "
+                f"{len(sel['test_windows'])}); the adequate sample is the evidence panel's "
+                "(python -m tl_spectral_studies.evidence)")
     doc = sink_layers(res)
     return (f"provisional: pooled over the sink layers the run chose by point estimate on the "
             f"same {res.json('sinks')['n_docs']} windows ({layer_list(st['sink_layers'])}); the "
