@@ -346,6 +346,26 @@ class FactorBuffer:
         self.r = k
         self.dropped = self.dropped + max(0.0, trace - float(lam[:k].sum()))
 
+    def publish(self, store: dict, prefix: str) -> None:
+        """The state as ``store``'s tensors (views, no copy): ``<prefix>.W``, ``.sums``,
+        ``.ns``, ``.sumsq``, ``.dropped`` and ``.pending`` when rows are pending — the probes'
+        "cat" and "sum" states, so they merge and reduce across processes as before."""
+        views = {"W": self.W, "sums": self.sums, "ns": self.ns, "sumsq": self.sumsq,
+                 "dropped": self.dropped, "pending": self.pending if self.p else None}
+        for k, v in views.items():
+            if v is None:
+                store.pop(f"{prefix}.{k}", None)
+            else:
+                store[f"{prefix}.{k}"] = v
+        self._views = views
+
+    def owns(self, store: dict, prefix: str) -> bool:
+        """True while ``store`` holds the views :meth:`publish` put there (not a merged,
+        reduced or replaced state)."""
+        views = getattr(self, "_views", None)
+        return views is not None and all(store.get(f"{prefix}.{k}") is v
+                                         for k, v in views.items())
+
     def compact(self) -> None:
         """Shrink the buffer to the factor rows (after the last fold of a pass)."""
         if self.capacity != self.r + self.p:

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["band_index", "basis_matrix", "field_index", "jackknife_basis", "lag_moment",
+__all__ = ["band_index", "basis_matrix", "field_index", "jackknife_basis", "jackknife_moments", "lag_moment",
            "query_rows", "scatter_rows"]
 
 
@@ -100,3 +100,33 @@ def basis_matrix(basis: tuple) -> Tensor:
     """``V [k, d]`` float32 of a :func:`jackknife_basis` (for comparisons only)."""
     W, rows, scale, _ = basis
     return (W[rows].to(torch.float64) * scale[:, None]).to(torch.float32)
+
+
+def jackknife_moments(basis: tuple, group: Tensor, n_groups: int, Y: Tensor,
+                      doc_index: Tensor) -> dict[str, Tensor]:
+    """Per group of documents, the moments of the whole field's coordinates ``c = V (y − x̄)``
+    in the first pass's POD directions ``V`` (a :func:`jackknife_basis`) and the exact energy
+    (see :func:`~tl_spectral.analysis.streaming_pod.projected_group_spectrum`): ``{"C" [G, K,
+    K], "c" [G, K], "n" [G], "sumsq" [G], "sums" [G, d]}`` of the documents ``Y [b, d]`` (their
+    fields over the folded entries), ``group [N]`` each document's group, ``G = n_groups``
+    (fixed: short chunks leave groups empty, dropped at the end)."""
+    W, rows, scale, mu = basis
+    G, dev = int(n_groups), W.device
+    grp = group.to(dev)
+    grp = grp[doc_index.to(dev) % grp.numel()]  # (modulo: runs that accumulate)
+    Y = Y.to(dev, W.dtype) - mu.to(W.dtype)
+    c = (Y @ W.T).to(torch.float64)[:, rows.to(dev)] * scale.to(dev)  # [b, K] = Y Vᵀ
+    K = int(rows.numel())
+    Y64 = Y.to(torch.float64)
+    C = torch.zeros(G, K, K, dtype=torch.float64, device=dev)
+    for g in torch.unique(grp).tolist():  # Σ c cᵀ per group: one [K, b_g] × [b_g, K]
+        cg = c[grp == g]
+        C[g] = cg.T @ cg
+    z = {"dtype": torch.float64, "device": dev}
+    return {
+        "C": C,
+        "c": torch.zeros(G, K, **z).index_add_(0, grp, c),
+        "n": torch.zeros(G, **z).index_add_(0, grp, torch.ones_like(grp, dtype=torch.float64)),
+        "sumsq": torch.zeros(G, **z).index_add_(0, grp, Y64.pow(2).sum(1)),
+        "sums": torch.zeros(G, int(Y.shape[1]), **z).index_add_(0, grp, Y64),
+    }

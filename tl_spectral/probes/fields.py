@@ -525,7 +525,7 @@ class AttentionFieldProbe(Probe):
         for prefix, index, weight, dim in parts:
             fb = self._part(self.state, prefix, dim, dev, b)
             fb.append(flat, index, weight)
-            self._publish(self.state, prefix, fb)
+            fb.publish(self.state, prefix)
             pending = fb.p
         if pending >= self.fold_every:
             self._flush(layer)
@@ -561,62 +561,29 @@ class AttentionFieldProbe(Probe):
         from tl_spectral.analysis.streaming_pod import FactorBuffer, StreamingFactors
 
         fb = self._fb.get(prefix)
-        keys = ("W", "sums", "ns", "sumsq", "dropped")
-        if fb is not None and all(store.get(f"{prefix}.{k}") is getattr(fb, "_views", {}).get(k)
-                                  for k in (*keys, "pending")):
+        if fb is not None and fb.owns(store, prefix):
             return fb
         if f"{prefix}.W" in store:
-            st = StreamingFactors(*(store[f"{prefix}.{k}"] for k in keys))
+            st = StreamingFactors(*(store[f"{prefix}.{k}"] for k in
+                                    ("W", "sums", "ns", "sumsq", "dropped")))
             fb = FactorBuffer.adopt(st, store.get(f"{prefix}.pending"), self._capacity(batch))
         elif dim is None:
             return None
         else:
             fb = FactorBuffer(dim, self._capacity(batch), torch.float32, device)
         self._fb[prefix] = fb
-        self._publish(store, prefix, fb)
+        fb.publish(store, prefix)
         return fb
 
-    @staticmethod
-    def _publish(store: dict, prefix: str, fb) -> None:
-        """The buffer's state as ``store``'s "cat"/"sum" tensors (views, no copy): ``W``,
-        ``sums``, ``ns``, ``sumsq``, ``dropped`` and the ``pending`` rows when there are any."""
-        views = {"W": fb.W, "sums": fb.sums, "ns": fb.ns, "sumsq": fb.sumsq,
-                 "dropped": fb.dropped, "pending": fb.pending if fb.p else None}
-        for k, v in views.items():
-            if v is None:
-                store.pop(f"{prefix}.{k}", None)
-            else:
-                store[f"{prefix}.{k}"] = v
-        fb._views = views
-
     def _jackknife_moments(self, layer: int, Y: Tensor, doc_index: Tensor) -> None:
-        """Second pass: per group of documents, the moments of the whole field's
-        coordinates ``c = V (x − x̄)`` in the first pass's POD directions ``V`` and the
-        exact energy (see :func:`~tl_spectral.analysis.streaming_pod.projected_group_spectrum`).
-        ``Y [b, d]``: the documents' fields over the folded entries."""
-        W, rows, scale, mu = self._jk_basis[layer]
+        """Second pass: the per-group moments of :func:`~tl_spectral.probes.field_stream.
+        jackknife_moments` (``Y [b, d]``: the documents' fields over the folded entries)."""
+        from tl_spectral.probes.field_stream import jackknife_moments
+
         assert self._jk_group is not None
-        G = self.jackknife_groups  # fixed size: short chunks leave groups empty (dropped at the end)
-        dev = W.device
-        grp = self._jk_group.to(dev)
-        grp = grp[doc_index.to(dev) % grp.numel()]  # (modulo: runs that accumulate)
-        Y = Y.to(dev, W.dtype) - mu.to(W.dtype)
-        c = (Y @ W.T).to(torch.float64)[:, rows.to(dev)] * scale.to(dev)  # [b, K] = Y Vᵀ
-        K = int(rows.numel())
-        Y64 = Y.to(torch.float64)
-        C = torch.zeros(G, K, K, dtype=torch.float64, device=dev)
-        for g in torch.unique(grp).tolist():  # Σ c cᵀ per group: one [K, b_g] × [b_g, K]
-            cg = c[grp == g]
-            C[g] = cg.T @ cg
-        self.accumulate(f"{layer}.jk.C", C)
-        self.accumulate(f"{layer}.jk.c", torch.zeros(G, K, dtype=torch.float64, device=dev)
-                        .index_add_(0, grp, c))
-        self.accumulate(f"{layer}.jk.n", torch.zeros(G, dtype=torch.float64, device=dev)
-                        .index_add_(0, grp, torch.ones_like(grp, dtype=torch.float64)))
-        self.accumulate(f"{layer}.jk.sumsq", torch.zeros(G, dtype=torch.float64, device=dev)
-                        .index_add_(0, grp, Y64.pow(2).sum(1)))
-        self.accumulate(f"{layer}.jk.sums", torch.zeros(G, Y.shape[1], dtype=torch.float64,
-                                                        device=dev).index_add_(0, grp, Y64))
+        for k, v in jackknife_moments(self._jk_basis[layer], self._jk_group,
+                                      self.jackknife_groups, Y, doc_index).items():
+            self.accumulate(f"{layer}.jk.{k}", v)
 
     def _coherence_setup(self, T: int, n_lags: int) -> None:
         from tl_spectral.analysis.streaming_pod import coherence_query_index
@@ -649,13 +616,13 @@ class AttentionFieldProbe(Probe):
                 if G.is_complex():
                     self.accumulate(f"{layer}.coh_im", G.imag.contiguous())
             fb.fold(self.rank)
-            self._publish(self.state, f"{layer}.full", fb)
+            fb.publish(self.state, f"{layer}.full")
             return
         for m in range(len(self._selection[layer]["a_star"])):
             fb = self._part(self.state, f"{layer}.band{m}")
             if fb is not None and fb.p:
                 fb.fold(self.rank)
-                self._publish(self.state, f"{layer}.band{m}", fb)
+                fb.publish(self.state, f"{layer}.band{m}")
 
     def next_pass(self) -> bool:
         """Called by ``run_probes`` after a pass over the corpus (states already reduced
@@ -680,7 +647,7 @@ class AttentionFieldProbe(Probe):
                 if not fb.folded or fb.r > self.rank:
                     fb.fold(self.rank)
                 fb.compact()  # pass 2 keeps the factor rows only
-                self._publish(self.state, f"{layer}.full", fb)
+                fb.publish(self.state, f"{layer}.full")
                 if self._jk_group is not None:  # the jackknife's basis: the full field's POD
                     from tl_spectral.probes.field_stream import jackknife_basis
 
@@ -799,7 +766,7 @@ class AttentionFieldProbe(Probe):
                 fb = self._part(src, f"{layer}.{part}")
                 if not fb.folded or fb.r > self.rank:  # merged states: one group, <= K rows
                     fb.fold(self.rank)
-                    self._publish(src, f"{layer}.{part}", fb)
+                    fb.publish(src, f"{layer}.{part}")
                 st = fb.factors()
                 lam, md = spectrum(st, self.n_modes)
                 pk = f"{layer}.{part}"  # modes back into the rectangle of the field or band
