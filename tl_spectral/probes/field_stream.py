@@ -51,8 +51,10 @@ def band_index(valid: Tensor, mask: Tensor, window: Tensor) -> dict:
 
 
 def scatter_rows(rows: Tensor, pos: Optional[Tensor], dim: int) -> Tensor:
-    """``rows [k, d]`` over the folded entries back into ``[k, dim]`` (zeros elsewhere)."""
-    if pos is None:
+    """``rows [k, d]`` over the folded entries back into ``[k, dim]`` (zeros elsewhere).
+    Rows of another width (a state merged from probes whose windows differed) are returned
+    as they are."""
+    if pos is None or int(rows.shape[1]) != int(pos.numel()):
         return rows
     out = rows.new_zeros(rows.shape[0], dim)
     out[:, pos.to(rows.device)] = rows

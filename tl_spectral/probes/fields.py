@@ -542,9 +542,10 @@ class AttentionFieldProbe(Probe):
             ix["key"], ix["n"] = (T, n_lags), int(ix["valid"].sum())
             self._ix[layer] = ix
         sel = self._selection.get(layer)
-        if sel is not None and "bands" not in ix:
+        if sel is not None and ix.get("selection") is not sel:
             ix["bands"] = [band_index(ix["valid"], mk, w)
                            for w, mk in zip(sel["windows"], sel["masks"])]
+            ix["selection"] = sel
         return ix
 
     def _capacity(self, batch: int) -> int:
