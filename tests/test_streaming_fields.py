@@ -254,3 +254,19 @@ def test_streamed_buffers_do_not_grow_with_n():
     small, large = shapes(24), shapes(72)
     assert small == large and small["0.full"] == (6 + 4 - 1 + 4 + 2, 16 * 17 // 2)
     assert len(small) > 1 and all(s[0] == 15 for s in small.values())
+
+
+def test_streaming_memory_line_in_the_docs_is_the_committed_result():
+    """docs/scale_pod.md quotes benchmarks/streaming_memory.py's line verbatim from
+    docs/results/benchmarks/streaming_memory.json, and docs/probes.md its figures; the
+    streamed probe's peak grows by at most 10% from the smallest to the largest N (issue 42)."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    line = (root / "docs" / "results" / "benchmarks" / "streaming_memory.json").read_text().strip()
+    assert line in (root / "docs" / "scale_pod.md").read_text(encoding="utf-8")
+    s = json.loads(line)
+    assert s["after"]["growth"] <= 1.1 and s["eig_rel_diff"] <= 1e-5
+    probes_md = (root / "docs" / "probes.md").read_text(encoding="utf-8")
+    assert "docs/results/benchmarks/streaming_memory.json" in probes_md
