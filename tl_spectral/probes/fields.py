@@ -20,8 +20,12 @@ never enter the mean, and their fluctuation is set to zero (no energy).
 memory"): two passes over the corpus (``run_probes`` makes both) — the first accumulates the
 mean, the lag second moment (scalogram, dominant scales, band windows), the coherence
 cross-spectrum and the whole field's rank-capped factors; the second the band snapshots'
-factors under the windows the first pass fixed. Its result,
-:class:`StreamedAttentionFields`, offers the same ``.scale_pod(...)``.
+factors under the windows the first pass fixed. Every POD's factors and buffered windows
+share one preallocated buffer folded in place
+(:class:`~tl_spectral.analysis.streaming_pod.FactorBuffer`), over the field's valid entries
+only (causal: ``τ ≤ i``, :mod:`tl_spectral.probes.field_stream`): memory set by the rank cap
+and ``fold_every``, not by N. Its result, :class:`StreamedAttentionFields`, offers the same
+``.scale_pod(...)``.
 """
 
 from __future__ import annotations
@@ -204,8 +208,8 @@ class AttentionFieldProbe(Probe):
         POD (whole field and bands): eigenvalues beyond K are not kept; ``H*`` is exact, or
         bounds (``lo–hi``, ``≥ lo``, ``> K``) when the cap dropped energy. n_modes: modes
         kept per POD in the result. fold_every: documents
-        buffered before a factor update (larger: faster, ``fold_every × T × n_lags`` floats
-        more memory). options (streaming only): the :class:`ScalePODOptions` whose band
+        buffered before a factor update (larger: faster, ``fold_every × d`` floats more per
+        POD, ``d`` the field's valid entries: ``T(T + 1)/2`` causal with every lag). options (streaming only): the :class:`ScalePODOptions` whose band
         settings (``scales``, ``wavelet``, ``max_dominant``, ``min_ratio``,
         ``min_peak_fraction``, ``window_threshold``, ``lag_window``) choose the band windows
         before the second pass (``epsilon`` goes to the result's ``.scale_pod(options=...)``);
