@@ -8,9 +8,11 @@ from hypothesis import strategies as st
 
 from tl_spectral.analysis.pod import effective_rank, pod
 from tl_spectral.analysis.streaming_pod import (
+    FactorBuffer,
     StreamingFactors,
     fold,
     hstar_bounds,
+    spectrum,
     streaming_pod_result,
 )
 
@@ -126,3 +128,81 @@ def test_hstar_bounds_contain_the_true_hstar(seed, cap, eps, noise):
         assert H >= lo
     if res.spectrum_complete:
         assert lo == hi == H
+
+
+# ------------------------------------------------------------------ in-place factor buffer
+@settings(max_examples=20, deadline=None)
+@given(N=st.integers(3, 40), cuts=st.lists(st.integers(1, 39), max_size=6),
+       rank=st.integers(1, 12), seed=st.integers(0, 99))
+def test_factor_buffer_folds_exactly_as_streaming_factors(N, cuts, rank, seed):
+    """FactorBuffer (one buffer, folded in place) gives StreamingFactors.add(...).fold(...)'s
+    state for any split into groups and any rank: the same rows in the same order go into the
+    same Gram, so W, sums, counts, Σ‖x‖² and the dropped energy agree to rounding."""
+    X = _snapshots(N, 30, 8, seed).float()
+    ref = StreamingFactors.empty(30)
+    fb = FactorBuffer(30, 4)  # too small on purpose: it grows when a fold needs the rows
+    edges = [0, *sorted({c for c in cuts if c < N}), N]
+    for a, b in zip(edges[:-1], edges[1:]):
+        if b > a:
+            ref = ref.add(X[a:b]).fold(rank)
+            fb.append(X[a:b], torch.arange(30) if a % 2 else None)
+            fb.fold(rank)
+    torch.testing.assert_close(fb.W, ref.W, rtol=1e-5, atol=1e-5 * float(ref.W.abs().max()))
+    torch.testing.assert_close(fb.W.T.double() @ fb.W.double(), ref.W.T.double() @ ref.W.double(),
+                               rtol=1e-5, atol=1e-6 * float(ref.sumsq))
+    torch.testing.assert_close(fb.sums, ref.sums)
+    assert fb.ns.tolist() == ref.ns.tolist()
+    torch.testing.assert_close(fb.sumsq, ref.sumsq, rtol=1e-12, atol=0.0)
+    assert abs(float(fb.dropped) - float(ref.dropped)) <= 1e-5 * float(ref.sumsq)
+
+
+def test_factor_buffer_fold_is_the_exact_eigendecomposition_when_rank_covers_n():
+    """rank >= N: the folded factors hold the whole centred scatter — WᵀW equals Xcᵀ Xc and
+    the spectrum its eigenvalues (float64 buffer: to 1e-10)."""
+    X = _snapshots(25, 18, 18, 4)
+    fb = FactorBuffer(18, 40, dtype=torch.float64)
+    for a in range(0, 25, 7):
+        fb.append(X[a:a + 7])
+        fb.fold(30)
+    Xc = X - X.mean(0)
+    torch.testing.assert_close(fb.W.T @ fb.W, Xc.T @ Xc, rtol=1e-10, atol=1e-10)
+    lam, _ = spectrum(fb.factors(), 3)
+    exact = torch.linalg.eigvalsh(Xc.T @ Xc).flip(0) / 25
+    torch.testing.assert_close(lam, exact[: lam.numel()], rtol=1e-9, atol=1e-12)
+    assert float(fb.dropped) <= 1e-9 * float(exact.sum())
+
+
+def test_factor_buffer_storage_does_not_grow_with_n():
+    """The buffer is allocated once, for rank factors and the largest pending block: after
+    one batch and after many its storage is the same tensor of the same shape, and its factor
+    rows never exceed the rank."""
+    g = torch.Generator().manual_seed(0)
+    fb = FactorBuffer(50, 6 + 8 + 2)
+    fb.append(torch.randn(4, 50, generator=g))
+    first = (fb.buf.data_ptr(), tuple(fb.buf.shape))
+    for _ in range(60):
+        fb.append(torch.randn(4, 50, generator=g))
+        if fb.p >= 8:
+            fb.fold(6)
+        assert (fb.buf.data_ptr(), tuple(fb.buf.shape)) == first and fb.r <= 6
+    assert float(fb.ns.sum()) + fb.p == 244
+
+
+def test_factor_buffer_adopts_a_merged_state():
+    """A state built by concatenation (two shards, as reduce_state's all-gather makes) is
+    adopted with its pending rows and folds to the one-stream POD."""
+    X = _snapshots(50, 20, 8, 2).float()
+    a = _stream(X[:20].double(), [9], rank=12)
+    b = _stream(X[20:40].double(), [], rank=12)
+    m = a.merge(b)
+    m = StreamingFactors(m.W.float(), m.sums, m.ns, m.sumsq, m.dropped)
+    fb = FactorBuffer.adopt(m, X[40:])
+    fb.fold(12)
+    whole = pod(X.double(), center=True, method="snapshots")
+    lam, _ = spectrum(fb.factors(), 2)
+    torch.testing.assert_close(lam, whole.eigenvalues[: lam.numel()], rtol=1e-4, atol=1e-8)
+    store: dict = {}
+    fb.publish(store, "x")
+    assert fb.owns(store, "x") and store["x.W"].data_ptr() == fb.buf.data_ptr()
+    store["x.W"] = store["x.W"].clone()  # replaced (a merge, a reduction): no longer its views
+    assert not fb.owns(store, "x")

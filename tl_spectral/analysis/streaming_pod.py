@@ -57,6 +57,7 @@ from tl_spectral.analysis.wavelets import (
 
 __all__ = [
     "BAND_OPTIONS",
+    "FactorBuffer",
     "StreamingFactors",
     "band_options",
     "fold",
@@ -194,6 +195,183 @@ def fold(
     return Wn, tot[None], torch.tensor([n], dtype=torch.float64, device=dev), dropped
 
 
+class FactorBuffer:
+    """A :class:`StreamingFactors` state held in one fixed buffer and folded in place.
+
+    ``buf [capacity, d]`` (float32) holds the factor rows ``W = buf[:r]`` followed by the
+    snapshots appended since the last fold, raw (``pending = buf[r:r + p]``); ``sums [g, d]``,
+    ``ns [g]``, ``sumsq``, ``dropped`` are the folded groups' as in :class:`StreamingFactors`.
+    :meth:`fold` makes the pending rows one new group and folds exactly as :func:`fold` does
+    (the same rows in the same order: ``W``, the new group minus its mean, the rows
+    ``sqrt(n_k) (mu_k - mu)``), but in place: the group's sum and ``Σ‖x‖²`` are float64
+    accumulations over column chunks, the centring is done chunk by chunk, the stack's Gram is
+    one ``[m, m]`` product, and the new factors ``U_kᵀ M`` are written back over the stack's
+    first ``k`` rows column chunk by column chunk. Memory: the buffer (``capacity × d``) plus
+    temporaries of a few MiB, whatever the number of snapshots; the buffer grows only when a
+    fold needs more rows than it has (the first allocation sizes it for ``rank`` factors and the
+    largest pending block expected).
+    """
+
+    def __init__(self, dim: int, capacity: int, dtype: torch.dtype = torch.float32,
+                 device=None) -> None:
+        self.buf = torch.empty(max(int(capacity), 1), int(dim), dtype=dtype, device=device)
+        self.r = 0
+        self.p = 0
+        self.sums = torch.zeros(0, int(dim), dtype=torch.float64, device=device)
+        self.ns = torch.zeros(0, dtype=torch.float64, device=device)
+        self.sumsq = torch.zeros(1, dtype=torch.float64, device=device)
+        self.dropped = torch.zeros(1, dtype=torch.float64, device=device)
+
+    @classmethod
+    def adopt(cls, st: StreamingFactors, pending: Tensor | None = None,
+              capacity: int = 0) -> FactorBuffer:
+        """A buffer holding the state ``st`` (copied) and ``pending`` raw rows."""
+        p = 0 if pending is None else int(pending.shape[0])
+        r, g = int(st.W.shape[0]), int(st.sums.shape[0])
+        fb = cls(st.dim, max(int(capacity), r + p + g + 2), st.W.dtype, st.W.device)
+        fb.buf[:r] = st.W
+        if p:
+            fb.buf[r:r + p] = pending.to(fb.buf.device, fb.buf.dtype)  # type: ignore[union-attr]
+        fb.r, fb.p = r, p
+        fb.sums, fb.ns = st.sums.clone(), st.ns.to(torch.float64).clone()
+        fb.sumsq, fb.dropped = st.sumsq.clone(), st.dropped.clone()
+        return fb
+
+    @property
+    def dim(self) -> int:
+        return int(self.buf.shape[1])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.buf.shape[0])
+
+    @property
+    def W(self) -> Tensor:
+        return self.buf[: self.r]
+
+    @property
+    def pending(self) -> Tensor:
+        return self.buf[self.r: self.r + self.p]
+
+    @property
+    def folded(self) -> bool:
+        """One group, nothing pending: :meth:`fold` would only rotate the rows."""
+        return self.p == 0 and int(self.sums.shape[0]) <= 1
+
+    def factors(self) -> StreamingFactors:
+        """The folded part as a :class:`StreamingFactors` (views, no copy; pending rows not
+        included)."""
+        return StreamingFactors(W=self.W, sums=self.sums, ns=self.ns, sumsq=self.sumsq,
+                                dropped=self.dropped)
+
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` more rows after the pending ones (grows the buffer when needed)."""
+        need = self.r + self.p + int(rows)
+        if need > self.capacity:
+            new = torch.empty(need, self.dim, dtype=self.buf.dtype, device=self.buf.device)
+            new[: self.r + self.p] = self.buf[: self.r + self.p]
+            self.buf = new
+
+    def append(self, src: Tensor, index: Tensor | None = None,
+               weight: Tensor | None = None) -> None:
+        """Append the rows ``src[:, index] * weight`` (``src [b, D]``; every column when
+        ``index`` is None) as pending snapshots, written straight into the buffer."""
+        b = int(src.shape[0])
+        self.reserve(b)
+        rows = self.buf[self.r + self.p: self.r + self.p + b]
+        src = src.to(rows.device)
+        if index is None:
+            rows.copy_(src)
+        else:
+            torch.index_select(src.to(rows.dtype), 1, index.to(src.device), out=rows)
+        if weight is not None:
+            rows.mul_(weight.to(rows.device, rows.dtype))
+        self.p += b
+
+    def _take_pending(self) -> None:
+        """The pending rows become one group: float64 sum and ``Σ‖x‖²``, rows centred on the
+        group's mean in place (``(x − μ)`` formed in float64 per column chunk, as
+        :meth:`StreamingFactors.add`)."""
+        P = self.pending
+        n_b = float(self.p)
+        s = torch.zeros(self.dim, dtype=torch.float64, device=P.device)
+        sq = torch.zeros((), dtype=torch.float64, device=P.device)
+        step = _col_chunk(self.p)
+        for a in range(0, self.dim, step):
+            blk = P[:, a:a + step].to(torch.float64)
+            s[a:a + step] = blk.sum(0)
+            sq += blk.pow(2).sum()
+            P[:, a:a + step] = (blk - s[a:a + step] / n_b).to(P.dtype)
+        self.sums = torch.cat([self.sums, s[None]])
+        self.ns = torch.cat([self.ns, torch.tensor([n_b], dtype=torch.float64, device=P.device)])
+        self.sumsq = self.sumsq + sq
+        self.r, self.p = self.r + self.p, 0
+
+    def fold(self, rank: int) -> None:
+        """Fold the pending rows in as one group, collapse the groups into one and keep at
+        most ``rank`` factor rows (:func:`fold`'s result, computed in place)."""
+        if rank < 1:
+            raise ValueError(f"rank must be >= 1 (got {rank})")
+        if self.p:
+            self._take_pending()
+        ns, dev = self.ns, self.buf.device
+        n = float(ns.sum())
+        if n <= 0:
+            self.r, self.sums, self.ns = 0, self.sums[:0].sum(0, keepdim=True), ns.sum().reshape(1)
+            return
+        tot = self.sums.sum(0)
+        m = self.r
+        if self.sums.shape[0] > 1:  # rows sqrt(n_k) (mu_k - mu): the scatter between the groups
+            keep = ns > 0
+            between = torch.sqrt(ns[keep])[:, None] * (self.sums[keep] / ns[keep][:, None] - tot / n)
+            self.reserve(int(between.shape[0]))
+            self.buf[m:m + between.shape[0]] = between.to(self.buf.dtype)
+            m += int(between.shape[0])
+        self.sums, self.ns = tot[None], torch.tensor([n], dtype=torch.float64, device=dev)
+        if m == 0:
+            self.r = 0
+            return
+        M = self.buf[:m]
+        G = (M @ M.T).to(torch.float64)  # as fold(): the Gram in the factors' dtype
+        G = 0.5 * (G + G.T)
+        lam, U = torch.linalg.eigh(G)
+        lam, U = lam.flip(0), U.flip(1)
+        trace = float(lam.clamp_min(0).sum())
+        tol = max(float(lam[0]) if lam.numel() else 0.0, 0.0) * m * torch.finfo(M.dtype).eps
+        k = min(int(rank), int((lam > tol).sum()))
+        Ut = U[:, :k].T.to(M.dtype).contiguous()
+        step = _col_chunk(m)
+        for a in range(0, self.dim, step):  # rows sigma_k v_k^T over the first k rows
+            self.buf[:k, a:a + step] = Ut @ M[:, a:a + step]
+        self.r = k
+        self.dropped = self.dropped + max(0.0, trace - float(lam[:k].sum()))
+
+    def publish(self, store: dict, prefix: str) -> None:
+        """The state as ``store``'s tensors (views, no copy): ``<prefix>.W``, ``.sums``,
+        ``.ns``, ``.sumsq``, ``.dropped`` and ``.pending`` when rows are pending — the probes'
+        "cat" and "sum" states, so they merge and reduce across processes as before."""
+        views = {"W": self.W, "sums": self.sums, "ns": self.ns, "sumsq": self.sumsq,
+                 "dropped": self.dropped, "pending": self.pending if self.p else None}
+        for k, v in views.items():
+            if v is None:
+                store.pop(f"{prefix}.{k}", None)
+            else:
+                store[f"{prefix}.{k}"] = v
+        self._views = views
+
+    def owns(self, store: dict, prefix: str) -> bool:
+        """True while ``store`` holds the views :meth:`publish` put there (not a merged,
+        reduced or replaced state)."""
+        views = getattr(self, "_views", None)
+        return views is not None and all(store.get(f"{prefix}.{k}") is v
+                                         for k, v in views.items())
+
+    def compact(self) -> None:
+        """Shrink the buffer to the factor rows (after the last fold of a pass)."""
+        if self.capacity != self.r + self.p:
+            self.buf = self.buf[: max(self.r + self.p, 1)].clone()
+
+
 def streaming_pod_result(
     state: StreamingFactors,
     *,
@@ -219,22 +397,63 @@ def streaming_pod_result(
     )
 
 
-def spectrum(st: StreamingFactors, n_modes: int) -> tuple[Tensor, Tensor]:
-    """``(eigenvalues [k] descending, modes [min(n_modes, k), d])`` of a folded state (one
-    group): eigenvalues ``sigma^2 / N`` above rounding noise, modes ``v_k`` with their largest
-    entry positive (the sign convention of :func:`~tl_spectral.analysis.pod.pod`)."""
-    N = max(st.n, 1.0)
-    W = st.W.to(torch.float64)
-    sq = W.pow(2).sum(1)
+def _col_chunk(rows: int, budget: int = 1 << 21) -> int:
+    """Columns per chunk so that a ``[rows, chunk]`` temporary holds about ``budget`` values
+    (8 MiB in float32, 16 MiB in float64)."""
+    return max(256, budget // max(int(rows), 1))
+
+
+def row_sq(W: Tensor) -> Tensor:
+    """``[r]`` float64 squared row norms of ``W``, accumulated by column chunks (no float64
+    copy of ``W``)."""
+    out = torch.zeros(W.shape[0], dtype=torch.float64, device=W.device)
+    step = _col_chunk(W.shape[0])
+    for a in range(0, int(W.shape[1]), step):
+        out += W[:, a:a + step].to(torch.float64).pow(2).sum(1)
+    return out
+
+
+def spectrum_order(W: Tensor) -> tuple[Tensor, Tensor]:
+    """``(rows, sq)``: the rows of a folded factor set in descending squared norm, those above
+    rounding noise (``sq > sq_0 · r · eps64``), and their squared norms (float64)."""
+    sq = row_sq(W)
     order = torch.argsort(sq, descending=True)
-    W, sq = W[order], sq[order]
+    sq = sq[order]
     if sq.numel():
         tol = max(float(sq[0]) * W.shape[0] * torch.finfo(torch.float64).eps, 0.0)
         keep = sq > tol
-        W, sq = W[keep], sq[keep]
+        order, sq = order[keep], sq[keep]
+    return order, sq
+
+
+def row_signs(W: Tensor) -> Tensor:
+    """``[r]`` float64 ``±1``: the sign of each row's largest-magnitude entry (its first, at
+    ties; 1 for a zero row), by column chunks — the sign convention of
+    :func:`~tl_spectral.analysis.pod.pod`."""
+    r = int(W.shape[0])
+    best = torch.full((r,), -1.0, dtype=W.dtype, device=W.device)
+    sgn = torch.ones(r, dtype=torch.float64, device=W.device)
+    step = _col_chunk(r)
+    for a in range(0, int(W.shape[1]), step):
+        blk = W[:, a:a + step]
+        val, idx = blk.abs().max(dim=1)
+        better = val > best
+        best = torch.where(better, val, best)
+        s = torch.sign(blk.gather(1, idx[:, None]).squeeze(1)).to(torch.float64)
+        sgn = torch.where(better & (s != 0), s, sgn)
+    return sgn
+
+
+def spectrum(st: StreamingFactors, n_modes: int) -> tuple[Tensor, Tensor]:
+    """``(eigenvalues [k] descending, modes [min(n_modes, k), d])`` of a folded state (one
+    group): eigenvalues ``sigma^2 / N`` above rounding noise, modes ``v_k`` with their largest
+    entry positive (the sign convention of :func:`~tl_spectral.analysis.pod.pod`). Only the
+    ``n_modes`` rows returned are converted to float64."""
+    N = max(st.n, 1.0)
+    order, sq = spectrum_order(st.W)
     lam = (sq / N).contiguous()
     k = min(int(n_modes), int(lam.numel()))
-    modes = W[:k] / torch.sqrt(sq[:k])[:, None]
+    modes = st.W[order[:k]].to(torch.float64) / torch.sqrt(sq[:k])[:, None]
     if k:
         idx = modes.abs().argmax(dim=1)
         sgn = torch.sign(modes.gather(1, idx[:, None]).squeeze(1))

@@ -20,8 +20,12 @@ never enter the mean, and their fluctuation is set to zero (no energy).
 memory"): two passes over the corpus (``run_probes`` makes both) — the first accumulates the
 mean, the lag second moment (scalogram, dominant scales, band windows), the coherence
 cross-spectrum and the whole field's rank-capped factors; the second the band snapshots'
-factors under the windows the first pass fixed. Its result,
-:class:`StreamedAttentionFields`, offers the same ``.scale_pod(...)``.
+factors under the windows the first pass fixed. Every POD's factors and buffered windows
+share one preallocated buffer folded in place
+(:class:`~tl_spectral.analysis.streaming_pod.FactorBuffer`), over the field's valid entries
+only (causal: ``τ ≤ i``, :mod:`tl_spectral.probes.field_stream`): memory set by the rank cap
+and ``fold_every``, not by N. Its result, :class:`StreamedAttentionFields`, offers the same
+``.scale_pod(...)``.
 """
 
 from __future__ import annotations
@@ -204,8 +208,8 @@ class AttentionFieldProbe(Probe):
         POD (whole field and bands): eigenvalues beyond K are not kept; ``H*`` is exact, or
         bounds (``lo–hi``, ``≥ lo``, ``> K``) when the cap dropped energy. n_modes: modes
         kept per POD in the result. fold_every: documents
-        buffered before a factor update (larger: faster, ``fold_every × T × n_lags`` floats
-        more memory). options (streaming only): the :class:`ScalePODOptions` whose band
+        buffered before a factor update (larger: faster, ``fold_every × d`` floats more per
+        POD, ``d`` the field's valid entries: ``T(T + 1)/2`` causal with every lag). options (streaming only): the :class:`ScalePODOptions` whose band
         settings (``scales``, ``wavelet``, ``max_dominant``, ``min_ratio``,
         ``min_peak_fraction``, ``window_threshold``, ``lag_window``) choose the band windows
         before the second pass (``epsilon`` goes to the result's ``.scale_pod(options=...)``);
@@ -259,6 +263,9 @@ class AttentionFieldProbe(Probe):
         self._phase = 0
         self._pass1: dict = {}
         self._selection: dict = {}
+        self._fb: dict = {}  # prefix -> FactorBuffer (the factor states, folded in place)
+        self._ix: dict = {}  # layer -> the folded entries of its fields (field_stream)
+        self._n_hint: Optional[int] = None
 
     def reset(self) -> None:
         super().reset()
@@ -266,15 +273,15 @@ class AttentionFieldProbe(Probe):
         self._pass1 = {}
         self._selection = {}
         self._jk_basis = {}
+        self._fb, self._ix = {}, {}
 
     def requires(self, view) -> dict[int, set[str]]:
         if self.layers is None:
             self.layers = list(range(view.n_layers))
         for layer in self.layers:
             self.reductions[f"{layer}.fields"] = "cat"  # type: ignore[index]
-            self.reductions[f"{layer}.pending"] = "cat"  # type: ignore[index]
             for part in ("full", *(f"band{m}" for m in range(8))):
-                for key in ("W", "sums", "ns"):
+                for key in ("W", "sums", "ns", "pending"):
                     self.reductions[f"{layer}.{part}.{key}"] = "cat"  # type: ignore[index]
         self._W = {}  # W_O is read from this run's model
         kinds = {"pattern", "v"} if self._values else {"pattern"}
@@ -298,6 +305,7 @@ class AttentionFieldProbe(Probe):
                 f"pass max_lag <= {length - 1}"
             )
         self.length = length
+        self._n_hint = int(n_docs)
         if self.streaming and self.jackknife_groups and n_docs >= 2:
             from tl_spectral.analysis.streaming_pod import document_groups
 
@@ -486,70 +494,101 @@ class AttentionFieldProbe(Probe):
 
     def _stream(self, layer: int, F: Tensor, mask: Tensor, count: Tensor,
                 doc_index: Optional[Tensor] = None) -> None:
-        """Fold one batch's lag fields ``F [b, T, n_lags]`` into the streamed statistics."""
+        """Fold one batch's lag fields ``F [b, T, n_lags]`` into the streamed statistics: the
+        first pass's sums, and the valid entries of every field appended to the factor
+        buffers of the pass (:mod:`~tl_spectral.probes.field_stream`)."""
+        from tl_spectral.probes.field_stream import lag_moment
+
         if not bool(mask.all()):
             raise ValueError(
                 "AttentionFieldProbe(streaming=True) needs full windows (no padding); cut "
                 "equal windows, e.g. with document_windows or a token file's windows()"
             )
+        b = int(F.shape[0])
+        ix = self._index(layer, int(F.shape[-2]), int(F.shape[-1]))
+        flat = F.reshape(b, -1)
         if self._phase == 0:
-            P = F.reshape(-1, F.shape[-1]).to(torch.float64)
             self.accumulate(f"{layer}.sum", F.sum(dim=0, dtype=torch.float64))
             self.accumulate(f"{layer}.count", count.sum(dim=0))
-            self.accumulate(f"{layer}.moment", P.T @ P)
-            del P
+            self.accumulate(f"{layer}.moment", lag_moment(F))
             if self.layers is not None and layer == self.layers[0]:
-                self.accumulate("n_docs", torch.tensor([float(F.shape[0])], dtype=torch.float64,
+                self.accumulate("n_docs", torch.tensor([float(b)], dtype=torch.float64,
                                                        device=F.device))
+            parts = [(f"{layer}.full", ix["index"], None, ix["n"])]
         elif self._phase != 1:
             raise RuntimeError("this streaming probe has finished both passes; reset it (run "
                                "run_probes again) to start over")
-        elif layer in self._jk_basis and doc_index is not None:
-            self._jackknife_moments(layer, F, doc_index)
-        self.accumulate(f"{layer}.pending", F.to("cpu") if self.offload else F.contiguous())
-        if int(self.state[f"{layer}.pending"].shape[0]) >= self.fold_every:
+        else:
+            if layer in self._jk_basis and doc_index is not None:
+                full = flat if ix["index"] is None else flat[:, ix["index"].to(F.device)]
+                self._jackknife_moments(layer, full, doc_index)
+            parts = [(f"{layer}.band{m}", bi["index"], bi["weight"], int(bi["index"].numel()))
+                     for m, bi in enumerate(ix["bands"])]
+        dev = torch.device("cpu") if self.offload else F.device
+        pending = 0
+        for prefix, index, weight, dim in parts:
+            fb = self._part(self.state, prefix, dim, dev, b)
+            fb.append(flat, index, weight)
+            fb.publish(self.state, prefix)
+            pending = fb.p
+        if pending >= self.fold_every:
             self._flush(layer)
 
-    def _jackknife_moments(self, layer: int, F: Tensor, doc_index: Tensor) -> None:
-        """Second pass: per group of documents, the moments of the whole field's
-        coordinates ``c = V (x − x̄)`` in the first pass's POD directions ``V`` and the
-        exact energy (see :func:`~tl_spectral.analysis.streaming_pod.projected_group_spectrum`)."""
-        V, mu = self._jk_basis[layer]
+    def _index(self, layer: int, T: int, n_lags: int) -> dict:
+        """The folded entries of ``layer``'s fields (:func:`~tl_spectral.probes.field_stream.
+        field_index`) and, once the bands are chosen, each band's (``"bands"``)."""
+        from tl_spectral.probes.field_stream import band_index, field_index
+
+        ix = self._ix.get(layer)
+        if ix is None or ix["key"] != (T, n_lags):
+            causal = self.view.causal if self.view is not None else True
+            ix = field_index(T, self._lags(n_lags), causal=causal, window=self._window(layer))
+            ix["key"], ix["n"] = (T, n_lags), int(ix["valid"].sum())
+            self._ix[layer] = ix
+        sel = self._selection.get(layer)
+        if sel is not None and ix.get("selection") is not sel:
+            ix["bands"] = [band_index(ix["valid"], mk, w)
+                           for w, mk in zip(sel["windows"], sel["masks"])]
+            ix["selection"] = sel
+        return ix
+
+    def _capacity(self, batch: int) -> int:
+        """Rows of a new factor buffer: ``rank`` factors, the largest pending block (``fold_every
+        − 1 + batch``), the between-group rows — fewer when the corpus is shorter."""
+        n = self._n_hint if self._n_hint else 1 << 62
+        return min(self.rank, n) + min(self.fold_every - 1 + max(batch, 1), n) + 2
+
+    def _part(self, store: dict, prefix: str, dim: Optional[int] = None, device=None,
+              batch: int = 0):
+        """The :class:`~tl_spectral.analysis.streaming_pod.FactorBuffer` of ``prefix`` whose
+        state ``store`` holds: the probe's own while ``store`` holds its views, else (a merged,
+        reduced or new state) one built from ``store`` or, with ``dim``, an empty one."""
+        from tl_spectral.analysis.streaming_pod import FactorBuffer, StreamingFactors
+
+        fb = self._fb.get(prefix)
+        if fb is not None and fb.owns(store, prefix):
+            return fb
+        if f"{prefix}.W" in store:
+            st = StreamingFactors(*(store[f"{prefix}.{k}"] for k in
+                                    ("W", "sums", "ns", "sumsq", "dropped")))
+            fb = FactorBuffer.adopt(st, store.get(f"{prefix}.pending"), self._capacity(batch))
+        elif dim is None:
+            return None
+        else:
+            fb = FactorBuffer(dim, self._capacity(batch), torch.float32, device)
+        self._fb[prefix] = fb
+        fb.publish(store, prefix)
+        return fb
+
+    def _jackknife_moments(self, layer: int, Y: Tensor, doc_index: Tensor) -> None:
+        """Second pass: the per-group moments of :func:`~tl_spectral.probes.field_stream.
+        jackknife_moments` (``Y [b, d]``: the documents' fields over the folded entries)."""
+        from tl_spectral.probes.field_stream import jackknife_moments
+
         assert self._jk_group is not None
-        G = self.jackknife_groups  # fixed size: short chunks leave groups empty (dropped at the end)
-        grp = self._jk_group.to(F.device)
-        grp = grp[doc_index.to(F.device) % grp.numel()]  # (modulo: runs that accumulate)
-        Y = F.reshape(F.shape[0], -1).to(V.dtype) - mu.to(V.dtype)
-        c = (Y @ V.T).to(torch.float64)  # [b, K]
-        K = int(V.shape[0])
-        Y64 = Y.to(torch.float64)
-        dev = F.device
-        C = torch.zeros(G, K, K, dtype=torch.float64, device=dev)
-        for g in torch.unique(grp).tolist():  # Σ c cᵀ per group: one [K, b_g] × [b_g, K]
-            cg = c[grp == g]
-            C[g] = cg.T @ cg
-        self.accumulate(f"{layer}.jk.C", C)
-        self.accumulate(f"{layer}.jk.c", torch.zeros(G, K, dtype=torch.float64, device=dev)
-                        .index_add_(0, grp, c))
-        self.accumulate(f"{layer}.jk.n", torch.zeros(G, dtype=torch.float64, device=dev)
-                        .index_add_(0, grp, torch.ones_like(grp, dtype=torch.float64)))
-        self.accumulate(f"{layer}.jk.sumsq", torch.zeros(G, dtype=torch.float64, device=dev)
-                        .index_add_(0, grp, Y64.pow(2).sum(1)))
-        self.accumulate(f"{layer}.jk.sums", torch.zeros(G, Y.shape[1], dtype=torch.float64,
-                                                        device=dev).index_add_(0, grp, Y64))
-
-    def _factors(self, prefix: str, dim: int, device) -> Any:
-        from tl_spectral.analysis.streaming_pod import StreamingFactors
-
-        if f"{prefix}.W" not in self.state:
-            return StreamingFactors.empty(dim, dtype=torch.float32, device=device)
-        return StreamingFactors(*(self.state[f"{prefix}.{k}"] for k in
-                                  ("W", "sums", "ns", "sumsq", "dropped")))
-
-    def _fold_into(self, prefix: str, X: Tensor) -> None:
-        st = self._factors(prefix, int(X.shape[1]), X.device).add(X).fold(self.rank)
-        for k in ("W", "sums", "ns", "sumsq", "dropped"):
-            self.state[f"{prefix}.{k}"] = getattr(st, k)
+        for k, v in jackknife_moments(self._jk_basis[layer], self._jk_group,
+                                      self.jackknife_groups, Y, doc_index).items():
+            self.accumulate(f"{layer}.jk.{k}", v)
 
     def _coherence_setup(self, T: int, n_lags: int) -> None:
         from tl_spectral.analysis.streaming_pod import coherence_query_index
@@ -564,28 +603,31 @@ class AttentionFieldProbe(Probe):
         self._coh_T = (T, n_lags)
 
     def _flush(self, layer: int) -> None:
-        """Fold the buffered fields of ``layer`` into its factors (and, in the first pass,
-        the coherence cross-spectrum)."""
-        P = self.state.pop(f"{layer}.pending", None)
-        if P is None or P.shape[0] == 0:
-            return
-        b, T, n_lags = (int(d) for d in P.shape)
+        """Fold the buffered fields of ``layer`` into its factors, in place (and, in the first
+        pass, add their coherence cross-spectrum)."""
         if self._phase == 0:
-            from tl_spectral.analysis.coherence import cross_spectrum
-
+            fb = self._part(self.state, f"{layer}.full")
+            if fb is None or fb.p == 0:
+                return
+            T, n_lags = self.length, int(self.state[f"{layer}.moment"].shape[0])
             self._coherence_setup(T, n_lags)
             if self._coh_q is not None:
-                G = cross_spectrum(P[:, self._coh_q.to(P.device), :].to(torch.float64), self._coh_op)
+                from tl_spectral.analysis.coherence import cross_spectrum
+                from tl_spectral.probes.field_stream import query_rows
+
+                ix = self._index(layer, T, n_lags)
+                G = cross_spectrum(query_rows(fb.pending, ix["valid"], self._coh_q), self._coh_op)
                 self.accumulate(f"{layer}.coh_re", G.real.contiguous())
                 if G.is_complex():
                     self.accumulate(f"{layer}.coh_im", G.imag.contiguous())
-            self._fold_into(f"{layer}.full", P.reshape(b, -1))
-        else:
-            sel = self._selection[layer]
-            for m, (w, mk) in enumerate(zip(sel["windows"], sel["masks"])):
-                mk_d = mk.to(P.device)
-                X = P[:, :, mk_d] * w[mk].to(P.dtype).to(P.device)
-                self._fold_into(f"{layer}.band{m}", X.reshape(b, -1))
+            fb.fold(self.rank)
+            fb.publish(self.state, f"{layer}.full")
+            return
+        for m in range(len(self._selection[layer]["a_star"])):
+            fb = self._part(self.state, f"{layer}.band{m}")
+            if fb is not None and fb.p:
+                fb.fold(self.rank)
+                fb.publish(self.state, f"{layer}.band{m}")
 
     def next_pass(self) -> bool:
         """Called by ``run_probes`` after a pass over the corpus (states already reduced
@@ -606,15 +648,18 @@ class AttentionFieldProbe(Probe):
                 n_lags = int(C.shape[0])
                 lags = self._lags(n_lags)
                 self._selection[layer] = select_bands(C.cpu(), lags, self.length, self.band_options)
+                fb = self._part(self.state, f"{layer}.full")
+                if not fb.folded or fb.r > self.rank:
+                    fb.fold(self.rank)
+                fb.compact()  # pass 2 keeps the factor rows only
+                fb.publish(self.state, f"{layer}.full")
                 if self._jk_group is not None:  # the jackknife's basis: the full field's POD
-                    from tl_spectral.analysis.streaming_pod import spectrum
+                    from tl_spectral.probes.field_stream import jackknife_basis
 
-                    st = self._factors_from(self.state, f"{layer}.full").fold(self.rank)
-                    dev = self.state[f"{layer}.full.W"].device
-                    V = spectrum(st, self.rank)[1]
-                    self._jk_basis[layer] = (V.to(dev, torch.float32), st.mean.to(dev, torch.float32))
+                    self._jk_basis[layer] = jackknife_basis(
+                        fb.W, fb.factors().mean.to(fb.W.device, torch.float32))
                 for m in range(len(self._selection[layer]["a_star"])):
-                    for k in ("W", "sums", "ns"):
+                    for k in ("W", "sums", "ns", "pending"):
                         self.reductions[f"{layer}.band{m}.{k}"] = "cat"  # type: ignore[index]
             self._pass1, self.state = self.state, {}
             self._phase = 1
@@ -662,10 +707,14 @@ class AttentionFieldProbe(Probe):
                     )
             # the jackknife's per-group moments add up only in one basis (the merged first
             # pass's): moments taken in different first passes' bases are dropped
+            from tl_spectral.probes.field_stream import basis_matrix
+
             for layer in self.layers or []:
                 a, b = self._jk_basis.get(layer), o._jk_basis.get(layer)
-                same = (a is not None and b is not None and a[0].shape == b[0].shape
-                        and torch.allclose(a[0], b[0].to(a[0].device), atol=1e-6))
+                if a is not None and b is not None:
+                    a, b = basis_matrix(a), basis_matrix(b)
+                same = (a is not None and b is not None and a.shape == b.shape
+                        and torch.allclose(a, b.to(a.device), atol=1e-6))
                 if not same:
                     for st in (self.state, o.state):
                         for k in [k for k in st if k.startswith(f"{layer}.jk.")]:
@@ -685,6 +734,7 @@ class AttentionFieldProbe(Probe):
     def _streamed_result(self) -> "StreamedAttentionFields":
         from tl_spectral.analysis.coherence import coherence_from_spectrum
         from tl_spectral.analysis.streaming_pod import spectrum
+        from tl_spectral.probes.field_stream import scatter_rows
 
         if self._phase != 2:
             if not self.state and not self._pass1:
@@ -694,7 +744,7 @@ class AttentionFieldProbe(Probe):
                 f"made {self._phase}; run it with run_probes, which makes both"
             )
         assert self.layers is not None
-        p1 = {k: v.cpu() for k, v in self._pass1.items()}
+        p1 = {k: v.cpu() for k, v in self._pass1.items() if ".full." not in k}
         N = float(p1["n_docs"])
         T = self.length
         means, moments, coh, eig, modes, pods, jk = {}, {}, {}, {}, {}, {}, {}
@@ -713,14 +763,20 @@ class AttentionFieldProbe(Probe):
                 mu = means[key].to(torch.float64)[self._coh_q][None]  # [1, Q, n_lags]
                 G = G - N * cross_spectrum(mu, self._coh_op)
                 coh[key] = coherence_from_spectrum(G).to(torch.float32)
-            n_b = len(self._selection[layer]["a_star"])
-            for part in ["full"] + [f"band{m}" for m in range(n_b)]:
-                src = p1 if part == "full" else self.state
-                st = self._factors_from(src, f"{layer}.{part}").fold(self.rank)
+            ix = self._index(layer, T, int(moments[key].shape[0]))
+            places = [("full", ix["index"], ix["dim"])]
+            places += [(f"band{m}", bi["pos"], bi["dim"]) for m, bi in enumerate(ix["bands"])]
+            for part, pos, dim in places:
+                src = self._pass1 if part == "full" else self.state
+                fb = self._part(src, f"{layer}.{part}")
+                if not fb.folded or fb.r > self.rank:  # merged states: one group, <= K rows
+                    fb.fold(self.rank)
+                    fb.publish(src, f"{layer}.{part}")
+                st = fb.factors()
                 lam, md = spectrum(st, self.n_modes)
-                pk = f"{layer}.{part}"
-                eig[pk], modes[pk] = lam, md.float()
-                pods[pk] = {"dim": st.dim, "dropped": float(st.dropped) / N,
+                pk = f"{layer}.{part}"  # modes back into the rectangle of the field or band
+                eig[pk], modes[pk] = lam.cpu(), scatter_rows(md.float().cpu(), pos, dim)
+                pods[pk] = {"dim": dim, "dropped": float(st.dropped) / N,
                             "scatter": st.total_scatter / N}
             if f"{layer}.jk.C" in self.state:
                 s = {k: self.state[f"{layer}.jk.{k}"].cpu().to(torch.float64)
@@ -741,13 +797,6 @@ class AttentionFieldProbe(Probe):
             jackknife_meta=({"n_groups": int(self.jackknife_groups), "seed": self.jackknife_seed}
                             if jk else {}),
         )
-
-    @staticmethod
-    def _factors_from(state: dict, prefix: str):
-        from tl_spectral.analysis.streaming_pod import StreamingFactors
-
-        return StreamingFactors(*(state[f"{prefix}.{k}"].cpu() for k in
-                                  ("W", "sums", "ns", "sumsq", "dropped")))
 
 
 def _probe_options(options: Optional[ScalePODOptions], coherence_queries: Any,
