@@ -47,7 +47,7 @@ WINDOW_RULE = ("global and local layers differ when the interval over windows of
 def _label(iv: dict[str, Any] | None, per_layer: list[float], kinds: list[str],
            twin: dict[str, Any] | None) -> tuple[str, str]:
     """(exact layer-level p, label under :data:`WINDOW_RULE`)."""
-    from tl_spectral_studies.gemma_window import layer_permutation
+    from tl_spectral_studies.gemma_window_routing import layer_permutation
 
     if not iv:
         return "—", "—"

@@ -43,10 +43,15 @@ from typing import Any
 import torch
 
 from tl_spectral.usage import ArgumentParser
+from tl_spectral_studies.depth import (  # noqa: F401  (re-exported)
+    THIRDS,
+    depth_fraction,
+    third_layers,
+    third_of,
+)
 
 NAME = "pod-depth"
 VARIANTS = ("with", "zeroed", "renormalized")
-THIRDS = ("early", "middle", "late")
 PAPER_CUTS = (7.0, 20.0)
 """The paper's band cut-offs (fine a ≤ 7, coarse a ≥ 20), measured on a character model:
 tokens = characters there, so they are spans of 7 and 20 characters of text."""
@@ -72,31 +77,6 @@ windows are those of ``real-decoder --step scales`` (draw 2 of seed 0)."""
 
 
 # ------------------------------------------------------------------- depth and cut-offs
-def depth_fraction(layer: int, n_layers: int) -> float:
-    """``l / (L − 1)`` (0 for a one-layer model): 0 at the first layer, 1 at the last."""
-    if not 0 <= int(layer) < int(n_layers):
-        raise ValueError(f"layer {layer} is not one of the {n_layers} layers 0..{n_layers - 1}")
-    return 0.0 if n_layers == 1 else int(layer) / (int(n_layers) - 1)
-
-
-def third_of(layer: int, n_layers: int) -> str:
-    """"early" when ``l/(L−1) < 1/3``, "middle" when ``< 2/3``, else "late" (compared in
-    integers: ``3l < L − 1``, ``3l < 2(L − 1)``, so no rounding decides a boundary)."""
-    depth_fraction(layer, n_layers)  # validates
-    span = int(n_layers) - 1
-    if span == 0 or 3 * int(layer) < span:  # one layer: depth 0, early
-        return "early"
-    return "middle" if 3 * int(layer) < 2 * span else "late"
-
-
-def third_layers(n_layers: int) -> dict[str, list[int]]:
-    """``{"early": [...], "middle": [...], "late": [...]}`` layer indices per third."""
-    out: dict[str, list[int]] = {t: [] for t in THIRDS}
-    for li in range(int(n_layers)):
-        out[third_of(li, n_layers)].append(li)
-    return out
-
-
 def cutoffs_in_tokens(chars_per_token: float, cuts: Sequence[float] = PAPER_CUTS
                       ) -> tuple[float, float]:
     """The paper's cut-offs as the same spans of text in tokens: ``cut / c̄`` with ``c̄`` the

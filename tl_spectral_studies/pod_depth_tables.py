@@ -82,7 +82,7 @@ def _minilm_row(path: Path) -> list[str] | None:
     """MiniLM's committed per-layer point estimates as third means (no interval)."""
     if not path.exists():
         return None
-    from tl_spectral_studies.pod_depth import third_layers
+    from tl_spectral_studies.depth import third_layers
 
     d = json.loads(path.read_text(encoding="utf-8"))
     tb = d["table"]

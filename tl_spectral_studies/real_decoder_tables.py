@@ -250,6 +250,11 @@ def tables(results_dir: str | Path) -> dict[str, str]:
     if g.is_dir():
         out[f"real_decoder/{GEMMA_DIR}/verdict"] = verdict_markdown(verdicts(g, GEMMA_DIR))
         out.update(step_tables(g, f"real_decoder/{GEMMA_DIR}"))
+    summary = d / "evidence" / "smollm2-135m" / "summary.json"
+    if summary.is_file():  # the evidence panel's cells so far
+        from tl_spectral_studies.evidence_summary import cells_markdown
+
+        out["real_decoder/evidence_cells"] = cells_markdown(json.loads(summary.read_text()))
     from tl_spectral_studies import gemma_window_tables  # the last section: Gemma-3's window
 
     out.update(gemma_window_tables.tables(d / "gemma_window"))
