@@ -216,3 +216,16 @@ def validation_windows(text: str, tok: Any, n_docs: int, length: int, seed: int,
                              f"length (e.g. stride={max(1, length // 4)})") from None
         return document_windows(text, tok, n_docs, length, seed=seed, bos_id=bos), \
             "whole corpus"
+
+
+def git_commit() -> str:
+    """The checkout's commit (``git rev-parse HEAD``), "unknown" outside a git checkout: what
+    a study's provenance records."""
+    import subprocess
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return commit or "unknown"

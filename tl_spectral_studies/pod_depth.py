@@ -463,16 +463,12 @@ def run_model(model: str, out: Path, data_dir: Path | None = None, *,
 
 
 def _provenance() -> dict[str, Any]:
-    import subprocess
     import sys
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
+    from tl_spectral_studies._common import git_commit
+
     return {"command": " ".join(["python -m tl_spectral_studies.pod_depth"] + sys.argv[1:]),
-            "commit": commit or "unknown", "seed": SEED}
+            "commit": git_commit(), "seed": SEED}
 
 
 # -------------------------------------------------------------------------------- main

@@ -470,16 +470,12 @@ def _write(path: Path, obj: dict) -> None:
 
 def _provenance(seed: Any) -> dict:
     """command, commit and seed of a run (what the claims records quote)."""
-    import subprocess
     import sys
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
+    from tl_spectral_studies._common import git_commit
+
     return {"command": " ".join(["tl-spectral study real-decoder"] + sys.argv[1:]),
-            "commit": commit or "unknown", "seeds": [seed]}
+            "commit": git_commit(), "seeds": [seed]}
 
 
 from tl_spectral_studies.real_decoder_tables import (  # noqa: E402,F401  (re-exported)
