@@ -179,12 +179,9 @@ def test_sink_decomposition_matches_loops():
 
 def test_window_nll_and_relative_change(tiny):
     toks = _tokens(3, 10)
-    nll = ops.window_nll(tiny, toks, batch_size=2)
-    with torch.no_grad():
-        lg = tiny(toks).logits[:, :-1]
-    want = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), toks[:, 1:].reshape(-1),
-                           reduction="none").view(3, -1).sum(1).double()
-    torch.testing.assert_close(nll, want, rtol=1e-5, atol=1e-5)
+    from _study_checks import check_window_nll
+
+    nll = check_window_nll(ops, tiny, toks)
     changed = nll + torch.tensor([0.5, 1.0, 1.5], dtype=torch.float64)
     r = ops.relative_ppl_change(nll, changed, 9, n_resamples=50)
     assert r["estimate"] == pytest.approx(math.exp(3.0 / 27) - 1, rel=1e-9)

@@ -138,22 +138,16 @@ def test_gemma_routing_filtering_and_linear_respect_the_window(gemma):
     for m, p in pats.items():
         assert p[..., ~ok].abs().max() == 0, m
         torch.testing.assert_close(p.sum(-1), torch.ones_like(p.sum(-1)), msg=m)
-    T = 20
     want = (r * attn.scaling).masked_fill(~ok, float("-inf")).softmax(-1)
     torch.testing.assert_close(pats["routing"], want, rtol=1e-5, atol=1e-6)
 
 
 def test_gemma_window_nll_and_sink_decompositions(gemma):
-    import torch.nn.functional as F
+    from _study_checks import check_window_nll
 
     _, _, hf = gemma
     toks = _tokens(3, 16)
-    nll = ops.window_nll(hf, toks, batch_size=2)
-    with torch.no_grad():
-        lg = hf(toks).logits[:, :-1]
-    want = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), toks[:, 1:].reshape(-1),
-                           reduction="none").view(3, -1).sum(1).double()
-    torch.testing.assert_close(nll, want, rtol=1e-5, atol=1e-5)
+    check_window_nll(ops, hf, toks)
     sd = ops.sink_decompositions(hf, toks, batch_size=2)
     att, _, _ = _hf_attention(hf, toks)
     for li in range(len(hf.model.layers)):  # α_i0 over queries i ≥ 1 and heads: HF's own
