@@ -23,8 +23,9 @@ tokens/s of each, peak memory of each process. Fits over N: ``mem_growth`` = pea
 the analyze process at the largest N / at the smallest (target <= 1.1), ``time_exponent`` =
 least-squares slope of log(probe-pass wall time) on log N (target <= 1.05), ``max_ratio`` =
 the largest ratio (target <= 1.3). Then (``--torchrun``, the default) the same analyze at
-``--torchrun-n`` (default the largest N) under ``torchrun --nproc_per_node 2`` (gloo on CPU):
-its wall time, each rank's probe pass and peak memory, and whether its ``results/*.
+``--torchrun-n`` (default the largest N) under ``torchrun --nproc_per_node 2`` (gloo on CPU;
+each rank ``--threads`` // 2 torch threads, at least 1: the one process's cores, shared): its
+wall time, each rank's probe pass and peak memory, and whether its ``results/*.
 safetensors`` equal the one-process report's at that N (every tensor within
 ``--rtol`` of its largest value, integer tensors and non-float metadata exactly).
 
@@ -216,18 +217,20 @@ def run_single(a: argparse.Namespace, n: int, tokens: Path) -> dict:
 def run_torchrun(a: argparse.Namespace, n: int, tokens: Path) -> dict:
     """analyze at N under ``torchrun --nproc_per_node 2``; its results against one process's."""
     report = a.out / "reports" / f"torchrun_N{n}"
+    per_rank = max(1, a.threads // 2)  # the same cores as the one process, split by rank
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           "2", str(Path(__file__).resolve()), "--child-analyze", str(a.threads), "--",
+           "2", str(Path(__file__).resolve()), "--child-analyze", str(per_rank), "--",
            *_analyze_argv(a, n, tokens, report)]
     t0 = time.perf_counter()
-    ranks = sorted(_run(cmd, a.threads, a.out / "logs" / f"torchrun_N{n}.log",
+    ranks = sorted(_run(cmd, per_rank, a.out / "logs" / f"torchrun_N{n}.log",
                         f"torchrun analyze at N = {n}"), key=lambda r: r["rank"])
     wall = time.perf_counter() - t0
     timings = _prune(report)
     cmp = compare_results(a.out / "reports" / f"single_N{n}" / "results", report / "results",
                           a.rtol)
     return {
-        "kind": "torchrun", "n": n, "processes": len(ranks), "wall_s": wall,
+        "kind": "torchrun", "n": n, "processes": len(ranks), "threads_per_rank": per_rank,
+        "wall_s": wall,
         "probe_wall_s": max(r["probe"]["wall_s"] for r in ranks),  # the last rank's end
         "rank0_timings_probe_pass_s": timings["probe pass"],
         "rank_probe_wall_s": [r["probe"]["wall_s"] for r in ranks],
