@@ -66,11 +66,15 @@ def _esc(s: str) -> str:
 
 
 def record_text(r: Mapping[str, Any]) -> str:
-    """One record as a cell: ``id`` (claim): number — label (and its note, if any)."""
+    """One record as a cell: ``id`` (claim): number — label · sensitivity in short
+    (:func:`~tl_spectral_studies.claims.render.sensitivity_short`; and its note, if any)."""
+    from tl_spectral_studies.claims.render import sensitivity_short
+
+    label = sensitivity_short(r["label"], r.get("sensitivity") or "", r.get("cells"))
     if r["number"] == "—":
-        return f"`{r['id']}`: {_esc(r['label'])}"
+        return f"`{r['id']}`: {_esc(label)}"
     note = f" ({_esc(r['note'])})" if r.get("note") else ""
-    return f"`{r['id']}` ({_esc(r['claim'])}): {_esc(r['number'])} — {_esc(r['label'])}{note}"
+    return f"`{r['id']}` ({_esc(r['claim'])}): {_esc(r['number'])} — {_esc(label)}{note}"
 
 
 def cell(records: Mapping[str, Mapping[str, Any]], ids: Sequence[str] | None,
