@@ -30,8 +30,11 @@ SETTING = ("SmolLM2-135M column: SmolLM2-135M-Instruct, Q4_1 weights dequantized
            "is a record of "
            "docs/results/real_decoder/verdicts.json verbatim — its id, the study's own claim "
            "(worded as that study tests it, which can differ from this row's), the number with "
-           "its interval and the study's label under the study's rule; \"not measured\": the "
-           "study has no measurement for this row.")
+           "its interval and the study's label under the study's rule, then after \" · \" "
+           "its sensitivity (\"one framing\": one run, not tested across first token, "
+           "corpus and draw; \"robust (K cells)\" or \"depends on …\": the evidence panel's "
+           "record, which replaces the study's once every cell has run; docs/claims.md); "
+           "\"not measured\": the study has no measurement for this row.")
 
 IdsFor = Callable[[Sequence[str]], "tuple[str, ...] | None"]
 
