@@ -206,8 +206,11 @@ def test_sink_selection_by_the_documented_interval_rule():
     assert seed003.sink_layers(registry.Results(ROOT, catalog.MODELS[SMOL])) == sel
     recs = _records_of(RD)
     assert f"{len(sel)} of 30" in recs["C.sink"].number
-    for cid in ("C.little", "C.rho", "C.split", "C.tail"):
+    for cid in ("C.rho", "C.split"):
         assert "provisional" in recs[cid].note and "issue 39" in recs[cid].note
+    for cid in ("C.little", "C.tail"):  # from the evidence panel once every cell has run
+        r = recs[cid]
+        assert r.cells == 18 or ("provisional" in r.note and "issue 39" in r.note), cid
 
 
 def test_split_windows_are_disjoint_and_cover():
@@ -454,7 +457,9 @@ def test_verdicts_json_is_the_registry_records():
     committed = json.loads((RD / "verdicts.json").read_text(encoding="utf-8"))
     want = render.model_records(catalog.records(ROOT), SMOL)
     assert committed == json.loads(json.dumps(want, ensure_ascii=False))
-    assert copy.deepcopy(committed)[0]["provenance"]["command"].startswith("tl-spectral")
+    for r in copy.deepcopy(committed):  # the command each results file records
+        assert r["provenance"]["command"].startswith(("tl-spectral",
+                                                      "python -m tl_spectral_studies.")), r
 
 
 def test_no_module_global_is_rebound_at_run_time():

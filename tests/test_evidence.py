@@ -209,16 +209,19 @@ def test_records_carry_mde_and_the_panels_sensitivity(tmp_path):
                        evidence="ev/summary.json")
     (tmp_path / "res").mkdir()
     c = registry.Claim("X.1", "paper", "C.0", "words", "rule", lambda r: registry.Measurement(
-        "1.0 [0.5, 1.5]", rules.REPRODUCED, 1.0, (0.5, 1.5), 8))
+        "1.0 [0.5, 1.5]", rules.REPRODUCED, 1.0, (0.5, 1.5), 8), panel="X.1")
     rec = registry.evaluate(c, registry.Results(tmp_path, m))
     assert rec.mde == pytest.approx(rules.mde({"low": 0.5, "high": 1.5}))
-    assert rec.sensitivity == ""  # no panel
+    assert rec.sensitivity == "not tested: one framing (not recorded)"  # no panel, no file
+    cells = [{"factors": {"first token": f, "draw": 0}, "label": lab, "n": 32,
+              "estimate": 1.0, "low": 0.5, "high": 1.5}
+             for f, lab in (("none", rules.REPRODUCED), ("<bos>", rules.NOT_DISTINGUISHABLE))]
     ev.write_atomic(tmp_path / "ev" / "summary.json", {"claims": {"X.1": {
-        "sensitivity": "depends on first token", "complete": False, "cells": [{}, {}],
+        "sensitivity": "depends on first token", "complete": False, "cells": cells,
         "cells_expected": 36}}})
     rec = registry.evaluate(c, registry.Results(tmp_path, m))
-    assert rec.sensitivity == ("depends on first token so far (panel incomplete: 2 of 36 "
-                               "cells)")
+    assert rec.sensitivity == "depends on first token so far (2 of 36 cells)"
+    assert rec.label == rules.REPRODUCED and rec.n == 8 and rec.cells is None  # the study's
     assert rec.to_json()["mde"] == rec.mde
 
 

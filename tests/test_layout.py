@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "tl_spectral"
 
@@ -371,18 +373,49 @@ def test_library_code_names_no_path_outside_the_package():
     assert not hits, hits
 
 
+def _pyproject_studies() -> dict[str, str]:
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    return dict(meta["project"]["entry-points"]["tl_spectral.studies"])
+
+
 def test_studies_are_registered_as_entry_points():
+    """pyproject.toml's ``tl_spectral.studies`` entry points are STUDIES, and each module has
+    the study contract (``main(argv, prog=...)``, ``markdown``, ``run_study``). Read from
+    pyproject.toml, not the installed metadata: an install made before a study was added
+    lists it only after a reinstall (it may list fewer, never other ones)."""
+    import importlib
+    import inspect
     from importlib.metadata import entry_points
 
     from tl_spectral_studies import STUDIES
 
-    eps = {ep.name: ep.value for ep in entry_points(group="tl_spectral.studies")}
+    eps = _pyproject_studies()
     assert eps == STUDIES
-    import importlib
-
-    for mod in STUDIES.values():
+    installed = {ep.name: ep.value for ep in entry_points(group="tl_spectral.studies")}
+    assert all(eps.get(k) == v for k, v in installed.items()), installed
+    for name, mod in STUDIES.items():
         m = importlib.import_module(mod)
-        assert callable(m.main) and callable(m.markdown) and callable(m.run_study)
+        assert callable(m.main) and callable(m.markdown) and callable(m.run_study), name
+        assert "prog" in inspect.signature(m.main).parameters, name
+        assert getattr(m, "NAME", name) == name, (name, m.NAME)
+
+
+@pytest.mark.parametrize("name", ["pod-depth", "gemma-window", "evidence", "real-decoder"])
+def test_tl_spectral_study_dispatches_every_entry_point(name, monkeypatch, capsys):
+    """``tl-spectral study NAME --help`` through the CLI's dispatcher, with the entry points of
+    pyproject.toml (so a study added there is reachable before any reinstall)."""
+    from importlib.metadata import EntryPoint
+
+    from tl_spectral import cli
+
+    eps = {k: EntryPoint(k, v, cli.STUDY_GROUP) for k, v in _pyproject_studies().items()}
+    monkeypatch.setattr(cli, "_study_entry_points", lambda: eps)
+    with pytest.raises(SystemExit) as e:
+        cli.study([name, "--help"])
+    assert e.value.code == 0
+    assert f"tl-spectral study {name}" in capsys.readouterr().out
 
 
 def test_architecture_doc_names_real_functions():

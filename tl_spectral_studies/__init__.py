@@ -17,6 +17,9 @@ STUDIES = {
     "contributions": "tl_spectral_studies.contributions",
     "head-allocation": "tl_spectral_studies.head_allocation",
     "real-decoder": "tl_spectral_studies.real_decoder",
+    "pod-depth": "tl_spectral_studies.pod_depth",
+    "gemma-window": "tl_spectral_studies.gemma_window",
+    "evidence": "tl_spectral_studies.evidence",
 }
 
 #: Single measurements behind parts of the docs, run as ``python -m tl_spectral_studies.NAME``

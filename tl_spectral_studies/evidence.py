@@ -238,6 +238,27 @@ def run(model_name: str, out: Path, data_dir: Path, *, steps: Sequence[str] = ST
     return rows
 
 
+def run_study(out_dir: str | Path, data_dir: str | Path, *, model: str = "smollm2-135m",
+              **kwargs: Any) -> list[dict]:
+    """:func:`run` of ``model``'s panel into ``out_dir`` (the entry function of
+    ``tl-spectral study evidence``), then its ``summary.json``."""
+    from tl_spectral_studies.evidence_summary import write_summary
+
+    rows = run(model, Path(out_dir), Path(data_dir), **kwargs)
+    write_summary(Path(out_dir), model)
+    return rows
+
+
+def markdown(results_dir: str | Path) -> str:
+    """The cell table of every model's ``summary.json`` under ``results_dir``
+    (:func:`~tl_spectral_studies.evidence_summary.cells_markdown`)."""
+    from tl_spectral_studies.evidence_summary import cells_markdown
+
+    parts = [cells_markdown(json.loads(p.read_text(encoding="utf-8")))
+             for p in sorted(Path(results_dir).glob("*/summary.json"))]
+    return "\n\n".join(parts) or f"(no <model>/summary.json in {results_dir})"
+
+
 def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.evidence") -> int:
     from tl_spectral.usage import ArgumentParser
     from tl_spectral_studies._common import StudyUsageError, require_data_dir

@@ -462,6 +462,15 @@ def run_model(model: str, out: Path, data_dir: Path | None = None, *,
     return res
 
 
+def run_study(out_dir: str | Path, data_dir: str | Path | None = None, *,
+              models: Sequence[str] = ("smollm2-135m",),
+              overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """:func:`run_model` for every model of ``models`` into ``out_dir`` (the entry function of
+    ``tl-spectral study pod-depth``)."""
+    return [run_model(m, Path(out_dir), None if data_dir is None else Path(data_dir),
+                      overrides=overrides) for m in models]
+
+
 def _provenance() -> dict[str, Any]:
     import sys
 
@@ -494,11 +503,11 @@ def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.pod_dep
                           overrides=over)
             print(json.dumps({"model": m, "seconds": r["seconds"],
                               "forward_s": r["forward_s"]}))
-    from tl_spectral_studies.pod_depth_tables import markdown
-
     print(markdown(out))
     return 0
 
+
+from tl_spectral_studies.pod_depth_tables import markdown  # noqa: E402,F401  (the doc section)
 
 if __name__ == "__main__":
     import sys

@@ -36,12 +36,18 @@ def verdicts(results_dir: str | Path, model: str = "smollm2-135m") -> list[dict]
 
 # ----------------------------------------------------------------------------- tables
 def verdict_markdown(V: list[dict]) -> str:
-    """The verdict table of docs/real_decoder.md from the records (number, label, rule)."""
-    L = ["| claim (paper) | number [95% CI] | verdict | rule |", "|---|---|---|---|"]
+    """The verdict table of docs/real_decoder.md from the records: number, n (per cell × cells
+    for a panel-backed record), minimum detectable effect, label, sensitivity, rule."""
+    L = ["| claim (paper) | number [95% CI] | n | MDE | verdict | sensitivity | rule |",
+         "|---|---|---|---|---|---|---|"]
     for v in V:
         note = f" ({v['note']})" if v.get("note") else ""
-        L.append(f"| {v['id']}: {v['claim']} | {v['number']}{note} | {v['label']} | "
-                 f"{v['rule']} |")
+        n = "—" if v.get("n") is None else (f"{v['n']} × {v['cells']} cells" if v.get("cells")
+                                           else str(v["n"]))
+        mde = "—" if v.get("mde") is None else f"{v['mde']:.3g}"
+        cells = [f"{v['id']}: {v['claim']}", f"{v['number']}{note}", n, mde, v["label"],
+                 v.get("sensitivity") or "—", v["rule"]]
+        L.append("| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |")
     return "\n".join(L)
 
 

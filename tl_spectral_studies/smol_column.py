@@ -30,8 +30,11 @@ SETTING = ("SmolLM2-135M column: SmolLM2-135M-Instruct, Q4_1 weights dequantized
            "is a record of "
            "docs/results/real_decoder/verdicts.json verbatim — its id, the study's own claim "
            "(worded as that study tests it, which can differ from this row's), the number with "
-           "its interval and the study's label under the study's rule; \"not measured\": the "
-           "study has no measurement for this row.")
+           "its interval and the study's label under the study's rule, then after \" · \" "
+           "its sensitivity (\"one framing\": one run, not tested across first token, "
+           "corpus and draw; \"robust (K cells)\" or \"depends on …\": the evidence panel's "
+           "record, which replaces the study's once every cell has run; docs/claims.md); "
+           "\"not measured\": the study has no measurement for this row.")
 
 IdsFor = Callable[[Sequence[str]], "tuple[str, ...] | None"]
 
@@ -66,11 +69,15 @@ def _esc(s: str) -> str:
 
 
 def record_text(r: Mapping[str, Any]) -> str:
-    """One record as a cell: ``id`` (claim): number — label (and its note, if any)."""
+    """One record as a cell: ``id`` (claim): number — label · sensitivity in short
+    (:func:`~tl_spectral_studies.claims.render.sensitivity_short`; and its note, if any)."""
+    from tl_spectral_studies.claims.render import sensitivity_short
+
+    label = sensitivity_short(r["label"], r.get("sensitivity") or "", r.get("cells"))
     if r["number"] == "—":
-        return f"`{r['id']}`: {_esc(r['label'])}"
+        return f"`{r['id']}`: {_esc(label)}"
     note = f" ({_esc(r['note'])})" if r.get("note") else ""
-    return f"`{r['id']}` ({_esc(r['claim'])}): {_esc(r['number'])} — {_esc(r['label'])}{note}"
+    return f"`{r['id']}` ({_esc(r['claim'])}): {_esc(r['number'])} — {_esc(label)}{note}"
 
 
 def cell(records: Mapping[str, Mapping[str, Any]], ids: Sequence[str] | None,

@@ -1,7 +1,9 @@
 """The model columns of the claims registry: one entry per model.
 
 Adding a model is one :func:`add_model` call here: its results folder (written by its
-command) and, for the paper layout, its file stems per study. A model without results yet
+command) and, for the paper layout, its file stems per study; for a real decoder, its evidence
+panel's summary (``evidence=``: absent until ``tl-spectral study evidence`` writes it) and its
+depth-thirds result (``depth=``, ``tl-spectral study pod-depth``). A model without results yet
 (``results=None``) is a column of "not yet measured".
 """
 
@@ -11,7 +13,9 @@ from tl_spectral_studies.claims.registry import STANDARD, Model, add_model
 
 REAL_DECODER_SAMPLES = ("8 windows of 128 tokens for sinks and interventions, 6 of 32 for "
                         "faithfulness (Wikipedia excerpt, Austen), N = 150 windows of 128 for "
-                        "the scale POD; weight geometry over all heads")
+                        "the scale POD; weight geometry over all heads; bands and H* by "
+                        "depth thirds from tl-spectral study pod-depth (its own windows, in its "
+                        "records)")
 
 add_model(Model(
     "char-shakespeare", "char-shakespeare", STANDARD, "paper", "docs/results/contributions",
@@ -28,10 +32,12 @@ add_model(Model(
     "tl-spectral study real-decoder --data-dir ../shared/data --out docs/results/real_decoder",
     "SmolLM2-135M-Instruct (Q4_1 dequantized to float32; 30 layers × 9 heads); "
     + REAL_DECODER_SAMPLES,
-    evidence="docs/results/real_decoder/evidence/smollm2-135m/summary.json"))
+    evidence="docs/results/real_decoder/evidence/smollm2-135m/summary.json",
+    depth="docs/results/real_decoder/pod_depth/pod_depth_smollm2-135m.json"))
 GEMMA_SAMPLES = ("weight geometry over all 72 heads; N = 150 windows of 128 for the scale POD, "
                  "8 of 128 for the interventions (Wikipedia excerpt, <bos> first); sinks and "
-                 "faithfulness not run yet")
+                 "faithfulness not run yet; bands and H* by depth thirds from tl-spectral "
+                 "study pod-depth (its own windows, in its records)")
 
 add_model(Model(
     "gemma-3-270m", "Gemma-3-270M", STANDARD, "real_decoder",
@@ -41,4 +47,6 @@ add_model(Model(
     "Gemma-3-270M base model (Q4_K_M dequantized to float32; 18 layers × 4 query heads "
     "sharing 1 key-value head, d_head 256, QK-norm; 15 sliding-window layers (512) and 3 "
     "global ones); " + GEMMA_SAMPLES,
-    evidence="docs/results/real_decoder/evidence/gemma3-270m/summary.json"))
+    evidence="docs/results/real_decoder/evidence/gemma3-270m/summary.json",
+    depth="docs/results/real_decoder/pod_depth/pod_depth_gemma3-270m.json",
+    framing={"interventions": "Wikipedia excerpt, <bos> first"}))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -64,6 +65,18 @@ class Claim:
     threshold: tuple[float, str] | None = None
     """A practical threshold and where it comes from, where a sign alone would pass any
     nonzero difference."""
+    panel: str = ""
+    """The evidence panel's claim id (:mod:`tl_spectral_studies.evidence_summary`) that tests
+    this claim with the same measure and rule; "" where the panel has none."""
+    panel_cells: tuple[tuple[str, str], ...] = ()
+    """``(factor, value)`` pairs selecting this claim's cells of a panel claim that covers
+    several (e.g. the hierarchy's ``("criterion, setting", "sufficiency, layer 15")``)."""
+    panel_apart: str = ""
+    """A panel claim that tests a *different* measure of the same words: quoted in the note,
+    never the record's label."""
+    no_interval: str = ""
+    """Why the record has no single interval (a count over layers, a check), said in its
+    note."""
 
     def __post_init__(self) -> None:
         if self.applies_to != ALL and not self.not_comparable:
@@ -91,8 +104,14 @@ class Model:
     slugs: Mapping[str, str] = field(default_factory=dict)
     """Per study, the file stem of this model (paper layout)."""
     evidence: str | None = None
-    """The summary of this model's sensitivity panel (``python -m
-    tl_spectral_studies.evidence``), relative to the repository; None: no panel."""
+    """The summary of this model's sensitivity panel (``tl-spectral study evidence``),
+    relative to the repository; None, or a file not there yet: no panel."""
+    depth: str | None = None
+    """The depth-thirds result of ``tl-spectral study pod-depth`` for this model, relative
+    to the repository; None: not run."""
+    framing: Mapping[str, str] = field(default_factory=dict)
+    """Per results file (``"interventions"``), its first token and corpus as the column's
+    setting states them, where the file itself records none."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +133,8 @@ class Record:
     note: str = ""
     mde: float | None = None
     sensitivity: str = ""
+    cells: int | None = None
+    """Panel cells behind the record (None: one run of the study); ``n`` is then per cell."""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -128,20 +149,54 @@ class Results:
         self.root = Path(root)
         self.model = model
         self.dir = None if model.results is None else self.root / model.results
+        self.read: dict[str, None] = {}
+        """The files the current measure read, in order (:func:`evaluate` resets it)."""
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019 - one object per render
     def json(self, name: str) -> Any:
         """``<results>/<name>.json`` (None when absent)."""
+        d = self._json(name)
+        if d is not None:
+            self.read.setdefault(name)
+        return d
+
+    @functools.lru_cache(maxsize=None)  # noqa: B019 - one object per render
+    def _json(self, name: str) -> Any:
         if self.dir is None:
             return None
         p = self.dir / f"{name}.json"
         return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+
+    def depth(self) -> Any:
+        """The model's depth-thirds result (:attr:`Model.depth`; None when absent)."""
+        d = self._file(self.model.depth)
+        if d is not None:
+            self.read.setdefault("pod_depth")
+        return d
+
+    def panel(self) -> Any:
+        """The model's panel summary (:attr:`Model.evidence`; None when absent)."""
+        return self._file(self.model.evidence)
+
+    @functools.lru_cache(maxsize=None)  # noqa: B019 - one object per render
+    def _file(self, rel: str | None) -> Any:
+        p = None if rel is None else self.root / rel
+        return json.loads(p.read_text(encoding="utf-8")) if p and p.is_file() else None
+
+    @functools.lru_cache(maxsize=None)  # noqa: B019 - one object per render
+    def panel_commits(self) -> tuple[str, ...]:
+        """The commits the panel's job files record (beside the summary)."""
+        p = None if self.model.evidence is None else (self.root / self.model.evidence).parent
+        found: set[str] = set()
+        for f in sorted(p.glob("*/first=*.json")) if p is not None and p.is_dir() else []:
+            found |= set(_COMMIT.findall(f.read_text(encoding="utf-8")))
+        return tuple(sorted(found))
 
     def path(self, rel: str) -> Path:
         """A path under the repository's ``docs/results`` (paper layout)."""
         return self.root / "docs" / "results" / rel
 
 
+_COMMIT = re.compile(r'"commit": "([0-9a-f]{7,40})"')
 MODELS: dict[str, Model] = {}
 CLAIMS: dict[str, Claim] = {}
 
@@ -186,51 +241,151 @@ def provenance(res: Results) -> dict[str, Any]:
 
 
 def evaluate(c: Claim, res: Results) -> Record:
-    """One claim on one model's results."""
+    """One claim on one model's results: the study's measure, or the model's evidence panel
+    where it tests the claim and every cell has run (:func:`~tl_spectral_studies.claims.
+    rules.panel_verdict`); a real-decoder record carries its sensitivity either way."""
     m = res.model
     prov = provenance(res) if m.results is not None else {"command": m.command}
 
-    def rec(number: str, label: str, meas: Measurement | None = None) -> Record:
-        mde, sens = _evidence(c, res, meas)
+    def rec(number: str, label: str, meas: Measurement | None = None, sens: str = "",
+            note: str = "") -> Record:
+        mde = None if meas is None else meas.mde
+        if mde is None and meas is not None and meas.interval is not None:
+            mde = rules.mde({"low": meas.interval[0], "high": meas.interval[1]})
+        notes = [x for x in ("" if meas is None else meas.note, note) if x]
         return Record(c.id, m.key, m.setting, c.text, f"{c.paper}; SPEC {c.spec}", number,
                       None if meas is None else meas.estimate,
                       None if meas is None else meas.interval,
                       None if meas is None else meas.n, c.rule, label, prov,
-                      "" if meas is None else meas.note,
-                      mde, sens)
+                      "; ".join(notes), mde, (meas.sensitivity if meas else "") or sens)
 
     if m.results is None:
         return rec("—", rules.NOT_YET_MEASURED)
+    res.read.clear()
     meas = c.measure(res)
+    read = list(res.read)
+    if read == ["pod_depth"]:  # a measure of the depth-thirds result alone: its provenance
+        prov = _depth_provenance(res)
+    pv = panel_of(c, res)
     if m.attention not in c.applies_to:
-        num = "—" if meas is None else meas.number
-        return rec(num, rules.not_comparable(c.not_comparable), meas)
+        return rec("—" if meas is None else meas.number, rules.not_comparable(c.not_comparable),
+                   meas, _one_framing(res, read, meas))
+    if pv is not None and pv.complete:
+        return panel_record(c, res, pv)
     if meas is None:
-        return rec("—", rules.NOT_MEASURED)
-    return rec(meas.number, meas.label, meas)
+        return rec("—", rules.NOT_MEASURED, sens="" if pv is None else pv.sensitivity)
+    notes = [_apart_note(c, res)]
+    if meas.interval is None and m.layout == "real_decoder" and c.no_interval:
+        notes.insert(0, f"no interval: {c.no_interval}")
+    return rec(meas.number, meas.label, meas,
+               pv.sensitivity if pv is not None else _one_framing(res, read, meas),
+               "; ".join(x for x in notes if x))
 
 
-def _evidence(c: Claim, res: Results, meas: Measurement | None) -> tuple[float | None, str]:
-    """The record's minimum detectable effect (the measure's own, else from its interval by
-    :func:`~tl_spectral_studies.claims.rules.mde`) and its sensitivity label (the measure's
-    own, else the model's panel summary for this claim, saying how many cells have run when
-    not all have; "" without a panel)."""
-    if meas is None:
-        return None, ""
-    mde = meas.mde
-    if mde is None and meas.interval is not None:
-        mde = rules.mde({"low": meas.interval[0], "high": meas.interval[1]})
-    sens = meas.sensitivity
-    ev = res.model.evidence
-    if not sens and ev and (res.root / ev).is_file():
-        got = json.loads((res.root / ev).read_text(encoding="utf-8")).get("claims", {})
-        if c.id in got:
-            g = got[c.id]
-            sens = g["sensitivity"]
-            if not g.get("complete"):
-                sens += (f" so far (panel incomplete: {len(g.get('cells', []))} of "
-                         f"{g.get('cells_expected', '?')} cells)")
-    return mde, sens
+def _depth_provenance(res: Results) -> dict[str, Any]:
+    """command, commit, seed of the depth-thirds result (what the file records)."""
+    p = (res.depth() or {}).get("provenance") or {}
+    return {"command": p.get("command", "tl-spectral study pod-depth"),
+            "results": res.model.depth, "commit": p.get("commit") or "not recorded",
+            "seeds": [] if p.get("seed") is None else [int(p["seed"])]}
+
+
+def _one_framing(res: Results, read: list[str], meas: Measurement | None) -> str:
+    """:func:`~tl_spectral_studies.claims.rules.one_framing` of a real-decoder record: the
+    framing of every results file its measure read ("" for the paper layout)."""
+    if res.model.layout != "real_decoder" or meas is None:
+        return ""
+    return rules.one_framing("; ".join(framing(res, name) for name in read))
+
+
+def framing(res: Results, name: str) -> str:
+    """First token, corpus and window draw of one results file, as the file records them
+    (else as the column's :attr:`Model.framing` states them, else "not recorded")."""
+    d = res.depth() if name == "pod_depth" else res.json(name)
+    given = res.model.framing.get(name)
+    if name == "routing":
+        return (f"routing.json: weights only, n_ctx {d.get('n_ctx', 'not recorded')}; no first "
+                "token, corpus or draw")
+    if name == "pod_depth":
+        c = d["config"]
+        return (f"pod_depth: first token {c.get('start') or 'none'}, corpus {c['corpus']}, "
+                f"window seed {c['window_seed']}")
+    if name == "sinks" and "wiki_start" in d.get("settings", {}):
+        first = ", ".join(sorted(set(d["settings"]["wiki_start"]["first_tokens"])))
+        return f"sinks.json setting wiki_start: first token {first}, window seed {d['seed']}"
+    if name == "scales" and "corpus" in d:
+        return f"scales.json: {d['corpus']}, seed {d['seed']}"
+    what = (f"{given} (the column's setting)" if given else
+            "first token and corpus not recorded")
+    return f"{name}.json: {what}" + (f", seed {d['seed']}" if "seed" in d else "")
+
+
+def panel_of(c: Claim, res: Results) -> rules.PanelVerdict | None:
+    """:func:`~tl_spectral_studies.claims.rules.panel_verdict` of the cells of the model's
+    panel that test ``c`` (:attr:`Claim.panel`, :attr:`Claim.panel_cells`); None without."""
+    return _panel(res, c.panel, c.panel_cells) if c.panel else None
+
+
+def _panel(res: Results, pid: str, select: tuple[tuple[str, str], ...] = ()
+           ) -> rules.PanelVerdict | None:
+    g = ((res.panel() or {}).get("claims") or {}).get(pid)
+    if not g or not g.get("cells"):
+        return None
+    cells, expected = g["cells"], int(g["cells_expected"])
+    for factor, value in select:
+        values = {c["factors"].get(factor) for c in cells}
+        cells = [{**c, "factors": {k: v for k, v in c["factors"].items() if k != factor}}
+                 for c in cells if c["factors"].get(factor) == value]
+        expected //= max(1, len(values))
+    if not cells:
+        return None
+    return rules.panel_verdict(cells, expected, bool(g.get("complete")))
+
+
+def _apart_note(c: Claim, res: Results) -> str:
+    """The note naming a panel claim that tests another measure of the same words."""
+    pv = _panel(res, c.panel_apart) if c.panel_apart else None
+    if pv is None:
+        return ""
+    g = res.panel()["claims"][c.panel_apart]
+    return (f"the evidence panel's {c.panel_apart} is another measure ({g['text']}), kept apart "
+            f"from this record: {pv.label} · {pv.sensitivity}, {pv.cells} cells"
+            + (f", cell estimates {_g(pv.estimates[0])} to {_g(pv.estimates[1])}"
+               if pv.estimates else ""))
+
+
+def _g(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def panel_record(c: Claim, res: Results, pv: rules.PanelVerdict) -> Record:
+    """The record a complete panel gives (:data:`~tl_spectral_studies.claims.rules.
+    PANEL_RULE`), with the panel's provenance."""
+    m = res.model
+    g = res.panel()
+    cells = g["claims"][c.panel]["cells"]
+    factors = [f for f in cells[0]["factors"] if f not in dict(c.panel_cells)]
+    n = (f"n = {pv.n}" if pv.n == pv.n_max else f"n = {pv.n} to {pv.n_max}") + " per cell"
+    parts = [f"evidence panel, {pv.cells} cells ({' × '.join(factors)}), {n}"]
+    if pv.estimates is not None:
+        parts.append(f"cell estimates {_g(pv.estimates[0])} to {_g(pv.estimates[1])}; "
+                     f"cell intervals within [{_g(pv.interval[0])}, {_g(pv.interval[1])}]")
+    else:
+        parts.append("the cells hold labels only (no interval in the summary)")
+    parts.append(", ".join(f"{w} in {k}" for w, k in pv.counts))
+    note = ("interval: the lowest cell low to the highest cell high (an envelope, not one "
+            "95% interval); MDE: the largest cell MDE; n: per cell" if pv.interval else
+            "no interval: the panel's cells carry labels only")
+    prov = {"command": f"tl-spectral study evidence --model {g.get('model', m.key)} "
+                       "--data-dir ../shared/data --out docs/results/real_decoder/evidence",
+            "results": m.evidence,
+            "commit": ", ".join(res.panel_commits()) or "not recorded",
+            "seeds": []}
+    return Record(c.id, m.key, m.setting, c.text, f"{c.paper}; SPEC {c.spec}",
+                  "; ".join(parts), None, pv.interval, pv.n,
+                  f"{c.rule}; in every cell of the evidence panel, then the panel rule",
+                  pv.label, prov, note,
+                  pv.mde, pv.sensitivity, pv.cells)
 
 
 def by_key(recs: list[Record]) -> dict[tuple[str, str], Record]:

@@ -27,7 +27,7 @@ def record_dict(r: Record) -> dict[str, Any]:
             "setting": r.setting, "number": r.number,
             "interval": None if r.interval is None else list(r.interval), "n": r.n,
             "label": r.label, "rule": r.rule, "note": r.note, "provenance": r.provenance,
-            "mde": r.mde, "sensitivity": r.sensitivity}
+            "mde": r.mde, "sensitivity": r.sensitivity, "cells": r.cells}
 
 
 def model_records(recs: Iterable[Record], model: str) -> list[dict[str, Any]]:
@@ -40,11 +40,31 @@ def _esc(s: str) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
-def _cell(label: str) -> str:
-    """A matrix cell: the label (a "not comparable" reason is under the table)."""
-    if rules.base(label) == rules.NOT_COMPARABLE:
+def sensitivity_short(label: str, sensitivity: str, cells: int | None = None) -> str:
+    """The label with its sensitivity in short after " · " (a real-decoder cell): "robust (18
+    cells)", "one framing", "… so far (k of K cells)"; nothing where the label already says
+    it ("depends on …") or is no verdict ("not comparable")."""
+    if not sensitivity or rules.base(label) == rules.NOT_COMPARABLE \
+            or label.startswith(sensitivity):
+        return label
+    if sensitivity.startswith(f"{rules.NOT_TESTED}: one framing"):
+        short = "one framing"
+    elif sensitivity == rules.ROBUST and cells:
+        short = f"{rules.ROBUST} ({cells} cells)"
+    else:
+        short = sensitivity
+    return f"{label} · {short}"
+
+
+def _cell(r: Record, model: registry.Model | None = None) -> str:
+    """A matrix cell: the label (a "not comparable" reason is under the table), with the
+    sensitivity in short for a real decoder (:func:`sensitivity_short`)."""
+    if rules.base(r.label) == rules.NOT_COMPARABLE:
         return rules.NOT_COMPARABLE
-    return _esc(rules.display(label))
+    label = rules.display(r.label)
+    if model is not None and model.layout == "real_decoder":
+        label = sensitivity_short(label, r.sensitivity, r.cells)
+    return _esc(label)
 
 
 def matrix_markdown(recs: Sequence[Record], models: dict[str, registry.Model] | None = None
@@ -55,7 +75,8 @@ def matrix_markdown(recs: Sequence[Record], models: dict[str, registry.Model] | 
     head = "| claim | paper; SPEC | " + " | ".join(m.label for m in models.values()) + " |"
     out = [head, "|" + "---|" * (2 + len(models))]
     for c in catalog.all_claims().values():
-        cells = [_cell(by[(c.id, k)].label) if (c.id, k) in by else "—" for k in models]
+        cells = [_cell(by[(c.id, k)], m) if (c.id, k) in by else "—"
+                 for k, m in models.items()]
         out.append(f"| `{c.id}`: {_esc(c.text)} | {c.paper}; {c.spec} | " + " | ".join(cells)
                    + " |")
     out += ["", "Rules (one per claim, from `tl_spectral_studies.claims`):", ""]
@@ -64,9 +85,18 @@ def matrix_markdown(recs: Sequence[Record], models: dict[str, registry.Model] | 
         nc = f" Not comparable on other attention: {c.not_comparable}." if c.not_comparable \
             else ""
         out.append(f"- `{c.id}`: {_esc(c.rule)}.{thr}{nc}")
-    out += ["", "Columns (setting; provenance):", ""]
+    out += ["", "Evidence of the real-decoder records (from `tl_spectral_studies.claims.rules`; "
+            "a cell shows the label · its sensitivity in short: \"robust (18 cells)\", \"one "
+            "framing\", \"… so far (k of K cells)\"):", "",
+            f"- panel: {_esc(rules.PANEL_RULE)}.",
+            f"- sensitivity: {_esc(rules.SENSITIVITY_RULE)}.",
+            f"- one framing: {_esc(rules.ONE_FRAMING_RULE)}.",
+            f"- MDE: {_esc(rules.MDE_RULE)}.",
+            "", "Columns (setting; provenance):", ""]
     for m in models.values():
-        out.append(f"- {m.label}: {m.setting}; `{m.command}`"
+        extra = "".join(f"; {what} `{p}`" for what, p in (("evidence panel", m.evidence),
+                                                            ("depth thirds", m.depth)) if p)
+        out.append(f"- {m.label}: {m.setting}; `{m.command}`{extra}"
                    + ("" if m.results else " — **not yet measured**"))
     return "\n".join(out)
 
@@ -152,7 +182,8 @@ def in_short(recs: Sequence[Record], model: str = "smollm2-135m") -> str:
 
     def say(cid: str) -> str:
         r = by[cid]
-        return f"{r.number} — **{r.label}**"
+        sens = sensitivity_short(r.label, r.sensitivity, r.cells)[len(r.label):]
+        return f"{r.number} — **{r.label}**{sens}"
 
     return "\n".join([
         f"* **Issue 26's puzzle** (`C.puzzle`): {say('C.puzzle')}.",

@@ -13,7 +13,10 @@ quoted from them comes from a function here applied to numbers:
   with :func:`split_windows` to select on one half of the windows and test on the other;
 * :func:`first_collapse` / :func:`removal_class` — the ablation thresholds;
 * :data:`NOT_COMPARABLE` — a claim about another model class (S–D-only claims on standard
-  attention) gets no reproduction label, only its number.
+  attention) gets no reproduction label, only its number;
+* :func:`mde`, :func:`sensitivity`, :func:`panel_verdict`, :func:`one_framing` — the evidence
+  of a record (issue 39): its minimum detectable effect, its robustness over the sensitivity
+  panel, the record a complete panel gives, and the sensitivity of a record no panel tests.
 
 Labels are plain words (:data:`LABELS`); a doc may render them (bold, a reason after a
 colon) through :func:`display`, never re-decide them.
@@ -22,7 +25,9 @@ colon) through :func:`display`, never re-decide them.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 LEVEL = 0.95
@@ -37,9 +42,11 @@ NOT_MEASURED = "not measured"
 NOT_YET_MEASURED = "not yet measured"
 DESCRIPTIVE = "descriptive"
 MIXED = "mixed"
+DEPENDS = "depends on"
+"""A panel-backed label whose cells disagree (:func:`panel_verdict`)."""
 TIE = "tie by construction"
 LABELS = (REPRODUCED, NOT_REPRODUCED, NOT_DISTINGUISHABLE, PARTLY, MIXED, NOT_COMPARABLE,
-          NOT_TESTED, NOT_MEASURED, NOT_YET_MEASURED, DESCRIPTIVE)
+          NOT_TESTED, NOT_MEASURED, NOT_YET_MEASURED, DESCRIPTIVE, DEPENDS)
 
 SIGN_RULE = ("reproduced when the 95% interval lies wholly on the claim's side of the "
              "threshold, not reproduced when it lies wholly on the other side, else not "
@@ -286,3 +293,86 @@ def sensitivity(cells: Sequence[tuple[Mapping[str, Any], str]]) -> str:
     if not hits:
         hits = [n for n in names if len({f[n] for f, _ in cells}) > 1]
     return "depends on " + ", ".join(hits)
+
+
+PANEL_RULE = ("a claim that the model's evidence panel tests with the same measure and rule "
+              "takes its record from the panel once every cell has run: label = the cells' "
+              "common label when the panel is robust, else the sensitivity with the label "
+              "counts (\"depends on draw (reproduced in 17 of 18 cells, not reproduced in 1)\"); "
+              "number = the range of the cell estimates; n = the per-cell n and the number of "
+              "cells; interval = the lowest cell low to the highest cell high; MDE = the "
+              "largest cell MDE. Until every cell has run, the record stays the study's and "
+              "its sensitivity reads \"… so far (k of K cells)\"")
+ONE_FRAMING_RULE = ("a real-decoder record no panel tests has the sensitivity \"not tested: "
+                    "one framing (…)\", naming the first token, corpus and window draw its "
+                    "results file records (\"not recorded\" where it records none)")
+
+
+@dataclass(frozen=True)
+class PanelVerdict:
+    """What :func:`panel_verdict` makes of one claim's panel cells."""
+
+    complete: bool
+    sensitivity: str
+    """:func:`sensitivity` of the cells; "… so far (k of K cells)" while incomplete."""
+    label: str
+    """The record's label (:data:`PANEL_RULE`); meaningful once ``complete``."""
+    cells: int
+    cells_expected: int
+    n: int | None
+    """The smallest per-cell n (``n_max`` the largest)."""
+    n_max: int | None
+    estimates: tuple[float, float] | None
+    """The lowest and highest cell estimate (None: the cells hold labels only)."""
+    interval: tuple[float, float] | None
+    """The lowest cell low and the highest cell high."""
+    mde: float | None
+    """The largest cell MDE."""
+    counts: tuple[tuple[str, int], ...]
+    """(label, number of cells), the most frequent first."""
+
+
+def _label_counts(labels: Sequence[str]) -> tuple[tuple[str, int], ...]:
+    c = Counter(base(x) for x in labels)
+    order = {w: i for i, w in enumerate(LABELS)}
+    return tuple(sorted(c.items(), key=lambda kv: (-kv[1], order.get(kv[0], len(order)),
+                                                    kv[0])))
+
+
+def panel_verdict(cells: Sequence[Mapping[str, Any]], cells_expected: int,
+                  complete: bool = True) -> PanelVerdict:
+    """:data:`PANEL_RULE` over one claim's panel cells.
+
+    ``cells``: ``{"factors", "label", "n"}`` and, where the cell has an interval,
+    ``"estimate", "low", "high"`` (``"mde"``: else from the interval by :func:`mde`);
+    ``cells_expected``: the panel's size for this claim; ``complete``: the summary's own flag
+    (both it and ``len(cells) >= cells_expected`` must hold). The sensitivity is
+    :func:`sensitivity` of the cells (so a filtered subset of a summary's cells gets its own)."""
+    if not cells:
+        raise ValueError("a panel verdict needs at least one cell")
+    k, K = len(cells), int(cells_expected)
+    done = bool(complete) and k >= K
+    sens = sensitivity([(c["factors"], c["label"]) for c in cells])
+    counts = _label_counts([c["label"] for c in cells])
+    if sens == ROBUST:
+        label = Counter(c["label"] for c in cells).most_common(1)[0][0]
+    else:
+        label = f"{sens} (" + ", ".join(
+            f"{w} in {n} of {k} cells" if i == 0 else f"{w} in {n}"
+            for i, (w, n) in enumerate(counts)) + ")"
+    if not done:
+        sens = f"{sens} so far ({k} of {K} cells)"
+    ivs = [c for c in cells if c.get("low") is not None and c.get("high") is not None]
+    est = [float(c["estimate"]) for c in ivs if c.get("estimate") is not None]
+    mdes = [float(c["mde"]) if c.get("mde") is not None else mde(c) for c in ivs]
+    ns = [int(c["n"]) for c in cells if c.get("n") is not None]
+    return PanelVerdict(
+        done, sens, label, k, K, min(ns) if ns else None, max(ns) if ns else None,
+        (min(est), max(est)) if est else None,
+        (min(float(c["low"]) for c in ivs), max(float(c["high"]) for c in ivs)) if ivs
+        else None, max(mdes) if mdes else None, counts)
+
+
+def one_framing(framing: str) -> str:
+    """:data:`ONE_FRAMING_RULE`: the sensitivity of a record no panel tests."""
+    return f"{NOT_TESTED}: one framing ({framing or 'not recorded'})"

@@ -1,6 +1,8 @@
 """Seed 000 (arXiv 2606.06573, SPEC A): scale-selective POD of attention fields — the claims.
 
-Measures read ``scales.json`` of ``tl-spectral study real-decoder``. The band cut-offs
+Measures read ``scales.json`` of ``tl-spectral study real-decoder`` (T_spec, the allocation)
+and the depth-thirds result of ``tl-spectral study pod-depth`` (the bands and H*: the first
+against the last third of the stack, depth as a fraction ``l/(L − 1)``). The band cut-offs
 (fine a ≤ 7, coarse a ≥ 20 tokens) are the paper's, measured on a *character* model; on a
 BPE model a token spans several characters, so the same cut-offs in tokens are longer spans
 of text. We apply them unchanged (*choice*: the paper gives no rule to convert them) and say
@@ -14,16 +16,10 @@ from typing import Any
 from tl_spectral_studies._common import fmt_interval
 from tl_spectral_studies.claims import rules
 from tl_spectral_studies.claims.registry import Claim, Measurement, Results, claim
+from tl_spectral_studies.claims.seed003 import layer_list
 
 BAND_NOTE = ("band cut-offs a ≤ 7 and a ≥ 20 are the char model's (tokens = characters), "
              "applied unchanged to BPE tokens (*choice*)")
-
-
-def _hstar(x: Any) -> int | None:
-    try:
-        return int(str(x).lstrip(">≥ ").split("–")[0])
-    except ValueError:
-        return None
 
 
 def _m(iv: dict | None, number: str, label: str, n: int | None = None,
@@ -32,39 +28,89 @@ def _m(iv: dict | None, number: str, label: str, n: int | None = None,
                        None if iv is None else (float(iv["low"]), float(iv["high"])), n, note)
 
 
+THIRDS = ("depth as a fraction of the stack, l/(L − 1): the first third below 1/3, the last "
+          "third from 2/3 (tl_spectral_studies.depth), so models of different depths are "
+          "compared at equal fractions")
+VARIANTS = {"zeroed": "the key-0 column zeroed", "renormalized": "rows renormalized without it"}
+
+
+def _variants(d: dict[str, Any], labels: dict[str, str]) -> str:
+    """The sink-column check of a depth-thirds result: the label of the paper's field (with the
+    key-0 column) against the fields without it."""
+    others = [v for v in d["variants"] if v != "with"]
+    if all(labels[v] == labels["with"] for v in others):
+        return "the same label with " + " and with ".join(VARIANTS.get(v, v) for v in others)
+    return "; ".join(f"{VARIANTS.get(v, v)}: {labels[v]}" for v in others)
+
+
+def _band_label(ivs: dict[str, Any]) -> tuple[str, list[str]]:
+    st = [rules.sign(ivs["early"], 0.0, above=True), rules.sign(ivs["late"], 0.0, above=False)]
+    return rules.steps(st), st
+
+
 def bands(res: Results) -> Measurement | None:
-    sc = res.json("scales")
-    if sc is None:
+    """E fine − E coarse (paper cut-offs, the field with the key-0 column) averaged over the
+    first and the last third of the stack (:data:`THIRDS`), from ``tl-spectral study
+    pod-depth``."""
+    d = res.depth()
+    if d is None:
         return None
-    tb, b = sc["table"], sc["bootstrap"]
-    e0, eL = b["layers"][0]["E_fine_minus_coarse"], b["layers"][-1]["E_fine_minus_coarse"]
-    st = [rules.sign(e0, 0.0, above=True), rules.sign(eL, 0.0, above=False)]
-    return _m(e0, f"E fine − E coarse: layer {tb[0]['layer']} {fmt_interval(e0, '{:+.2f}')} "
-              f"(fine > coarse: {st[0]}), layer {tb[-1]['layer']} {fmt_interval(eL, '{:+.2f}')} "
-              f"(coarse > fine: {st[1]})", rules.steps(st), sc["n_docs"], BAND_NOTE)
+    c = next(x for x in d["claims"] if x["id"] == "bands.paper")
+    labels = {v: _band_label(c["intervals"][v])[0] for v in d["variants"]}
+    lab, st = _band_label(c["intervals"]["with"])
+    e, l_ = c["intervals"]["with"]["early"], c["intervals"]["with"]["late"]
+    th = d["thirds"]
+    mde = max(rules.mde(e), rules.mde(l_))
+    return Measurement(
+        f"E fine − E coarse, mean over the first third (layers {layer_list(th['early'])}) "
+        f"{fmt_interval(e, '{:+.3f}')} (fine > coarse: {st[0]}), over the last third (layers "
+        f"{layer_list(th['late'])}) {fmt_interval(l_, '{:+.3f}')} (coarse > fine: {st[1]}); "
+        + _variants(d, labels), lab, float(e["estimate"]), (float(e["low"]), float(e["high"])),
+        d["n_docs"], BAND_NOTE + "; interval: the first third's; MDE: the larger of the two "
+        "steps'", mde)
+
+
+def _hstar_label(d: dict[str, Any], vi: int) -> tuple[str, list[int]]:
+    """The H* label of one field variant and the layers of the two thirds bounded by N."""
+    from tl_spectral.analysis.scale_pod import h_star_bounded
+
+    sp, N, th = d["spectrum"], d["n_docs"], d["thirds"]
+    bound = [li for li in th["early"] + th["late"]
+             if h_star_bounded(sp["layers"][vi][li][0]["estimate"], N)]
+    jk = sp["late_minus_early"][vi][0]
+    if bound:
+        return f"{rules.NOT_TESTED}: H* bounded by N", bound
+    return rules.sign(jk, 0.0, above=False) + (
+        " (zero-width jackknife interval: every replicate gives the same counts; not "
+        "certainty)" if jk["low"] == jk["high"] else ""), bound
 
 
 def hstar(res: Results) -> Measurement | None:
-    sc = res.json("scales")
-    if sc is None:
+    """H* of the last third − H* of the first third of the stack (:data:`THIRDS`), from
+    ``tl-spectral study pod-depth``; not tested when a layer of the two thirds is bounded by
+    N (tl_spectral's ``h_star_bounded``, computed from the stored H* and N)."""
+    d = res.depth()
+    if d is None:
         return None
-    tb, N = sc["table"], sc["n_docs"]
-    hs = [_hstar(row["H_star"]) for row in tb]
-    flagged = any("H_star_bounded" in row for row in tb)
-    # the library's one rule where the results carry it (H* ≥ h_star_bound(N): a 1/k
-    # spectrum's H*, which grows with N), else the older rule of H* at N − 1
-    bound = sum(1 for row, h in zip(tb, hs) if (row.get("H_star_bounded") if flagged else
-                                                 h is not None and h >= N - 1))
-    where = (f"bounded by N (H* ≥ {_bound(N)}, tl_spectral's h_star_bounded)" if flagged
-             else "at the bound N − 1")
-    jk = sc["bootstrap"]["jackknife"]["last_minus_first"]["H_star"]
-    lab = (f"{rules.NOT_TESTED}: H* bounded by N" if bound else
-           rules.sign(jk, 0.0, above=False) + (
-               " (zero-width jackknife interval: every replicate gives the same counts; not "
-               "certainty)" if jk["low"] == jk["high"] else ""))
-    return _m(jk, f"H* first {tb[0]['H_star']}, last {tb[-1]['H_star']} of N = {N}; last − first "
-              f"{fmt_interval(jk, '{:+.1f}')} (jackknife); {bound} layers {where}",
-              lab, N)
+    sp, N, th = d["spectrum"], d["n_docs"], d["thirds"]
+    labels = {v: _hstar_label(d, vi)[0] for vi, v in enumerate(d["variants"])}
+    lab, bound = _hstar_label(d, d["variants"].index("with"))
+    vi = d["variants"].index("with")
+    e, l_, jk = sp["early"][vi][0], sp["late"][vi][0], sp["late_minus_early"][vi][0]
+    n_th = len(th["early"]) + len(th["late"])
+    return _m(jk, f"H* mean over the first third (layers {layer_list(th['early'])}) "
+              f"{e['estimate']:.1f}, over the last third (layers {layer_list(th['late'])}) "
+              f"{l_['estimate']:.1f} of N = {N}; last − first third "
+              f"{fmt_interval(jk, '{:+.2f}')} (jackknife); {len(bound)} of these {n_th} layers "
+              f"bounded by N (H* ≥ {_bound(N)}, tl_spectral's h_star_bounded); "
+              + _variants(d, labels), lab, N,
+              "the pod-depth study's own table labels H* by the older bound N − 1"
+              if bound and not all(h >= N - 1 for h in _hs(d, bound)) else "")
+
+
+def _hs(d: dict[str, Any], layers: list[int]) -> list[float]:
+    vi = d["variants"].index("with")
+    return [d["spectrum"]["layers"][vi][li][0]["estimate"] for li in layers]
 
 
 def _bound(n: int) -> int:
@@ -97,15 +143,20 @@ def alloc(res: Results) -> Measurement | None:
 
 P = "seed 000"
 claim(Claim("A.bands", P, "A.4", "fine scales (a ≤ 7) early, coarse (a ≥ 20) late",
-            "two steps by the sign rule — first layer fine > coarse, last layer coarse > fine "
-            "— then " + rules.STEPS_RULE + "; " + BAND_NOTE, bands))
+            "two steps by the sign rule on E fine − E coarse averaged over thirds of the "
+            f"stack ({THIRDS}; the pod-depth study's field with the key-0 column) — first "
+            "third fine > coarse, last third coarse > fine — then " + rules.STEPS_RULE + "; "
+            + BAND_NOTE, bands))
 claim(Claim("A.hstar", P, "A.8", "H*(0.1) higher early than late (paper: > 150 vs ≈ 91 at "
-            "N = 150)", "sign rule on last − first (jackknife interval); not tested when a "
-            "layer's H* is bounded by N (tl_spectral's h_star_bounded where the results "
-            "flag it, else H* at N − 1: a statistic bounded by N carries no verdict)", hstar))
+            "N = 150)", "sign rule on H* of the last third − H* of the first third of the "
+            f"stack ({THIRDS}; jackknife interval, the pod-depth study's field with the key-0 "
+            "column); not tested when a layer of the two thirds has H* bounded by N "
+            "(tl_spectral's h_star_bounded, H* ≥ h_star_bound(N), from the stored H* and N: "
+            "a statistic bounded by N carries no verdict)", hstar))
 claim(Claim("A.tspec", P, "A.7", "T_spec changes with depth", "descriptive (the papers' "
             "direction is contradicted within its own summary, SPEC A.7): the sign of the "
             "jackknife interval", tspec))
 claim(Claim("A.alloc", P, "A.10", "head allocation ∝ H* differs from the uniform allocation",
             "no rule: an allocation is advice until a model trained with it is compared (not "
-            "done here)", alloc))
+            "done here)", alloc, no_interval="an allocation (recommended heads per layer) is "
+            "advice, not an estimate with an error"))

@@ -226,4 +226,5 @@ claim(Claim("B.inversion", P, "B.4", "the inversion: in standard attention remov
 claim(Claim("B.inversion.layer", P, "B.4", "the inversion, one layer at a time",
             "the rule of B.inversion in each layer, then a count (no multiple-comparison "
             "correction, so descriptive)", inversion_layers, applies_to=frozenset({STANDARD}),
-            not_comparable="the claim is about standard attention"))
+            not_comparable="the claim is about standard attention",
+            no_interval="a count of layers, each labelled by its own intervals"))

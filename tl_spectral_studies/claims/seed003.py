@@ -30,6 +30,8 @@ LAYERS_RULE = ("the sign rule in each layer, then over layers: reproduced when i
                "some are reversed, mixed when some hold and some are reversed, partly when "
                "some hold and none is reversed")
 
+LAYERS_COUNT = "a count over layers, each layer labelled by its own 95% interval"
+
 
 # ------------------------------------------------------------------ reading the results
 def _setting(res: Results) -> dict | None:
@@ -310,24 +312,29 @@ P = "seed 003"
 claim(Claim("C.sink", f"{P} §3.2", "C.4", "decoders with a start token form attention sinks",
             f"a count over layers (no interval of its own): reproduced when at least one layer "
             f"is selected by the documented rule ({rules.SELECT_RULE}; threshold "
-            f"{SINK_LAYER_MIN})", sink_count))
+            f"{SINK_LAYER_MIN})", sink_count,
+            no_interval="a count of the layers its rule selects, each by its own interval"))
 claim(Claim("C.little", f"{P} §3.2", "C.4",
             "the sink draws attention but contributes little to the output",
             "sign rule on C_i0 / α_i0 pooled over the sink layers against 0.5 (the sink "
-            "supplies less than half the output share its attention would give)", little))
+            "supplies less than half the output share its attention would give)", little,
+            panel="C.little"))
 claim(Claim("C.anti", f"{P} §3.2–3.3", "C.4", "the sink's value is anti-aligned with the "
             "mean output of the other tokens, cos(ṽ_0, s_i) < 0",
-            LAYERS_RULE + " (claim: cos < 0)", anti))
+            LAYERS_RULE + " (claim: cos < 0)", anti, no_interval=LAYERS_COUNT))
 claim(Claim("C.rho", f"{P} §3.3", "C.4", "the optimal sink rate ρ* lies below 1 (0 < ρ* < 1)",
             f"sign rule on the share of queries with 0 < ρ* < 1 against {RHO_SHARE} (a "
             "majority); without an interval, a descriptive count over layers", rho))
 claim(Claim("C.zero_ppl", f"{P} §3.3", "C.4", "removing the sink's value raises perplexity",
-            "sign rule against 0 (relative change, paired over windows)", zero_ppl))
+            "sign rule against 0 (relative change, paired over windows)", zero_ppl,
+            panel="C.zero_ppl"))
 claim(Claim("C.cone", f"{P} §3.3", "C.4", "without the sink, outputs collapse into the "
             "semantic cone: cos(o_i, s̄_i) rises when the sink's value is zeroed",
-            LAYERS_RULE + " (claim: Δcos(o, s̄) > 0, the SinkProbe's delta_cos)", cone))
+            LAYERS_RULE + " (claim: Δcos(o, s̄) > 0, the SinkProbe's delta_cos)", cone,
+            no_interval=LAYERS_COUNT))
 claim(Claim("C.norm", f"{P} §3.3", "C.4", "sinks suppress the output norm: zeroing the "
-            "sink's value raises ‖o‖", LAYERS_RULE + " (claim: Δ‖o‖/‖o‖ > 0)", norm))
+            "sink's value raises ‖o‖", LAYERS_RULE + " (claim: Δ‖o‖/‖o‖ > 0)", norm,
+            no_interval=LAYERS_COUNT, panel_apart="C.norm.pooled"))
 claim(Claim("C.split", f"{P} §3.2", "C.1", "the sink's small contribution comes from its "
             "value norm and its direction", "each factor by the sign rule (norm ratio < 1; "
             "cosine below the other tokens' by α-weighted mean), then " + rules.STEPS_RULE,
@@ -335,12 +342,14 @@ claim(Claim("C.split", f"{P} §3.2", "C.1", "the sink's small contribution comes
 claim(Claim("C.tail", f"{P} §3.2", "C.1", "tail tokens: their contribution is set jointly "
             "by attention and alignment (not by attention alone)",
             f"two-sided sign rule with a practical margin of ±{TAIL_MARGIN} ({rules.PRACTICAL_RULE})",
-            tail, threshold=(TAIL_MARGIN, TAIL_SOURCE)))
+            tail, threshold=(TAIL_MARGIN, TAIL_SOURCE), panel="C.tail"))
 claim(Claim("C.puzzle", "issue 26", "C.1", "without a start token, position 0 draws most "
             "of layer 24's attention and supplies most of its output — model or measure?",
             "measure wrong when the library's C_i0 or α_i0 (mean over queries, query 0 "
             "included) differs from the brute force from the HF modules by more than 1e-3 on "
-            "any document and layer", puzzle))
+            "any document and layer", puzzle,
+            no_interval="a numerical check (the largest absolute difference, probe − brute "
+            "force) against a tolerance of 1e-3, not an estimate"))
 for _k, _kn in ((0, "comprehensiveness"), (1, "sufficiency")):
     for _s, _sn in (("alllayers", "all layers"), ("layer15", "layer 15")):
         claim(Claim(f"C.hierarchy.{_kn[:4]}.{_s}", f"{P} §3.1", "C.3",
@@ -349,4 +358,6 @@ for _k, _kn in ((0, "comprehensiveness"), (1, "sufficiency")):
                     "every step by the sign rule on the area difference (comprehensiveness: "
                     "above 0; sufficiency: below 0), then " + rules.STEPS_RULE
                     + "; the step intervals are in the number column",
-                    hierarchy(_k, _s)))
+                    hierarchy(_k, _s), panel="C.hierarchy",
+                    panel_cells=(("criterion, setting", f"{_kn}, {_sn}"),),
+                    no_interval="three steps, each with its own interval (in the number)"))
