@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tl_spectral_studies import pod_depth as pdp
+from tl_spectral_studies.depth import third_layers
 
 
 # ------------------------------------------------------------------- depth and cut-offs
@@ -203,7 +204,7 @@ def _res(early, late, hstar, n_docs=150):
             "late_minus_early": [[iv(h), iv((0.1, -0.1, 0.3))] for h in hstar]}
     return {"variants": list(pdp.VARIANTS), "cut_sets": list(pdp.CUT_SETS),
             "cutoffs": {"paper": [7, 20], "text": [1.5, 4.4]}, "bands": bands,
-            "spectrum": spec, "n_docs": n_docs, "n_layers": 3}
+            "spectrum": spec, "n_docs": n_docs, "n_layers": 3, "thirds": third_layers(3)}
 
 
 def test_claims_say_when_the_label_depends_on_the_sink_column():
@@ -227,6 +228,30 @@ def test_claims_do_not_test_hstar_at_the_bound():
                [(149, 149, 149), (-10, -15, -5), (-10, -15, -5)])
     c = {x["id"]: x for x in pdp.claims(res)}
     assert c["hstar"]["labels"]["with"] == "not tested"
+
+
+def test_hstar_bound_is_the_librarys_over_the_two_thirds():
+    """The one rule (h_star_bounded: H* ≥ h_star_bound(N)), read over the early and late
+    thirds only: at N = 150 the bound is 86, so 86 is not tested and 85 is; a bounded
+    middle layer does not stop the comparison."""
+    from tl_spectral.analysis.scale_pod import h_star_bound
+
+    bound = h_star_bound(150)
+    assert bound == 86
+
+    def label(early, middle, late):
+        res = _res([(0.1, 0.05, 0.15)] * 3, [(-0.1, -0.2, -0.05)] * 3,
+                   [(-10, -15, -5)] * 3)
+        for vi in range(3):
+            for li, h in enumerate((early, middle, late)):
+                res["spectrum"]["layers"][vi][li][0]["estimate"] = float(h)
+        c = {x["id"]: x for x in pdp.claims(res)}["hstar"]
+        return c["labels"]["with"], c["note"]
+
+    assert label(bound, 50, 50)[0] == "not tested"
+    assert label(50, 50, bound)[0] == "not tested"
+    lab, note = label(bound - 1, 149, 50)
+    assert lab == "reproduced" and "H* ≥ 86 at N = 150" in note
 
 
 def test_run_model_writes_its_json_atomically(tiny, tmp_path):

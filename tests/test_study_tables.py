@@ -197,3 +197,23 @@ def test_overlapping_windows_carry_no_verdict():
     first = next(ln for ln in verdict_markdown(runs).splitlines() if ln.startswith("| layers 1–2"))
     assert "descriptive" not in first.split(" | ")[4]
     assert "energy-gated" in table and "interpretable POD modes" in table
+
+
+def test_real_decoder_tables_give_each_models_evidence_cells(tmp_path):
+    """Each model's panel summary becomes its own generated block (SmolLM2's and Gemma-3's),
+    and a model without a summary gets none."""
+    from tl_spectral_studies import real_decoder_tables as rdt
+
+    cell = {"factors": {"first token": "<bos>", "corpus": "austen", "draw": 0}, "n": 32,
+            "label": "not reproduced", "estimate": 0.817, "low": 0.813, "high": 0.82,
+            "mde": 0.005}
+    summary = {"model": "gemma3-270m", "claims": {"C.little": {
+        "sensitivity": "robust", "complete": False, "cells_expected": 12, "cells": [cell]}}}
+    p = tmp_path / "evidence" / "gemma3-270m" / "summary.json"
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps(summary))
+    out = rdt.tables(tmp_path)
+    block = out["real_decoder/gemma3-270m/evidence_cells"]
+    assert "| `C.little` | `<bos>` | austen | 0 | — | 32 | 0.817 [0.813, 0.820] | 0.005 |" \
+        in block and "so far robust (1 of 12 cells)" in block
+    assert "real_decoder/evidence_cells" not in out

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from tl_spectral.analysis.scale_pod import h_star_bound, h_star_bounded
 from tl_spectral.usage import ArgumentParser
 from tl_spectral_studies.depth import (  # noqa: F401  (re-exported)
     THIRDS,
@@ -375,12 +376,16 @@ def claims(res: dict[str, Any]) -> list[dict[str, Any]]:
             lab, {v: ivs[v]["late_minus_early"] for v in V}, rules.SIGN_RULE)
     sp = res["spectrum"]
     N = res["n_docs"]
-    bound = {v: any(sp["layers"][vi][li][0]["estimate"] >= N - 1
-                    for li in range(res["n_layers"])) for vi, v in enumerate(V)}
+    # the library's one rule of "bounded by N" (h_star_bounded: H* >= h_star_bound(N)) over
+    # the layers the comparison reads (the early and the late third), as the registry's A.hstar
+    read = [li for t in ("early", "late") for li in res["thirds"][t]]
+    bound = {v: any(h_star_bounded(sp["layers"][vi][li][0]["estimate"], N) for li in read)
+             for vi, v in enumerate(V)}
     ivs = {v: sp["late_minus_early"][vi][0] for vi, v in enumerate(V)}
     lab = {v: rules.NOT_TESTED if bound[v] else rules.sign(ivs[v], 0.0, above=False) for v in V}
     add("hstar", "H*(0.1) higher in the early third than in the late third (late − early < 0)",
-        lab, ivs, "sign rule; not tested when a layer reaches the bound N − 1")
+        lab, ivs, f"sign rule; not tested when a layer of the two thirds has H* bounded by N "
+        f"(tl_spectral's h_star_bounded: H* ≥ {h_star_bound(N)} at N = {N})")
     ivs = {v: sp["late_minus_early"][vi][1] for vi, v in enumerate(V)}
 
     def word(iv):
@@ -481,6 +486,16 @@ def _provenance() -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------- main
+def relabel(path: Path) -> None:
+    """Recompute the ``claims`` of a stored result file by :func:`claims` (the rules of this
+    code on the stored intervals; nothing else in the file changes)."""
+    from tl_spectral_studies.evidence_panel import write_atomic
+
+    res = json.loads(path.read_text(encoding="utf-8"))
+    res["claims"] = claims(res)
+    write_atomic(path, res)
+
+
 def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.pod_depth") -> int:
     ap = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--model", action="append", choices=sorted(MODELS),
@@ -493,9 +508,15 @@ def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.pod_dep
     ap.add_argument("--length", type=int, default=None, help="tokens T (default per model)")
     ap.add_argument("--tables-only", action="store_true",
                     help="only print the doc's markdown from the JSON files in --out")
+    ap.add_argument("--relabel", action="store_true",
+                    help="recompute the claims' labels of the JSON files in --out from their "
+                         "stored numbers (no model runs), then print the markdown")
     a = ap.parse_args(list(argv))
     out = Path(a.out)
-    if not a.tables_only:
+    if a.relabel:
+        for p in sorted(out.glob("pod_depth_*.json")):
+            relabel(p)
+    elif not a.tables_only:
         torch.set_num_threads(1)
         over = {k: v for k, v in (("n_docs", a.n_docs), ("length", a.length)) if v is not None}
         for m in a.model or ["smollm2-135m"]:

@@ -256,11 +256,13 @@ def tables(results_dir: str | Path) -> dict[str, str]:
     if g.is_dir():
         out[f"real_decoder/{GEMMA_DIR}/verdict"] = verdict_markdown(verdicts(g, GEMMA_DIR))
         out.update(step_tables(g, f"real_decoder/{GEMMA_DIR}"))
-    summary = d / "evidence" / "smollm2-135m" / "summary.json"
-    if summary.is_file():  # the evidence panel's cells so far
-        from tl_spectral_studies.evidence_summary import cells_markdown
+    for model, key in (("smollm2-135m", "real_decoder/evidence_cells"),
+                       ("gemma3-270m", "real_decoder/gemma3-270m/evidence_cells")):
+        summary = d / "evidence" / model / "summary.json"
+        if summary.is_file():  # the evidence panel's cells so far
+            from tl_spectral_studies.evidence_summary import cells_markdown
 
-        out["real_decoder/evidence_cells"] = cells_markdown(json.loads(summary.read_text()))
+            out[key] = cells_markdown(json.loads(summary.read_text()))
     from tl_spectral_studies import gemma_window_tables  # the last section: Gemma-3's window
 
     out.update(gemma_window_tables.tables(d / "gemma_window"))

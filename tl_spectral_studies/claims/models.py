@@ -35,15 +35,15 @@ add_model(Model(
     evidence="docs/results/real_decoder/evidence/smollm2-135m/summary.json",
     depth="docs/results/real_decoder/pod_depth/pod_depth_smollm2-135m.json"))
 GEMMA_SAMPLES = ("weight geometry over all 72 heads; N = 150 windows of 128 for the scale POD, "
-                 "8 of 128 for the interventions (Wikipedia excerpt, <bos> first); sinks and "
-                 "faithfulness not run yet; bands and H* by depth thirds from tl-spectral "
+                 "8 of 128 for the interventions and the sinks (Wikipedia excerpt, <bos> "
+                 "first); faithfulness not run yet; bands and H* by depth thirds from tl-spectral "
                  "study pod-depth (its own windows, in its records)")
 
 add_model(Model(
     "gemma-3-270m", "Gemma-3-270M", STANDARD, "real_decoder",
     "docs/results/real_decoder/gemma3-270m",
     "tl-spectral study real-decoder --model gemma3-270m --data-dir ../shared/data --out "
-    "docs/results/real_decoder --step routing --step scales --step interventions",
+    "docs/results/real_decoder --step routing --step scales --step interventions --step sinks",
     "Gemma-3-270M base model (Q4_K_M dequantized to float32; 18 layers × 4 query heads "
     "sharing 1 key-value head, d_head 256, QK-norm; 15 sliding-window layers (512) and 3 "
     "global ones); " + GEMMA_SAMPLES,
