@@ -87,7 +87,22 @@ def differences(root: Path = ROOT) -> list[str]:
                 out.append(f"{doc}: block {k} is in the doc but the results do not produce it")
             elif have[k] != want[k]:
                 out.append(f"{doc}: block {k} differs from its committed results")
-    return out + prose_differences(root)
+    return out + prose_differences(root) + _summary_differences(root)
+
+
+def _summaries(root: Path) -> dict[Path, str]:
+    """Whole generated files (not blocks), path -> text from the results beside them: the
+    surgery study's summary, which carries the claims' model columns too."""
+    from tl_spectral_studies.surgery import markdown
+
+    folder = root / "docs" / "results" / "surgery"
+    return {folder / "summary.md": markdown(folder)} if folder.is_dir() else {}
+
+
+def _summary_differences(root: Path) -> list[str]:
+    return [f"{p.relative_to(root)} differs from its committed results"
+            for p, text in _summaries(root).items()
+            if not p.is_file() or p.read_text(encoding="utf-8") != text]
 
 
 def write(root: Path = ROOT, docs: Sequence[str] | None = None) -> list[str]:
@@ -106,6 +121,11 @@ def write(root: Path = ROOT, docs: Sequence[str] | None = None) -> list[str]:
         if new != text:
             p.write_text(new, encoding="utf-8")
             changed.append(doc)
+    if docs is None:
+        for p, text in _summaries(root).items():
+            if not p.is_file() or p.read_text(encoding="utf-8") != text:
+                p.write_text(text, encoding="utf-8")
+                changed.append(str(p.relative_to(root)))
     return changed
 
 
