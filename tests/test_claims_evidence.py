@@ -185,13 +185,19 @@ def _depth(early, late, h_early=(40.0, 41.0), h_late=(30.0, 31.0), n_docs=150):
     th = {"early": [0, 1], "middle": [2, 3], "late": [4, 5]}
     lay = [{"estimate": h} for h in (*h_early, 50.0, 50.0, *h_late)]
     d_iv = {"estimate": -10.0, "low": -12.0, "high": -8.0}
+    t_iv = {"estimate": 0.4, "low": 0.3, "high": 0.5}  # T_spec: late − early third
     v = ["with", "zeroed", "renormalized"]
     return {"n_docs": n_docs, "variants": v, "thirds": th,
             "claims": [{"id": "bands.paper", "intervals": {x: {"early": early, "late": late}
-                                                           for x in v}}],
+                                                           for x in v}},
+                       {"id": "tspec", "labels": {"with": "descriptive: rises",
+                                                  "zeroed": "descriptive: rises",
+                                                  "renormalized": "descriptive: no change "
+                                                                  "distinguishable"}}],
             "spectrum": {"layers": [[[h] for h in lay]] * 3,
-                         "early": [[{"estimate": 40.5}]] * 3, "late": [[{"estimate": 30.5}]] * 3,
-                         "late_minus_early": [[d_iv]] * 3},
+                         "early": [[{"estimate": 40.5}, {"estimate": 0.8}]] * 3,
+                         "late": [[{"estimate": 30.5}, {"estimate": 1.2}]] * 3,
+                         "late_minus_early": [[d_iv, t_iv]] * 3},
             "config": {"start": "<bos>", "corpus": "wiki_excerpt.txt", "window_seed": 2},
             "provenance": {"command": "tl-spectral study pod-depth", "commit": "abc",
                            "seed": 0}}
@@ -224,9 +230,22 @@ def test_bands_and_hstar_read_the_depth_thirds(tmp_path):
     assert "older bound N − 1" in recs["A.hstar"].note
 
 
+def test_tspec_reads_the_depth_thirds(tmp_path):
+    """Issue 39 item 4: T_spec is compared across thirds of the stack where the model has the
+    pod-depth study, with the sink-column variants beside it, not first against last layer."""
+    up, down = {"estimate": 0.08, "low": 0.07, "high": 0.09}, \
+        {"estimate": -0.04, "low": -0.06, "high": -0.01}
+    t = _depth_records(tmp_path, _depth(up, down))["A.tspec"]
+    assert t.label == "descriptive: rises" and t.n == 150
+    assert t.estimate == pytest.approx(0.4) and t.interval == pytest.approx((0.3, 0.5))
+    assert "first third (layers 0–1) 0.8" in t.number and "last third (layers 4–5) 1.2" in t.number
+    assert "rows renormalized without it: descriptive: no change distinguishable" in t.number
+    assert t.provenance["results"] == "depth.json"
+
+
 def test_bands_rule_is_the_thirds_rule():
     c = catalog.all_claims()
-    for cid in ("A.bands", "A.hstar"):
+    for cid in ("A.bands", "A.hstar", "A.tspec"):
         assert "third" in c[cid].rule and "l/(L − 1)" in c[cid].rule
         assert "first layer" not in c[cid].rule
 

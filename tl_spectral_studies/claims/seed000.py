@@ -120,15 +120,33 @@ def _bound(n: int) -> int:
 
 
 def tspec(res: Results) -> Measurement | None:
+    """T_spec (99% fit) of the last third − the first third of the stack (:data:`THIRDS`),
+    from ``tl-spectral study pod-depth`` when the model has it (issue 39 item 4: depth as a
+    fraction of the stack); else the real-decoder study's last − first layer."""
+    d = res.depth()
+    if d is not None:
+        c = next((x for x in d["claims"] if x["id"] == "tspec"), None)
+        if c is not None:
+            sp, th = d["spectrum"], d["thirds"]
+            vi = d["variants"].index("with")
+            e, l_, jt = sp["early"][vi][1], sp["late"][vi][1], sp["late_minus_early"][vi][1]
+            return _m(jt, f"T_spec (99% fit) mean over the first third (layers "
+                      f"{layer_list(th['early'])}) {e['estimate']:.3g}, over the last third "
+                      f"(layers {layer_list(th['late'])}) {l_['estimate']:.3g}; last − first "
+                      f"third {fmt_interval(jt, '{:+.3g}')} (jackknife); "
+                      + _variants(d, c["labels"]), c["labels"]["with"], d["n_docs"])
     sc = res.json("scales")
     if sc is None:
         return None
     jt = sc["bootstrap"]["jackknife"]["last_minus_first"]["T_spec_99"]
-    up, down = rules.sign(jt, 0.0, above=True), rules.sign(jt, 0.0, above=False)
-    word = "rises" if up == rules.REPRODUCED else "falls" if down == rules.REPRODUCED else \
+    return _m(jt, f"T_spec (99% fit) last − first layer {fmt_interval(jt, '{:+.3g}')} "
+              "(jackknife)", f"{rules.DESCRIPTIVE}: {_word(jt)}", sc["n_docs"])
+
+
+def _word(iv: dict[str, Any]) -> str:
+    up, down = rules.sign(iv, 0.0, above=True), rules.sign(iv, 0.0, above=False)
+    return "rises" if up == rules.REPRODUCED else "falls" if down == rules.REPRODUCED else \
         "no change distinguishable"
-    return _m(jt, f"T_spec (99% fit) last − first {fmt_interval(jt, '{:+.3g}')} (jackknife)",
-              f"{rules.DESCRIPTIVE}: {word}", sc["n_docs"])
 
 
 def alloc(res: Results) -> Measurement | None:
@@ -155,7 +173,9 @@ claim(Claim("A.hstar", P, "A.8", "H*(0.1) higher early than late (paper: > 150 v
             "a statistic bounded by N carries no verdict)", hstar))
 claim(Claim("A.tspec", P, "A.7", "T_spec changes with depth", "descriptive (the papers' "
             "direction is contradicted within its own summary, SPEC A.7): the sign of the "
-            "jackknife interval", tspec))
+            "jackknife interval of T_spec of the last third − the first third of the stack "
+            f"({THIRDS}; the pod-depth study's field with the key-0 column) where the model has "
+            "the pod-depth study, else of the stack's last layer − its first", tspec))
 claim(Claim("A.alloc", P, "A.10", "head allocation ∝ H* differs from the uniform allocation",
             "no rule: an allocation is advice until a model trained with it is compared (not "
             "done here)", alloc, no_interval="an allocation (recommended heads per layer) is "
