@@ -245,6 +245,26 @@ def test_compute_plan_extrapolates_per_window(tmp_path, monkeypatch):
         es.compute_plan(tmp_path, "fake", {"length": 128})
 
 
+def test_run_times_measure_the_full_panel_as_it_ran(tmp_path, monkeypatch):
+    """The compute plan at full size: jobs run of the panel's cells, the median job, minutes
+    so far and left; a step with no job says it is not timed."""
+    monkeypatch.setitem(ev.FIRST_TOKENS, "fake", ("none", "<bos>"))
+    for d, secs in ((0, 100.0), (1, 300.0), (2, 200.0)):
+        cell = ev.Cell("<bos>", "wiki", d)
+        ev.write_atomic(ev.job_path(tmp_path, "fake", "zero_sink", cell),
+                        {"config": ev.job_config("fake", "zero_sink", cell, ev.DEFAULTS),
+                         "seconds": secs, "threads": 1})
+    r = es.run_times(tmp_path, "fake")
+    zs = r["steps"]["zero_sink"]
+    assert (zs["cells"], zs["done"], zs["median_s"], zs["threads"]) == (12, 3, 200.0, [1])
+    assert zs["minutes_done"] == pytest.approx(10.0)
+    assert zs["minutes_left"] == pytest.approx(200.0 * 9 / 60)
+    assert r["steps"]["sinks"]["done"] == 0 and r["steps"]["sinks"]["minutes_left"] is None
+    table = es.runs_markdown([r])
+    assert "| fake | zero_sink | 3 of 12 | 200 (100–300) | 1 | 10 | 30 |" in table
+    assert "| fake | sinks | 0 of 12 | — | — | 0 | not timed at full size |" in table
+
+
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
     assert ev.main(["--out", str(tmp_path), "--data-dir", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip()

@@ -248,6 +248,45 @@ def plan_markdown(plans: list[dict]) -> str:
     return "\n".join(out)
 
 
+def run_times(out: Path, model: str) -> dict:
+    """The full panel's jobs as they ran (issue 39 item 1: the compute plan measured at full
+    size, not only extrapolated): per step, how many of the panel's cells have run, the wall
+    seconds of each job (its file's ``seconds``; one process, ``threads`` torch threads), the
+    minutes spent so far and the minutes left at the median job's time."""
+    import statistics
+
+    from tl_spectral_studies.evidence_panel import panel
+
+    steps: dict[str, Any] = {}
+    for step in ("sinks", "zero_sink", "faithfulness"):
+        jobs = [j for j in load_jobs(out, model, step) if "seconds" in j]
+        cells = len(panel(model, step))
+        secs = sorted(float(j["seconds"]) for j in jobs)
+        med = statistics.median(secs) if secs else None
+        steps[step] = {"cells": cells, "done": len(jobs), "seconds": secs, "median_s": med,
+                       "threads": sorted({int(j.get("threads") or 0) for j in jobs}),
+                       "minutes_done": sum(secs) / 60,
+                       "minutes_left": None if med is None else med * (cells - len(jobs)) / 60}
+    return {"model": model, "steps": steps}
+
+
+def runs_markdown(runs: list[dict]) -> str:
+    """The table of :func:`run_times` for docs/real_decoder.md."""
+    out = ["| model | step | cells run | wall s per job: median (range) | threads | minutes "
+           "so far | minutes left (median × cells left) |", "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        for step, s in r["steps"].items():
+            if s["done"]:
+                t = f"{s['median_s']:.0f} ({s['seconds'][0]:.0f}–{s['seconds'][-1]:.0f})"
+                left = f"{s['minutes_left']:.0f}"
+            else:
+                t, left = "—", "not timed at full size"
+            th = ", ".join(str(x) for x in s["threads"]) or "—"
+            out.append(f"| {r['model']} | {step} | {s['done']} of {s['cells']} | {t} | {th} | "
+                       f"{s['minutes_done']:.0f} | {left} |")
+    return "\n".join(out)
+
+
 def cells_markdown(summary: Mapping[str, Any]) -> str:
     """One row per (claim, cell) of a summary: n, estimate [interval], MDE, label, and the
     claim's robustness so far."""

@@ -256,6 +256,12 @@ def tables(results_dir: str | Path) -> dict[str, str]:
     if g.is_dir():
         out[f"real_decoder/{GEMMA_DIR}/verdict"] = verdict_markdown(verdicts(g, GEMMA_DIR))
         out.update(step_tables(g, f"real_decoder/{GEMMA_DIR}"))
+    from tl_spectral_studies.evidence_summary import run_times, runs_markdown
+
+    ev = d / "evidence"
+    runs = [run_times(ev, m) for m in ("smollm2-135m", "gemma3-270m") if (ev / m).is_dir()]
+    if runs:  # the full panel's jobs as they ran: the compute plan measured at full size
+        out["real_decoder/evidence_runs"] = runs_markdown(runs)
     for model, key in (("smollm2-135m", "real_decoder/evidence_cells"),
                        ("gemma3-270m", "real_decoder/gemma3-270m/evidence_cells")):
         summary = d / "evidence" / model / "summary.json"
