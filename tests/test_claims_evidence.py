@@ -130,6 +130,25 @@ def test_a_claim_the_panel_lacks_has_one_framing(tmp_path):
     assert r.sensitivity.startswith("not tested: one framing")
 
 
+def test_a_results_file_that_records_its_framing_is_named_by_it(tmp_path):
+    """The study's faithfulness and intervention steps record first token, corpus and window
+    draw (``real_decoder.framing_record``); a file that does not says "not recorded"."""
+    from tl_spectral_studies import real_decoder
+
+    (tmp_path / "res").mkdir()
+    rec = real_decoder.framing_record({"model": "smollm2-135m"}, 3)
+    assert rec == {"first_token": "<|im_start|>", "corpus": "wiki_excerpt.txt (validation "
+                   "split)", "window_seed": 3}
+    (tmp_path / "res" / "interventions.json").write_text(json.dumps({"seed": 0, **rec}))
+    (tmp_path / "res" / "faithfulness.json").write_text(json.dumps({"seed": 0}))
+    res = registry.Results(tmp_path, _model())
+    assert registry.framing(res, "interventions") == (
+        "interventions.json: first token <|im_start|>, corpus wiki_excerpt.txt (validation "
+        "split), window seed 3")
+    assert registry.framing(res, "faithfulness") == (
+        "faithfulness.json: first token and corpus not recorded, seed 0")
+
+
 def test_a_panel_fills_a_claim_the_study_did_not_measure(tmp_path):
     """Gemma-3: no sinks step in the study, but a complete panel → the panel's record."""
     _write(tmp_path, {"X.1": _entry(robust_cells(), 18)}, sinks=False)

@@ -101,6 +101,13 @@ def start_token_id(tok: Any, model: str = MODEL) -> int:
     return int(start_id(tok, MODELS[model]["start"]))
 
 
+def framing_record(cfg: dict, window_seed: int) -> dict[str, Any]:
+    """What a step's results file records of its windows' framing (the claims registry's
+    sensitivity names it): the first token, the corpus and the window draw."""
+    return {"first_token": MODELS[cfg["model"]]["start"],
+            "corpus": "wiki_excerpt.txt (validation split)", "window_seed": int(window_seed)}
+
+
 def with_start(w: torch.Tensor, start: int) -> torch.Tensor:
     """The same text with the start token ``start`` in front (the last token dropped)."""
     return torch.cat([torch.full((w.shape[0], 1), start, dtype=w.dtype), w[:, :-1]], 1)
@@ -303,6 +310,7 @@ def run_faithfulness(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> dic
     toks = with_start(windows(data_dir, "wiki_excerpt.txt", tok, n, T, seed + 1),
                       start_token_id(tok, cfg["model"]))
     res: dict[str, Any] = {"model": cfg["model"], "n_docs": n, "length": T, "seed": seed,
+                           **framing_record(cfg, seed + 1),
                            "measures": list(FAITH_MEASURES), "scope": "layer"}
     sums, counts = [], []
     meta: dict[str, Any] = {}
@@ -425,6 +433,7 @@ def run_interventions(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> di
     window_nll = functools.partial(_window_nll, batch_size=nll_batch(hf, T))
     clean = window_nll(hf, toks)
     res: dict[str, Any] = {"model": cfg["model"], "n_docs": n, "length": T, "seed": seed,
+                           **framing_record(cfg, seed + 3),
                            "ppl_clean": math.exp(float(clean.sum()) / (n * (T - 1)))}
     lin = []
     for k in cfg["ks"]:

@@ -313,6 +313,9 @@ def framing(res: Results, name: str) -> str:
     if name == "sinks" and "wiki_start" in d.get("settings", {}):
         first = ", ".join(sorted(set(d["settings"]["wiki_start"]["first_tokens"])))
         return f"sinks.json setting wiki_start: first token {first}, window seed {d['seed']}"
+    if "first_token" in d and "window_seed" in d:  # what the study records since issue 39
+        return (f"{name}.json: first token {d['first_token'] or 'none'}, corpus {d['corpus']}, "
+                f"window seed {d['window_seed']}")
     if name == "scales" and "corpus" in d:
         return f"scales.json: {d['corpus']}, seed {d['seed']}"
     what = (f"{given} (the column's setting)" if given else
