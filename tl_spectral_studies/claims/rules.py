@@ -305,7 +305,10 @@ PANEL_RULE = ("a claim that the model's evidence panel tests with the same measu
               "its sensitivity reads \"… so far (k of K cells)\"")
 ONE_FRAMING_RULE = ("a real-decoder record no panel tests has the sensitivity \"not tested: "
                     "one framing (…)\", naming the first token, corpus and window draw its "
-                    "results file records (\"not recorded\" where it records none)")
+                    "results file records (\"not recorded\" where it records none: the "
+                    "study's faithfulness.json and interventions.json were made before its "
+                    "steps recorded first_token, corpus and window_seed; a rerun of the step "
+                    "records them)")
 
 
 @dataclass(frozen=True)
