@@ -32,8 +32,8 @@ def _copy_rd(tmp_path: Path) -> Path:
     return dst
 
 
-def _records_of(results: Path, key: str = SMOL) -> dict[str, registry.Record]:
-    m = dataclasses.replace(catalog.MODELS[key], results=str(results))
+def _records_of(results: Path, key: str = SMOL, **model) -> dict[str, registry.Record]:
+    m = dataclasses.replace(catalog.MODELS[key], results=str(results), **model)
     return {r.claim: r for r in catalog.records(ROOT, {m.key: m})}
 
 
@@ -91,11 +91,16 @@ def test_partly_needs_a_step_that_holds():
     assert rules.steps([ok, rev, ok]) == rev
     assert rules.steps([ok, ok]) == ok
     assert rules.steps([ok, rules.TIE, ok]) == rules.PARTLY
-    recs = _records_of(RD)
+    recs = _records_of(RD, evidence=None)  # the one-framing study, without the panel
     for cid in ("C.hierarchy.comp.alllayers", "C.hierarchy.comp.layer15",
                 "C.hierarchy.suff.layer15"):
         assert recs[cid].label == nd, cid
     assert recs["C.hierarchy.suff.alllayers"].label == rules.PARTLY
+    # with the panel each record reads its own (criterion, setting) cells only
+    panel = _records_of(RD)
+    for cid in ("C.hierarchy.comp.alllayers", "C.hierarchy.suff.layer15"):
+        assert panel[cid].cells == 9 and "criterion" not in panel[cid].sensitivity, cid
+        assert panel[cid].mde is not None and panel[cid].mde > 0, cid
     assert rules.over_layers([ok, rev, nd]) == rules.MIXED
     assert rules.over_layers([nd, rev]) == rev
 

@@ -288,3 +288,15 @@ def test_faithfulness_job_and_hierarchy_cells(tiny, tmp_path, monkeypatch):
     hi = es.summarize(tmp_path, "tiny")["claims"]["C.hierarchy"]
     assert len(hi["cells"]) == 2 * len(job["settings"])
     assert all(rules.base(c["label"]) in rules.LABELS for c in hi["cells"])
+    # the four (criterion, setting) variants are separate claims: one robustness each
+    assert set(hi["sensitivity_by_variant"]) == {c["factors"]["criterion, setting"]
+                                                for c in hi["cells"]}
+    assert "criterion" not in hi["sensitivity"].split(":")[-1]
+    for c in hi["cells"]:  # each step carries its own interval; the cell's MDE is the largest
+        assert len(c["steps"]) == 3
+        ivs = [st for st in c["steps"] if "low" in st]
+        assert all(st["low"] <= st["estimate"] <= st["high"] for st in ivs)
+        assert c["mde"] == max(rules.mde(st) for st in ivs)
+        assert rules.steps([st["label"] for st in c["steps"]]) == c["label"]
+    pv = rules.panel_verdict(hi["cells"], len(hi["cells"]))
+    assert pv.mde == max(c["mde"] for c in hi["cells"]) and pv.interval is None

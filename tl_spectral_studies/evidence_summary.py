@@ -38,6 +38,9 @@ class PanelClaim:
     rule: Callable[[Mapping[str, Any] | None], str]
     rule_text: str
     variant_factor: str = ""
+    variants_are_claims: bool = False
+    """The variants are separate claims (the registry reads each apart): the robustness is
+    then per variant, never across them."""
     labels: Callable[[dict], dict[str, tuple[str, Any]]] | None = None
     """Instead of ``extract``/``rule``: ``{variant: (label, interval or None)}`` of a job."""
 
@@ -80,10 +83,12 @@ def faith_differences(job: Mapping[str, Any], seed: int = 0,
     return {k: getattr(iv, k).reshape(shape).tolist() for k in ("estimate", "low", "high")}
 
 
-def hierarchy_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, None]]:
+def hierarchy_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, dict]]:
     """Per (criterion, setting) of a faithfulness job, the hierarchy label by the registry's
     own steps (:func:`~tl_spectral_studies.claims.seed003.hierarchy_steps`, then
-    :func:`~tl_spectral_studies.claims.rules.steps`)."""
+    :func:`~tl_spectral_studies.claims.rules.steps`), with every step's interval
+    (``{"steps": [{"step", "label", "estimate", "low", "high"}]}``; a tie by construction has
+    no interval)."""
     from tl_spectral_studies.claims.seed003 import hierarchy_steps
 
     diff = faith_differences(job, seed=int(job["config"]["draw"]))
@@ -91,7 +96,9 @@ def hierarchy_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, None]]:
     for si, name in enumerate(job["settings"]):
         for kind, kn in ((0, "comprehensiveness"), (1, "sufficiency")):
             st = hierarchy_steps(diff, job.get("aliases", {}), si, kind)
-            out[f"{kn}, {name}"] = (rules.steps([lb for _, lb, _ in st]), None)
+            out[f"{kn}, {name}"] = (rules.steps([lb for _, lb, _ in st]), {"steps": [
+                {"step": n, "label": lb, **({k: float(iv[k]) for k in ("estimate", "low", "high")}
+                                          if iv else {})} for n, lb, iv in st]})
     return out
 
 
@@ -123,7 +130,8 @@ PANEL_CLAIMS = (
                "value-weighted < output-normalized < contribution (layer-wide ranking)",
                lambda job: {}, lambda iv: rules.NOT_TESTED,
                "every step by the sign rule on the area difference, then " + rules.STEPS_RULE,
-               variant_factor="criterion, setting", labels=hierarchy_labels),
+               variant_factor="criterion, setting", variants_are_claims=True,
+               labels=hierarchy_labels),
 )
 
 
@@ -146,7 +154,13 @@ def _cell_row(job: dict, claim: PanelClaim, variant: str, label: str, iv: Mappin
     if claim.variant_factor:
         factors[claim.variant_factor] = variant
     row: dict[str, Any] = {"factors": factors, "n": _n(job, claim), "label": label}
-    if iv is not None:
+    if iv is not None and "steps" in iv:  # a claim of several steps: each its own interval
+        steps = [dict(st, mde=rules.mde(st)) if "low" in st else dict(st) for st in iv["steps"]]
+        row["steps"] = steps
+        mdes = [st["mde"] for st in steps if "mde" in st]
+        if mdes:
+            row["mde"] = max(mdes)
+    elif iv is not None:
         row.update({k: float(iv[k]) for k in ("estimate", "low", "high")})
         row["mde"] = rules.mde(iv)
     return row
@@ -166,13 +180,23 @@ def summarize_claim(claim: PanelClaim, jobs: list[dict], expected_cells: int) ->
              for v, (lab, iv) in got.items()]
     n_var = max(1, len(per[0]) if per else 1)
     mdes = [c["mde"] for c in cells if c.get("mde") is not None]
-    return {"id": claim.id, "text": claim.text, "rule": claim.rule_text,
-            "mde_rule": rules.MDE_RULE, "sensitivity_rule": rules.SENSITIVITY_RULE,
-            "cells": cells, "complete": len(jobs) >= expected_cells,
-            "cells_expected": expected_cells * n_var,
-            "sensitivity": rules.sensitivity([(c["factors"], c["label"]) for c in cells]),
-            "labels": sorted({c["label"] for c in cells}),
-            "mde_max": max(mdes) if mdes else None}
+    res = {"id": claim.id, "text": claim.text, "rule": claim.rule_text,
+           "mde_rule": rules.MDE_RULE, "sensitivity_rule": rules.SENSITIVITY_RULE,
+           "cells": cells, "complete": len(jobs) >= expected_cells,
+           "cells_expected": expected_cells * n_var,
+           "sensitivity": rules.sensitivity([(c["factors"], c["label"]) for c in cells]),
+           "labels": sorted({c["label"] for c in cells}),
+           "mde_max": max(mdes) if mdes else None}
+    if claim.variants_are_claims:  # one robustness per variant: they are different claims
+        vf = claim.variant_factor
+        by = {}
+        for c in cells:
+            by.setdefault(c["factors"][vf], []).append(
+                ({k: v for k, v in c["factors"].items() if k != vf}, c["label"]))
+        res["sensitivity_by_variant"] = {v: rules.sensitivity(fl) for v, fl in by.items()}
+        res["sensitivity"] = "; ".join(f"{v}: {x}"
+                                       for v, x in res["sensitivity_by_variant"].items())
+    return res
 
 
 def summarize(out: Path, model: str) -> dict:
@@ -295,9 +319,13 @@ def cells_markdown(summary: Mapping[str, Any]) -> str:
     for cid, c in summary["claims"].items():
         done = (c["sensitivity"] if c["complete"] else
                 f"so far {c['sensitivity']} ({len(c['cells'])} of {c['cells_expected']} cells)")
+        by_var = c.get("sensitivity_by_variant")
         for r in c["cells"]:
             f = dict(r["factors"])
-            var = f.pop("sink self-attention", "")
+            var = next((f.pop(k) for k in list(f) if k not in ("first token", "corpus", "draw")),
+                       "")
+            if by_var and var in by_var:
+                done = (by_var[var] if c["complete"] else f"so far {by_var[var]}")
             est = (f"{r['estimate']:.3f} [{r['low']:.3f}, {r['high']:.3f}]" if "estimate" in r
                    else "—")
             mde = f"{r['mde']:.3f}" if r.get("mde") is not None else "—"

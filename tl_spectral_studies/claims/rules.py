@@ -367,7 +367,8 @@ def panel_verdict(cells: Sequence[Mapping[str, Any]], cells_expected: int,
         sens = f"{sens} so far ({k} of {K} cells)"
     ivs = [c for c in cells if c.get("low") is not None and c.get("high") is not None]
     est = [float(c["estimate"]) for c in ivs if c.get("estimate") is not None]
-    mdes = [float(c["mde"]) if c.get("mde") is not None else mde(c) for c in ivs]
+    mdes = [float(c["mde"]) for c in cells if c.get("mde") is not None] + [
+        mde(c) for c in ivs if c.get("mde") is None]  # a cell of steps: its largest step MDE
     ns = [int(c["n"]) for c in cells if c.get("n") is not None]
     return PanelVerdict(
         done, sens, label, k, K, min(ns) if ns else None, max(ns) if ns else None,

@@ -357,7 +357,8 @@ for _k, _kn in ((0, "comprehensiveness"), (1, "sufficiency")):
                     f"contribution ({_kn}, {_sn})",
                     "every step by the sign rule on the area difference (comprehensiveness: "
                     "above 0; sufficiency: below 0), then " + rules.STEPS_RULE
-                    + "; the step intervals are in the number column",
+                    + " (the step intervals: in the number column of a one-framing record, "
+                    "in the panel summary's cells for a panel record)",
                     hierarchy(_k, _s), panel="C.hierarchy",
                     panel_cells=(("criterion, setting", f"{_kn}, {_sn}"),),
                     no_interval="three steps, each with its own interval (in the number)"))
