@@ -300,3 +300,29 @@ def test_faithfulness_job_and_hierarchy_cells(tiny, tmp_path, monkeypatch):
         assert rules.steps([st["label"] for st in c["steps"]]) == c["label"]
     pv = rules.panel_verdict(hi["cells"], len(hi["cells"]))
     assert pv.mde == max(c["mde"] for c in hi["cells"]) and pv.interval is None
+
+
+def test_split_sink_and_cone_cells_follow_the_registry_rules():
+    """C.split: both factors by the sign rule, then the steps rule; C.sink: a count of the
+    selected layers; C.cone.pooled: the pooled cone change kept apart from the registry's."""
+    iv = lambda e, lo, hi: {"estimate": e, "low": lo, "high": hi}  # noqa: E731
+    job = {"sink_layers": [3, 5], "pooled": {"v0_over_vothers": iv(0.2, 0.19, 0.21),
+                                             "cos_minus_others": iv(-0.07, -0.08, -0.06),
+                                             "cone_change": iv(-0.05, -0.06, -0.04)}}
+    lab, cell = es.split_labels(job)[""]
+    assert lab == rules.REPRODUCED and [st["label"] for st in cell["steps"]] == [
+        rules.REPRODUCED, rules.REPRODUCED]
+    job["pooled"]["cos_minus_others"] = iv(0.2, 0.1, 0.3)  # the direction factor reversed
+    assert es.split_labels(job)[""][0] == rules.NOT_REPRODUCED
+    job["pooled"]["cos_minus_others"] = iv(0.0, -0.1, 0.1)  # one step holds, one cannot tell
+    assert es.split_labels(job)[""][0] == rules.PARTLY
+    assert es.sink_labels(job)[""] == (rules.REPRODUCED, {"count": 2})
+    assert es.sink_labels({"sink_layers": []})[""][0] == rules.NOT_REPRODUCED
+    assert es.split_labels({"sink_layers": []})[""][0] == rules.NOT_TESTED
+    cone = {c.id: c for c in es.PANEL_CLAIMS}["C.cone.pooled"]
+    assert cone.cells_of(job)[""][0] == rules.NOT_REPRODUCED
+    from tl_spectral_studies.claims import catalog
+
+    c = catalog.all_claims()
+    assert c["C.cone"].panel_apart == "C.cone.pooled" and c["C.cone"].panel == ""
+    assert c["C.split"].panel == "C.split" and c["C.sink"].panel == "C.sink"

@@ -41,6 +41,8 @@ class PanelClaim:
     variants_are_claims: bool = False
     """The variants are separate claims (the registry reads each apart): the robustness is
     then per variant, never across them."""
+    n_windows: str = "test_windows"
+    """For a sinks-step claim: the half of the windows behind its cells."""
     labels: Callable[[dict], dict[str, tuple[str, Any]]] | None = None
     """Instead of ``extract``/``rule``: ``{variant: (label, interval or None)}`` of a job."""
 
@@ -102,7 +104,44 @@ def hierarchy_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, dict]]:
     return out
 
 
+def split_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, dict | None]]:
+    """The registry's ``C.split`` (:func:`~tl_spectral_studies.claims.seed003.split`) on a sinks
+    job: the norm factor (‖ṽ_0‖ / mean ‖ṽ_j‖ below 1) and the cosine factor (cos(o, ṽ_0) −
+    cos(o, ṽ_j) below 0), each by the sign rule on its pooled interval, then the steps rule."""
+    pooled = job.get("pooled") or {}
+    r1, r2 = pooled.get("v0_over_vothers"), pooled.get("cos_minus_others")
+    if r1 is None or r2 is None:
+        return {"": (rules.NOT_TESTED, None)}
+    st = [("norm factor < 1", rules.sign(r1, 1.0, above=False), r1),
+          ("cosine factor < 0", rules.sign(r2, 0.0, above=False), r2)]
+    return {"": (rules.steps([lb for _, lb, _ in st]), {"steps": [
+        {"step": n, "label": lb, **{k: float(iv[k]) for k in ("estimate", "low", "high")}}
+        for n, lb, iv in st]})}
+
+
+def sink_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, dict]]:
+    """The registry's ``C.sink`` on a sinks job: reproduced when the documented interval rule
+    selects at least one layer on the selection half (a count, no interval)."""
+    layers = list(job.get("sink_layers") or [])
+    return {"": (rules.at_least_one([True] * len(layers)), {"count": len(layers)})}
+
+
 PANEL_CLAIMS = (
+    PanelClaim("C.sink", "sinks", "decoders with a start token form attention sinks: at least "
+               "one layer whose interval of mean α_i0 lies above 0.5 (selection half)",
+               lambda job: {}, lambda iv: rules.NOT_TESTED,
+               "at least one layer selected by the interval rule (a count, no interval)",
+               labels=sink_labels, n_windows="select_windows"),
+    PanelClaim("C.split", "sinks", "the sink's small contribution comes from its value norm "
+               "and its direction (pooled over the sink layers, test half)",
+               lambda job: {}, lambda iv: rules.NOT_TESTED,
+               "each factor by the sign rule (norm ratio < 1; cosine factor < 0), then "
+               + rules.STEPS_RULE, labels=split_labels),
+    # not the registry's C.cone (per layer, library probe): its own id, as C.norm.pooled
+    PanelClaim("C.cone.pooled", "sinks", "zeroing the sink's value raises cos(o, s̄) "
+               "(pooled over the sink layers, test half)", _pooled("cone_change"),
+               _no_pool_label(lambda iv: rules.sign(iv, 0.0, above=True)),
+               "sign rule against 0, above"),
     PanelClaim("C.little", "sinks", "the sink contributes little: C_i0/α_i0 pooled over the "
                "sink layers (selected on one half of the windows, tested on the other) < 0.5",
                _pooled("C0_over_attn0"),
@@ -154,7 +193,9 @@ def _cell_row(job: dict, claim: PanelClaim, variant: str, label: str, iv: Mappin
     if claim.variant_factor:
         factors[claim.variant_factor] = variant
     row: dict[str, Any] = {"factors": factors, "n": _n(job, claim), "label": label}
-    if iv is not None and "steps" in iv:  # a claim of several steps: each its own interval
+    if iv is not None and "count" in iv:  # a count over layers: no interval
+        row["count"] = int(iv["count"])
+    elif iv is not None and "steps" in iv:  # a claim of several steps: each its own interval
         steps = [dict(st, mde=rules.mde(st)) if "low" in st else dict(st) for st in iv["steps"]]
         row["steps"] = steps
         mdes = [st["mde"] for st in steps if "mde" in st]
@@ -169,7 +210,7 @@ def _cell_row(job: dict, claim: PanelClaim, variant: str, label: str, iv: Mappin
 def _n(job: dict, claim: PanelClaim) -> int:
     """The windows behind the cell's interval (the test half for pooled sink numbers)."""
     if claim.step == "sinks":
-        return len((job.get("selection") or {}).get("test_windows") or [])
+        return len((job.get("selection") or {}).get(claim.n_windows) or [])
     return int(job["config"]["n"])
 
 
@@ -327,7 +368,10 @@ def cells_markdown(summary: Mapping[str, Any]) -> str:
             if by_var and var in by_var:
                 done = (by_var[var] if c["complete"] else f"so far {by_var[var]}")
             est = (f"{r['estimate']:.3f} [{r['low']:.3f}, {r['high']:.3f}]" if "estimate" in r
-                   else "—")
+                   else f"{r['count']} layers" if "count" in r else
+                   "; ".join(f"{st['estimate']:.3f} [{st['low']:.3f}, {st['high']:.3f}]"
+                             for st in r["steps"] if "low" in st) or "—"
+                   if "steps" in r else "—")
             mde = f"{r['mde']:.3f}" if r.get("mde") is not None else "—"
             first = str(f["first token"]).replace("|", "\\|")  # a table cell
             out.append(f"| `{cid}` | `{first}` | {f['corpus']} | {f['draw']} | "

@@ -373,6 +373,9 @@ def panel_record(c: Claim, res: Results, pv: rules.PanelVerdict) -> Record:
     if pv.estimates is not None:
         parts.append(f"cell estimates {_g(pv.estimates[0])} to {_g(pv.estimates[1])}; "
                      f"cell intervals within [{_g(pv.interval[0])}, {_g(pv.interval[1])}]")
+    elif any("count" in c for c in cells):
+        k = [int(c["count"]) for c in cells if "count" in c]
+        parts.append(f"layers selected per cell: {min(k)} to {max(k)}")
     elif any("steps" in c for c in cells):
         parts.append("each cell's label from its steps, each step with its own interval "
                      "(in the summary)")
@@ -383,6 +386,7 @@ def panel_record(c: Claim, res: Results, pv: rules.PanelVerdict) -> Record:
             "95% interval); MDE: the largest cell MDE; n: per cell" if pv.interval else
             "no interval for the claim: every step of every cell has its own; MDE: the largest "
             "step MDE over the cells; n: per cell" if pv.mde is not None else
+            f"no interval: {c.no_interval} (per cell)" if c.no_interval else
             "no interval: the panel's cells carry labels only")
     prov = {"command": f"tl-spectral study evidence --model {g.get('model', m.key)} "
                        "--data-dir ../shared/data --out docs/results/real_decoder/evidence",

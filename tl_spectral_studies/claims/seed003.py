@@ -313,7 +313,8 @@ claim(Claim("C.sink", f"{P} §3.2", "C.4", "decoders with a start token form att
             f"a count over layers (no interval of its own): reproduced when at least one layer "
             f"is selected by the documented rule ({rules.SELECT_RULE}; threshold "
             f"{SINK_LAYER_MIN})", sink_count,
-            no_interval="a count of the layers its rule selects, each by its own interval"))
+            no_interval="a count of the layers its rule selects, each by its own interval",
+            panel="C.sink"))
 claim(Claim("C.little", f"{P} §3.2", "C.4",
             "the sink draws attention but contributes little to the output",
             "sign rule on C_i0 / α_i0 pooled over the sink layers against 0.5 (the sink "
@@ -331,14 +332,14 @@ claim(Claim("C.zero_ppl", f"{P} §3.3", "C.4", "removing the sink's value raises
 claim(Claim("C.cone", f"{P} §3.3", "C.4", "without the sink, outputs collapse into the "
             "semantic cone: cos(o_i, s̄_i) rises when the sink's value is zeroed",
             LAYERS_RULE + " (claim: Δcos(o, s̄) > 0, the SinkProbe's delta_cos)", cone,
-            no_interval=LAYERS_COUNT))
+            no_interval=LAYERS_COUNT, panel_apart="C.cone.pooled"))
 claim(Claim("C.norm", f"{P} §3.3", "C.4", "sinks suppress the output norm: zeroing the "
             "sink's value raises ‖o‖", LAYERS_RULE + " (claim: Δ‖o‖/‖o‖ > 0)", norm,
             no_interval=LAYERS_COUNT, panel_apart="C.norm.pooled"))
 claim(Claim("C.split", f"{P} §3.2", "C.1", "the sink's small contribution comes from its "
             "value norm and its direction", "each factor by the sign rule (norm ratio < 1; "
             "cosine below the other tokens' by α-weighted mean), then " + rules.STEPS_RULE,
-            split))
+            split, panel="C.split"))
 claim(Claim("C.tail", f"{P} §3.2", "C.1", "tail tokens: their contribution is set jointly "
             "by attention and alignment (not by attention alone)",
             f"two-sided sign rule with a practical margin of ±{TAIL_MARGIN} ({rules.PRACTICAL_RULE})",
