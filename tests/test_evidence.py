@@ -326,3 +326,44 @@ def test_split_sink_and_cone_cells_follow_the_registry_rules():
     c = catalog.all_claims()
     assert c["C.cone"].panel_apart == "C.cone.pooled" and c["C.cone"].panel == ""
     assert c["C.split"].panel == "C.split" and c["C.sink"].panel == "C.sink"
+
+
+def test_pod_job_and_depth_cells_follow_the_registry_measures(tiny, tmp_path, monkeypatch):
+    """The ``pod`` step keeps what the A-claims' measures read; each cell's label is the
+    registry's own measure on the job, re-derived here from the stored intervals."""
+    from tl_spectral_studies.claims import catalog, seed000
+
+    _, model, tok, data = tiny
+    monkeypatch.setitem(ev.FIRST_TOKENS, "tiny", ("none", "<pad>"))
+    cells = [ev.Cell("<pad>", "wiki", 0), ev.Cell("none", "wiki", 0)]
+    ev.run("tiny", tmp_path, data, steps=("pod",), cells=cells,
+           cfg={"pod_docs": 6, "pod_length": 16}, loaded=(model, tok), log=lambda s: None)
+    job = json.loads(ev.job_path(tmp_path, "tiny", "pod", cells[0]).read_text())
+    assert set(job) >= set(ev.POD_KEEP) and job["n_docs"] == 6 and job["length"] == 16
+    assert job["config"]["n"] == 6 and job["config"]["length"] == 16
+    s = es.summarize(tmp_path, "tiny")["claims"]
+    for cell in s["A.bands"]["cells"]:
+        st = cell["steps"]
+        by_rule = rules.steps([rules.sign(st[0], 0.0, above=True),
+                               rules.sign(st[1], 0.0, above=False)])
+        assert [x["label"] for x in st] == [rules.sign(st[0], 0.0, above=True),
+                                            rules.sign(st[1], 0.0, above=False)]
+        assert cell["label"] == by_rule and cell["n"] == 6
+    for cid, m in (("A.hstar", seed000.hstar), ("A.tspec", seed000.tspec)):
+        assert [c["label"] for c in s[cid]["cells"]] == [
+            m(es._DepthJob(json.loads(ev.job_path(tmp_path, "tiny", "pod", c).read_text())))
+            .label for c in cells], cid
+    claims = catalog.all_claims()
+    assert all(claims[c].panel == c for c in ("A.bands", "A.hstar", "A.tspec"))
+
+
+def test_sensitivity_compares_descriptive_directions_and_untested_panels():
+    f = [{"draw": 0}, {"draw": 1}]
+    up, down = f"{rules.DESCRIPTIVE}: rises", f"{rules.DESCRIPTIVE}: falls"
+    assert rules.sensitivity([(f[0], up), (f[1], up)]) == rules.ROBUST
+    assert rules.sensitivity([(f[0], up), (f[1], down)]) == "depends on draw"
+    nt = f"{rules.NOT_TESTED}: H* bounded by N"
+    assert rules.sensitivity([(f[0], nt), (f[1], nt)]) == rules.NOT_TESTED
+    pv = rules.panel_verdict([{"factors": x, "label": nt, "n": 4} for x in f], 2)
+    assert pv.label == nt and pv.sensitivity == rules.NOT_TESTED
+    assert rules.sensitivity([(f[0], nt), (f[1], rules.REPRODUCED)]) == "depends on draw"

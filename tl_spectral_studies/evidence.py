@@ -24,7 +24,10 @@ run resumes where it stopped. Steps (:data:`STEPS`):
   query (the sink's own self-attention α_00 included) and for queries i ≥ 1 only (excluded);
 * ``faithfulness``: per-window NLL sums of the paper's four measures under the layer-wide
   ranking (first token and draw only on the Wikipedia excerpt: the faithfulness claims are
-  about one corpus in the paper).
+  about one corpus in the paper);
+* ``pod``: the scale POD by thirds of the stack (the pod-depth study's analysis: H*, T_spec
+  and the band energies of the first and last thirds, with and without the key-0 column) on
+  N = 150 windows of the pod-depth study's T per model.
 
 Per-window numbers are stored, so a verdict can be recomputed on any subset; the summary
 (:mod:`tl_spectral_studies.evidence_summary`) gives per claim and cell the interval, the
@@ -187,8 +190,30 @@ def step_faithfulness(view: Any, tokens: torch.Tensor, cfg: dict, seed: int) -> 
     return {"per_window_nll_sums": sums, "per_window_tokens": counts, **meta}
 
 
+POD_KEEP = ("n_layers", "n_docs", "length", "chars_per_token", "cutoffs", "variants",
+            "cut_sets", "thirds", "spectrum", "intervals", "claims")
+"""What a ``pod`` job keeps of the pod-depth analysis: what the A-claims' measures read
+(:mod:`tl_spectral_studies.claims.seed000`), not the per-layer energy spectra."""
+
+
+def step_pod(view: Any, tokens: torch.Tensor, cfg: dict, seed: int, *, tok: Any = None,
+             has_start: bool = True) -> dict:
+    """The scale POD by thirds of the stack (:func:`tl_spectral_studies.pod_depth.analyse`
+    and its claims) on the cell's windows: one ``AttentionFieldProbe`` pass, the field with
+    and without the key-0 column."""
+    from tl_spectral.probes import AttentionFieldProbe, run_probes
+    from tl_spectral_studies.pod_depth import analyse, chars_per_token, claims
+
+    fields = run_probes(view, tokens, [AttentionFieldProbe()], batch_size=cfg["batch_size"],
+                        progress=False)["attention_fields"]
+    res = analyse([fields.fields[str(li)] for li in fields.layers],
+                  chars_per_token=chars_per_token(tok, tokens, skip_first=has_start))
+    res["claims"] = claims(res)
+    return {k: res[k] for k in POD_KEEP}
+
+
 STEP_FUNCS = {"sinks": step_sinks, "zero_sink": step_zero_sink,
-              "faithfulness": step_faithfulness}
+              "faithfulness": step_faithfulness, "pod": step_pod}
 
 
 # ------------------------------------------------------------------------------ runner
@@ -203,7 +228,8 @@ def run_job(view: Any, tok: Any, out: Path, data_dir: Path, model: str, step: st
     n, T = conf["n"], conf["length"]
     t0 = time.perf_counter()
     tokens = cell_windows(data_dir, tok, cell, n, T)
-    res = STEP_FUNCS[step](view, tokens, cfg, cell.draw)
+    kw = {"tok": tok, "has_start": cell.first != "none"} if step == "pod" else {}
+    res = STEP_FUNCS[step](view, tokens, cfg, cell.draw, **kw)
     secs = round(time.perf_counter() - t0, 2)
     write_atomic(path, {"config": conf, "config_hash": config_hash(conf), "seconds": secs,
                         "threads": torch.get_num_threads(), "provenance": provenance, **res})
@@ -268,7 +294,7 @@ def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.evidenc
     ap.add_argument("--out", default="docs/results/real_decoder/evidence")
     ap.add_argument("--data-dir", default=None, help="folder with wiki_excerpt.txt, austen.txt")
     ap.add_argument("--step", action="append", choices=STEPS)
-    for k in ("windows", "length", "faith_docs", "faith_length", "batch_size"):
+    for k in ("windows", "length", "faith_docs", "faith_length", "pod_docs", "batch_size"):
         ap.add_argument("--" + k.replace("_", "-"), type=int, default=DEFAULTS[k])
     ap.add_argument("--draws", type=int, nargs="+", default=list(DRAWS))
     ap.add_argument("--summarize", action="store_true",
@@ -290,7 +316,7 @@ def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.evidenc
         except StudyUsageError as e:
             print(f"{prog}: error: {e}", file=sys.stderr)
             return 2
-        cfg = {k: getattr(a, k) for k in DEFAULTS if k != "pod_docs"}
+        cfg = {k: getattr(a, k) for k in DEFAULTS}
         cells = [c for s in (a.step or STEPS) for c in panel(a.model, s, a.draws)]
         run(a.model, Path(a.out), data, steps=a.step or STEPS, cfg=cfg,
             cells=sorted(set(cells), key=lambda c: c.key))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 NAME = "evidence"
-STEPS = ("sinks", "zero_sink", "faithfulness")
+STEPS = ("sinks", "zero_sink", "faithfulness", "pod")
 CORPORA = {"wiki": "wiki_excerpt.txt", "austen": "austen.txt"}
 DRAWS = (0, 1, 2)
 FIRST_TOKENS = {
@@ -23,7 +23,10 @@ FIRST_TOKENS = {
 DEFAULTS = {"windows": 64, "length": 256, "faith_docs": 32, "faith_length": 32,
             "pod_docs": 150, "batch_size": 4}
 """Sample sizes of the full plan (issue 39): 64 windows × 256 tokens for sinks and the
-interventions, 32 documents for faithfulness, N = 150 for the scale POD."""
+interventions, 32 documents for faithfulness, N = 150 for the scale POD (its T per model:
+:data:`POD_LENGTH`)."""
+POD_LENGTH = {"smollm2-135m": 128, "gemma3-270m": 256}
+"""T of the ``pod`` step: the pod-depth study's (``tl_spectral_studies.pod_depth.MODELS``)."""
 VERSION = 1
 """Bumped when a step's computation changes (part of every job's configuration)."""
 
@@ -68,6 +71,8 @@ def panel(model: str, step: str = "sinks", draws: Sequence[int] = DRAWS) -> list
 def job_config(model: str, step: str, cell: Cell, cfg: dict) -> dict:
     """What a job's result depends on; a stored file is reused only when this matches."""
     sizes = ({"n": cfg["faith_docs"], "length": cfg["faith_length"]} if step == "faithfulness"
+             else {"n": cfg["pod_docs"], "length": cfg.get("pod_length")
+                   or POD_LENGTH.get(model, cfg["length"])} if step == "pod"
              else {"n": cfg["windows"], "length": cfg["length"]})
     return {"version": VERSION, "model": model, "step": step, **cell.factors(), **sizes}
 

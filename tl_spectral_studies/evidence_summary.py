@@ -126,7 +126,56 @@ def sink_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, dict]]:
     return {"": (rules.at_least_one([True] * len(layers)), {"count": len(layers)})}
 
 
+class _DepthJob:
+    """A ``pod`` job in the place of the registry's results (what the A-claims' measures
+    read: :meth:`depth`), so a cell's label comes from the registry's own measure and rule."""
+
+    def __init__(self, job: Mapping[str, Any]):
+        self._job = job
+
+    def depth(self) -> Mapping[str, Any]:
+        return self._job
+
+    def json(self, name: str) -> None:
+        return None
+
+
+def depth_labels(measure_name: str) -> Callable[[dict], dict[str, tuple[str, dict | None]]]:
+    """``{"": (label, interval)}`` of a ``pod`` job by the registry's measure
+    ``tl_spectral_studies.claims.seed000.<measure_name>`` (the field with the key-0 column,
+    thirds of the stack). ``A.bands`` keeps its two steps (first third fine > coarse, last
+    third coarse > fine), each with its interval."""
+    def labels(job: dict) -> dict[str, tuple[str, dict | None]]:
+        from tl_spectral_studies.claims import seed000
+
+        meas = getattr(seed000, measure_name)(_DepthJob(job))
+        if measure_name == "bands":
+            c = next(x for x in job["claims"] if x["id"] == "bands.paper")["intervals"]["with"]
+            st = seed000._band_label(c)[1]
+            return {"": (meas.label, {"steps": [
+                {"step": n, "label": lb, **{k: float(c[w][k]) for k in ("estimate", "low",
+                                                                         "high")}}
+                for n, lb, w in (("first third fine > coarse", st[0], "early"),
+                                 ("last third coarse > fine", st[1], "late"))]})}
+        iv = None if meas.interval is None else {
+            "estimate": meas.estimate, "low": meas.interval[0], "high": meas.interval[1]}
+        return {"": (meas.label, iv)}
+    return labels
+
+
 PANEL_CLAIMS = (
+    PanelClaim("A.bands", "pod", "fine scales early, coarse late: E fine − E coarse over the "
+               "first and the last third of the stack (paper cut-offs a ≤ 7, a ≥ 20)",
+               lambda job: {}, lambda iv: rules.NOT_TESTED,
+               "two steps by the sign rule (first third > 0, last third < 0), then "
+               + rules.STEPS_RULE, labels=depth_labels("bands")),
+    PanelClaim("A.hstar", "pod", "H*(0.1) higher in the first third of the stack than in the "
+               "last", lambda job: {}, lambda iv: rules.NOT_TESTED,
+               "sign rule on H* last − first third (jackknife) against 0, below; not tested "
+               "when a layer of the two thirds is bounded by N", labels=depth_labels("hstar")),
+    PanelClaim("A.tspec", "pod", "T_spec changes with depth (last − first third; descriptive)",
+               lambda job: {}, lambda iv: rules.NOT_TESTED,
+               "descriptive: the sign of the jackknife interval", labels=depth_labels("tspec")),
     PanelClaim("C.sink", "sinks", "decoders with a start token form attention sinks: at least "
                "one layer whose interval of mean α_i0 lies above 0.5 (selection half)",
                lambda job: {}, lambda iv: rules.NOT_TESTED,
@@ -209,6 +258,8 @@ def _cell_row(job: dict, claim: PanelClaim, variant: str, label: str, iv: Mappin
 
 def _n(job: dict, claim: PanelClaim) -> int:
     """The windows behind the cell's interval (the test half for pooled sink numbers)."""
+    if claim.step == "pod":
+        return int(job["n_docs"])
     if claim.step == "sinks":
         return len((job.get("selection") or {}).get(claim.n_windows) or [])
     return int(job["config"]["n"])

@@ -403,7 +403,7 @@ def model_windows(model: str, tok: Any, data_dir: Path | None, cfg: dict[str, An
     """``(windows [N, T], chars per token, source)`` of ``model``'s configuration: the real
     models' validation windows of ``DATA_DIR/<corpus>`` with the start token in front (the
     window's last token dropped), the char models' as the scale-POD study takes them."""
-    from tl_spectral_studies.evidence import start_id
+    from tl_spectral_studies.evidence_panel import start_id
 
     n, T = cfg["n_docs"], cfg["length"]
     if cfg["start"] is None:

@@ -233,9 +233,18 @@ ROBUST = "robust"
 MDE_RULE = ("minimum detectable effect at the sample's n: MDE = (z_{1−α/2} + z_{power}) · SE, "
             "α = 0.05, power 0.80 (z sum 2.80), with SE = (high − low) / (2 · z_{0.975}) "
             "from the 95% bootstrap interval")
-SENSITIVITY_RULE = ("robust when the label is the same in every panel cell; else "
-                    "\"depends on F\", naming every factor F whose levels change the label "
-                    "while the other factors are held fixed")
+SENSITIVITY_RULE = ("robust when the label is the same in every panel cell (a descriptive "
+                    "label with its direction: \"descriptive: rises\" and \"descriptive: "
+                    "falls\" differ); else \"depends on F\", naming every factor F whose "
+                    "levels change the label while the other factors are held fixed; \"not "
+                    "tested\" when no cell is tested")
+
+
+def verdict_key(label: str) -> str:
+    """What :func:`sensitivity` compares: the rule's word (:func:`base`), and for a
+    descriptive label its direction too."""
+    b = base(label)
+    return label.replace("**", "").strip() if b == DESCRIPTIVE else b
 
 
 def _z(p: float) -> float:
@@ -275,7 +284,9 @@ def sensitivity(cells: Sequence[tuple[Mapping[str, Any], str]]) -> str:
     varies among the cells is named."""
     if not cells:
         return NOT_TESTED
-    labels = {base(lab) for _, lab in cells}
+    labels = {verdict_key(lab) for _, lab in cells}
+    if labels == {NOT_TESTED}:
+        return NOT_TESTED
     if len(labels) == 1:
         return ROBUST
     names = list(cells[0][0])
@@ -287,7 +298,7 @@ def sensitivity(cells: Sequence[tuple[Mapping[str, Any], str]]) -> str:
         groups: dict[tuple, set] = {}
         for f, lab in cells:
             rest = tuple((k, f[k]) for k in names if k != name)
-            groups.setdefault(rest, set()).add((f[name], base(lab)))
+            groups.setdefault(rest, set()).add((f[name], verdict_key(lab)))
         if any(len({lab for _, lab in g}) > 1 for g in groups.values()):
             hits.append(name)
     if not hits:
@@ -336,7 +347,7 @@ class PanelVerdict:
 
 
 def _label_counts(labels: Sequence[str]) -> tuple[tuple[str, int], ...]:
-    c = Counter(base(x) for x in labels)
+    c = Counter(verdict_key(x) for x in labels)
     order = {w: i for i, w in enumerate(LABELS)}
     return tuple(sorted(c.items(), key=lambda kv: (-kv[1], order.get(kv[0], len(order)),
                                                     kv[0])))
@@ -357,7 +368,7 @@ def panel_verdict(cells: Sequence[Mapping[str, Any]], cells_expected: int,
     done = bool(complete) and k >= K
     sens = sensitivity([(c["factors"], c["label"]) for c in cells])
     counts = _label_counts([c["label"] for c in cells])
-    if sens == ROBUST:
+    if sens in (ROBUST, NOT_TESTED):
         label = Counter(c["label"] for c in cells).most_common(1)[0][0]
     else:
         label = f"{sens} (" + ", ".join(

@@ -164,18 +164,19 @@ claim(Claim("A.bands", P, "A.4", "fine scales (a ≤ 7) early, coarse (a ≥ 20)
             "two steps by the sign rule on E fine − E coarse averaged over thirds of the "
             f"stack ({THIRDS}; the pod-depth study's field with the key-0 column) — first "
             "third fine > coarse, last third coarse > fine — then " + rules.STEPS_RULE + "; "
-            + BAND_NOTE, bands))
+            + BAND_NOTE, bands, panel="A.bands"))
 claim(Claim("A.hstar", P, "A.8", "H*(0.1) higher early than late (paper: > 150 vs ≈ 91 at "
             "N = 150)", "sign rule on H* of the last third − H* of the first third of the "
             f"stack ({THIRDS}; jackknife interval, the pod-depth study's field with the key-0 "
             "column); not tested when a layer of the two thirds has H* bounded by N "
             "(tl_spectral's h_star_bounded, H* ≥ h_star_bound(N), from the stored H* and N: "
-            "a statistic bounded by N carries no verdict)", hstar))
+            "a statistic bounded by N carries no verdict)", hstar, panel="A.hstar"))
 claim(Claim("A.tspec", P, "A.7", "T_spec changes with depth", "descriptive (the papers' "
             "direction is contradicted within its own summary, SPEC A.7): the sign of the "
             "jackknife interval of T_spec of the last third − the first third of the stack "
             f"({THIRDS}; the pod-depth study's field with the key-0 column) where the model has "
-            "the pod-depth study, else of the stack's last layer − its first", tspec))
+            "the pod-depth study, else of the stack's last layer − its first", tspec,
+            panel="A.tspec"))
 claim(Claim("A.alloc", P, "A.10", "head allocation ∝ H* differs from the uniform allocation",
             "no rule: an allocation is advice until a model trained with it is compared (not "
             "done here)", alloc, no_interval="an allocation (recommended heads per layer) is "
