@@ -130,6 +130,31 @@ def test_a_claim_the_panel_lacks_has_one_framing(tmp_path):
     assert r.sensitivity.startswith("not tested: one framing")
 
 
+def test_a_record_of_the_weights_alone_has_no_framing(tmp_path):
+    """A measure that reads routing.json only (the weights) is neither robust nor one
+    framing; one that also reads a data file is one framing."""
+    _write(tmp_path, {})
+    (tmp_path / "res" / "routing.json").write_text(json.dumps({"n_ctx": 128}))
+
+    def weights(res):
+        res.json("routing")
+        return registry.Measurement("0.47 [0.46, 0.47]", rules.REPRODUCED, 0.47, (0.46, 0.47),
+                                    270)
+
+    def both(res):
+        res.json("sinks")
+        return weights(res)
+
+    r = _evaluate(tmp_path, registry.Claim("X.w", "p", "B.1", "w", "r", weights))
+    assert r.sensitivity == "no framing: weights only (routing.json, n_ctx 128)"
+    assert render.sensitivity_short(r.label, r.sensitivity) == "reproduced · weights only"
+    r = _evaluate(tmp_path, registry.Claim("X.b", "p", "B.1", "w", "r", both))
+    assert r.sensitivity.startswith("not tested: one framing (sinks.json")
+    smol = {x.claim: x for x in catalog.records(ROOT) if x.model == "smollm2-135m"}
+    assert smol["B.rank"].sensitivity.startswith(rules.WEIGHTS_ONLY)
+    assert smol["B.collapse3"].sensitivity.startswith("not tested: one framing")
+
+
 def test_a_results_file_that_records_its_framing_is_named_by_it(tmp_path):
     """The study's faithfulness and intervention steps record first token, corpus and window
     draw (``real_decoder.framing_record``); a file that does not says "not recorded"."""

@@ -295,6 +295,9 @@ def _one_framing(res: Results, read: list[str], meas: Measurement | None) -> str
     framing of every results file its measure read ("" for the paper layout)."""
     if res.model.layout != "real_decoder" or meas is None:
         return ""
+    if read and all(name == "routing" for name in read):  # the weights alone
+        d = res.json("routing") or {}
+        return rules.weights_only(f"routing.json, n_ctx {d.get('n_ctx', 'not recorded')}")
     return rules.one_framing("; ".join(framing(res, name) for name in read))
 
 

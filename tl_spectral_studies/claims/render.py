@@ -49,6 +49,8 @@ def sensitivity_short(label: str, sensitivity: str, cells: int | None = None) ->
         return label
     if sensitivity.startswith(f"{rules.NOT_TESTED}: one framing"):
         short = "one framing"
+    elif sensitivity.startswith(rules.WEIGHTS_ONLY):
+        short = "weights only"
     elif sensitivity == rules.ROBUST and cells:
         short = f"{rules.ROBUST} ({cells} cells)"
     else:
@@ -91,6 +93,7 @@ def matrix_markdown(recs: Sequence[Record], models: dict[str, registry.Model] | 
             f"- panel: {_esc(rules.PANEL_RULE)}.",
             f"- sensitivity: {_esc(rules.SENSITIVITY_RULE)}.",
             f"- one framing: {_esc(rules.ONE_FRAMING_RULE)}.",
+            f"- weights only: {_esc(rules.WEIGHTS_ONLY_RULE)}.",
             f"- MDE: {_esc(rules.MDE_RULE)}.",
             "", "Columns (setting; provenance):", ""]
     for m in models.values():

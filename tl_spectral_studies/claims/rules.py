@@ -388,6 +388,17 @@ def panel_verdict(cells: Sequence[Mapping[str, Any]], cells_expected: int,
         else None, max(mdes) if mdes else None, counts)
 
 
+WEIGHTS_ONLY = "no framing: weights only"
+WEIGHTS_ONLY_RULE = ("a record whose measure reads the weights alone (no window, corpus or "
+                     "first token enters) has the sensitivity \"no framing: weights only "
+                     "(…)\": no panel can move it, so it is neither robust nor one framing")
+
+
+def weights_only(what: str) -> str:
+    """:data:`WEIGHTS_ONLY_RULE`: the sensitivity of a record read from the weights alone."""
+    return f"{WEIGHTS_ONLY} ({what})"
+
+
 def one_framing(framing: str) -> str:
     """:data:`ONE_FRAMING_RULE`: the sensitivity of a record no panel tests."""
     return f"{NOT_TESTED}: one framing ({framing or 'not recorded'})"
