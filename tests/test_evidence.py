@@ -324,7 +324,7 @@ def test_split_sink_and_cone_cells_follow_the_registry_rules():
     from tl_spectral_studies.claims import catalog
 
     c = catalog.all_claims()
-    assert c["C.cone"].panel_apart == "C.cone.pooled" and c["C.cone"].panel == ""
+    assert c["C.cone"].panel_apart == "C.cone.pooled" and c["C.cone"].panel == "C.cone"
     assert c["C.split"].panel == "C.split" and c["C.sink"].panel == "C.sink"
 
 
@@ -367,3 +367,43 @@ def test_sensitivity_compares_descriptive_directions_and_untested_panels():
     pv = rules.panel_verdict([{"factors": x, "label": nt, "n": 4} for x in f], 2)
     assert pv.label == nt and pv.sensitivity == rules.NOT_TESTED
     assert rules.sensitivity([(f[0], nt), (f[1], rules.REPRODUCED)]) == "depends on draw"
+
+
+def test_probe_sinks_job_reads_its_sinks_job_and_labels_by_the_registry(tiny, tmp_path,
+                                                                       monkeypatch):
+    """The probe_sinks step needs the cell's sinks job (clear error without it), keeps the
+    SinkProbe's per-window rows, and its cells carry the registry's labels, re-derived here
+    from the stored rows by the rules module."""
+    from tl_spectral_studies.claims import catalog
+    from tl_spectral_studies.real_decoder import doc_iv
+
+    _, model, tok, data = tiny
+    monkeypatch.setitem(ev.FIRST_TOKENS, "tiny", ("none", "<pad>"))
+    cell = ev.Cell("<pad>", "wiki", 0)
+    cfg = {"windows": 4, "length": 12}
+    with pytest.raises(ValueError, match="run --step sinks first"):
+        ev.run("tiny", tmp_path, data, steps=("probe_sinks",), cells=[cell], cfg=cfg,
+               loaded=(model, tok), log=lambda s: None)
+    ev.run("tiny", tmp_path, data, steps=("sinks", "probe_sinks"), cells=[cell], cfg=cfg,
+           loaded=(model, tok), log=lambda s: None)
+    job = json.loads(ev.job_path(tmp_path, "tiny", "probe_sinks", cell).read_text())
+    sinks = json.loads(ev.job_path(tmp_path, "tiny", "sinks", cell).read_text())
+    assert job["sink_layers"] == sinks["sink_layers"] and len(job["per_window"]["cos_v0_s"]) == 4
+    s = es.summarize(tmp_path, "tiny")["claims"]
+    for cid, key, above in (("C.anti", "cos_v0_s", False), ("C.norm", "rel_delta_norm", True),
+                            ("C.cone", "delta_cos", True)):
+        iv = doc_iv(torch.tensor(job["per_window"][key]), seed=0)
+        per = [rules.sign({k: iv[k][i] for k in ("estimate", "low", "high")}, 0.0, above=above)
+               for i in range(len(job["layer_ids"]))]
+        assert rules.base(s[cid]["cells"][0]["label"]) == rules.over_layers(per), cid
+        assert s[cid]["cells"][0]["n"] == 4
+    rho = s["C.rho"]["cells"][0]
+    if sinks["sink_layers"]:
+        from tl_spectral_studies.claims.seed003 import RHO_SHARE
+
+        assert rho["label"] == rules.sign(job["pooled"]["rho_star_in_0_1"], RHO_SHARE,
+                                          above=True)
+    else:
+        assert rho["label"] == rules.NOT_TESTED
+    c = catalog.all_claims()
+    assert all(c[x].panel == x for x in ("C.anti", "C.rho", "C.cone", "C.norm"))

@@ -25,6 +25,9 @@ run resumes where it stopped. Steps (:data:`STEPS`):
 * ``faithfulness``: per-window NLL sums of the paper's four measures under the layer-wide
   ranking (first token and draw only on the Wikipedia excerpt: the faithfulness claims are
   about one corpus in the paper);
+* ``probe_sinks``: the library's ``SinkProbe`` per window on the ``sinks`` job's windows
+  (its layers and halves): the per-layer cos(ṽ_0, s), ρ*, Δ‖o‖/‖o‖ and Δcos(o, s̄) that
+  the registry's C.anti, C.rho, C.norm and C.cone read;
 * ``pod``: the scale POD by thirds of the stack (the pod-depth study's analysis: H*, T_spec
   and the band energies of the first and last thirds, with and without the key-0 column) on
   N = 150 windows of the pod-depth study's T per model.
@@ -212,8 +215,48 @@ def step_pod(view: Any, tokens: torch.Tensor, cfg: dict, seed: int, *, tok: Any 
     return {k: res[k] for k in POD_KEEP}
 
 
+PROBE_SINK_KEYS = ("cos_v0_s", "rho_star_in_0_1", "rel_delta_norm", "delta_cos")
+"""The library SinkProbe's per-layer quantities the registry's C.anti, C.rho, C.norm and
+C.cone read (:mod:`tl_spectral_studies.claims.seed003`)."""
+
+
+def step_probe_sinks(view: Any, tokens: torch.Tensor, cfg: dict, seed: int, *,
+                     sinks_job: dict | None = None) -> dict:
+    """The library's ``SinkProbe`` per window (batch 1: the probe's rows are means over a
+    batch) on the cell's windows — the same windows as the cell's ``sinks`` job — with the
+    per-layer intervals over windows, and ``cos(ṽ_0, s)`` and the ρ* share pooled over the
+    sinks job's layers on its test half (:func:`tl_spectral_studies.real_decoder.select_and_pool`'s
+    pooling)."""
+    from tl_spectral.probes import SinkProbe, run_probes
+    from tl_spectral_studies.real_decoder import doc_iv
+
+    if sinks_job is None:
+        raise ValueError("the probe_sinks step reads the cell's sinks job (its sink layers "
+                         "and test half): run --step sinks first")
+    rows: dict[str, list] = {k: [] for k in PROBE_SINK_KEYS}
+    for d in range(int(tokens.shape[0])):
+        r = run_probes(view, tokens[d:d + 1], [SinkProbe()], batch_size=1,
+                       progress=False)["sinks"].to_rows()
+        for k in PROBE_SINK_KEYS:
+            rows[k].append([x[k] for x in r])
+    pr = {k: torch.tensor(v, dtype=torch.float64) for k, v in rows.items()}  # [n, L]
+    out: dict[str, Any] = {
+        "layer_ids": list(range(int(pr["cos_v0_s"].shape[1]))),
+        "per_window": {k: v.tolist() for k, v in pr.items()},
+        "probe": {k: doc_iv(v, seed=seed) for k, v in pr.items()},
+        "selection": sinks_job.get("selection"), "sink_layers": sinks_job.get("sink_layers")}
+    layers, test = sinks_job.get("sink_layers") or [], (sinks_job.get("selection") or {}).get(
+        "test_windows") or []
+    if layers and test:
+        idx, docs = torch.tensor(layers), torch.tensor(test)
+        out["pooled"] = {k: doc_iv(pr[k][docs][:, idx].mean(1), seed=seed)
+                         for k in ("cos_v0_s", "rho_star_in_0_1")}
+    return out
+
+
 STEP_FUNCS = {"sinks": step_sinks, "zero_sink": step_zero_sink,
-              "faithfulness": step_faithfulness, "pod": step_pod}
+              "faithfulness": step_faithfulness, "pod": step_pod,
+              "probe_sinks": step_probe_sinks}
 
 
 # ------------------------------------------------------------------------------ runner
@@ -228,7 +271,16 @@ def run_job(view: Any, tok: Any, out: Path, data_dir: Path, model: str, step: st
     n, T = conf["n"], conf["length"]
     t0 = time.perf_counter()
     tokens = cell_windows(data_dir, tok, cell, n, T)
-    kw = {"tok": tok, "has_start": cell.first != "none"} if step == "pod" else {}
+    kw: dict[str, Any] = {"tok": tok, "has_start": cell.first != "none"} if step == "pod" else {}
+    if step == "probe_sinks":
+        sj = job_path(out, model, "sinks", cell)
+        sinks_conf = job_config(model, "sinks", cell, cfg)
+        if not is_done(sj, sinks_conf):
+            from tl_spectral_studies._common import StudyUsageError
+
+            raise StudyUsageError(f"the probe_sinks step of {cell.key} reads its sinks job "
+                             f"({sj}): run --step sinks first")
+        kw["sinks_job"] = json.loads(sj.read_text(encoding="utf-8"))
     res = STEP_FUNCS[step](view, tokens, cfg, cell.draw, **kw)
     secs = round(time.perf_counter() - t0, 2)
     write_atomic(path, {"config": conf, "config_hash": config_hash(conf), "seconds": secs,

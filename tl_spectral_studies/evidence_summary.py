@@ -163,6 +163,37 @@ def depth_labels(measure_name: str) -> Callable[[dict], dict[str, tuple[str, dic
     return labels
 
 
+class _SinksJob:
+    """A ``probe_sinks`` job in the place of the registry's ``sinks.json`` (its
+    ``wiki_start`` setting), so a cell's label comes from the registry's own measure."""
+
+    def __init__(self, job: Mapping[str, Any]):
+        self._s = {"layer_ids": job["layer_ids"], "n_docs": int(job["config"]["n"]),
+                   "settings": {"wiki_start": {"probe": job["probe"],
+                                               "pooled": job.get("pooled") or {},
+                                               "selection": job.get("selection") or {}}}}
+
+    def json(self, name: str) -> Mapping[str, Any] | None:
+        return self._s if name == "sinks" else None
+
+
+def probe_labels(measure_name: str, pooled_key: str = ""
+                 ) -> Callable[[dict], dict[str, tuple[str, dict | None]]]:
+    """``{"": (label, interval or None)}`` of a ``probe_sinks`` job by the registry's measure
+    ``tl_spectral_studies.claims.seed003.<measure_name>``; a claim pooled over the sink layers
+    (``pooled_key``) is "not tested" in a cell that selected none."""
+    def labels(job: dict) -> dict[str, tuple[str, dict | None]]:
+        from tl_spectral_studies.claims import seed003
+
+        if pooled_key and not (job.get("pooled") or {}).get(pooled_key):
+            return {"": (rules.NOT_TESTED, None)}
+        meas = getattr(seed003, measure_name)(_SinksJob(job))
+        iv = None if meas.interval is None else {
+            "estimate": meas.estimate, "low": meas.interval[0], "high": meas.interval[1]}
+        return {"": (meas.label, iv)}
+    return labels
+
+
 PANEL_CLAIMS = (
     PanelClaim("A.bands", "pod", "fine scales early, coarse late: E fine − E coarse over the "
                "first and the last third of the stack (paper cut-offs a ≤ 7, a ≥ 20)",
@@ -186,6 +217,21 @@ PANEL_CLAIMS = (
                lambda job: {}, lambda iv: rules.NOT_TESTED,
                "each factor by the sign rule (norm ratio < 1; cosine factor < 0), then "
                + rules.STEPS_RULE, labels=split_labels),
+    PanelClaim("C.anti", "probe_sinks", "cos(ṽ_0, s_i) < 0 per layer (library SinkProbe, "
+               "every window), then over layers", lambda job: {}, lambda iv: rules.NOT_TESTED,
+               "the sign rule in each layer, then over layers", labels=probe_labels("anti")),
+    PanelClaim("C.rho", "probe_sinks", "the share of queries with 0 < ρ* < 1, pooled over the "
+               "sink layers (test half), above a majority", lambda job: {},
+               lambda iv: rules.NOT_TESTED, "sign rule against the majority share, above",
+               labels=probe_labels("rho", "rho_star_in_0_1"), n_windows="test_windows"),
+    PanelClaim("C.cone", "probe_sinks", "Δcos(o, s̄) > 0 per layer when the sink's value is "
+               "zeroed (library SinkProbe, every window), then over layers", lambda job: {},
+               lambda iv: rules.NOT_TESTED, "the sign rule in each layer, then over layers",
+               labels=probe_labels("cone")),
+    PanelClaim("C.norm", "probe_sinks", "Δ‖o‖/‖o‖ > 0 per layer when the sink's value is "
+               "zeroed (library SinkProbe, every window), then over layers", lambda job: {},
+               lambda iv: rules.NOT_TESTED, "the sign rule in each layer, then over layers",
+               labels=probe_labels("norm")),
     # not the registry's C.cone (per layer, library probe): its own id, as C.norm.pooled
     PanelClaim("C.cone.pooled", "sinks", "zeroing the sink's value raises cos(o, s̄) "
                "(pooled over the sink layers, test half)", _pooled("cone_change"),
@@ -260,6 +306,10 @@ def _n(job: dict, claim: PanelClaim) -> int:
     """The windows behind the cell's interval (the test half for pooled sink numbers)."""
     if claim.step == "pod":
         return int(job["n_docs"])
+    if claim.step == "probe_sinks" and claim.id != "C.rho":  # per layer over every window
+        return int(job["config"]["n"])
+    if claim.step == "probe_sinks":
+        return len((job.get("selection") or {}).get("test_windows") or [])
     if claim.step == "sinks":
         return len((job.get("selection") or {}).get(claim.n_windows) or [])
     return int(job["config"]["n"])

@@ -322,20 +322,21 @@ claim(Claim("C.little", f"{P} §3.2", "C.4",
             panel="C.little"))
 claim(Claim("C.anti", f"{P} §3.2–3.3", "C.4", "the sink's value is anti-aligned with the "
             "mean output of the other tokens, cos(ṽ_0, s_i) < 0",
-            LAYERS_RULE + " (claim: cos < 0)", anti, no_interval=LAYERS_COUNT))
+            LAYERS_RULE + " (claim: cos < 0)", anti, no_interval=LAYERS_COUNT, panel="C.anti"))
 claim(Claim("C.rho", f"{P} §3.3", "C.4", "the optimal sink rate ρ* lies below 1 (0 < ρ* < 1)",
             f"sign rule on the share of queries with 0 < ρ* < 1 against {RHO_SHARE} (a "
-            "majority); without an interval, a descriptive count over layers", rho))
+            "majority); without an interval, a descriptive count over layers", rho,
+            panel="C.rho"))
 claim(Claim("C.zero_ppl", f"{P} §3.3", "C.4", "removing the sink's value raises perplexity",
             "sign rule against 0 (relative change, paired over windows)", zero_ppl,
             panel="C.zero_ppl"))
 claim(Claim("C.cone", f"{P} §3.3", "C.4", "without the sink, outputs collapse into the "
             "semantic cone: cos(o_i, s̄_i) rises when the sink's value is zeroed",
             LAYERS_RULE + " (claim: Δcos(o, s̄) > 0, the SinkProbe's delta_cos)", cone,
-            no_interval=LAYERS_COUNT, panel_apart="C.cone.pooled"))
+            no_interval=LAYERS_COUNT, panel="C.cone", panel_apart="C.cone.pooled"))
 claim(Claim("C.norm", f"{P} §3.3", "C.4", "sinks suppress the output norm: zeroing the "
             "sink's value raises ‖o‖", LAYERS_RULE + " (claim: Δ‖o‖/‖o‖ > 0)", norm,
-            no_interval=LAYERS_COUNT, panel_apart="C.norm.pooled"))
+            no_interval=LAYERS_COUNT, panel="C.norm", panel_apart="C.norm.pooled"))
 claim(Claim("C.split", f"{P} §3.2", "C.1", "the sink's small contribution comes from its "
             "value norm and its direction", "each factor by the sign rule (norm ratio < 1; "
             "cosine below the other tokens' by α-weighted mean), then " + rules.STEPS_RULE,
