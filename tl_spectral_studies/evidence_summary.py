@@ -421,10 +421,10 @@ def run_times(out: Path, model: str) -> dict:
     minutes spent so far and the minutes left at the median job's time."""
     import statistics
 
-    from tl_spectral_studies.evidence_panel import panel
+    from tl_spectral_studies.evidence_panel import STEPS, panel
 
     steps: dict[str, Any] = {}
-    for step in ("sinks", "zero_sink", "faithfulness"):
+    for step in STEPS:
         jobs = [j for j in load_jobs(out, model, step) if "seconds" in j]
         cells = len(panel(model, step))
         secs = sorted(float(j["seconds"]) for j in jobs)
