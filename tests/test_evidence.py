@@ -407,3 +407,17 @@ def test_probe_sinks_job_reads_its_sinks_job_and_labels_by_the_registry(tiny, tm
         assert rho["label"] == rules.NOT_TESTED
     c = catalog.all_claims()
     assert all(c[x].panel == x for x in ("C.anti", "C.rho", "C.cone", "C.norm"))
+
+
+def test_a_count_over_layers_carries_its_largest_layer_mde():
+    """C.anti's cell (a count over layers) has no interval; its MDE is the largest of its
+    layers' MDEs, computed here from the stored per-layer intervals."""
+    lay = [{"estimate": -0.2, "low": -0.3, "high": -0.1}, {"estimate": 0.1, "low": -0.1,
+                                                            "high": 0.3}]
+    job = {"layer_ids": [0, 1], "config": {"n": 8}, "selection": {}, "pooled": {},
+           "probe": {k: {s: [x[s] for x in lay] for s in ("estimate", "low", "high")}
+                     for k in ("cos_v0_s", "rho_star_in_0_1", "rel_delta_norm", "delta_cos")}}
+    lab, cell = es.probe_labels("anti")(job)[""]
+    assert lab == rules.over_layers([rules.REPRODUCED, rules.NOT_DISTINGUISHABLE])
+    assert cell["layer_mde"] == pytest.approx(max(rules.mde(x) for x in lay))
+    assert es.probe_labels("rho", "rho_star_in_0_1")(job)[""] == (rules.NOT_TESTED, None)

@@ -188,10 +188,20 @@ def probe_labels(measure_name: str, pooled_key: str = ""
         if pooled_key and not (job.get("pooled") or {}).get(pooled_key):
             return {"": (rules.NOT_TESTED, None)}
         meas = getattr(seed003, measure_name)(_SinksJob(job))
-        iv = None if meas.interval is None else {
-            "estimate": meas.estimate, "low": meas.interval[0], "high": meas.interval[1]}
-        return {"": (meas.label, iv)}
+        if meas.interval is not None:
+            return {"": (meas.label, {"estimate": meas.estimate, "low": meas.interval[0],
+                                      "high": meas.interval[1]})}
+        # a count over layers: no interval of its own; the smallest effect each layer's
+        # interval could detect, the largest over the layers
+        p = job["probe"][PROBE_KEY[measure_name]]
+        return {"": (meas.label, {"layer_mde": max(rules.mde(
+            {"low": lo, "high": hi}) for lo, hi in zip(p["low"], p["high"]))})}
     return labels
+
+
+PROBE_KEY = {"anti": "cos_v0_s", "rho": "rho_star_in_0_1", "cone": "delta_cos",
+             "norm": "rel_delta_norm"}
+"""The SinkProbe quantity each of the registry's per-layer measures reads."""
 
 
 PANEL_CLAIMS = (
@@ -288,7 +298,9 @@ def _cell_row(job: dict, claim: PanelClaim, variant: str, label: str, iv: Mappin
     if claim.variant_factor:
         factors[claim.variant_factor] = variant
     row: dict[str, Any] = {"factors": factors, "n": _n(job, claim), "label": label}
-    if iv is not None and "count" in iv:  # a count over layers: no interval
+    if iv is not None and "layer_mde" in iv:  # a count over layers, each its own interval
+        row["mde"] = float(iv["layer_mde"])
+    elif iv is not None and "count" in iv:  # a count over layers: no interval
         row["count"] = int(iv["count"])
     elif iv is not None and "steps" in iv:  # a claim of several steps: each its own interval
         steps = [dict(st, mde=rules.mde(st)) if "low" in st else dict(st) for st in iv["steps"]]

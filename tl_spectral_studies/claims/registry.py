@@ -385,10 +385,14 @@ def panel_record(c: Claim, res: Results, pv: rules.PanelVerdict) -> Record:
     else:
         parts.append("the cells hold labels only (no interval in the summary)")
     parts.append(", ".join(f"{w} in {k}" for w, k in pv.counts))
+    steps = any("steps" in x for x in cells)
     note = ("interval: the lowest cell low to the highest cell high (an envelope, not one "
             "95% interval); MDE: the largest cell MDE; n: per cell" if pv.interval else
             "no interval for the claim: every step of every cell has its own; MDE: the largest "
-            "step MDE over the cells; n: per cell" if pv.mde is not None else
+            "step MDE over the cells; n: per cell" if pv.mde is not None and steps else
+            "no interval for the claim: a count over layers, each layer by its own interval; "
+            "MDE: the largest per-layer MDE over the cells; n: per cell" if pv.mde is not None
+            else
             f"no interval: {c.no_interval} (per cell)" if c.no_interval else
             "no interval: the panel's cells carry labels only")
     prov = {"command": f"tl-spectral study evidence --model {g.get('model', m.key)} "
