@@ -130,6 +130,17 @@ def test_a_claim_the_panel_lacks_has_one_framing(tmp_path):
     assert r.sensitivity.startswith("not tested: one framing")
 
 
+def test_a_panel_of_layer_counts_names_its_counts_and_largest_layer_mde(tmp_path):
+    cells = [{"factors": {"draw": d}, "label": rules.MIXED, "n": 64, "mde": m, "holds": h,
+              "reversed": r, "layers": 30} for d, m, h, r in ((0, 0.05, 11, 17), (1, 0.09, 15,
+                                                                                   15))]
+    _write(tmp_path, {"X.1": _entry(cells, 2)})
+    r = _evaluate(tmp_path, registry.Claim("X.1", "p", "C.0", "w", "r", _study, panel="X.1"))
+    assert "holds in 11 to 15 of 30 layers and is reversed in 15 to 17" in r.number
+    assert r.mde == pytest.approx(0.09) and r.interval is None and "no interval" in r.note
+    assert r.label == rules.MIXED and r.sensitivity == rules.ROBUST
+
+
 def test_a_record_of_the_weights_alone_has_no_framing(tmp_path):
     """A measure that reads routing.json only (the weights) is neither robust nor one
     framing; one that also reads a data file is one framing."""

@@ -420,4 +420,7 @@ def test_a_count_over_layers_carries_its_largest_layer_mde():
     lab, cell = es.probe_labels("anti")(job)[""]
     assert lab == rules.over_layers([rules.REPRODUCED, rules.NOT_DISTINGUISHABLE])
     assert cell["layer_mde"] == pytest.approx(max(rules.mde(x) for x in lay))
+    assert (cell["holds"], cell["reversed"], cell["layers"]) == (1, 0, 2)
+    lab, cell = es.probe_labels("norm")(job)[""]  # Δ‖o‖ > 0 claimed: layer 0 reversed
+    assert (cell["holds"], cell["reversed"]) == (0, 1) and lab == rules.NOT_REPRODUCED
     assert es.probe_labels("rho", "rho_star_in_0_1")(job)[""] == (rules.NOT_TESTED, None)

@@ -194,8 +194,13 @@ def probe_labels(measure_name: str, pooled_key: str = ""
         # a count over layers: no interval of its own; the smallest effect each layer's
         # interval could detect, the largest over the layers
         p = job["probe"][PROBE_KEY[measure_name]]
-        return {"": (meas.label, {"layer_mde": max(rules.mde(
-            {"low": lo, "high": hi}) for lo, hi in zip(p["low"], p["high"]))})}
+        ivs = [{"estimate": e, "low": lo, "high": hi}
+               for e, lo, hi in zip(p["estimate"], p["low"], p["high"])]
+        per = [rules.sign(iv, 0.0, above=measure_name != "anti") for iv in ivs]
+        return {"": (meas.label, {"layer_mde": max(rules.mde(iv) for iv in ivs),
+                                  "holds": per.count(rules.REPRODUCED),
+                                  "reversed": per.count(rules.NOT_REPRODUCED),
+                                  "layers": len(per)})}
     return labels
 
 
@@ -300,6 +305,7 @@ def _cell_row(job: dict, claim: PanelClaim, variant: str, label: str, iv: Mappin
     row: dict[str, Any] = {"factors": factors, "n": _n(job, claim), "label": label}
     if iv is not None and "layer_mde" in iv:  # a count over layers, each its own interval
         row["mde"] = float(iv["layer_mde"])
+        row.update({k: int(iv[k]) for k in ("holds", "reversed", "layers") if k in iv})
     elif iv is not None and "count" in iv:  # a count over layers: no interval
         row["count"] = int(iv["count"])
     elif iv is not None and "steps" in iv:  # a claim of several steps: each its own interval

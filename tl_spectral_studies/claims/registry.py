@@ -360,6 +360,11 @@ def _apart_note(c: Claim, res: Results) -> str:
                if pv.estimates else ""))
 
 
+def _span(xs: list[int]) -> str:
+    """``"3"`` or ``"3 to 5"``: the range of counts over the cells."""
+    return str(min(xs)) if min(xs) == max(xs) else f"{min(xs)} to {max(xs)}"
+
+
 def _g(x: float) -> str:
     return f"{x:.3g}"
 
@@ -379,6 +384,12 @@ def panel_record(c: Claim, res: Results, pv: rules.PanelVerdict) -> Record:
     elif any("count" in c for c in cells):
         k = [int(c["count"]) for c in cells if "count" in c]
         parts.append(f"layers selected per cell: {min(k)} to {max(k)}")
+    elif any("holds" in c for c in cells):
+        h = [int(c["holds"]) for c in cells if "holds" in c]
+        r = [int(c["reversed"]) for c in cells if "reversed" in c]
+        L = max(int(c["layers"]) for c in cells if "layers" in c)
+        parts.append(f"per cell the claim holds in {_span(h)} of {L} layers and is reversed "
+                     f"in {_span(r)} (each layer by its own interval)")
     elif any("steps" in c for c in cells):
         parts.append("each cell's label from its steps, each step with its own interval "
                      "(in the summary)")
