@@ -274,9 +274,10 @@ def test_a_wrong_layer_list_in_checked_prose_fails_the_check(tmp_path):
 
     recs = catalog.records(ROOT)
     text = (ROOT / "docs" / "real_decoder.md").read_text(encoding="utf-8")
-    assert "<!-- check: C.anti smollm2-135m -->" in text
+    assert "<!-- check: B.inversion.layer smollm2-135m -->" in text
     assert render.check_prose(text, recs) == []
-    bad = text.replace("reversed in layers 0–8, 24 and 27–29", "reversed in layers 24 and 27–29")
+    bad = text.replace("holds in layers 12, 17–20, 22–23 and 27 (8 of 30)",
+                       "holds in layers 12, 17–20 and 27 (8 of 30)")
     assert bad != text
     assert any("layer list" in p for p in render.check_prose(bad, recs))
     bad2 = text.replace("holds in layers 12, 17–20, 22–23 and 27 (8 of 30): partly",
@@ -286,7 +287,7 @@ def test_a_wrong_layer_list_in_checked_prose_fails_the_check(tmp_path):
     root = tmp_path / "repo"
     shutil.copytree(ROOT / "docs", root / "docs")
     (root / "docs" / "real_decoder.md").write_text(bad, encoding="utf-8")
-    assert any("C.anti" in p for p in doc_tables.prose_differences(root))
+    assert any("B.inversion.layer" in p for p in doc_tables.prose_differences(root))
 
 
 def test_a_changed_number_in_checked_prose_fails():

@@ -77,6 +77,9 @@ class Claim:
     no_interval: str = ""
     """Why the record has no single interval (a count over layers, a check), said in its
     note."""
+    caveat: str = ""
+    """A caveat of the claim's measure whatever sample reads it (e.g. cut-offs that are a
+    choice): added to a panel record's note (a study's measurement states its own)."""
 
     def __post_init__(self) -> None:
         if self.applies_to != ALL and not self.not_comparable:
@@ -406,6 +409,8 @@ def panel_record(c: Claim, res: Results, pv: rules.PanelVerdict) -> Record:
             else
             f"no interval: {c.no_interval} (per cell)" if c.no_interval else
             "no interval: the panel's cells carry labels only")
+    if c.caveat:
+        note += f"; {c.caveat}"
     prov = {"command": f"tl-spectral study evidence --model {g.get('model', m.key)} "
                        "--data-dir ../shared/data --out docs/results/real_decoder/evidence",
             "results": m.evidence,

@@ -164,7 +164,7 @@ claim(Claim("A.bands", P, "A.4", "fine scales (a ≤ 7) early, coarse (a ≥ 20)
             "two steps by the sign rule on E fine − E coarse averaged over thirds of the "
             f"stack ({THIRDS}; the pod-depth study's field with the key-0 column) — first "
             "third fine > coarse, last third coarse > fine — then " + rules.STEPS_RULE + "; "
-            + BAND_NOTE, bands, panel="A.bands"))
+            + BAND_NOTE, bands, panel="A.bands", caveat=BAND_NOTE))
 claim(Claim("A.hstar", P, "A.8", "H*(0.1) higher early than late (paper: > 150 vs ≈ 91 at "
             "N = 150)", "sign rule on H* of the last third − H* of the first third of the "
             f"stack ({THIRDS}; jackknife interval, the pod-depth study's field with the key-0 "
