@@ -227,12 +227,17 @@ def test_every_real_decoder_record_has_its_evidence():
 
 def test_norm_is_kept_apart_from_the_pooled_panel_claim():
     """C.norm (per layer, the library probe) and the panel's C.norm.pooled (pooled over the
-    sink layers, brute force) are different measures: the panel never labels C.norm."""
-    r = {x.claim: x for x in catalog.records(ROOT) if x.model == "smollm2-135m"}["C.norm"]
+    sink layers, brute force) are different measures: C.norm.pooled never labels C.norm; the
+    panel's own C.norm (the probe per window, probe_sinks) does."""
+    m = catalog.MODELS["smollm2-135m"]
+    summary = json.loads((ROOT / m.evidence).read_text())["claims"]
+    r = {x.claim: x for x in catalog.records(ROOT) if x.model == m.key}["C.norm"]
+    assert r.cells == len(summary["C.norm"]["cells"])  # the probe panel's, not the pooled
+    assert "holds in" in r.number and "cell estimates" not in r.number
+    one = dataclasses.replace(m, evidence=None)  # without a panel: one framing
+    r = {x.claim: x for x in catalog.records(ROOT, {one.key: one})}["C.norm"]
     assert r.cells is None and r.sensitivity.startswith("not tested: one framing")
-    summary = ROOT / catalog.MODELS["smollm2-135m"].evidence
-    if "C.norm.pooled" in json.loads(summary.read_text())["claims"]:
-        assert "C.norm.pooled is another measure" in r.note
+    assert catalog.all_claims()["C.norm"].panel_apart == "C.norm.pooled"
 
 
 # ------------------------------------------------------------------ depth thirds

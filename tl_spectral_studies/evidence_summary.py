@@ -96,6 +96,9 @@ def hierarchy_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, dict]]:
     diff = faith_differences(job, seed=int(job["config"]["draw"]))
     out = {}
     for si, name in enumerate(job["settings"]):
+        # the faithfulness probe's one-layer setting is the middle layer (n_layers // 2:
+        # SmolLM2's 15, Gemma-3's 9): one claim across models, named by its role
+        name = "middle layer" if name.startswith("layer ") else name
         for kind, kn in ((0, "comprehensiveness"), (1, "sufficiency")):
             st = hierarchy_steps(diff, job.get("aliases", {}), si, kind)
             out[f"{kn}, {name}"] = (rules.steps([lb for _, lb, _ in st]), {"steps": [

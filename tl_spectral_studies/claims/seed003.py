@@ -353,10 +353,12 @@ claim(Claim("C.puzzle", "issue 26", "C.1", "without a start token, position 0 dr
             no_interval="a numerical check (the largest absolute difference, probe − brute "
             "force) against a tolerance of 1e-3, not an estimate"))
 for _k, _kn in ((0, "comprehensiveness"), (1, "sufficiency")):
-    for _s, _sn in (("alllayers", "all layers"), ("layer15", "layer 15")):
+    for _s, _sn, _words in (("alllayers", "all layers", "all layers"),
+                            ("layer15", "middle layer", "the middle layer: SmolLM2's 15, "
+                             "Gemma-3's 9")):
         claim(Claim(f"C.hierarchy.{_kn[:4]}.{_s}", f"{P} §3.1", "C.3",
                     "faithfulness hierarchy attention < value-weighted < output-normalized < "
-                    f"contribution ({_kn}, {_sn})",
+                    f"contribution ({_kn}, {_words})",
                     "every step by the sign rule on the area difference (comprehensiveness: "
                     "above 0; sufficiency: below 0), then " + rules.STEPS_RULE
                     + " (the step intervals: in the number column of a one-framing record, "
