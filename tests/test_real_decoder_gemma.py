@@ -224,7 +224,8 @@ def test_registry_reads_a_gemma_record(gemma, tmp_path):
         "gaussian": {"routing_fraction_delta0": 0.5, "routing_fraction_causal": 0.5,
                      "eff_rank_R_delta0": 300.0},
         "provenance": {"commit": "abc", "seeds": [0]}}))
-    m = dataclasses.replace(registry.MODELS["gemma-3-270m"], results=str(g))
+    m = dataclasses.replace(registry.MODELS["gemma-3-270m"], results=str(g),
+                             evidence=None)  # the study folder alone, not the panel
     recs = {r.claim: r for r in catalog.records(registry.ROOT, {m.key: m})}
     b = recs["B.budget.routing_fraction_delta0"]
     assert b.model == "gemma-3-270m" and b.label == "reproduced" and b.n == 72

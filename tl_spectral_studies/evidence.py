@@ -278,8 +278,8 @@ def run_job(view: Any, tok: Any, out: Path, data_dir: Path, model: str, step: st
         if not is_done(sj, sinks_conf):
             from tl_spectral_studies._common import StudyUsageError
 
-            raise StudyUsageError(f"the probe_sinks step of {cell.key} reads its sinks job "
-                             f"({sj}): run --step sinks first")
+            raise StudyUsageError(f"the probe_sinks step of {cell.key} reads its sinks "
+                                  f"job ({sj}): run --step sinks first")
         kw["sinks_job"] = json.loads(sj.read_text(encoding="utf-8"))
     res = STEP_FUNCS[step](view, tokens, cfg, cell.draw, **kw)
     secs = round(time.perf_counter() - t0, 2)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from tl_spectral_studies._common import fmt_interval
 
-
 REGISTRY_KEYS = {"smollm2-135m": "smollm2-135m", "gemma3-270m": "gemma-3-270m"}
 """The claims registry's column of each zoo model of the study."""
 GEMMA_DIR = "gemma3-270m"
