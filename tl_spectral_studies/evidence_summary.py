@@ -42,7 +42,8 @@ class PanelClaim:
     """The variants are separate claims (the registry reads each apart): the robustness is
     then per variant, never across them."""
     n_windows: str = "test_windows"
-    """For a sinks-step claim: the half of the windows behind its cells."""
+    """For a claim read from a sink selection (``sinks``, ``probe_sinks``): the half of the
+    windows behind its cells; "" for every window of the job."""
     labels: Callable[[dict], dict[str, tuple[str, Any]]] | None = None
     """Instead of ``extract``/``rule``: ``{variant: (label, interval or None)}`` of a job."""
 
@@ -85,6 +86,14 @@ def faith_differences(job: Mapping[str, Any], seed: int = 0,
     return {k: getattr(iv, k).reshape(shape).tolist() for k in ("estimate", "low", "high")}
 
 
+def _steps(st) -> dict:
+    """``{"steps": [...]}`` of ``(name, label, interval or None)`` triples (a tie by
+    construction has no interval)."""
+    return {"steps": [{"step": n, "label": lb, **({k: float(iv[k]) for k in ("estimate", "low",
+                                                                            "high")}
+                                                   if iv else {})} for n, lb, iv in st]}
+
+
 def hierarchy_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, dict]]:
     """Per (criterion, setting) of a faithfulness job, the hierarchy label by the registry's
     own steps (:func:`~tl_spectral_studies.claims.seed003.hierarchy_steps`, then
@@ -101,9 +110,7 @@ def hierarchy_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, dict]]:
         name = "middle layer" if name.startswith("layer ") else name
         for kind, kn in ((0, "comprehensiveness"), (1, "sufficiency")):
             st = hierarchy_steps(diff, job.get("aliases", {}), si, kind)
-            out[f"{kn}, {name}"] = (rules.steps([lb for _, lb, _ in st]), {"steps": [
-                {"step": n, "label": lb, **({k: float(iv[k]) for k in ("estimate", "low", "high")}
-                                          if iv else {})} for n, lb, iv in st]})
+            out[f"{kn}, {name}"] = (rules.steps([lb for _, lb, _ in st]), _steps(st))
     return out
 
 
@@ -117,9 +124,7 @@ def split_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, dict | None]]:
         return {"": (rules.NOT_TESTED, None)}
     st = [("norm factor < 1", rules.sign(r1, 1.0, above=False), r1),
           ("cosine factor < 0", rules.sign(r2, 0.0, above=False), r2)]
-    return {"": (rules.steps([lb for _, lb, _ in st]), {"steps": [
-        {"step": n, "label": lb, **{k: float(iv[k]) for k in ("estimate", "low", "high")}}
-        for n, lb, iv in st]})}
+    return {"": (rules.steps([lb for _, lb, _ in st]), _steps(st))}
 
 
 def sink_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, dict]]:
@@ -155,11 +160,8 @@ def depth_labels(measure_name: str) -> Callable[[dict], dict[str, tuple[str, dic
         if measure_name == "bands":
             c = next(x for x in job["claims"] if x["id"] == "bands.paper")["intervals"]["with"]
             st = seed000._band_label(c)[1]
-            return {"": (meas.label, {"steps": [
-                {"step": n, "label": lb, **{k: float(c[w][k]) for k in ("estimate", "low",
-                                                                         "high")}}
-                for n, lb, w in (("first third fine > coarse", st[0], "early"),
-                                 ("last third coarse > fine", st[1], "late"))]})}
+            return {"": (meas.label, _steps([("first third fine > coarse", st[0], c["early"]),
+                                              ("last third coarse > fine", st[1], c["late"])]))}
         iv = None if meas.interval is None else {
             "estimate": meas.estimate, "low": meas.interval[0], "high": meas.interval[1]}
         return {"": (meas.label, iv)}
@@ -237,7 +239,8 @@ PANEL_CLAIMS = (
                + rules.STEPS_RULE, labels=split_labels),
     PanelClaim("C.anti", "probe_sinks", "cos(ṽ_0, s_i) < 0 per layer (library SinkProbe, "
                "every window), then over layers", lambda job: {}, lambda iv: rules.NOT_TESTED,
-               "the sign rule in each layer, then over layers", labels=probe_labels("anti")),
+               "the sign rule in each layer, then over layers", labels=probe_labels("anti"),
+               n_windows=""),
     PanelClaim("C.rho", "probe_sinks", "the share of queries with 0 < ρ* < 1, pooled over the "
                "sink layers (test half), above a majority", lambda job: {},
                lambda iv: rules.NOT_TESTED, "sign rule against the majority share, above",
@@ -245,11 +248,11 @@ PANEL_CLAIMS = (
     PanelClaim("C.cone", "probe_sinks", "Δcos(o, s̄) > 0 per layer when the sink's value is "
                "zeroed (library SinkProbe, every window), then over layers", lambda job: {},
                lambda iv: rules.NOT_TESTED, "the sign rule in each layer, then over layers",
-               labels=probe_labels("cone")),
+               labels=probe_labels("cone"), n_windows=""),
     PanelClaim("C.norm", "probe_sinks", "Δ‖o‖/‖o‖ > 0 per layer when the sink's value is "
                "zeroed (library SinkProbe, every window), then over layers", lambda job: {},
                lambda iv: rules.NOT_TESTED, "the sign rule in each layer, then over layers",
-               labels=probe_labels("norm")),
+               labels=probe_labels("norm"), n_windows=""),
     # not the registry's C.cone (per layer, library probe): its own id, as C.norm.pooled
     PanelClaim("C.cone.pooled", "sinks", "zeroing the sink's value raises cos(o, s̄) "
                "(pooled over the sink layers, test half)", _pooled("cone_change"),
@@ -327,11 +330,7 @@ def _n(job: dict, claim: PanelClaim) -> int:
     """The windows behind the cell's interval (the test half for pooled sink numbers)."""
     if claim.step == "pod":
         return int(job["n_docs"])
-    if claim.step == "probe_sinks" and claim.id != "C.rho":  # per layer over every window
-        return int(job["config"]["n"])
-    if claim.step == "probe_sinks":
-        return len((job.get("selection") or {}).get("test_windows") or [])
-    if claim.step == "sinks":
+    if claim.step in ("sinks", "probe_sinks") and claim.n_windows:
         return len((job.get("selection") or {}).get(claim.n_windows) or [])
     return int(job["config"]["n"])
 
