@@ -424,3 +424,91 @@ def test_a_count_over_layers_carries_its_largest_layer_mde():
     lab, cell = es.probe_labels("norm")(job)[""]  # Δ‖o‖ > 0 claimed: layer 0 reversed
     assert (cell["holds"], cell["reversed"]) == (0, 1) and lab == rules.NOT_REPRODUCED
     assert es.probe_labels("rho", "rho_star_in_0_1")(job)[""] == (rules.NOT_TESTED, None)
+
+
+def test_interventions_job_reuses_the_clean_nll_and_labels_by_the_registry(tiny, tmp_path,
+                                                                          monkeypatch):
+    """The interventions step: its clean NLL is the zero_sink job's (checked: a job of other
+    windows is refused), the linearization stops at the first collapse or k = 3, every stored
+    interval follows from the stored per-window NLL, and the cells carry the registry's
+    labels, re-derived here from the stored intervals by the rules module."""
+    from transformers import LlamaForCausalLM
+
+    from tl_spectral_studies.claims import catalog
+    from tl_spectral_studies.claims.seed002 import CHEAP, PAPER_COLLAPSE_K
+
+    folder, model, tok, data = tiny
+    hf = LlamaForCausalLM.from_pretrained(str(folder), attn_implementation="eager").eval()
+    monkeypatch.setitem(ev.FIRST_TOKENS, "tiny", ("none", "<pad>"))
+    cell = ev.Cell("<pad>", "wiki", 1)
+    cfg = {"windows": 4, "length": 12}
+    kw = {"cells": [cell], "cfg": cfg, "loaded": (model, tok), "log": lambda s: None, "hf": hf}
+    ev.run("tiny", tmp_path, data, steps=("zero_sink", "interventions"), **kw)
+    job = json.loads(ev.job_path(tmp_path, "tiny", "interventions", cell).read_text())
+    zs = json.loads(ev.job_path(tmp_path, "tiny", "zero_sink", cell).read_text())
+    assert job["clean_from"] == "zero_sink" and job["nll_clean"] == zs["nll_clean"]
+    lin = job["linearization"]
+    assert [r["k"] for r in lin] == list(range(1, len(lin) + 1)) and len(lin) <= 3
+    assert all(r["low"] < rules.CATASTROPHIC_REL for r in lin[:-1])  # stopped at the first
+    if len(lin) < 3:
+        assert lin[-1]["low"] >= rules.CATASTROPHIC_REL
+    clean = torch.tensor(job["nll_clean"], dtype=torch.float64)
+    n_pred = 4 * 11
+    for r in lin:
+        assert r["estimate"] == pytest.approx(
+            math.exp((sum(r["nll"]) - float(clean.sum())) / n_pred) - 1, rel=1e-9)
+    a = job["removal"]["all layers"]
+    d = a["log_ppl_routing_removed_minus_filtering_removed"]
+    assert d["estimate"] == pytest.approx(
+        (sum(a["nll_keep_filtering"]) - sum(a["nll_keep_routing"])) / n_pred, rel=1e-9)
+    s = es.summarize(tmp_path, "tiny")["claims"]
+    k = rules.first_collapse({r["k"]: r for r in lin})
+    want = (rules.REPRODUCED if k == PAPER_COLLAPSE_K else rules.NOT_REPRODUCED)
+    assert rules.base(s["B.collapse3"]["cells"][0]["label"]) == want
+    if k is None:
+        assert s["B.collapse3"]["cells"][0]["label"].endswith(f"no collapse up to k = {len(lin)}")
+    st = [rules.sign(d, 0.0, above=False), rules.sign(a["keep_filtering"], CHEAP, above=False)]
+    cellrow = s["B.inversion"]["cells"][0]
+    assert cellrow["label"] == rules.steps(st) and cellrow["n"] == 4
+    assert [x["label"] for x in cellrow["steps"]] == st
+    assert cellrow["mde"] == pytest.approx(max(rules.mde(d), rules.mde(a["keep_filtering"])))
+    c = catalog.all_claims()
+    assert c["B.collapse3"].panel == "B.collapse3" and c["B.inversion"].panel == "B.inversion"
+    # a zero_sink job of other windows: refused, one line naming the step to rerun
+    other = ev.Cell("<pad>", "wiki", 2)
+    ev.run("tiny", tmp_path, data, steps=("zero_sink",), **{**kw, "cells": [other]})
+    zp = ev.job_path(tmp_path, "tiny", "zero_sink", other)
+    bad = json.loads(zp.read_text())
+    bad["nll_clean"] = [x + 1.0 for x in bad["nll_clean"]]
+    ev.write_atomic(zp, bad)
+    with pytest.raises(ValueError, match="rerun --step zero_sink"):
+        ev.run("tiny", tmp_path, data, steps=("interventions",), **{**kw, "cells": [other]})
+
+
+def test_interventions_linearize_up_to_the_first_collapse(tiny, monkeypatch):
+    """With the NLL of k linearized layers doubling the PPL from k = 2 on, the step runs
+    k = 1, 2 and stops (k = 3 is never computed); without a collapse it stops at k = 3."""
+    from transformers import LlamaForCausalLM
+
+    from tl_spectral_studies import real_decoder_ops
+
+    folder, model, _, _ = tiny
+    hf = LlamaForCausalLM.from_pretrained(str(folder), attn_implementation="eager").eval()
+    toks = torch.randint(1, 60, (6, 9))
+    for jump, want in ((2, [1, 2]), (None, [1, 2, 3])):
+        asked = []
+
+        def fake(hf_, tokens, modes=None, *, batch_size=8, _jump=jump):
+            k = sum(1 for m in (modes or {}).values() if m == "linear")
+            if k:
+                asked.append(k)
+            base = torch.arange(1, tokens.shape[0] + 1, dtype=torch.float64) * 10.0
+            grow = 8.0 * (tokens.shape[1] - 1) if _jump is not None and k >= _jump else 0.0
+            return base + grow + 0.01 * torch.arange(tokens.shape[0]) * k
+
+        monkeypatch.setattr(real_decoder_ops, "window_nll", fake)
+        job = ev.step_interventions(None, toks, {}, 0, hf=hf)
+        assert [r["k"] for r in job["linearization"]] == want
+        # one linearized pass per k (the tiny model has 2 layers: k = 3 linearizes both), none
+        # beyond the first collapse
+        assert asked == [min(k, 2) for k in want]

@@ -28,6 +28,11 @@ run resumes where it stopped. Steps (:data:`STEPS`):
 * ``probe_sinks``: the library's ``SinkProbe`` per window on the ``sinks`` job's windows
   (its layers and halves): the per-layer cos(ṽ_0, s), ρ*, Δ‖o‖/‖o‖ and Δcos(o, s̄) that
   the registry's C.anti, C.rho, C.norm and C.cone read;
+* ``interventions``: seed 002's B.collapse3 and B.inversion (every layer at once) on the
+  cell's windows, attention recomputed in the Hugging Face model: the leading k ≤ 3 layers
+  linearized (up to the first collapse) and routing or filtering removed, per-window NLL
+  stored (the one-layer-at-a-time inversion, B.inversion.layer, stays one framing: two
+  passes per layer);
 * ``pod``: the scale POD by thirds of the stack (the pod-depth study's analysis: H*, T_spec
   and the band energies of the first and last thirds, with and without the key-0 column) on
   N = 150 windows of the pod-depth study's T per model.
@@ -254,16 +259,69 @@ def step_probe_sinks(view: Any, tokens: torch.Tensor, cfg: dict, seed: int, *,
     return out
 
 
+INT_KS = (1, 2, 3)
+"""Linearization depths of the ``interventions`` step: B.collapse3's label needs only whether
+the first collapsing k is 3, so the step stops at the first k whose interval's lower end
+reaches +100% (:func:`~tl_spectral_studies.claims.rules.first_collapse`); no collapse up to 3
+is "not reproduced" as well."""
+
+
+def step_interventions(view: Any, tokens: torch.Tensor, cfg: dict, seed: int, *, hf: Any,
+                       zero_sink_job: dict | None = None) -> dict:
+    """Seed 002's interventions on the cell's windows, as the real-decoder study computes them
+    (:func:`tl_spectral_studies.real_decoder.run_interventions`, the attention recomputed in
+    the Hugging Face model): the leading k layers linearized (k in :data:`INT_KS`, up to the
+    first collapse) and routing or filtering removed in every layer at once (B.collapse3,
+    B.inversion). ``hf``: the plain Hugging Face decoder of ``view``'s model
+    (:func:`~tl_spectral_studies.real_decoder_ops.load_hf`; the bridge's own modules cannot be
+    patched). The clean NLL is the cell's ``zero_sink`` job's (the same windows) when given,
+    after the first batch is recomputed and found equal."""
+    import functools
+
+    from tl_spectral_studies.claims.rules import first_collapse
+    from tl_spectral_studies.real_decoder import nll_batch, removal_row
+    from tl_spectral_studies.real_decoder_ops import hf_of, relative_ppl_change
+    from tl_spectral_studies.real_decoder_ops import window_nll as hf_nll
+
+    hf = hf_of(hf)
+    n, T = int(tokens.shape[0]), int(tokens.shape[1])
+    L = len(hf.model.layers)
+    nll_fn = functools.partial(hf_nll, batch_size=nll_batch(hf, T))
+    if zero_sink_job is not None:
+        clean = torch.tensor(zero_sink_job["nll_clean"], dtype=torch.float64)
+        b = min(n, nll_batch(hf, T))
+        check = nll_fn(hf, tokens[:b])
+        if clean.shape[0] != n or not torch.allclose(check, clean[:b], rtol=1e-4):
+            raise ValueError("the cell's zero_sink job has other windows or another model "
+                             "(its clean NLL differs): rerun --step zero_sink")
+    else:
+        clean = nll_fn(hf, tokens)
+    out: dict[str, Any] = {"n_pred": T - 1, "nll_clean": clean.tolist(),
+                           "clean_from": "zero_sink" if zero_sink_job is not None else "here"}
+    lin: list[dict] = []
+    for k in INT_KS:
+        nll = nll_fn(hf, tokens, {li: "linear" for li in range(min(k, L))})
+        lin.append({"k": k, **relative_ppl_change(clean, nll, T - 1, seed=seed),
+                    "nll": nll.tolist()})
+        if first_collapse({r["k"]: r for r in lin}) is not None:
+            break
+    out["linearization"] = lin
+    out["removal"] = {"all layers": removal_row(hf, tokens, clean, list(range(L)), nll_fn,
+                                                seed, per_window=True)}
+    return out
+
+
 STEP_FUNCS = {"sinks": step_sinks, "zero_sink": step_zero_sink,
               "faithfulness": step_faithfulness, "pod": step_pod,
-              "probe_sinks": step_probe_sinks}
+              "probe_sinks": step_probe_sinks, "interventions": step_interventions}
 
 
 # ------------------------------------------------------------------------------ runner
 def run_job(view: Any, tok: Any, out: Path, data_dir: Path, model: str, step: str, cell: Cell,
-            cfg: dict, provenance: dict) -> tuple[Path, bool, float]:
+            cfg: dict, provenance: dict, get_hf: Any = None) -> tuple[Path, bool, float]:
     """One (model, step, cell) job: skipped when its file is done with the same
-    configuration. Returns (path, ran, seconds)."""
+    configuration. Returns (path, ran, seconds). ``get_hf``: a function returning the plain
+    Hugging Face decoder the ``interventions`` step patches (called only when it runs)."""
     conf = job_config(model, step, cell, cfg)
     path = job_path(out, model, step, cell)
     if is_done(path, conf):
@@ -272,6 +330,14 @@ def run_job(view: Any, tok: Any, out: Path, data_dir: Path, model: str, step: st
     t0 = time.perf_counter()
     tokens = cell_windows(data_dir, tok, cell, n, T)
     kw: dict[str, Any] = {"tok": tok, "has_start": cell.first != "none"} if step == "pod" else {}
+    if step == "interventions":  # the clean NLL of the same windows, when already run
+        if get_hf is None:
+            raise ValueError("the interventions step needs the plain Hugging Face decoder: "
+                             "pass get_hf")
+        kw["hf"] = get_hf()
+        zj = job_path(out, model, "zero_sink", cell)
+        if is_done(zj, job_config(model, "zero_sink", cell, cfg)):
+            kw["zero_sink_job"] = json.loads(zj.read_text(encoding="utf-8"))
     if step == "probe_sinks":
         sj = job_path(out, model, "sinks", cell)
         sinks_conf = job_config(model, "sinks", cell, cfg)
@@ -290,8 +356,10 @@ def run_job(view: Any, tok: Any, out: Path, data_dir: Path, model: str, step: st
 
 def run(model_name: str, out: Path, data_dir: Path, *, steps: Sequence[str] = STEPS,
         cfg: dict | None = None, cells: Sequence[Cell] | None = None, log: Any = print,
-        loaded: tuple[Any, Any] | None = None) -> list[dict]:
-    """Run every job of ``model_name``'s panel not yet done; returns one row per job."""
+        loaded: tuple[Any, Any] | None = None, hf: Any = None) -> list[dict]:
+    """Run every job of ``model_name``'s panel not yet done; returns one row per job.
+    ``hf``: the plain Hugging Face decoder of the ``interventions`` step (default: loaded
+    once, when first needed, by :func:`~tl_spectral_studies.real_decoder_ops.load_hf`)."""
     from tl_spectral.model_view import ModelView
     from tl_spectral_studies.real_decoder import _provenance
 
@@ -304,13 +372,22 @@ def run(model_name: str, out: Path, data_dir: Path, *, steps: Sequence[str] = ST
     view = ModelView(model)
     prov = _provenance(None)
     prov["command"] = prov["command"].replace("real-decoder", "evidence")
+    held: list[Any] = [hf]
+
+    def get_hf() -> Any:
+        if held[0] is None:
+            from tl_spectral_studies.real_decoder_ops import load_hf
+
+            held[0] = load_hf(model_name)
+        return held[0]
+
     rows = []
     for step in steps:
         for cell in (cells if cells is not None else panel(model_name, step)):
             if step == "faithfulness" and cell.corpus != "wiki":
                 continue
             path, ran, secs = run_job(view, tok, Path(out), Path(data_dir), model_name, step,
-                                      cell, cfg, prov)
+                                      cell, cfg, prov, get_hf=get_hf)
             rows.append({"step": step, "cell": cell.key, "ran": ran, "seconds": secs})
             log(json.dumps(rows[-1]))
     return rows

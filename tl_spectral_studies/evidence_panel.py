@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 NAME = "evidence"
-STEPS = ("sinks", "zero_sink", "faithfulness", "pod", "probe_sinks")
+STEPS = ("sinks", "zero_sink", "faithfulness", "pod", "probe_sinks", "interventions")
 CORPORA = {"wiki": "wiki_excerpt.txt", "austen": "austen.txt"}
 DRAWS = (0, 1, 2)
 FIRST_TOKENS = {

@@ -214,6 +214,46 @@ PROBE_KEY = {"anti": "cos_v0_s", "rho": "rho_star_in_0_1", "cone": "delta_cos",
 """The SinkProbe quantity each of the registry's per-layer measures reads."""
 
 
+class _InterventionsJob:
+    """An ``interventions`` job in the place of the registry's ``interventions.json``, so a
+    cell's label comes from the registry's own measure (seed 002's ``collapse``,
+    ``inversion``)."""
+
+    def __init__(self, job: Mapping[str, Any]):
+        self._it = {"n_docs": int(job["config"]["n"]), "linearization": job["linearization"],
+                    "removal": job["removal"]}
+
+    def json(self, name: str) -> Mapping[str, Any] | None:
+        return self._it if name == "interventions" else None
+
+
+def intervention_labels(measure_name: str
+                        ) -> Callable[[dict], dict[str, tuple[str, dict | None]]]:
+    """``{"": (label, interval or steps)}`` of an ``interventions`` job by the registry's
+    measure ``tl_spectral_studies.claims.seed002.<measure_name>``. The job linearizes up to
+    its first collapse or k = 3, so "no collapse" reads "no collapse up to k = 3";
+    B.inversion keeps its two steps, each with its interval."""
+    def labels(job: dict) -> dict[str, tuple[str, dict | None]]:
+        from tl_spectral_studies.claims import seed002
+
+        meas = getattr(seed002, measure_name)(_InterventionsJob(job))
+        if measure_name == "inversion":
+            a = job["removal"]["all layers"]
+            st = seed002.inversion_steps(a)
+            return {"": (meas.label, _steps([
+                ("routing removal costs less", st[0],
+                 a["log_ppl_routing_removed_minus_filtering_removed"]),
+                (f"routing removal cheap (< +{seed002.CHEAP:.0%})", st[1],
+                 a["keep_filtering"])]))}
+        label = meas.label
+        if label.endswith("no collapse"):
+            label += f" up to k = {max(r['k'] for r in job['linearization'])}"
+        iv = None if meas.interval is None else {
+            "estimate": meas.estimate, "low": meas.interval[0], "high": meas.interval[1]}
+        return {"": (label, iv)}
+    return labels
+
+
 PANEL_CLAIMS = (
     PanelClaim("A.bands", "pod", "fine scales early, coarse late: E fine − E coarse over the "
                "first and the last third of the stack (paper cut-offs a ≤ 7, a ≥ 20)",
@@ -281,6 +321,16 @@ PANEL_CLAIMS = (
                             "excluded": job.get("exclude_self")},
                lambda iv: rules.sign(iv, 0.0, above=True), "sign rule against 0, above",
                variant_factor="sink self-attention"),
+    PanelClaim("B.collapse3", "interventions", "standard attention collapses under "
+               "linearization from layer 3: the first k whose PPL'/PPL − 1 has its lower end "
+               "at or above +100% is 3", lambda job: {}, lambda iv: rules.NOT_TESTED,
+               "collapse = the first k (linearized up to 3) whose interval's lower end is at or "
+               "above +100%; reproduced when that k is 3", labels=intervention_labels("collapse")),
+    PanelClaim("B.inversion", "interventions", "the inversion (every layer at once): removing "
+               "routing costs less than removing filtering, and is cheap", lambda job: {},
+               lambda iv: rules.NOT_TESTED, "two steps by the sign rule (log PPL(routing "
+               "removed) − log PPL(filtering removed) < 0; routing removal below +5%), then "
+               + rules.STEPS_RULE, labels=intervention_labels("inversion")),
     PanelClaim("C.hierarchy", "faithfulness", "faithfulness hierarchy attention < "
                "value-weighted < output-normalized < contribution (layer-wide ranking)",
                lambda job: {}, lambda iv: rules.NOT_TESTED,

@@ -446,23 +446,35 @@ def run_interventions(out: Path, data_dir: Path, cfg: dict, seed: int = 0) -> di
     layer_sets = {"all layers": list(range(L))}
     layer_sets.update({f"layer {li}": [li] for li in cfg["removal_layers"]})
     for label, ls in layer_sets.items():
-        row: dict[str, Any] = {}
-        nll = {}
-        for keep in ("routing", "filtering"):
-            nll[keep] = window_nll(hf, toks, {li: keep for li in ls})
-            row[f"keep_{keep}"] = relative_ppl_change(clean, nll[keep], T - 1, seed=seed)
-        # paired: log PPL(routing removed) − log PPL(filtering removed), over windows
-        from tl_spectral.analysis.bootstrap import bootstrap
-
-        diff = bootstrap(lambda idx: (nll["filtering"][idx].sum() - nll["routing"][idx].sum())
-                         / (len(idx) * (T - 1)), n, n_resamples=N_RESAMPLES, seed=seed).to_dict()
-        row["log_ppl_routing_removed_minus_filtering_removed"] = {
-            k: diff[k] for k in ("estimate", "low", "high")}
-        rem[label] = row
+        rem[label] = removal_row(hf, toks, clean, ls, window_nll, seed)
     res["removal"] = rem
     res["seconds"] = round(time.perf_counter() - t0, 1)
     _write(out / "interventions.json", res)
     return res
+
+
+def removal_row(hf: Any, toks: torch.Tensor, clean: torch.Tensor, layers: list[int],
+                window_nll: Any, seed: int, per_window: bool = False) -> dict[str, Any]:
+    """One row of the inversion (seed 002, B.4): PPL'/PPL − 1 with routing kept (filtering
+    removed) and with filtering kept (routing removed) in ``layers``, and the paired
+    log PPL(routing removed) − log PPL(filtering removed) over windows (``per_window``: the
+    windows' NLL sums of both conditions too, as ``nll_keep_routing``/``nll_keep_filtering``)."""
+    from tl_spectral.analysis.bootstrap import bootstrap
+    from tl_spectral_studies.real_decoder_ops import relative_ppl_change
+
+    n, T = int(toks.shape[0]), int(toks.shape[1])
+    row: dict[str, Any] = {}
+    nll = {}
+    for keep in ("routing", "filtering"):
+        nll[keep] = window_nll(hf, toks, {li: keep for li in layers})
+        row[f"keep_{keep}"] = relative_ppl_change(clean, nll[keep], T - 1, seed=seed)
+    diff = bootstrap(lambda idx: (nll["filtering"][idx].sum() - nll["routing"][idx].sum())
+                     / (len(idx) * (T - 1)), n, n_resamples=N_RESAMPLES, seed=seed).to_dict()
+    row["log_ppl_routing_removed_minus_filtering_removed"] = {
+        k: diff[k] for k in ("estimate", "low", "high")}
+    if per_window:
+        row.update({f"nll_keep_{k}": v.tolist() for k, v in nll.items()})
+    return row
 
 
 def nll_batch(hf: Any, T: int) -> int:

@@ -216,13 +216,13 @@ claim(Claim("B.collapse3", P, "B.5", "standard attention collapses under lineari
             "layer 3", "collapse = the first k whose PPL'/PPL − 1 is at or above +100% (the "
             "interval's lower end where there is one); reproduced when that k is 3",
             collapse, applies_to=frozenset({STANDARD}), not_comparable="the claim is about "
-            "standard attention"))
+            "standard attention", panel="B.collapse3"))
 claim(Claim("B.inversion", P, "B.4", "the inversion: in standard attention removing "
             "filtering is prohibitive, removing routing cheap (every layer at once)",
             "two steps by the sign rule — log PPL(routing removed) − log PPL(filtering "
             f"removed) < 0; routing removal cheap (upper end below +{CHEAP:.0%}) — then "
             + rules.STEPS_RULE, inversion, applies_to=frozenset({STANDARD}),
-            not_comparable="the claim is about standard attention"))
+            not_comparable="the claim is about standard attention", panel="B.inversion"))
 claim(Claim("B.inversion.layer", P, "B.4", "the inversion, one layer at a time",
             "the rule of B.inversion in each layer, then a count (no multiple-comparison "
             "correction, so descriptive)", inversion_layers, applies_to=frozenset({STANDARD}),
