@@ -506,3 +506,16 @@ def test_no_studies_file_over_600_lines():
     big = [p.name for p in (ROOT / "tl_spectral_studies").rglob("*.py")
            if len(p.read_text(encoding="utf-8").splitlines()) > 600]
     assert not big, big
+
+
+def test_a_check_marker_wrapped_across_lines_is_read_and_a_broken_one_reported():
+    """A checked span whose markers wrap across lines is still checked (before, the pattern
+    needed single spaces, and a wrapped marker left its sentence silently unchecked); a marker
+    the pattern cannot read is reported, never skipped."""
+    recs = [r for r in catalog.records(ROOT) if r.claim == "C.cone" and r.model == "smollm2-135m"]
+    good = "<!-- check: C.cone\nsmollm2-135m -->it rises in 30 of 30 layers: reproduced<!--\n/check -->"
+    assert render.check_prose(good, recs) == []
+    wrong = good.replace("reproduced<", "rises by 0.123: reproduced<")
+    assert any("0.123" in p for p in render.check_prose(wrong, recs))
+    broken = good.replace("<!-- check: C.cone\nsmollm2-135m -->", "<!-- check: C.cone -->")
+    assert any("check markers" in p for p in render.check_prose(broken, recs))

@@ -18,7 +18,10 @@ from typing import Any
 from tl_spectral_studies.claims import catalog, registry, rules
 from tl_spectral_studies.claims.registry import Record
 
-CHECK_RE = re.compile(r"<!-- check: (\S+) (\S+) -->(.*?)<!-- /check -->", re.S)
+CHECK_RE = re.compile(r"<!--\s*check:\s+(\S+)\s+(\S+)\s*-->(.*?)<!--\s*/check\s*-->", re.S)
+"""A checked prose span; the markers may wrap across lines (whitespace of any kind)."""
+_OPEN_RE = re.compile(r"<!--\s*check:")
+_CLOSE_RE = re.compile(r"<!--\s*/check\s*-->")
 
 
 def record_dict(r: Record) -> dict[str, Any]:
@@ -170,7 +173,13 @@ def check_prose(text: str, recs: Sequence[Record], doc: str = "") -> list[str]:
     """Every ``<!-- check: CLAIM MODEL -->`` span of ``text`` against its record."""
     by = registry.by_key(list(recs))
     out = []
-    for m in CHECK_RE.finditer(text):
+    spans = list(CHECK_RE.finditer(text))
+    n_open, n_close = len(_OPEN_RE.findall(text)), len(_CLOSE_RE.findall(text))
+    if not n_open == n_close == len(spans):  # a marker the pattern cannot read: never unchecked
+        out.append(f"{doc}: {n_open} check markers and {n_close} closing markers, but "
+                   f"{len(spans)} checked spans read: write each as <!-- check: CLAIM MODEL "
+                   "-->…<!-- /check -->")
+    for m in spans:
         key = (m[1], m[2])
         if key not in by:
             out.append(f"{doc}: checked prose names no record {m[1]} for {m[2]}")
