@@ -274,8 +274,9 @@ def step_interventions(view: Any, tokens: torch.Tensor, cfg: dict, seed: int, *,
     first collapse) and routing or filtering removed in every layer at once (B.collapse3,
     B.inversion). ``hf``: the plain Hugging Face decoder of ``view``'s model
     (:func:`~tl_spectral_studies.real_decoder_ops.load_hf`; the bridge's own modules cannot be
-    patched). The clean NLL is the cell's ``zero_sink`` job's (the same windows) when given,
-    after the first batch is recomputed and found equal."""
+    patched). The clean NLL is the cell's ``zero_sink`` job's (the same windows, through the
+    bridge) when given, after the first batch is recomputed here and found equal to a relative
+    1e-4 (a pass saved per cell; every changed NLL is the Hugging Face model's)."""
     import functools
 
     from tl_spectral_studies.claims.rules import first_collapse
@@ -292,8 +293,10 @@ def step_interventions(view: Any, tokens: torch.Tensor, cfg: dict, seed: int, *,
         b = min(n, nll_batch(hf, T))
         check = nll_fn(hf, tokens[:b])
         if clean.shape[0] != n or not torch.allclose(check, clean[:b], rtol=1e-4):
-            raise ValueError("the cell's zero_sink job has other windows or another model "
-                             "(its clean NLL differs): rerun --step zero_sink")
+            from tl_spectral_studies._common import StudyUsageError
+
+            raise StudyUsageError("the cell's zero_sink job has other windows or another "
+                                  "model (its clean NLL differs): rerun --step zero_sink")
     else:
         clean = nll_fn(hf, tokens)
     out: dict[str, Any] = {"n_pred": T - 1, "nll_clean": clean.tolist(),
