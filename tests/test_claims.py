@@ -340,6 +340,11 @@ def test_gemma_column_reads_its_committed_results():
     for cid, step in (("A.bands", "scales"), ("C.sink", "sinks"),
                       ("B.inversion", "interventions"),
                       ("C.hierarchy.comp.alllayers", "faithfulness")):
+        if g[cid].number.startswith("evidence panel"):  # the complete panel measured it
+            summary = json.loads((ROOT / "docs" / "results" / "real_decoder" / "evidence" /
+                                  "gemma3-270m" / "summary.json").read_text(encoding="utf-8"))
+            assert summary["claims"][catalog.all_claims()[cid].panel]["complete"]
+            continue
         assert (g[cid].label == rules.NOT_MEASURED) == (not (res / f"{step}.json").is_file())
     m = generated_blocks((ROOT / "docs" / "claims.md").read_text(encoding="utf-8"))
     assert "Gemma-3-270M" in m["claims/matrix"].splitlines()[0]

@@ -163,7 +163,8 @@ def test_a_record_of_the_weights_alone_has_no_framing(tmp_path):
     assert r.sensitivity.startswith("not tested: one framing (sinks.json")
     smol = {x.claim: x for x in catalog.records(ROOT) if x.model == "smollm2-135m"}
     assert smol["B.rank"].sensitivity.startswith(rules.WEIGHTS_ONLY)
-    assert smol["B.collapse3"].sensitivity.startswith("not tested: one framing")
+    # the one-layer inversion is on no panel (B.collapse3 is, since the interventions step)
+    assert smol["B.inversion.layer"].sensitivity.startswith("not tested: one framing")
 
 
 def test_a_results_file_that_records_its_framing_is_named_by_it(tmp_path):
