@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tl_spectral_studies.claims import rules
+from tl_spectral_studies.claims.seed002 import CHEAP
 from tl_spectral_studies.claims.seed003 import SINK_LAYER_MIN, TAIL_MARGIN
 
 
@@ -243,7 +244,7 @@ def intervention_labels(measure_name: str
             return {"": (meas.label, _steps([
                 ("routing removal costs less", st[0],
                  a["log_ppl_routing_removed_minus_filtering_removed"]),
-                (f"routing removal cheap (< +{seed002.CHEAP:.0%})", st[1],
+                (f"routing removal cheap (< +{CHEAP:.0%})", st[1],
                  a["keep_filtering"])]))}
         label = meas.label
         if label.endswith("no collapse"):
@@ -329,8 +330,9 @@ PANEL_CLAIMS = (
     PanelClaim("B.inversion", "interventions", "the inversion (every layer at once): removing "
                "routing costs less than removing filtering, and is cheap", lambda job: {},
                lambda iv: rules.NOT_TESTED, "two steps by the sign rule (log PPL(routing "
-               "removed) − log PPL(filtering removed) < 0; routing removal below +5%), then "
-               + rules.STEPS_RULE, labels=intervention_labels("inversion")),
+               "removed) − log PPL(filtering removed) < 0; routing removal below "
+               f"+{CHEAP:.0%}), then " + rules.STEPS_RULE,
+               labels=intervention_labels("inversion")),
     PanelClaim("C.hierarchy", "faithfulness", "faithfulness hierarchy attention < "
                "value-weighted < output-normalized < contribution (layer-wide ranking)",
                lambda job: {}, lambda iv: rules.NOT_TESTED,
