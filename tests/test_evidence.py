@@ -512,3 +512,74 @@ def test_interventions_linearize_up_to_the_first_collapse(tiny, monkeypatch):
         # one linearized pass per k (the tiny model has 2 layers: k = 3 linearizes both), none
         # beyond the first collapse
         assert asked == [min(k, 2) for k in want]
+
+
+def test_inversion_layers_job_shards_resumes_and_counts_by_the_registry(tiny, tmp_path,
+                                                                       monkeypatch):
+    """The one-layer-at-a-time inversion: two shards share the cell's layers, each finished
+    layer is its own file (a rerun redoes nothing), the shard that finds every layer done
+    writes the job and removes the layer files; each layer's row is the study's removal row
+    of that layer alone (recomputed here), and the cell's counts are the registry's per-layer
+    labels re-derived by the rules module."""
+    from transformers import LlamaForCausalLM
+
+    from tl_spectral_studies.claims import catalog, seed002
+    from tl_spectral_studies.real_decoder import removal_row
+    from tl_spectral_studies.real_decoder_ops import window_nll as hf_nll
+
+    folder, model, tok, data = tiny
+    hf = LlamaForCausalLM.from_pretrained(str(folder), attn_implementation="eager").eval()
+    monkeypatch.setitem(ev.FIRST_TOKENS, "tiny", ("none", "<pad>"))
+    assert ev.panel("tiny", "inversion_layers") == [ev.Cell("none", "wiki", 0),
+                                                    ev.Cell("<pad>", "wiki", 0)]
+    cell, off = ev.Cell("<pad>", "wiki", 0), ev.Cell("<pad>", "austen", 0)
+    cfg = {"windows": 4, "length": 12}
+    kw = {"cfg": cfg, "loaded": (model, tok), "log": lambda s: None, "hf": hf}
+    ev.run("tiny", tmp_path, data, steps=("zero_sink",), cells=[cell], **kw)
+    path = ev.job_path(tmp_path, "tiny", "inversion_layers", cell)
+    rows = ev.run("tiny", tmp_path, data, steps=("inversion_layers",), cells=[cell, off],
+                  shard=(1, 2), **kw)
+    assert [r["cell"] for r in rows] == [cell.key]  # not a cell of the step's panel
+    assert not path.exists()  # layer 0 (shard 0 of 2) still to run
+    assert [p.name for p in sorted(ev.layer_dir(path).iterdir())] == ["layer=01.json"]
+    rows = ev.run("tiny", tmp_path, data, steps=("inversion_layers",), cells=[cell],
+                  shard=(0, 2), **kw)
+    assert rows[0]["ran"] and path.exists() and not ev.layer_dir(path).exists()
+    rows = ev.run("tiny", tmp_path, data, steps=("inversion_layers",), cells=[cell], **kw)
+    assert not rows[0]["ran"]  # done: nothing recomputed
+    job = json.loads(path.read_text())
+    zs = json.loads(ev.job_path(tmp_path, "tiny", "zero_sink", cell).read_text())
+    assert job["clean_from"] == "zero_sink" and job["nll_clean"] == zs["nll_clean"]
+    assert sorted(job["removal"]) == ["layer 0", "layer 1"]
+    toks = ev.cell_windows(data, tok, cell, 4, 12)
+    clean = torch.tensor(job["nll_clean"], dtype=torch.float64)
+    for li in (0, 1):
+        want = removal_row(hf, toks, clean, [li], hf_nll, 0, per_window=True)
+        got = job["removal"][f"layer {li}"]
+        for key in ("nll_keep_routing", "nll_keep_filtering"):
+            assert got[key] == pytest.approx(want[key], rel=1e-6)
+    steps = [seed002.inversion_steps(job["removal"][f"layer {li}"]) for li in (0, 1)]
+    row = es.summarize(tmp_path, "tiny")["claims"]["B.inversion.layer"]
+    c = row["cells"][0]
+    assert not row["complete"] and row["cells_expected"] == 2 and c["n"] == 4
+    assert c["holds"] == sum(rules.steps(st) == rules.REPRODUCED for st in steps)
+    assert c["reversed"] == sum(st[0] == rules.NOT_REPRODUCED for st in steps)
+    assert c["layers"] == 2
+    assert c["label"] == rules.count([rules.steps(st) == rules.REPRODUCED for st in steps])
+    assert c["mde"] == pytest.approx(max(
+        max(rules.mde(job["removal"][f"layer {li}"][k])
+            for k in ("log_ppl_routing_removed_minus_filtering_removed", "keep_filtering"))
+        for li in (0, 1)))
+    assert catalog.all_claims()["B.inversion.layer"].panel == "B.inversion.layer"
+    with pytest.raises(ValueError, match="shard"):
+        ev.run("tiny", tmp_path, data, steps=("inversion_layers",), cells=[off.__class__(
+            "none", "wiki", 0)], shard=(2, 2), **kw)
+
+
+def test_cli_bad_shard_is_one_line_exit_2(tmp_path, capsys):
+    (tmp_path / "wiki_excerpt.txt").write_text("x", encoding="utf-8")
+    (tmp_path / "austen.txt").write_text("x", encoding="utf-8")
+    rc = ev.main(["--data-dir", str(tmp_path), "--out", str(tmp_path / "o"), "--shard", "2/2",
+                  "--step", "inversion_layers"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "--shard" in err and "I/K" in err

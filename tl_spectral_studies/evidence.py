@@ -31,8 +31,11 @@ run resumes where it stopped. Steps (:data:`STEPS`):
 * ``interventions``: seed 002's B.collapse3 and B.inversion (every layer at once) on the
   cell's windows, attention recomputed in the Hugging Face model: the leading k ≤ 3 layers
   linearized (up to the first collapse) and routing or filtering removed, per-window NLL
-  stored (the one-layer-at-a-time inversion, B.inversion.layer, stays one framing: two
-  passes per layer);
+  stored;
+* ``inversion_layers``: seed 002's inversion one layer at a time (B.inversion.layer): routing
+  or filtering removed in each layer alone, per-window NLL stored. Two passes per layer (60
+  per SmolLM2 cell), so its panel is the first token alone (Wikipedia, draw 0), resumable per
+  layer and shared between processes with ``--shard I/K``;
 * ``pod``: the scale POD by thirds of the stack (the pod-depth study's analysis: H*, T_spec
   and the band energies of the first and last thirds, with and without the key-0 column) on
   N = 150 windows of the pod-depth study's T per model.
@@ -62,6 +65,7 @@ from tl_spectral_studies.evidence_panel import (  # noqa: F401  (re-exported)
     STEPS,
     VERSION,
     Cell,
+    applies,
     config_hash,
     is_done,
     job_config,
@@ -285,20 +289,10 @@ def step_interventions(view: Any, tokens: torch.Tensor, cfg: dict, seed: int, *,
     from tl_spectral_studies.real_decoder_ops import window_nll as hf_nll
 
     hf = hf_of(hf)
-    n, T = int(tokens.shape[0]), int(tokens.shape[1])
+    T = int(tokens.shape[1])
     L = len(hf.model.layers)
     nll_fn = functools.partial(hf_nll, batch_size=nll_batch(hf, T))
-    if zero_sink_job is not None:
-        clean = torch.tensor(zero_sink_job["nll_clean"], dtype=torch.float64)
-        b = min(n, nll_batch(hf, T))
-        check = nll_fn(hf, tokens[:b])
-        if clean.shape[0] != n or not torch.allclose(check, clean[:b], rtol=1e-4):
-            from tl_spectral_studies._common import StudyUsageError
-
-            raise StudyUsageError("the cell's zero_sink job has other windows or another "
-                                  "model (its clean NLL differs): rerun --step zero_sink")
-    else:
-        clean = nll_fn(hf, tokens)
+    clean = clean_nll(hf, tokens, nll_fn, zero_sink_job)
     out: dict[str, Any] = {"n_pred": T - 1, "nll_clean": clean.tolist(),
                            "clean_from": "zero_sink" if zero_sink_job is not None else "here"}
     lin: list[dict] = []
@@ -314,6 +308,104 @@ def step_interventions(view: Any, tokens: torch.Tensor, cfg: dict, seed: int, *,
     return out
 
 
+def clean_nll(hf: Any, tokens: torch.Tensor, nll_fn: Any, zero_sink_job: dict | None
+              ) -> torch.Tensor:
+    """``[n]`` float64 clean NLL of the windows: the cell's ``zero_sink`` job's (through the
+    bridge) after its first batch is recomputed in the Hugging Face model ``hf`` and found
+    equal to a relative 1e-4 (else a one-line error naming the step to rerun), or computed
+    here without one."""
+    from tl_spectral_studies.real_decoder import nll_batch
+
+    n, T = int(tokens.shape[0]), int(tokens.shape[1])
+    if zero_sink_job is None:
+        return nll_fn(hf, tokens)
+    clean = torch.tensor(zero_sink_job["nll_clean"], dtype=torch.float64)
+    b = min(n, nll_batch(hf, T))
+    check = nll_fn(hf, tokens[:b])
+    if clean.shape[0] != n or not torch.allclose(check, clean[:b], rtol=1e-4):
+        from tl_spectral_studies._common import StudyUsageError
+
+        raise StudyUsageError("the cell's zero_sink job has other windows or another "
+                              "model (its clean NLL differs): rerun --step zero_sink")
+    return clean
+
+
+def layer_dir(path: Path) -> Path:
+    """Where an ``inversion_layers`` job keeps its finished layers until every layer has run
+    (``<cell>.layers/layer=NN.json``, one file per layer, written atomically)."""
+    return Path(path).with_name(Path(path).stem + ".layers")
+
+
+def run_layer_job(tok: Any, out: Path, data_dir: Path, model: str, cell: Cell, cfg: dict,
+                  provenance: dict, get_hf: Any, shard: tuple[int, int] = (0, 1)
+                  ) -> tuple[Path, bool, float]:
+    """One ``inversion_layers`` job: seed 002's inversion one layer at a time
+    (B.inversion.layer: routing or filtering removed in layer ``l`` alone, the study's
+    :func:`~tl_spectral_studies.real_decoder.removal_row`, per-window NLL stored). Resumable
+    per layer: each finished layer is its own file under :func:`layer_dir`; ``shard = (i, k)``
+    runs the layers ``l`` with ``l % k == i``, so k processes share a cell. The process that
+    finds every layer done writes the job file (``removal``: ``{"layer l": row}``, ``seconds``:
+    the layers' sum) and removes the layer files. Returns (path, ran, seconds)."""
+    import functools
+    import shutil
+
+    from tl_spectral_studies.real_decoder import nll_batch, removal_row
+    from tl_spectral_studies.real_decoder_ops import hf_of
+    from tl_spectral_studies.real_decoder_ops import window_nll as hf_nll
+
+    step = "inversion_layers"
+    i, k = (int(x) for x in shard)
+    if not (k >= 1 and 0 <= i < k):
+        raise ValueError(f"shard must be (i, k) with 0 <= i < k (got {shard!r})")
+    conf = job_config(model, step, cell, cfg)
+    path = job_path(out, model, step, cell)
+    if is_done(path, conf):
+        return path, False, 0.0
+    if get_hf is None:
+        raise ValueError("the inversion_layers step needs the plain Hugging Face decoder: "
+                         "pass get_hf")
+    hf = hf_of(get_hf())
+    L = len(hf.model.layers)
+    n, T = conf["n"], conf["length"]
+    d = layer_dir(path)
+    todo = [li for li in range(L) if li % k == i
+            and not is_done(d / f"layer={li:02d}.json", {**conf, "layer": li})]
+    t0 = time.perf_counter()
+    ran = False
+    if todo:
+        tokens = cell_windows(data_dir, tok, cell, n, T)
+        nll_fn = functools.partial(hf_nll, batch_size=nll_batch(hf, T))
+        zj = job_path(out, model, "zero_sink", cell)
+        zs = (json.loads(zj.read_text(encoding="utf-8"))
+              if is_done(zj, job_config(model, "zero_sink", cell, cfg)) else None)
+        clean = clean_nll(hf, tokens, nll_fn, zs)
+        for li in todo:
+            t1 = time.perf_counter()
+            row = removal_row(hf, tokens, clean, [li], nll_fn, cell.draw, per_window=True)
+            lconf = {**conf, "layer": li}
+            write_atomic(d / f"layer={li:02d}.json", {
+                "config": lconf, "config_hash": config_hash(lconf),
+                "seconds": round(time.perf_counter() - t1, 2),
+                "threads": torch.get_num_threads(), "nll_clean": clean.tolist(),
+                "clean_from": "zero_sink" if zs is not None else "here", "row": row})
+            ran = True
+    layers = []
+    for li in range(L):
+        lp = d / f"layer={li:02d}.json"
+        if not is_done(lp, {**conf, "layer": li}):  # another shard's layer still to run
+            return path, ran, round(time.perf_counter() - t0, 2)
+        layers.append(json.loads(lp.read_text(encoding="utf-8")))
+    write_atomic(path, {
+        "config": conf, "config_hash": config_hash(conf),
+        "seconds": round(sum(x["seconds"] for x in layers), 2),
+        "threads": max(int(x["threads"]) for x in layers), "provenance": provenance,
+        "n_pred": T - 1, "nll_clean": layers[0]["nll_clean"],
+        "clean_from": layers[0]["clean_from"],
+        "removal": {f"layer {li}": x["row"] for li, x in enumerate(layers)}})
+    shutil.rmtree(d, ignore_errors=True)
+    return path, ran, round(time.perf_counter() - t0, 2)
+
+
 STEP_FUNCS = {"sinks": step_sinks, "zero_sink": step_zero_sink,
               "faithfulness": step_faithfulness, "pod": step_pod,
               "probe_sinks": step_probe_sinks, "interventions": step_interventions}
@@ -321,10 +413,13 @@ STEP_FUNCS = {"sinks": step_sinks, "zero_sink": step_zero_sink,
 
 # ------------------------------------------------------------------------------ runner
 def run_job(view: Any, tok: Any, out: Path, data_dir: Path, model: str, step: str, cell: Cell,
-            cfg: dict, provenance: dict, get_hf: Any = None) -> tuple[Path, bool, float]:
+            cfg: dict, provenance: dict, get_hf: Any = None, shard: tuple[int, int] = (0, 1)
+            ) -> tuple[Path, bool, float]:
     """One (model, step, cell) job: skipped when its file is done with the same
     configuration. Returns (path, ran, seconds). ``get_hf``: a function returning the plain
     Hugging Face decoder the ``interventions`` step patches (called only when it runs)."""
+    if step == "inversion_layers":
+        return run_layer_job(tok, out, data_dir, model, cell, cfg, provenance, get_hf, shard)
     conf = job_config(model, step, cell, cfg)
     path = job_path(out, model, step, cell)
     if is_done(path, conf):
@@ -359,10 +454,13 @@ def run_job(view: Any, tok: Any, out: Path, data_dir: Path, model: str, step: st
 
 def run(model_name: str, out: Path, data_dir: Path, *, steps: Sequence[str] = STEPS,
         cfg: dict | None = None, cells: Sequence[Cell] | None = None, log: Any = print,
-        loaded: tuple[Any, Any] | None = None, hf: Any = None) -> list[dict]:
+        loaded: tuple[Any, Any] | None = None, hf: Any = None,
+        shard: tuple[int, int] = (0, 1)) -> list[dict]:
     """Run every job of ``model_name``'s panel not yet done; returns one row per job.
-    ``hf``: the plain Hugging Face decoder of the ``interventions`` step (default: loaded
-    once, when first needed, by :func:`~tl_spectral_studies.real_decoder_ops.load_hf`)."""
+    ``hf``: the plain Hugging Face decoder of the ``interventions`` and ``inversion_layers``
+    steps (default: loaded once, when first needed, by
+    :func:`~tl_spectral_studies.real_decoder_ops.load_hf`); ``shard``: ``(i, k)``, the
+    ``inversion_layers`` layers this process runs (:func:`run_layer_job`)."""
     from tl_spectral.model_view import ModelView
     from tl_spectral_studies.real_decoder import _provenance
 
@@ -387,10 +485,10 @@ def run(model_name: str, out: Path, data_dir: Path, *, steps: Sequence[str] = ST
     rows = []
     for step in steps:
         for cell in (cells if cells is not None else panel(model_name, step)):
-            if step == "faithfulness" and cell.corpus != "wiki":
+            if not applies(step, cell):
                 continue
             path, ran, secs = run_job(view, tok, Path(out), Path(data_dir), model_name, step,
-                                      cell, cfg, prov, get_hf=get_hf)
+                                      cell, cfg, prov, get_hf=get_hf, shard=shard)
             rows.append({"step": step, "cell": cell.key, "ran": ran, "seconds": secs})
             log(json.dumps(rows[-1]))
     return rows
@@ -429,6 +527,9 @@ def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.evidenc
     for k in ("windows", "length", "faith_docs", "faith_length", "pod_docs", "batch_size"):
         ap.add_argument("--" + k.replace("_", "-"), type=int, default=DEFAULTS[k])
     ap.add_argument("--draws", type=int, nargs="+", default=list(DRAWS))
+    ap.add_argument("--shard", default="0/1", metavar="I/K",
+                    help="inversion_layers: run the layers l with l %% K == I (start K "
+                         "processes, I = 0 … K-1, to share a cell's layers; default 0/1)")
     ap.add_argument("--summarize", action="store_true",
                     help="only write OUT/<model>/summary.json from the stored jobs")
     ap.add_argument("--plan", action="store_true",
@@ -449,9 +550,17 @@ def main(argv: Sequence[str], prog: str = "python -m tl_spectral_studies.evidenc
             print(f"{prog}: error: {e}", file=sys.stderr)
             return 2
         cfg = {k: getattr(a, k) for k in DEFAULTS}
+        try:
+            si, sk = (int(x) for x in a.shard.split("/"))
+            if not (sk >= 1 and 0 <= si < sk):
+                raise ValueError
+        except ValueError:
+            print(f"{prog}: error: argument --shard: expected I/K with 0 <= I < K, e.g. 1/2 "
+                  f"(got {a.shard!r})", file=sys.stderr)
+            return 2
         cells = [c for s in (a.step or STEPS) for c in panel(a.model, s, a.draws)]
         run(a.model, Path(a.out), data, steps=a.step or STEPS, cfg=cfg,
-            cells=sorted(set(cells), key=lambda c: c.key))
+            cells=sorted(set(cells), key=lambda c: c.key), shard=(si, sk))
     print(json.dumps(write_summary(Path(a.out), a.model), indent=1)[:4000])
     return 0
 

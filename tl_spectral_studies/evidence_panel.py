@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 NAME = "evidence"
-STEPS = ("sinks", "zero_sink", "faithfulness", "pod", "probe_sinks", "interventions")
+STEPS = ("sinks", "zero_sink", "faithfulness", "pod", "probe_sinks", "interventions",
+         "inversion_layers")
 CORPORA = {"wiki": "wiki_excerpt.txt", "austen": "austen.txt"}
 DRAWS = (0, 1, 2)
 FIRST_TOKENS = {
@@ -28,6 +29,10 @@ interventions, 32 documents for faithfulness, N = 150 for the scale POD (its T p
 POD_LENGTH = {"smollm2-135m": 128, "gemma3-270m": 256}
 """T of the ``pod`` step: the pod-depth study's (``tl_spectral_studies.pod_depth.MODELS``)."""
 VERSION = 1
+LAYER_DRAWS = (0,)
+"""The window draws of the ``inversion_layers`` step (seed 002's inversion one layer at a
+time: two passes per layer, 60 per SmolLM2 cell): its panel crosses the first token only, on
+the Wikipedia excerpt, draw 0."""
 """Bumped when a step's computation changes (part of every job's configuration)."""
 
 
@@ -61,11 +66,23 @@ def start_id(tok: Any, first: str) -> int | None:
 
 
 def panel(model: str, step: str = "sinks", draws: Sequence[int] = DRAWS) -> list[Cell]:
-    """The cells of ``model``'s panel for ``step`` (faithfulness: the Wikipedia excerpt only)."""
+    """The cells of ``model``'s panel for ``step`` (:func:`applies`: faithfulness on the
+    Wikipedia excerpt only, ``inversion_layers`` there and in draw 0 only)."""
     if model not in FIRST_TOKENS:
         raise ValueError(f"no panel for model {model!r}; use one of {sorted(FIRST_TOKENS)}")
-    corpora = ["wiki"] if step == "faithfulness" else list(CORPORA)
-    return [Cell(f, c, d) for f in FIRST_TOKENS[model] for c in corpora for d in draws]
+    cells = [Cell(f, c, d) for f in FIRST_TOKENS[model] for c in CORPORA for d in draws]
+    return [c for c in cells if applies(step, c)]
+
+
+def applies(step: str, cell: Cell) -> bool:
+    """Whether ``step`` runs in ``cell``: the faithfulness claims are about one corpus in the
+    paper (the Wikipedia excerpt); the one-layer-at-a-time inversion costs two passes per
+    layer, so its panel is the first token alone (Wikipedia, :data:`LAYER_DRAWS`)."""
+    if step == "faithfulness":
+        return cell.corpus == "wiki"
+    if step == "inversion_layers":
+        return cell.corpus == "wiki" and cell.draw in LAYER_DRAWS
+    return True
 
 
 def job_config(model: str, step: str, cell: Cell, cfg: dict) -> dict:

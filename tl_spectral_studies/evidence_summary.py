@@ -221,7 +221,8 @@ class _InterventionsJob:
     ``inversion``)."""
 
     def __init__(self, job: Mapping[str, Any]):
-        self._it = {"n_docs": int(job["config"]["n"]), "linearization": job["linearization"],
+        self._it = {"n_docs": int(job["config"]["n"]),
+                    "linearization": job.get("linearization") or [],
                     "removal": job["removal"]}
 
     def json(self, name: str) -> Mapping[str, Any] | None:
@@ -253,6 +254,25 @@ def intervention_labels(measure_name: str
             "estimate": meas.estimate, "low": meas.interval[0], "high": meas.interval[1]}
         return {"": (label, iv)}
     return labels
+
+
+def inversion_layer_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, dict]]:
+    """``{"": (label, counts)}`` of an ``inversion_layers`` job by the registry's
+    ``B.inversion.layer`` measure (seed 002's ``inversion_layers``: B.inversion's two steps in
+    each layer, then a count): the layers where both steps hold, those where removing routing
+    costs more than removing filtering (the first step reversed), and the largest per-layer
+    MDE (each layer's larger step MDE)."""
+    from tl_spectral_studies.claims import seed002
+
+    meas = seed002.inversion_layers(_InterventionsJob(job))
+    rows = [v for k, v in job["removal"].items() if k != "all layers"]
+    steps = [seed002.inversion_steps(v) for v in rows]
+    mdes = [max(rules.mde(v["log_ppl_routing_removed_minus_filtering_removed"]),
+                rules.mde(v["keep_filtering"])) for v in rows]
+    return {"": (meas.label, {"layer_mde": max(mdes),
+                              "holds": sum(rules.steps(st) == rules.REPRODUCED for st in steps),
+                              "reversed": sum(st[0] == rules.NOT_REPRODUCED for st in steps),
+                              "layers": len(rows)})}
 
 
 PANEL_CLAIMS = (
@@ -333,6 +353,12 @@ PANEL_CLAIMS = (
                "removed) − log PPL(filtering removed) < 0; routing removal below "
                f"+{CHEAP:.0%}), then " + rules.STEPS_RULE,
                labels=intervention_labels("inversion")),
+    PanelClaim("B.inversion.layer", "inversion_layers", "the inversion one layer at a time: "
+               "in each layer, removing routing there alone costs less than removing filtering "
+               "there alone, and is cheap; then a count over layers", lambda job: {},
+               lambda iv: rules.NOT_TESTED, "B.inversion's two steps in each layer, then a "
+               "count over layers (descriptive: no multiple-comparison correction)",
+               labels=inversion_layer_labels),
     PanelClaim("C.hierarchy", "faithfulness", "faithfulness hierarchy attention < "
                "value-weighted < output-normalized < contribution (layer-wide ranking)",
                lambda job: {}, lambda iv: rules.NOT_TESTED,

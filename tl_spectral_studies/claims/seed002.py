@@ -195,6 +195,8 @@ def inversion_layers(res: Results) -> Measurement | None:
 
 
 P = "seed 002"
+LAYER_PANEL = ("its evidence panel crosses the first token only (the Wikipedia excerpt, draw "
+               "0): two passes per layer, 60 per SmolLM2 cell")
 claim(Claim("B.budget.routing_fraction_delta0", P, "B.1", "filtering dominates the spectral "
             "budget (routing fraction < 0.5), Δ = 0", "sign rule against 0.5 (interval over "
             "heads)", budget("routing_fraction_delta0")))
@@ -227,4 +229,5 @@ claim(Claim("B.inversion.layer", P, "B.4", "the inversion, one layer at a time",
             "the rule of B.inversion in each layer, then a count (no multiple-comparison "
             "correction, so descriptive)", inversion_layers, applies_to=frozenset({STANDARD}),
             not_comparable="the claim is about standard attention",
-            no_interval="a count of layers, each labelled by its own intervals"))
+            no_interval="a count of layers, each labelled by its own intervals",
+            panel="B.inversion.layer", caveat=LAYER_PANEL))
