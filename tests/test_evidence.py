@@ -583,3 +583,14 @@ def test_cli_bad_shard_is_one_line_exit_2(tmp_path, capsys):
                   "--step", "inversion_layers"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "--shard" in err and "I/K" in err
+
+
+def test_a_panel_claim_takes_labels_or_extract_and_rule():
+    with pytest.raises(ValueError, match="give labels, or extract and rule"):
+        es.PanelClaim("X", "sinks", "text", "rule")
+    with pytest.raises(ValueError, match="not both"):
+        es.PanelClaim("X", "sinks", "text", "rule", extract=lambda j: {},
+                      rule=lambda iv: rules.NOT_TESTED, labels=lambda j: {})
+    c = es.PanelClaim("X", "sinks", "text", "rule", extract=lambda j: {"": {"low": 1}},
+                      rule=lambda iv: rules.REPRODUCED)
+    assert c.cells_of({}) == {"": (rules.REPRODUCED, {"low": 1})}

@@ -35,9 +35,9 @@ class PanelClaim:
     id: str
     step: str
     text: str
-    extract: Callable[[dict], dict[str, Mapping[str, Any] | None]]
-    rule: Callable[[Mapping[str, Any] | None], str]
     rule_text: str
+    extract: Callable[[dict], dict[str, Mapping[str, Any] | None]] | None = None
+    rule: Callable[[Mapping[str, Any] | None], str] | None = None
     variant_factor: str = ""
     variants_are_claims: bool = False
     """The variants are separate claims (the registry reads each apart): the robustness is
@@ -48,9 +48,15 @@ class PanelClaim:
     labels: Callable[[dict], dict[str, tuple[str, Any]]] | None = None
     """Instead of ``extract``/``rule``: ``{variant: (label, interval or None)}`` of a job."""
 
+    def __post_init__(self) -> None:
+        if (self.labels is None) == (self.extract is None or self.rule is None):
+            raise ValueError(f"panel claim {self.id}: give labels, or extract and rule "
+                             "(not both)")
+
     def cells_of(self, job: dict) -> dict[str, tuple[str, Mapping[str, Any] | None]]:
         if self.labels is not None:
             return self.labels(job)
+        assert self.extract is not None and self.rule is not None
         return {v: (self.rule(iv), iv) for v, iv in self.extract(job).items()}
 
 
@@ -278,90 +284,82 @@ def inversion_layer_labels(job: Mapping[str, Any]) -> dict[str, tuple[str, dict]
 PANEL_CLAIMS = (
     PanelClaim("A.bands", "pod", "fine scales early, coarse late: E fine − E coarse over the "
                "first and the last third of the stack (paper cut-offs a ≤ 7, a ≥ 20)",
-               lambda job: {}, lambda iv: rules.NOT_TESTED,
                "two steps by the sign rule (first third > 0, last third < 0), then "
                + rules.STEPS_RULE, labels=depth_labels("bands")),
     PanelClaim("A.hstar", "pod", "H*(0.1) higher in the first third of the stack than in the "
-               "last", lambda job: {}, lambda iv: rules.NOT_TESTED,
-               "sign rule on H* last − first third (jackknife) against 0, below; not tested "
-               "when a layer of the two thirds is bounded by N", labels=depth_labels("hstar")),
+               "last", "sign rule on H* last − first third (jackknife) against 0, below; not "
+               "tested when a layer of the two thirds is bounded by N",
+               labels=depth_labels("hstar")),
     PanelClaim("A.tspec", "pod", "T_spec changes with depth (last − first third; descriptive)",
-               lambda job: {}, lambda iv: rules.NOT_TESTED,
                "descriptive: the sign of the jackknife interval", labels=depth_labels("tspec")),
     PanelClaim("C.sink", "sinks", "decoders with a start token form attention sinks: at least "
                "one layer whose interval of mean α_i0 lies above 0.5 (selection half)",
-               lambda job: {}, lambda iv: rules.NOT_TESTED,
                "at least one layer selected by the interval rule (a count, no interval)",
                labels=sink_labels, n_windows="select_windows"),
     PanelClaim("C.split", "sinks", "the sink's small contribution comes from its value norm "
                "and its direction (pooled over the sink layers, test half)",
-               lambda job: {}, lambda iv: rules.NOT_TESTED,
                "each factor by the sign rule (norm ratio < 1; cosine factor < 0), then "
                + rules.STEPS_RULE, labels=split_labels),
     PanelClaim("C.anti", "probe_sinks", "cos(ṽ_0, s_i) < 0 per layer (library SinkProbe, "
-               "every window), then over layers", lambda job: {}, lambda iv: rules.NOT_TESTED,
+               "every window), then over layers",
                "the sign rule in each layer, then over layers", labels=probe_labels("anti"),
                n_windows=""),
     PanelClaim("C.rho", "probe_sinks", "the share of queries with 0 < ρ* < 1, pooled over the "
-               "sink layers (test half), above a majority", lambda job: {},
-               lambda iv: rules.NOT_TESTED, "sign rule against the majority share, above",
+               "sink layers (test half), above a majority",
+               "sign rule against the majority share, above",
                labels=probe_labels("rho", "rho_star_in_0_1"), n_windows="test_windows"),
     PanelClaim("C.cone", "probe_sinks", "Δcos(o, s̄) > 0 per layer when the sink's value is "
-               "zeroed (library SinkProbe, every window), then over layers", lambda job: {},
-               lambda iv: rules.NOT_TESTED, "the sign rule in each layer, then over layers",
-               labels=probe_labels("cone"), n_windows=""),
+               "zeroed (library SinkProbe, every window), then over layers",
+               "the sign rule in each layer, then over layers", labels=probe_labels("cone"),
+               n_windows=""),
     PanelClaim("C.norm", "probe_sinks", "Δ‖o‖/‖o‖ > 0 per layer when the sink's value is "
-               "zeroed (library SinkProbe, every window), then over layers", lambda job: {},
-               lambda iv: rules.NOT_TESTED, "the sign rule in each layer, then over layers",
-               labels=probe_labels("norm"), n_windows=""),
+               "zeroed (library SinkProbe, every window), then over layers",
+               "the sign rule in each layer, then over layers", labels=probe_labels("norm"),
+               n_windows=""),
     # not the registry's C.cone (per layer, library probe): its own id, as C.norm.pooled
     PanelClaim("C.cone.pooled", "sinks", "zeroing the sink's value raises cos(o, s̄) "
-               "(pooled over the sink layers, test half)", _pooled("cone_change"),
-               _no_pool_label(lambda iv: rules.sign(iv, 0.0, above=True)),
-               "sign rule against 0, above"),
+               "(pooled over the sink layers, test half)", "sign rule against 0, above",
+               extract=_pooled("cone_change"),
+               rule=_no_pool_label(lambda iv: rules.sign(iv, 0.0, above=True))),
     PanelClaim("C.little", "sinks", "the sink contributes little: C_i0/α_i0 pooled over the "
                "sink layers (selected on one half of the windows, tested on the other) < 0.5",
-               _pooled("C0_over_attn0"),
-               _no_pool_label(lambda iv: rules.sign(iv, 0.5, above=False)),
-               "sign rule against 0.5, below"),
+               "sign rule against 0.5, below", extract=_pooled("C0_over_attn0"),
+               rule=_no_pool_label(lambda iv: rules.sign(iv, 0.5, above=False))),
     # not the registry's C.norm (per layer, library probe): its own id, so the panel's label
     # is not attached to a record of another measure
     PanelClaim("C.norm.pooled", "sinks", "zeroing the sink's value raises the output norm "
                "(Δ‖o‖/‖o‖ > 0, pooled over the sink layers, test half)",
-               _pooled("rel_norm_change"),
-               _no_pool_label(lambda iv: rules.sign(iv, 0.0, above=True)),
-               "sign rule against 0, above"),
+               "sign rule against 0, above", extract=_pooled("rel_norm_change"),
+               rule=_no_pool_label(lambda iv: rules.sign(iv, 0.0, above=True))),
     PanelClaim("C.tail", "sinks", "tail tokens: contribution share − attention share differs "
                "from 0 by more than the practical margin (pooled, test half)",
-               _pooled("tail_C_minus_attn"),
-               _no_pool_label(lambda iv: rules.two_sided(iv, 0.0, practical=TAIL_MARGIN)),
-               f"two-sided, practical margin ±{TAIL_MARGIN}"),
+               f"two-sided, practical margin ±{TAIL_MARGIN}",
+               extract=_pooled("tail_C_minus_attn"),
+               rule=_no_pool_label(lambda iv: rules.two_sided(iv, 0.0, practical=TAIL_MARGIN))),
     PanelClaim("C.zero_ppl", "zero_sink", "removing the sink's value (every layer) raises "
                "perplexity: relative ΔPPL > 0, paired over windows",
-               lambda job: {"included": job.get("include_self"),
-                            "excluded": job.get("exclude_self")},
-               lambda iv: rules.sign(iv, 0.0, above=True), "sign rule against 0, above",
+               "sign rule against 0, above",
+               extract=lambda job: {"included": job.get("include_self"),
+                                    "excluded": job.get("exclude_self")},
+               rule=lambda iv: rules.sign(iv, 0.0, above=True),
                variant_factor="sink self-attention"),
     PanelClaim("B.collapse3", "interventions", "standard attention collapses under "
                "linearization from layer 3: the first k whose PPL'/PPL − 1 has its lower end "
-               "at or above +100% is 3", lambda job: {}, lambda iv: rules.NOT_TESTED,
-               "collapse = the first k (linearized up to 3) whose interval's lower end is at or "
-               "above +100%; reproduced when that k is 3", labels=intervention_labels("collapse")),
+               "at or above +100% is 3", "collapse = the first k (linearized up to 3) whose "
+               "interval's lower end is at or above +100%; reproduced when that k is 3",
+               labels=intervention_labels("collapse")),
     PanelClaim("B.inversion", "interventions", "the inversion (every layer at once): removing "
-               "routing costs less than removing filtering, and is cheap", lambda job: {},
-               lambda iv: rules.NOT_TESTED, "two steps by the sign rule (log PPL(routing "
-               "removed) − log PPL(filtering removed) < 0; routing removal below "
-               f"+{CHEAP:.0%}), then " + rules.STEPS_RULE,
+               "routing costs less than removing filtering, and is cheap", "two steps by the "
+               "sign rule (log PPL(routing removed) − log PPL(filtering removed) < 0; routing "
+               f"removal below +{CHEAP:.0%}), then " + rules.STEPS_RULE,
                labels=intervention_labels("inversion")),
     PanelClaim("B.inversion.layer", "inversion_layers", "the inversion one layer at a time: "
                "in each layer, removing routing there alone costs less than removing filtering "
-               "there alone, and is cheap; then a count over layers", lambda job: {},
-               lambda iv: rules.NOT_TESTED, "B.inversion's two steps in each layer, then a "
-               "count over layers (descriptive: no multiple-comparison correction)",
-               labels=inversion_layer_labels),
+               "there alone, and is cheap; then a count over layers", "B.inversion's two steps "
+               "in each layer, then a count over layers (descriptive: no multiple-comparison "
+               "correction)", labels=inversion_layer_labels),
     PanelClaim("C.hierarchy", "faithfulness", "faithfulness hierarchy attention < "
                "value-weighted < output-normalized < contribution (layer-wide ranking)",
-               lambda job: {}, lambda iv: rules.NOT_TESTED,
                "every step by the sign rule on the area difference, then " + rules.STEPS_RULE,
                variant_factor="criterion, setting", variants_are_claims=True,
                labels=hierarchy_labels),
