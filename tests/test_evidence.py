@@ -571,9 +571,18 @@ def test_inversion_layers_job_shards_resumes_and_counts_by_the_registry(tiny, tm
             for k in ("log_ppl_routing_removed_minus_filtering_removed", "keep_filtering"))
         for li in (0, 1)))
     assert catalog.all_claims()["B.inversion.layer"].panel == "B.inversion.layer"
+    other = ev.Cell("none", "wiki", 0)
     with pytest.raises(ValueError, match="shard"):
-        ev.run("tiny", tmp_path, data, steps=("inversion_layers",), cells=[off.__class__(
-            "none", "wiki", 0)], shard=(2, 2), **kw)
+        ev.run("tiny", tmp_path, data, steps=("inversion_layers",), cells=[other],
+               shard=(2, 2), **kw)
+    # a zero_sink job of other windows: refused (every window checked), one line
+    ev.run("tiny", tmp_path, data, steps=("zero_sink",), cells=[other], **kw)
+    zp = ev.job_path(tmp_path, "tiny", "zero_sink", other)
+    bad = json.loads(zp.read_text())
+    bad["nll_clean"][-1] += 1.0  # the last window only
+    ev.write_atomic(zp, bad)
+    with pytest.raises(ValueError, match="rerun --step zero_sink"):
+        ev.run("tiny", tmp_path, data, steps=("inversion_layers",), cells=[other], **kw)
 
 
 def test_cli_bad_shard_is_one_line_exit_2(tmp_path, capsys):

@@ -188,6 +188,12 @@ def test_window_nll_and_relative_change(tiny):
     assert r["low"] <= r["estimate"] <= r["high"]
 
 
+def test_removal_from_a_layer_on_equals_the_full_pass(tiny):
+    from _study_checks import check_suffix_nll
+
+    check_suffix_nll(ops, tiny, _tokens(3, 10))
+
+
 # ------------------------------------------------------------------------- verdict rules
 def test_sign_rule():
     from tl_spectral_studies.claims.rules import sign

@@ -156,6 +156,14 @@ def test_gemma_window_nll_and_sink_decompositions(gemma):
     assert sd["head_attn0"].shape == (3, len(hf.model.layers), 4)
 
 
+def test_gemma_removal_from_a_layer_on_equals_the_full_pass(gemma):
+    """Gemma's layers read their sliding-window or global mask and rotary table by their
+    index in the stack: skipping the prefix must leave each layer its own."""
+    from _study_checks import check_suffix_nll
+
+    check_suffix_nll(ops, gemma[2], _tokens(3, 16))
+
+
 def test_load_hf_names_the_models():
     with pytest.raises(ValueError, match="use one of"):
         ops.load_hf("gpt2")

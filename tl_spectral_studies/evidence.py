@@ -319,10 +319,17 @@ def clean_nll(hf: Any, tokens: torch.Tensor, nll_fn: Any, zero_sink_job: dict | 
     n, T = int(tokens.shape[0]), int(tokens.shape[1])
     if zero_sink_job is None:
         return nll_fn(hf, tokens)
-    clean = torch.tensor(zero_sink_job["nll_clean"], dtype=torch.float64)
     b = min(n, nll_batch(hf, T))
-    check = nll_fn(hf, tokens[:b])
-    if clean.shape[0] != n or not torch.allclose(check, clean[:b], rtol=1e-4):
+    return check_clean(nll_fn(hf, tokens[:b]), zero_sink_job, n)
+
+
+def check_clean(here: torch.Tensor, zero_sink_job: dict, n: int) -> torch.Tensor:
+    """The ``zero_sink`` job's clean NLL ``[n]`` (float64), once it has ``n`` windows and its
+    first ``len(here)`` equal ``here`` (recomputed in the Hugging Face model) to a relative
+    1e-4; else a one-line error naming the step to rerun."""
+    clean = torch.tensor(zero_sink_job["nll_clean"], dtype=torch.float64)
+    b = int(here.shape[0])
+    if clean.shape[0] != n or not torch.allclose(here, clean[:b], rtol=1e-4):
         from tl_spectral_studies._common import StudyUsageError
 
         raise StudyUsageError("the cell's zero_sink job has other windows or another "
@@ -343,14 +350,18 @@ def run_layer_job(tok: Any, out: Path, data_dir: Path, model: str, cell: Cell, c
     (B.inversion.layer: routing or filtering removed in layer ``l`` alone, the study's
     :func:`~tl_spectral_studies.real_decoder.removal_row`, per-window NLL stored). Resumable
     per layer: each finished layer is its own file under :func:`layer_dir`; ``shard = (i, k)``
-    runs the layers ``l`` with ``l % k == i``, so k processes share a cell. The process that
+    runs the layers ``l`` with ``l % k == i``, so k processes share a cell. One clean pass
+    keeps every layer's input (:func:`~tl_spectral_studies.real_decoder_ops.layer_inputs`;
+    its NLL checked against the cell's ``zero_sink`` job, whose clean NLL is used as in the
+    ``interventions`` step), so the removals of layer ``l`` run layers ``l`` … on only. The
+    process that
     finds every layer done writes the job file (``removal``: ``{"layer l": row}``, ``seconds``:
     the layers' sum) and removes the layer files. Returns (path, ran, seconds)."""
     import functools
     import shutil
 
     from tl_spectral_studies.real_decoder import nll_batch, removal_row
-    from tl_spectral_studies.real_decoder_ops import hf_of
+    from tl_spectral_studies.real_decoder_ops import hf_of, layer_inputs
     from tl_spectral_studies.real_decoder_ops import window_nll as hf_nll
 
     step = "inversion_layers"
@@ -374,13 +385,17 @@ def run_layer_job(tok: Any, out: Path, data_dir: Path, model: str, cell: Cell, c
     ran = False
     if todo:
         tokens = cell_windows(data_dir, tok, cell, n, T)
-        nll_fn = functools.partial(hf_nll, batch_size=nll_batch(hf, T))
+        nb = nll_batch(hf, T)
         zj = job_path(out, model, "zero_sink", cell)
         zs = (json.loads(zj.read_text(encoding="utf-8"))
               if is_done(zj, job_config(model, "zero_sink", cell, cfg)) else None)
-        clean = clean_nll(hf, tokens, nll_fn, zs)
+        # one clean pass keeps every layer's input, so layer l's removals run layers l… only
+        clean, inputs = layer_inputs(hf, tokens, batch_size=nb)
+        if zs is not None:  # every window checked (the pass ran anyway), then the job's
+            clean = check_clean(clean, zs, n)
         for li in todo:
             t1 = time.perf_counter()
+            nll_fn = functools.partial(hf_nll, batch_size=nb, start=li, inputs=inputs)
             row = removal_row(hf, tokens, clean, [li], nll_fn, cell.draw, per_window=True)
             lconf = {**conf, "layer": li}
             write_atomic(d / f"layer={li:02d}.json", {

@@ -194,19 +194,101 @@ def patched(model: Any, modes: dict[int, str], capture: dict | None = None) -> I
             layers[li].self_attn.__dict__.pop("forward", None)  # back to the class's forward
 
 
+def _nll(logits: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``[b]`` float64 summed next-token NLL of the windows ``w`` from their logits."""
+    logits = logits[:, :-1].float()
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
+                           reduction="none").view(w.shape[0], -1).sum(1).double()
+
+
 def window_nll(model: Any, tokens: torch.Tensor, modes: dict[int, str] | None = None, *,
-               batch_size: int = 8) -> torch.Tensor:
+               batch_size: int = 8, start: int = 0,
+               inputs: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
     """Summed next-token NLL of every window ``[n]`` (float64) under ``modes``; every window
-    predicts ``T − 1`` tokens."""
+    predicts ``T − 1`` tokens.
+
+    ``start``, ``inputs``: the layers below ``start`` are not run; layer ``start`` reads the
+    input hidden state of batch ``i`` from ``inputs[i][start]`` (:func:`layer_inputs` of the
+    same windows and ``batch_size``). Where ``modes`` changes no layer below ``start`` this is
+    the full pass's computation with its unchanged prefix read back (the one-layer-at-a-time
+    removal runs the suffix only)."""
+    modes = modes or {}
+    start = int(start)
+    if start and inputs is None:
+        raise ValueError("window_nll: start > 0 needs inputs (layer_inputs of the same windows)")
+    if any(int(li) < start for li in modes):
+        raise ValueError(f"window_nll: modes {sorted(modes)} change a layer below start={start}; "
+                         "its input would not be the stored one")
     out = []
-    with patched(model, modes or {}) as hf, torch.no_grad():
-        for s in range(0, tokens.shape[0], batch_size):
+    with patched(model, modes) as hf, skipped_prefix(hf, start) as feed, torch.no_grad():
+        for b, s in enumerate(range(0, tokens.shape[0], batch_size)):
             w = tokens[s:s + batch_size]
-            logits = hf(w).logits[:, :-1].float()
-            nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
-                                  reduction="none").view(w.shape[0], -1).sum(1)
-            out.append(nll.double())
+            if start:
+                h = inputs[b][start]  # type: ignore[index]
+                if tuple(h.shape[:2]) != tuple(w.shape):
+                    raise ValueError(f"window_nll: inputs of batch {b} are {tuple(h.shape)}, "
+                                     f"not of windows {tuple(w.shape)}: use the same batch_size")
+                feed(h)
+            out.append(_nll(hf(w).logits, w))
     return torch.cat(out)
+
+
+@contextlib.contextmanager
+def skipped_prefix(model: Any, start: int) -> Iterator[Any]:
+    """The decoder layers below ``start`` not run: each passes its input through and layer
+    ``start − 1`` hands on the hidden state given to the yielded ``feed`` (the embeddings,
+    masks and rotary tables are still made, which is cheap). Restores the layers on exit."""
+    hf = hf_of(model)
+    layers = hf.model.layers
+    held: list[Any] = [None]
+
+    def identity(*a: Any, **kw: Any) -> Any:
+        return a[0] if a else kw["hidden_states"]
+
+    def fed(*a: Any, **kw: Any) -> Any:
+        if held[0] is None:
+            raise RuntimeError("skipped_prefix: no hidden state fed for this batch")
+        h, held[0] = held[0], None
+        return h
+
+    if not 0 <= int(start) < len(layers):
+        raise ValueError(f"start {start} out of range 0..{len(layers) - 1}")
+    try:
+        for li in range(int(start)):
+            layers[li].forward = fed if li == int(start) - 1 else identity
+        yield lambda h: held.__setitem__(0, h)
+    finally:
+        for li in range(int(start)):
+            layers[li].__dict__.pop("forward", None)
+
+
+def layer_inputs(model: Any, tokens: torch.Tensor, *, batch_size: int = 8
+                 ) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
+    """One clean pass: the summed NLL ``[n]`` (float64, as :func:`window_nll`) and, per batch
+    of ``batch_size`` windows, the input hidden state of every decoder layer (``[L]`` tensors
+    ``[b, T, d_model]``: what :func:`window_nll` reads with ``start``)."""
+    hf = hf_of(model)
+    layers = hf.model.layers
+    cur: list[torch.Tensor | None] = [None] * len(layers)
+
+    def grab(li: int) -> Any:
+        def hook(mod: Any, args: tuple, kwargs: dict) -> None:
+            cur[li] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+        return hook
+
+    hooks = [blk.register_forward_pre_hook(grab(li), with_kwargs=True)
+             for li, blk in enumerate(layers)]
+    nll, saved = [], []
+    try:
+        with torch.no_grad():
+            for s in range(0, tokens.shape[0], batch_size):
+                w = tokens[s:s + batch_size]
+                nll.append(_nll(hf(w).logits, w))
+                saved.append(list(cur))  # type: ignore[arg-type]
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.cat(nll), saved
 
 
 def relative_ppl_change(clean: torch.Tensor, changed: torch.Tensor, n_pred: int, *,
