@@ -354,9 +354,9 @@ def run_layer_job(tok: Any, out: Path, data_dir: Path, model: str, cell: Cell, c
     keeps every layer's input (:func:`~tl_spectral_studies.real_decoder_ops.layer_inputs`;
     its NLL checked against the cell's ``zero_sink`` job, whose clean NLL is used as in the
     ``interventions`` step), so the removals of layer ``l`` run layers ``l`` … on only. The
-    process that
-    finds every layer done writes the job file (``removal``: ``{"layer l": row}``, ``seconds``:
-    the layers' sum) and removes the layer files. Returns (path, ran, seconds)."""
+    process that finds every layer done writes the job file (``removal``: ``{"layer l":
+    row}``; ``seconds``: the layers' sum, each process's clean pass not counted) and removes
+    the layer files. Returns (path, ran, seconds)."""
     import functools
     import shutil
 
