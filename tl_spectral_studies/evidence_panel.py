@@ -29,11 +29,11 @@ interventions, 32 documents for faithfulness, N = 150 for the scale POD (its T p
 POD_LENGTH = {"smollm2-135m": 128, "gemma3-270m": 256}
 """T of the ``pod`` step: the pod-depth study's (``tl_spectral_studies.pod_depth.MODELS``)."""
 VERSION = 1
+"""Bumped when a step's computation changes (part of every job's configuration)."""
 LAYER_DRAWS = (0,)
 """The window draws of the ``inversion_layers`` step (seed 002's inversion one layer at a
 time: two passes per layer, 60 per SmolLM2 cell): its panel crosses the first token only, on
 the Wikipedia excerpt, draw 0."""
-"""Bumped when a step's computation changes (part of every job's configuration)."""
 
 
 @dataclass(frozen=True)

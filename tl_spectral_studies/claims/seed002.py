@@ -196,7 +196,7 @@ def inversion_layers(res: Results) -> Measurement | None:
 
 P = "seed 002"
 LAYER_PANEL = ("its evidence panel crosses the first token only (the Wikipedia excerpt, draw "
-               "0): two passes per layer, 60 per SmolLM2 cell")
+               "0): two passes per layer, 60 per SmolLM2 cell, 36 per Gemma-3 cell")
 claim(Claim("B.budget.routing_fraction_delta0", P, "B.1", "filtering dominates the spectral "
             "budget (routing fraction < 0.5), Δ = 0", "sign rule against 0.5 (interval over "
             "heads)", budget("routing_fraction_delta0")))
