@@ -270,25 +270,32 @@ def test_in_short_is_generated_from_the_records():
 
 def test_a_wrong_layer_list_in_checked_prose_fails_the_check(tmp_path):
     """Defect 6: a layer list or number in a checked sentence that disagrees with its record
-    fails `doc_tables --check`."""
+    fails `doc_tables --check`. The layer lists on a record of its own (which records hold
+    layer lists changes as panels complete); the command's check on the committed docs."""
     from tl_spectral_studies import doc_tables
 
     recs = catalog.records(ROOT)
     text = (ROOT / "docs" / "real_decoder.md").read_text(encoding="utf-8")
-    assert "<!-- check: B.inversion.layer smollm2-135m -->" in text
     assert render.check_prose(text, recs) == []
-    bad = text.replace("holds in layers 12, 17–20, 22–23 and 27 (8 of 30)",
-                       "holds in layers 12, 17–20 and 27 (8 of 30)")
-    assert bad != text
-    assert any("layer list" in p for p in render.check_prose(bad, recs))
-    bad2 = text.replace("holds in layers 12, 17–20, 22–23 and 27 (8 of 30): partly",
-                        "holds in layers 12, 17–20, 22–23 and 27 (8 of 30): reproduced")
-    assert any("label" in p for p in render.check_prose(bad2, recs))
-    # through the command's check, on a copy of the repository's docs
+    rec = dataclasses.replace(
+        _records_of(RD)["B.inversion.layer"], label="partly",
+        number="30 layers: routing removal costs less in 14 (0–2, 11–14, 17–20, 22–23, 27), "
+               "more in 4 (3, 7–9); both steps hold in 8 (12, 17–20, 22–23, 27)")
+    good = ("the inversion (both steps) holds in layers 12, 17–20, 22–23 and 27 (8 of 30): "
+            "partly; routing removal costs more in layers 3 and 7–9")
+    assert render.check_span(good, rec) == []
+    bad = good.replace("12, 17–20, 22–23 and 27", "12, 17–20 and 27")
+    assert any("layer list" in p for p in render.check_span(bad, rec))
+    assert any("label" in p for p in render.check_span(good.replace("partly", "reproduced"),
+                                                         rec))
+    # through the command's check, on a copy of the repository's docs: a checked count moved
+    span = "<!-- check: C.rho smollm2-135m -->0.935 to 0.981"
+    assert span in text
     root = tmp_path / "repo"
     shutil.copytree(ROOT / "docs", root / "docs")
-    (root / "docs" / "real_decoder.md").write_text(bad, encoding="utf-8")
-    assert any("B.inversion.layer" in p for p in doc_tables.prose_differences(root))
+    (root / "docs" / "real_decoder.md").write_text(
+        text.replace(span, span.replace("0.935", "0.937")), encoding="utf-8")
+    assert any("C.rho" in p and "0.937" in p for p in doc_tables.prose_differences(root))
 
 
 def test_a_changed_number_in_checked_prose_fails():
