@@ -141,6 +141,23 @@ def test_a_panel_of_layer_counts_names_its_counts_and_largest_layer_mde(tmp_path
     assert r.label == rules.MIXED and r.sensitivity == rules.ROBUST
 
 
+def test_a_panel_names_only_the_factors_its_cells_cross(tmp_path):
+    """A step run on one corpus and draw (the one-layer inversion) crosses the first token
+    alone: its record says "3 cells (first token)", not the full panel's three factors."""
+    cells = [{"factors": {"first token": f, "corpus": "wiki", "draw": 0}, "label": rules.PARTLY,
+              "n": 64, "mde": 0.04, "holds": 19, "reversed": 6, "layers": 30}
+             for f in ("none", "<a>", "<b>")]
+    _write(tmp_path, {"X.1": _entry(cells, 3)})
+    r = _evaluate(tmp_path, registry.Claim("X.1", "p", "C.0", "w", "r", _study, panel="X.1"))
+    assert "evidence panel, 3 cells (first token), n = 64 per cell" in r.number
+    full = [dict(c, factors={"first token": c["factors"]["first token"], "corpus": k,
+                             "draw": d}) for c in cells for k in ("wiki", "austen")
+            for d in (0, 1)]
+    _write(tmp_path, {"X.1": _entry(full, 12)})
+    r = _evaluate(tmp_path, registry.Claim("X.1", "p", "C.0", "w", "r", _study, panel="X.1"))
+    assert "12 cells (first token × corpus × draw)" in r.number
+
+
 def test_a_record_of_the_weights_alone_has_no_framing(tmp_path):
     """A measure that reads routing.json only (the weights) is neither robust nor one
     framing; one that also reads a data file is one framing."""

@@ -379,6 +379,8 @@ def panel_record(c: Claim, res: Results, pv: rules.PanelVerdict) -> Record:
     g = res.panel()
     cells = g["claims"][c.panel]["cells"]
     factors = [f for f in cells[0]["factors"] if f not in dict(c.panel_cells)]
+    # the factors the panel crosses (a step run on one corpus and draw names the first token)
+    factors = [f for f in factors if len({str(x["factors"][f]) for x in cells}) > 1] or factors
     n = (f"n = {pv.n}" if pv.n == pv.n_max else f"n = {pv.n} to {pv.n_max}") + " per cell"
     parts = [f"evidence panel, {pv.cells} cells ({' × '.join(factors)}), {n}"]
     if pv.estimates is not None:
