@@ -288,7 +288,7 @@ def test_a_wrong_layer_list_in_checked_prose_fails_the_check(tmp_path):
     assert any("layer list" in p for p in render.check_span(bad, rec))
     assert any("label" in p for p in render.check_span(good.replace("partly", "reproduced"),
                                                          rec))
-    # through the command's check, on a copy of the repository's docs: a checked count moved
+    # through the command's check, on a copy of the repository's docs: a checked number moved
     span = "<!-- check: C.rho smollm2-135m -->0.935 to 0.981"
     assert span in text
     root = tmp_path / "repo"
