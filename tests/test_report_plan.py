@@ -137,3 +137,61 @@ def test_the_random_twin_reads_the_first_windows_of_the_check(tmp_path, monkeypa
     ss.SanitySection().render(report, {"sanity_perplexity": row}, ctx)
     html = report.write(tmp_path / "page").read_text(encoding="utf-8")
     assert "on the first 4 of these windows (252 predicted tokens)" in html
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_model_perplexity_is_taken_in_the_probe_pass(tmp_path, monkeypatch, padded):
+    """Issue 42 item 5: the sanity check's own perplexity comes from the probe pass (the
+    last block's output of the check's windows through the final norm and unembedding), not
+    from a second pass over those windows: the number is window_perplexity's on the same
+    windows (padded ones included: targets at real tokens only), the sanity pass runs the
+    model no more (only the random twin), and the check's windows may span batches."""
+    import tl_spectral.viz.sanity_section as ss
+    from tl_spectral.viz.sections import plan_report, run_model_passes, run_probe_pass
+
+    ctx = _ctx(tmp_path, n=6, T=40, progress=False)
+    if padded:
+        ctx.mask[2, 25:] = False
+        ctx.mask[5, 31:] = False
+    n = ss.perplexity_windows(ctx)
+    assert n == 6
+    want = ss.window_perplexity(ctx.view, ctx.tokens[:n], ctx.mask[:n])
+    plan = plan_report(ctx, [ss.SanitySection()])
+    assert [type(p) for p in plan.probes] == [ss.WindowNLLProbe]
+    results = run_probe_pass(ctx, plan, batch_size=4, progress=False)  # rows 0-3, then 4-5
+    took = results[ss.WindowNLLProbe.name]
+    assert took["count"] == int(ctx.mask[:n, 1:].sum()) and took["windows"] == n
+    seen = []
+    real = ss.window_perplexity
+    monkeypatch.setattr(ss, "window_perplexity",
+                        lambda view, *a, **k: seen.append(view is ctx.view) or real(view, *a, **k))
+    run_model_passes(ctx, plan, results)
+    assert seen == [False]  # the random twin's pass only
+    assert results["sanity_perplexity"]["model_ppl"] == pytest.approx(want, rel=1e-5)
+    assert ss.WindowNLLProbe.name not in results and not ctx.probe_results
+
+
+def test_a_model_whose_logits_are_not_its_unembedded_output_gets_the_second_pass(
+        tmp_path, monkeypatch):
+    """Where the final norm and unembedding do not give the model's logits (a soft-cap or
+    another step after them), ModelView.logits_from_resid_ok says so, the sanity section
+    declares no probe and its pass runs the model over the check's windows as before."""
+    import tl_spectral.viz.sanity_section as ss
+    from tl_spectral.model_view import ModelView
+    from tl_spectral.viz.sections import plan_report, run_model_passes, run_probe_pass
+
+    ctx = _ctx(tmp_path, n=3, T=24, progress=False)
+    assert ctx.view.logits_from_resid_ok()
+    real = ModelView.logits_from_resid
+    monkeypatch.setattr(ModelView, "logits_from_resid",
+                        lambda self, r: 30.0 * torch.tanh(real(self, r) / 30.0))
+    ctx.view = ModelView(ctx.view.model)  # a fresh view: the check is made once per view
+    assert not ctx.view.logits_from_resid_ok()
+    plan = plan_report(ctx, [ss.SanitySection()])
+    assert plan.probes == []
+    seen = []
+    monkeypatch.setattr(ss, "window_perplexity",
+                        lambda view, *a, **k: seen.append(view is ctx.view) or 2.0)
+    results = run_probe_pass(ctx, plan, batch_size=2, progress=False)
+    run_model_passes(ctx, plan, results)
+    assert seen == [True, False] and results["sanity_perplexity"]["model_ppl"] == 2.0

@@ -529,6 +529,48 @@ class ModelView:
         except _BlocksDone:
             return None
 
+    def logits_from_resid(self, resid: Tensor) -> Tensor:
+        """The model's logits from the last block's output ``resid [..., d_model]``
+        (``blocks.{n_layers − 1}.hook_resid_post``): its final norm, then its unembedding.
+        Lets a probe take the next-token loss of a few windows in the probe pass, whose
+        blocks run over them anyway (the sanity check's perplexity), without a second pass.
+        Only where :meth:`logits_from_resid_ok` (checked before the pass: it runs the
+        model)."""
+        norm = getattr(self.model, "ln_final", None)
+        x = resid.to(self.dtype)
+        return self.model.unembed(norm(x) if norm is not None else x)
+
+    def logits_from_resid_ok(self) -> bool:
+        """Whether :meth:`logits_from_resid` gives the logits of :meth:`run`: a causal model
+        with an ``unembed`` module, and on 8 tokens the two agree (no soft-cap or other step
+        after the unembedding). Two passes of 8 tokens, once per view; never inside a
+        pass (hooks attached)."""
+        ok = getattr(self, "_resid_logits_checked", None)
+        if ok is not None:
+            return ok
+        ok = False
+        if self.causal and callable(getattr(self.model, "unembed", None)):
+            last = f"blocks.{self.n_layers - 1}.hook_resid_post"
+            held: list[Tensor] = []
+
+            def grab(t: Tensor, hook: Any = None) -> Tensor:
+                held.append(t.detach())
+                return t
+
+            toks = torch.arange(8, dtype=torch.long).remainder(max(1, self.d_vocab))[None]
+            try:
+                with torch.no_grad():
+                    ref = self.run(toks, return_type="logits")
+                    self.run(toks, fwd_hooks=[(last, grab)], return_type=None)
+                    mine = self.logits_from_resid(held[0]) if held else None
+                ok = mine is not None and tuple(mine.shape) == tuple(ref.shape) and bool(
+                    torch.allclose(mine.float(), ref.float(), rtol=1e-4,
+                                   atol=1e-4 * float(ref.abs().max())))
+            except Exception:  # noqa: BLE001 - any failure: not this route, the full pass
+                ok = False
+        self._resid_logits_checked = ok
+        return ok
+
     def check_patterns(self) -> None:
         """Raise :class:`PatternsNotExposedError` unless layer 0's pattern hook fires.
 

@@ -117,6 +117,9 @@ class ReportContext:
     sanity: dict = field(default_factory=dict, repr=False)
     #: the ``--baseline random`` twin and its results, computed once per run
     baseline_cache: dict = field(default_factory=dict, repr=False)
+    #: the probe pass's results while the model passes run (a pass may read what a
+    #: section's probe took in the probe pass; set and cleared by ``run_model_passes``)
+    probe_results: dict = field(default_factory=dict, repr=False)
     #: {(layer, head): [role, …]}: what the sections found each head doing; the report
     #: names every such head ONCE, with all its roles (:func:`head_roles_finding`)
     head_roles: dict = field(default_factory=dict, repr=False)

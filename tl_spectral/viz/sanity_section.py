@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from tl_spectral.probes.base import Probe
 from tl_spectral.viz.context import ModelPass, register_section
 
 if TYPE_CHECKING:
@@ -82,7 +83,14 @@ class SanitySection:
     order = 5
 
     def probes(self, ctx: ReportContext) -> list:
-        return []
+        """The model's own perplexity is taken in the probe pass (:class:`WindowNLLProbe`:
+        its blocks run over these windows anyway) where the model's final norm and
+        unembedding give its logits from the last block's output; else the sanity pass
+        runs the model again over them."""
+        ok = getattr(ctx.view, "logits_from_resid_ok", None)  # a live model's view only
+        if not ctx.view.causal or ok is None or not ok():
+            return []
+        return [WindowNLLProbe(perplexity_windows(ctx))]
 
     def passes(self, ctx: ReportContext) -> list[ModelPass]:
         if not ctx.view.causal:
@@ -138,7 +146,11 @@ def sanity_perplexities(ctx: ReportContext) -> dict[str, Any]:
     n = perplexity_windows(ctx)
     toks = ctx.tokens[:n]
     mask = None if ctx.mask is None else ctx.mask[:n]
-    ppl = window_perplexity(ctx.view, toks, mask)
+    took = ctx.probe_results.pop(WindowNLLProbe.name, None)  # the probe pass's, if it ran
+    if took is not None and took["windows"] == n and took["count"] == _predicted(toks, mask):
+        ppl = math.exp(took["nll_sum"] / max(took["count"], 1))
+    else:
+        ppl = window_perplexity(ctx.view, toks, mask)
     if mask is None or bool(mask.all()):  # every token real: the curve's k = 0 exactly
         ctx.baseline_cache[("model_ppl", n)] = ppl
     m = twin_windows(ctx)
@@ -169,3 +181,47 @@ def _random_twin_perplexity(ctx: ReportContext, toks: Any, mask: Any) -> float:
         if ctx.options.baseline == "random":
             cache["view"] = view
     return window_perplexity(view, toks, mask)
+
+
+class WindowNLLProbe(Probe):
+    """The summed next-token NLL of the corpus' first ``n_windows`` windows, taken in the
+    probe pass: the last block's output of those rows through the model's final norm and
+    unembedding (:meth:`~tl_spectral.model_view.ModelView.logits_from_resid`), one window at a
+    time (a window's logits, never a batch's), targets at positions 1…T−1 where the batch's
+    mask marks real tokens — what :func:`window_perplexity` computes with a pass of its own.
+    Result: ``{"nll_sum", "count", "windows"}`` (plain numbers; summed across the processes
+    of ``torchrun``). Only for a model whose view passes
+    :meth:`~tl_spectral.model_view.ModelView.logits_from_resid_ok` (the section checks)."""
+
+    name = "sanity_window_nll"
+
+    def __init__(self, n_windows: int) -> None:
+        super().__init__()
+        self.n_windows = int(n_windows)
+
+    def requires(self, view: Any) -> dict[int, set[str]]:
+        return {int(view.n_layers) - 1: {"resid_post"}}
+
+    def update(self, cap: Any) -> None:
+        import torch
+
+        rows = (cap.doc_index < self.n_windows).nonzero().flatten().tolist()
+        tot = torch.zeros(1, dtype=torch.float64)
+        cnt = torch.zeros(1, dtype=torch.float64)
+        for r in rows:
+            real = cap.mask[r, 1:].bool()
+            with torch.no_grad():
+                logits = self.view.logits_from_resid(cap.resid_post[r, :-1])
+            row = logits.float()
+            tgt = cap.tokens[r, 1:].to(row.device)
+            nll = torch.logsumexp(row, -1) - row.gather(-1, tgt[:, None]).squeeze(-1)
+            tot += nll[real.to(nll.device)].double().sum().cpu()
+            cnt += float(real.sum())
+            del logits, row
+        self.accumulate("nll_sum", tot)
+        self.accumulate("count", cnt)
+
+    def result(self) -> dict[str, Any]:
+        return {"nll_sum": float(self.state["nll_sum"]) if self.state else 0.0,
+                "count": int(self.state["count"]) if self.state else 0,
+                "windows": self.n_windows}

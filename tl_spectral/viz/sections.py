@@ -391,12 +391,14 @@ def run_probe_pass(ctx: ReportContext, plan: ReportPlan, batch_size: int = 16,
 def run_model_passes(ctx: ReportContext, plan: ReportPlan, results: dict[str, Any]) -> None:
     """The plan's other model passes, in order, each timed as ``pass <key>``; their results
     join ``results``. After this, nothing of the report touches the model."""
+    ctx.probe_results = results
     for mp in plan.passes:
         ctx.status(mp.title)
         t = time.perf_counter()
         results[mp.key] = mp.run(ctx)
         ctx.timings[f"pass {mp.key}"] = time.perf_counter() - t
     ctx.baseline_cache.clear()  # the random twin, if one was built: freed before rendering
+    ctx.probe_results = {}
 
 
 def build_report(
