@@ -205,19 +205,19 @@ class WindowNLLProbe(Probe):
     def update(self, cap: Any) -> None:
         import torch
 
+        from tl_spectral.probes.damage import next_token_nll
+
         rows = (cap.doc_index < self.n_windows).nonzero().flatten().tolist()
         tot = torch.zeros(1, dtype=torch.float64)
         cnt = torch.zeros(1, dtype=torch.float64)
         for r in rows:
             real = cap.mask[r, 1:].bool()
             with torch.no_grad():
-                logits = self.view.logits_from_resid(cap.resid_post[r, :-1])
-            row = logits.float()
-            tgt = cap.tokens[r, 1:].to(row.device)
-            nll = torch.logsumexp(row, -1) - row.gather(-1, tgt[:, None]).squeeze(-1)
+                logits = self.view.logits_from_resid(cap.resid_post[r:r + 1])
+                nll = next_token_nll(logits, cap.tokens[r:r + 1])[0]  # targets 1…T−1
             tot += nll[real.to(nll.device)].double().sum().cpu()
             cnt += float(real.sum())
-            del logits, row
+            del logits
         self.accumulate("nll_sum", tot)
         self.accumulate("count", cnt)
 
