@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -127,13 +126,13 @@ def main() -> None:
     if bad:
         raise SystemExit(f"unknown modes {bad}; pass some of {','.join(MODES)}")
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    sys.path.insert(0, str(HERE))
+    from real_model import _run_child
+
     def run(m: str, *extra: str) -> dict:
-        out = subprocess.run([sys.executable, __file__, "--child", "--mode", m, "--length",
-                              str(args.length), "--repeats", str(args.repeats), *extra],
-                             capture_output=True, text=True, env=env)
-        if out.returncode:
-            raise SystemExit(f"mode {m} failed:\n{out.stderr[-3000:]}")
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return _run_child([sys.executable, __file__, "--child", "--mode", m, "--length",
+                           str(args.length), "--repeats", str(args.repeats), *extra],
+                          env, f"mode {m}")
 
     base = run("trim", "--memory", "forward")["peak_rss_mib"]
     print(f"forward-only process (default allocator): peak {base:.0f} MiB", file=sys.stderr)

@@ -543,7 +543,7 @@ class ModelView:
     def logits_from_resid_ok(self) -> bool:
         """Whether :meth:`logits_from_resid` gives the logits of :meth:`run`: a causal model
         with an ``unembed`` module, and on 8 tokens the two agree (no soft-cap or other step
-        after the unembedding). Two passes of 8 tokens, once per view; never inside a
+        after the unembedding). One pass of 8 tokens, once per view; never inside a
         pass (hooks attached)."""
         ok = getattr(self, "_resid_logits_checked", None)
         if ok is not None:
@@ -559,9 +559,8 @@ class ModelView:
 
             toks = torch.arange(8, dtype=torch.long).remainder(max(1, self.d_vocab))[None]
             try:
-                with torch.no_grad():
-                    ref = self.run(toks, return_type="logits")
-                    self.run(toks, fwd_hooks=[(last, grab)], return_type=None)
+                with torch.no_grad():  # one pass: its logits and its last block's output
+                    ref = self.run(toks, fwd_hooks=[(last, grab)], return_type="logits")
                     mine = self.logits_from_resid(held[0]) if held else None
                 ok = mine is not None and tuple(mine.shape) == tuple(ref.shape) and bool(
                     torch.allclose(mine.float(), ref.float(), rtol=1e-4,
